@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Prepare a checkout for tests or the demo: system packages, then .venv with agentvfs installed
+# in editable mode. Idempotent: rerunning it changes nothing once everything is in place.
+#
+# Usage: scripts/setup.sh [EXTRAS]     (EXTRAS defaults to "test", e.g. "test" or "dev")
+# Environment: PYTHON (default python3) picks the interpreter for a new venv;
+#              AGENTVFS_SETUP_FORCE=1 reinstalls even when nothing changed.
+set -euo pipefail
+
+extras="${1:-test}"
+python="${PYTHON:-python3}"
+apt_packages=(fuse3 libfuse3-dev pkg-config bubblewrap gcc g++ python3-venv python3-dev)
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+log() { printf '[setup] %s\n' "$*"; }
+die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
+
+install_system_packages() {
+    if [[ $(id -u) -ne 0 ]]; then
+        log "warning: not root, skipping apt; make sure these are installed: ${apt_packages[*]}"
+        return
+    fi
+    if ! command -v apt-get >/dev/null 2>&1; then
+        log "warning: apt-get not found, skipping system packages: ${apt_packages[*]}"
+        return
+    fi
+    local missing=() pkg
+    for pkg in "${apt_packages[@]}"; do
+        # `dpkg -s` also succeeds for removed packages that left config files behind.
+        dpkg -s "$pkg" 2>/dev/null | grep -q '^Status: install ok installed' || missing+=("$pkg")
+    done
+    if [[ ${#missing[@]} -eq 0 ]]; then
+        log "system packages present"
+        return
+    fi
+    log "installing ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+}
+
+# Succeeds when the interpreter $1 runs and is at least Python 3.11.
+python_ok() {
+    "$1" -c 'import sys; sys.exit(sys.version_info < (3, 11))' >/dev/null 2>&1
+}
+
+create_venv() {
+    if [[ -x .venv/bin/python ]] && python_ok .venv/bin/python; then
+        log ".venv present ($(.venv/bin/python -V 2>&1))"
+        return
+    fi
+    command -v "$python" >/dev/null 2>&1 || die "$python not found; install Python >= 3.11"
+    python_ok "$python" || die "Python >= 3.11 required, $python is $("$python" -V 2>&1)"
+    "$python" -c 'import ensurepip' >/dev/null 2>&1 \
+        || die "$python cannot create venvs; install python3-venv"
+    log "creating .venv with $("$python" -V 2>&1)"
+    # --clear replaces a venv that exists but is broken or too old.
+    "$python" -m venv --clear .venv
+}
+
+install_project() {
+    [[ -f pyproject.toml ]] || die "pyproject.toml not found in $PWD"
+    # Skip pip when pyproject, extras and interpreter are unchanged since the last success:
+    # a no-op `pip install -e` still builds the editable wheel, which takes seconds.
+    local stamp=.venv/.agentvfs-setup-stamp want
+    want="$(sha256sum pyproject.toml | cut -d' ' -f1) [$extras] $(.venv/bin/python -V 2>&1)"
+    if [[ "${AGENTVFS_SETUP_FORCE:-0}" != 1 && -f $stamp && "$(cat "$stamp")" == "$want" ]]; then
+        log "agentvfs[$extras] up to date"
+        return
+    fi
+    log "upgrading pip"
+    .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
+    log "installing agentvfs[$extras] (editable)"
+    .venv/bin/pip install -q --disable-pip-version-check -e ".[$extras]"
+    printf '%s\n' "$want" >"$stamp"
+}
+
+install_system_packages
+create_venv
+install_project
+log "done"

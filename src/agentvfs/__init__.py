@@ -1,0 +1,76 @@
+"""agentvfs: a workspace for AI agents over any storage fsspec can reach.
+
+The public names live here; implementation modules are private.
+"""
+
+from . import errors as errors
+from ._context import RequestContext as RequestContext
+from .errors import DirectoryNotEmpty as DirectoryNotEmpty
+from .errors import DirectoryNotFound as DirectoryNotFound
+from .errors import FileDecodeError as FileDecodeError
+from .errors import FileExists as FileExists
+from .errors import FileNotFound as FileNotFound
+from .errors import FileReadRequiredError as FileReadRequiredError
+from .errors import FilesystemError as FilesystemError
+from .errors import FilesystemNotAvailableError as FilesystemNotAvailableError
+from .errors import InvalidPathError as InvalidPathError
+from .errors import IsDirectory as IsDirectory
+from .errors import MountError as MountError
+from .errors import NameTooLongError as NameTooLongError
+from .errors import NoMountError as NoMountError
+from .errors import NotDirectory as NotDirectory
+from .errors import PermissionDenied as PermissionDenied
+from .errors import SandboxError as SandboxError
+from .errors import SandboxNotAvailableError as SandboxNotAvailableError
+from .errors import SandboxTimeoutError as SandboxTimeoutError
+from .errors import SearchNotAvailableError as SearchNotAvailableError
+from .errors import StaleFileError as StaleFileError
+from .errors import WorkspaceError as WorkspaceError
+from .errors import WorkspaceNotReadyError as WorkspaceNotReadyError
+from .errors import WorkspaceReadOnlyError as WorkspaceReadOnlyError
+from .vfs import CompositeFilesystem as CompositeFilesystem
+from .vfs import FileEntry as FileEntry
+from .vfs import FileStat as FileStat
+from .vfs import FsspecFilesystem as FsspecFilesystem
+from .vfs import LocalFilesystem as LocalFilesystem
+from .vfs import WorkspaceFilesystem as WorkspaceFilesystem
+from .workspace import Workspace as Workspace
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CompositeFilesystem",
+    "DirectoryNotEmpty",
+    "DirectoryNotFound",
+    "FileDecodeError",
+    "FileEntry",
+    "FileExists",
+    "FileNotFound",
+    "FileReadRequiredError",
+    "FileStat",
+    "FilesystemError",
+    "FilesystemNotAvailableError",
+    "FsspecFilesystem",
+    "InvalidPathError",
+    "IsDirectory",
+    "LocalFilesystem",
+    "MountError",
+    "NameTooLongError",
+    "NoMountError",
+    "NotDirectory",
+    "PermissionDenied",
+    "RequestContext",
+    "SandboxError",
+    "SandboxNotAvailableError",
+    "SandboxTimeoutError",
+    "SearchNotAvailableError",
+    "StaleFileError",
+    "Workspace",
+    "WorkspaceError",
+    "WorkspaceFilesystem",
+    "WorkspaceNotReadyError",
+    "WorkspaceReadOnlyError",
+]
+
+RequestContext.__module__ = __name__
+Workspace.__module__ = __name__

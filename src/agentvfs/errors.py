@@ -1,0 +1,522 @@
+"""The exception tree of agentvfs.
+
+Three roots, as in the behavioural reference, and every filesystem error is also the matching
+builtin so that ``except FileNotFoundError`` works and ``errno`` is set:
+
+* ``WorkspaceError`` (``code``, ``workspace_id``)
+
+  * ``WorkspaceNotAvailableError`` (``NO_WORKSPACE``)
+  * ``FilesystemNotAvailableError`` (``NO_FILESYSTEM``)
+  * ``SandboxNotAvailableError`` (``NO_SANDBOX``)
+  * ``SandboxFeatureNotSupportedError`` (``FEATURE_NOT_SUPPORTED``)
+  * ``SearchNotAvailableError`` (``NO_SEARCH``)
+  * ``WorkspaceNotReadyError`` (``NOT_READY``)
+  * ``WorkspaceReadOnlyError`` (``READ_ONLY``; also ``OSError`` with ``EROFS``)
+
+* ``FilesystemError`` (``code``, ``path``; an ``OSError``)
+
+  * ``FileNotFound`` (``ENOENT``, ``FileNotFoundError``)
+  * ``DirectoryNotFound`` (``ENOENT``, ``FileNotFoundError``)
+  * ``FileExists`` (``EEXIST``, ``FileExistsError``)
+  * ``IsDirectory`` (``EISDIR``, ``IsADirectoryError``)
+  * ``NotDirectory`` (``ENOTDIR``, ``NotADirectoryError``)
+  * ``DirectoryNotEmpty`` (``ENOTEMPTY``)
+  * ``PermissionDenied`` (``EACCES``, ``PermissionError``)
+  * ``FileReadRequiredError`` (``EREAD_REQUIRED``)
+  * ``StaleFileError`` (``ESTALE``)
+  * ``FilesystemNotReadyError`` (``ENOTREADY``)
+  * ``UnsupportedGrepPatternError`` (``EUNSUPPORTED_PATTERN``, ``ValueError``)
+  * ``InvalidPathError`` (``EINVAL``, ``ValueError``)
+  * ``FileDecodeError`` (``EILSEQ``, ``ValueError``)
+  * ``NameTooLongError`` (``ENAMETOOLONG``)
+  * ``NoMountError`` (``ENOENT``, ``FileNotFoundError``)
+
+* ``SandboxError`` (``code``, ``details``)
+
+  * ``SandboxExecutionError``, ``SandboxTimeoutError`` (``TimeoutError``),
+    ``SandboxNotReadyError``, ``SandboxUnsupportedFeatureError``, ``SandboxAbortError``,
+    ``IsolationUnavailableError``, ``MountError``, ``MountNotSupportedError``,
+    ``FilesystemNotMountableError``
+
+* ``MountToolNotFoundError`` (a plain ``Exception``: a missing mount tool is a warning state)
+
+``str(err)`` is exactly the reference message, never prefixed with ``[Errno N]``.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+from datetime import UTC, datetime
+from typing import Any
+
+__all__ = [
+    "DirectoryNotEmpty",
+    "DirectoryNotFound",
+    "FileDecodeError",
+    "FileExists",
+    "FileNotFound",
+    "FileReadRequiredError",
+    "FilesystemError",
+    "FilesystemNotAvailableError",
+    "FilesystemNotMountableError",
+    "FilesystemNotReadyError",
+    "InvalidPathError",
+    "IsDirectory",
+    "IsolationUnavailableError",
+    "MountError",
+    "MountNotSupportedError",
+    "MountToolNotFoundError",
+    "NameTooLongError",
+    "NoMountError",
+    "NotDirectory",
+    "PermissionDenied",
+    "SandboxAbortError",
+    "SandboxError",
+    "SandboxExecutionError",
+    "SandboxFeatureNotSupportedError",
+    "SandboxNotAvailableError",
+    "SandboxNotReadyError",
+    "SandboxTimeoutError",
+    "SandboxUnsupportedFeatureError",
+    "SearchNotAvailableError",
+    "StaleFileError",
+    "UnsupportedGrepPatternError",
+    "WorkspaceError",
+    "WorkspaceNotAvailableError",
+    "WorkspaceNotReadyError",
+    "WorkspaceReadOnlyError",
+]
+
+
+def _iso(value: datetime | None) -> str:
+    """Render a timestamp the way JavaScript's ``Date.toISOString`` does (ms, ``Z``)."""
+    if value is None:
+        return "unknown"
+    value = value.astimezone(UTC) if value.tzinfo is not None else value
+    return value.strftime("%Y-%m-%dT%H:%M:%S.") + f"{value.microsecond // 1000:03d}Z"
+
+# --------------------------------------------------------------------------------------------
+# Workspace errors
+# --------------------------------------------------------------------------------------------
+
+
+class WorkspaceError(Exception):
+    """Base of configuration and lifecycle errors raised by :class:`agentvfs.Workspace`.
+
+    Parameters
+    ----------
+    message : str
+        The message; ``str(err)`` returns it unchanged.
+    code : str
+        A stable machine-readable code such as ``INVALID_CONFIG``.
+    workspace_id : str, optional
+        The id of the workspace that raised it.
+    """
+
+    code: str
+
+    def __init__(self, message: str, code: str = "WORKSPACE_ERROR", workspace_id: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.workspace_id = workspace_id
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self.__dict__))
+
+
+def _rebuild(cls: type[BaseException], state: dict[str, Any]) -> BaseException:
+    # Exceptions with keyword-rich constructors do not survive the default pickling, which
+    # re-calls the constructor with ``args``; rebuild from the instance dict instead.
+    err = cls.__new__(cls)
+    message = state.get("message", "")
+    BaseException.__init__(err, message)
+    if isinstance(err, OSError):
+        err.errno = state.get("errno")
+        err.strerror = message
+    err.__dict__.update(state)
+    return err
+
+
+class WorkspaceNotAvailableError(WorkspaceError):
+    """No workspace was configured where one is needed (``NO_WORKSPACE``)."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "Workspace not available. Ensure the agent has a workspace configured.", "NO_WORKSPACE"
+        )
+
+
+class FilesystemNotAvailableError(WorkspaceError):
+    """The workspace has no filesystem (``NO_FILESYSTEM``)."""
+
+    def __init__(self) -> None:
+        super().__init__("Workspace does not have a filesystem configured", "NO_FILESYSTEM")
+
+
+class SandboxNotAvailableError(WorkspaceError):
+    """The workspace has no sandbox (``NO_SANDBOX``)."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or "Workspace does not have a sandbox configured", "NO_SANDBOX")
+
+
+class SandboxFeatureNotSupportedError(WorkspaceError):
+    """The sandbox lacks a feature a tool needs (``FEATURE_NOT_SUPPORTED``)."""
+
+    def __init__(self, feature: str) -> None:
+        super().__init__(f"Sandbox does not support {feature}", "FEATURE_NOT_SUPPORTED")
+        self.feature = feature
+
+
+class SearchNotAvailableError(WorkspaceError):
+    """Search was used on a workspace without BM25 or vector search (``NO_SEARCH``)."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "Workspace does not have search configured (enable bm25 or provide vectorStore + embedder)",
+            "NO_SEARCH",
+        )
+
+
+class WorkspaceNotReadyError(WorkspaceError):
+    """The workspace is being or has been torn down (``NOT_READY``)."""
+
+    def __init__(self, workspace_id: str, status: str) -> None:
+        super().__init__(f"Workspace is not ready (status: {status})", "NOT_READY", workspace_id)
+        self.status = status
+
+
+class WorkspaceReadOnlyError(WorkspaceError, OSError):
+    """A write was attempted on a read-only filesystem (``READ_ONLY``, ``errno.EROFS``).
+
+    Raised before any request reaches the storage backend.
+    """
+
+    def __init__(self, operation: str) -> None:
+        OSError.__init__(self, _errno.EROFS, f"Workspace is in read-only mode. Cannot perform: {operation}")
+        self.message = f"Workspace is in read-only mode. Cannot perform: {operation}"
+        self.code = "READ_ONLY"
+        self.workspace_id = None
+        self.operation = operation
+        self.args = (self.message,)
+
+    def __str__(self) -> str:
+        return self.message
+
+
+# --------------------------------------------------------------------------------------------
+# Filesystem errors
+# --------------------------------------------------------------------------------------------
+
+
+class FilesystemError(OSError):
+    """Base of filesystem errors; also an :class:`OSError` with ``errno`` set.
+
+    Parameters
+    ----------
+    message : str
+        The message; ``str(err)`` returns it unchanged.
+    code : str
+        The reference code (``ENOENT``, ``EACCES``, ...).
+    path : str, optional
+        The path as the caller gave it.
+    """
+
+    default_errno: int | None = _errno.EIO
+
+    def __init__(self, message: str, code: str = "EIO", path: str | None = None) -> None:
+        super().__init__(self.default_errno, message)
+        self.message = message
+        self.code = code
+        self.path = path
+        self.args = (message,)
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self.__dict__ | {"errno": self.errno}))
+
+
+class FileNotFound(FilesystemError, FileNotFoundError):
+    """The file does not exist (``ENOENT``)."""
+
+    default_errno = _errno.ENOENT
+
+    def __init__(self, path: str) -> None:
+        super().__init__(f"File not found: {path}", "ENOENT", path)
+
+
+class DirectoryNotFound(FilesystemError, FileNotFoundError):
+    """The directory does not exist (``ENOENT``)."""
+
+    default_errno = _errno.ENOENT
+
+    def __init__(self, path: str) -> None:
+        super().__init__(f"Directory not found: {path}", "ENOENT", path)
+
+
+class FileExists(FilesystemError, FileExistsError):
+    """Something already exists at the path (``EEXIST``)."""
+
+    default_errno = _errno.EEXIST
+
+    def __init__(self, path: str) -> None:
+        super().__init__(f"File already exists: {path}", "EEXIST", path)
+
+
+class IsDirectory(FilesystemError, IsADirectoryError):
+    """A file operation was given a directory (``EISDIR``)."""
+
+    default_errno = _errno.EISDIR
+
+    def __init__(self, path: str) -> None:
+        super().__init__(f"Path is a directory: {path}", "EISDIR", path)
+
+
+class NotDirectory(FilesystemError, NotADirectoryError):
+    """A directory operation was given a file (``ENOTDIR``)."""
+
+    default_errno = _errno.ENOTDIR
+
+    def __init__(self, path: str) -> None:
+        super().__init__(f"Path is not a directory: {path}", "ENOTDIR", path)
+
+
+class DirectoryNotEmpty(FilesystemError):
+    """A non-recursive ``rmdir`` found entries (``ENOTEMPTY``)."""
+
+    default_errno = _errno.ENOTEMPTY
+
+    def __init__(self, path: str) -> None:
+        super().__init__(f"Directory not empty: {path}", "ENOTEMPTY", path)
+
+
+class PermissionDenied(FilesystemError, PermissionError):
+    """Access refused: outside the workspace root, or a read-only mount (``EACCES``).
+
+    Parameters
+    ----------
+    path : str
+        The path as given (or resolved, for symlink escapes).
+    operation : str
+        What was attempted, e.g. ``access`` or ``writeFile (filesystem is read-only)``.
+    """
+
+    default_errno = _errno.EACCES
+
+    def __init__(self, path: str, operation: str) -> None:
+        super().__init__(f"Permission denied: {operation} on {path}", "EACCES", path)
+        self.operation = operation
+
+
+class FileReadRequiredError(FilesystemError):
+    """A write needs a fresh read first (``EREAD_REQUIRED``); the message is the reason."""
+
+    default_errno = _errno.EPERM
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(reason, "EREAD_REQUIRED", path)
+        self.reason = reason
+
+
+class StaleFileError(FilesystemError):
+    """The file changed since the caller last saw it (``ESTALE``).
+
+    Parameters
+    ----------
+    path : str
+        The path as given.
+    expected : datetime, optional
+        The modification time the caller expected.
+    actual : datetime, optional
+        The modification time found.
+    """
+
+    default_errno = _errno.ESTALE
+
+    def __init__(self, path: str, expected: datetime | None, actual: datetime | None) -> None:
+        super().__init__(
+            f"File was modified externally: {path} (expected mtime {_iso(expected)}, actual {_iso(actual)})",
+            "ESTALE",
+            path,
+        )
+        self.expected_mtime = expected
+        self.actual_mtime = actual
+
+
+class FilesystemNotReadyError(FilesystemError):
+    """The filesystem could not be initialised (``ENOTREADY``)."""
+
+    default_errno = _errno.EIO
+
+    def __init__(self, filesystem_id: str) -> None:
+        super().__init__(
+            f'Filesystem "{filesystem_id}" is not ready. Call init() first or use ensureReady().',
+            "ENOTREADY",
+        )
+        self.filesystem_id = filesystem_id
+
+
+class UnsupportedGrepPatternError(FilesystemError, ValueError):
+    """A native grep cannot run the pattern (``EUNSUPPORTED_PATTERN``)."""
+
+    default_errno = _errno.EINVAL
+
+    def __init__(self, pattern: str, reason: str | None = None) -> None:
+        suffix = f" ({reason})" if reason else ""
+        super().__init__(f"Unsupported grep pattern: {pattern}{suffix}", "EUNSUPPORTED_PATTERN")
+        self.pattern = pattern
+
+
+class InvalidPathError(FilesystemError, ValueError):
+    """The path cannot name anything: a NUL byte, or not text (``EINVAL``)."""
+
+    default_errno = _errno.EINVAL
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"Invalid path: {path!r} ({reason})", "EINVAL", path)
+        self.reason = reason
+
+
+class FileDecodeError(FilesystemError, ValueError):
+    """A file read as text is not valid in the requested encoding (``EILSEQ``)."""
+
+    default_errno = _errno.EILSEQ
+
+    def __init__(self, path: str, encoding: str, detail: str) -> None:
+        super().__init__(
+            f"File is not valid {encoding} text: {path} ({detail}); read it without an encoding to get bytes",
+            "EILSEQ",
+            path,
+        )
+        self.encoding = encoding
+
+
+class NoMountError(FilesystemError, FileNotFoundError):
+    """A composite filesystem has no mount for the path (``ENOENT``)."""
+
+    default_errno = _errno.ENOENT
+
+    def __init__(self, path: str, kind: str = "path") -> None:
+        super().__init__(f"No mount for {kind}: {path}", "ENOENT", path)
+
+
+class NameTooLongError(FilesystemError):
+    """A path segment is longer than 255 bytes in UTF-8 (``ENAMETOOLONG``)."""
+
+    default_errno = _errno.ENAMETOOLONG
+
+    def __init__(self, path: str) -> None:
+        super().__init__(f"File name too long: {path}", "ENAMETOOLONG", path)
+
+
+# --------------------------------------------------------------------------------------------
+# Sandbox errors
+# --------------------------------------------------------------------------------------------
+
+
+class SandboxError(Exception):
+    """Base of command-execution errors.
+
+    Parameters
+    ----------
+    message : str
+        The message; ``str(err)`` returns it unchanged.
+    code : str
+        A stable code such as ``TIMEOUT``.
+    details : dict, optional
+        Extra data for callers.
+    """
+
+    def __init__(self, message: str, code: str = "SANDBOX_ERROR", details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.details = details or {}
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self.__dict__))
+
+
+class SandboxExecutionError(SandboxError):
+    """A command could not be executed (``EXECUTION_FAILED``)."""
+
+    def __init__(self, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message, "EXECUTION_FAILED", details)
+
+
+class SandboxTimeoutError(SandboxError, TimeoutError):
+    """A command ran past its timeout (``TIMEOUT``)."""
+
+    def __init__(self, timeout_ms: int, details: dict[str, Any] | None = None) -> None:
+        TimeoutError.__init__(self, f"Execution timed out after {timeout_ms}ms")
+        self.message = f"Execution timed out after {timeout_ms}ms"
+        self.code = "TIMEOUT"
+        self.details = details or {}
+        self.timeout_ms = timeout_ms
+        self.args = (self.message,)
+
+
+class SandboxNotReadyError(SandboxError):
+    """The sandbox was destroyed or is not running (``NOT_READY``)."""
+
+    def __init__(self, sandbox_id: str) -> None:
+        super().__init__(f"Sandbox is not ready: {sandbox_id}", "NOT_READY", {"id": sandbox_id})
+
+
+class SandboxUnsupportedFeatureError(SandboxError):
+    """The sandbox provider does not support an operation (``UNSUPPORTED_FEATURE``)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, "UNSUPPORTED_FEATURE")
+
+
+class SandboxAbortError(SandboxError):
+    """An operation was aborted (``ABORTED``)."""
+
+    def __init__(self, operation: str) -> None:
+        super().__init__(f"Sandbox operation aborted: {operation}", "ABORTED", {"operation": operation})
+
+
+class IsolationUnavailableError(SandboxError):
+    """The requested isolation backend cannot run here (``ISOLATION_UNAVAILABLE``)."""
+
+    def __init__(self, backend: str, reason: str) -> None:
+        super().__init__(
+            f"Isolation backend '{backend}' is not available: {reason}",
+            "ISOLATION_UNAVAILABLE",
+            {"backend": backend},
+        )
+
+
+class MountError(SandboxError):
+    """Mounting a filesystem into a sandbox failed (``MOUNT_ERROR``)."""
+
+    def __init__(self, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message, "MOUNT_ERROR", details)
+
+
+class MountNotSupportedError(SandboxError):
+    """The sandbox provider cannot mount filesystems (``MOUNT_NOT_SUPPORTED``)."""
+
+    def __init__(self, provider: str) -> None:
+        super().__init__(f"Sandbox provider '{provider}' does not support mounting", "MOUNT_NOT_SUPPORTED")
+
+
+class FilesystemNotMountableError(SandboxError):
+    """The filesystem has no mount configuration (``FILESYSTEM_NOT_MOUNTABLE``)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, "FILESYSTEM_NOT_MOUNTABLE")
+
+
+class MountToolNotFoundError(Exception):
+    """The FUSE tool a mount needs is not installed; the mount becomes ``unavailable``."""

@@ -1,0 +1,126 @@
+"""Harnesses: a filesystem under test plus an oracle that reads and writes storage directly."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..vfs import CompositeFilesystem, FsspecFilesystem, LocalFilesystem, WorkspaceFilesystem
+
+__all__ = ["Harness", "composite_harness", "fsspec_harness", "local_harness"]
+
+
+@dataclass
+class Harness:
+    """What a conformance test needs to know about one backend.
+
+    Attributes
+    ----------
+    fs : WorkspaceFilesystem
+        The filesystem under test.
+    put, get, isdir : callable
+        The oracle: write bytes, read bytes (None if missing) and test for a directory,
+        straight on the storage, bypassing ``fs``.
+    reopen : callable
+        ``reopen(read_only=True)`` returns another filesystem over the same storage.
+    prefix : str
+        Where the suite's paths live inside ``fs`` (a mount point for composites).
+    """
+
+    fs: WorkspaceFilesystem
+    put: Callable[[str, bytes], None]
+    get: Callable[[str], bytes | None]
+    isdir: Callable[[str], bool]
+    reopen: Callable[..., WorkspaceFilesystem]
+    prefix: str = ""
+    name: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def p(self, path: str) -> str:
+        """The suite path ``path`` as ``fs`` names it."""
+        return f"{self.prefix}{path}" if self.prefix else path
+
+    def inner(self, path: str) -> str:
+        """How error messages name ``path`` (composites pass the remainder to the mount)."""
+        return path
+
+
+def fsspec_harness(raw: Any, root: str, *, name: str, **options: Any) -> Harness:
+    """Build a harness for ``FsspecFilesystem(raw, root=root)`` with ``raw`` as the oracle.
+
+    ``raw`` should be a separate fsspec instance over the same storage (for remote stores,
+    created with ``skip_instance_cache=True`` and no listings cache).
+    """
+    base = raw._strip_protocol(root).rstrip("/")
+
+    def full(path: str) -> str:
+        return f"{base}/{path}" if base else path
+
+    def put(path: str, data: bytes) -> None:
+        target = full(path)
+        if "/" in target.strip("/"):
+            raw.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
+        raw.pipe_file(target, data)
+        raw.invalidate_cache()
+
+    def get(path: str) -> bytes | None:
+        raw.invalidate_cache()
+        try:
+            return bytes(raw.cat_file(full(path)))
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None
+
+    def isdir(path: str) -> bool:
+        raw.invalidate_cache()
+        return bool(raw.isdir(full(path)))
+
+    def reopen(**kw: Any) -> WorkspaceFilesystem:
+        return FsspecFilesystem(raw, root=root, **(options | kw))
+
+    return Harness(FsspecFilesystem(raw, root=root, **options), put, get, isdir, reopen, name=name)
+
+
+def local_harness(base: str, *, name: str = "local") -> Harness:
+    """Build a harness for ``LocalFilesystem(base)`` with ``os`` as the oracle."""
+
+    def put(path: str, data: bytes) -> None:
+        target = os.path.join(base, path)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with open(target, "wb") as handle:
+            handle.write(data)
+
+    def get(path: str) -> bytes | None:
+        try:
+            with open(os.path.join(base, path), "rb") as handle:
+                return handle.read()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None
+
+    def isdir(path: str) -> bool:
+        return os.path.isdir(os.path.join(base, path))
+
+    def reopen(**kw: Any) -> WorkspaceFilesystem:
+        return LocalFilesystem(base, **kw)
+
+    return Harness(LocalFilesystem(base), put, get, isdir, reopen, name=name)
+
+
+class _CompositeHarness(Harness):
+    def inner(self, path: str) -> str:
+        return path
+
+
+def composite_harness(main: Harness, other: Harness, *, name: str = "composite") -> Harness:
+    """Mount ``main`` at ``/data`` and ``other`` at ``/other``; suite paths go to ``/data``."""
+
+    def reopen(**kw: Any) -> WorkspaceFilesystem:
+        return CompositeFilesystem({"/data": main.reopen(**kw), "/other": other.reopen(**kw)})
+
+    harness = _CompositeHarness(
+        CompositeFilesystem({"/data": main.fs, "/other": other.fs}),
+        main.put, main.get, main.isdir, reopen, prefix="data/", name=name,
+    )
+    harness.extra["other"] = other
+    return harness

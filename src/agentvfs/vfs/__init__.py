@@ -1,0 +1,46 @@
+"""Storage: the workspace filesystem contract and its backends.
+
+``FsspecFilesystem`` wraps any fsspec backend under a root; ``LocalFilesystem`` is a local
+directory with the reference's path rules; ``CompositeFilesystem`` mounts several of them at
+directories of one tree.
+"""
+
+from ._base import SupportsGrep as SupportsGrep
+from ._base import SupportsWalk as SupportsWalk
+from ._base import WorkspaceFilesystem as WorkspaceFilesystem
+from ._composite import CompositeFilesystem as CompositeFilesystem
+from ._fsspec import FsspecFilesystem as FsspecFilesystem
+from ._local import LocalFilesystem as LocalFilesystem
+from ._mime import TEXT_EXTENSIONS as TEXT_EXTENSIONS
+from ._mime import get_mime_type as get_mime_type
+from ._mime import is_text_file as is_text_file
+from ._records import Capabilities as Capabilities
+from ._records import FileEntry as FileEntry
+from ._records import FileStat as FileStat
+from ._records import GrepFileResult as GrepFileResult
+from ._records import GrepMatch as GrepMatch
+from ._records import MountInfo as MountInfo
+
+__all__ = [
+    "TEXT_EXTENSIONS",
+    "Capabilities",
+    "CompositeFilesystem",
+    "FileEntry",
+    "FileStat",
+    "FsspecFilesystem",
+    "GrepFileResult",
+    "GrepMatch",
+    "LocalFilesystem",
+    "MountInfo",
+    "SupportsGrep",
+    "SupportsWalk",
+    "WorkspaceFilesystem",
+    "get_mime_type",
+    "is_text_file",
+]
+
+for _name in __all__:
+    _obj = globals()[_name]
+    if hasattr(_obj, "__module__") and _obj.__module__.startswith(__name__ + "._"):
+        _obj.__module__ = __name__
+del _name, _obj

@@ -1,0 +1,538 @@
+"""The backend contract: a small ABC with concrete operations derived from it."""
+
+from __future__ import annotations
+
+import posixpath
+import secrets
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, runtime_checkable
+
+import anyio
+import anyio.to_thread
+
+from ..errors import (
+    DirectoryNotFound,
+    FileExists,
+    FileNotFound,
+    FilesystemNotReadyError,
+    IsDirectory,
+    NotDirectory,
+    WorkspaceReadOnlyError,
+)
+from . import _paths
+from ._mime import normalize_extensions
+from ._records import Capabilities, FileEntry, FileStat, GrepFileResult
+
+if TYPE_CHECKING:
+    from .._context import RequestContext
+
+__all__ = [
+    "SupportsGrep",
+    "check_parent_for_create",
+    "filter_extension",
+    "order_tree",
+    "SupportsWalk",
+    "WorkspaceFilesystem",
+    "new_id",
+    "run_sync",
+]
+
+T = TypeVar("T")
+
+_BASE36 = "0123456789abcdefghijklmnopqrstuvwxyz"
+
+
+def _base36(n: int) -> str:
+    out = ""
+    while True:
+        n, r = divmod(n, 36)
+        out = _BASE36[r] + out
+        if not n:
+            return out
+
+
+def new_id(prefix: str) -> str:
+    """Return ``<prefix>-<base36 ms timestamp>-<6 random base36 chars>``, the reference's id form."""
+    rand = "".join(secrets.choice(_BASE36) for _ in range(6))
+    return f"{prefix}-{_base36(int(time.time() * 1000))}-{rand}"
+
+
+async def run_sync(fn: Callable[..., T], *args: Any) -> T:
+    """Run a blocking call in a worker thread.
+
+    Cancellation (and so ``operation_timeout``) abandons the thread rather than waiting for
+    it: writes therefore stage their data and commit in one step, so an abandoned write
+    either lands whole or not at all.
+    """
+    return await anyio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
+
+
+@runtime_checkable
+class SupportsWalk(Protocol):
+    """A filesystem that lists a whole tree in as few round trips as the backend allows."""
+
+    async def walk(
+        self, path: str = "", *, max_depth: int | None = None, include_hidden: bool = True
+    ) -> list[FileEntry]:
+        """List everything below ``path``; names are relative to it (``dir/child``)."""
+        ...
+
+
+@runtime_checkable
+class SupportsGrep(Protocol):
+    """A filesystem that searches file contents itself (batched reads, or server side)."""
+
+    async def grep(
+        self,
+        pattern: str,
+        path: str = "",
+        *,
+        case_sensitive: bool = True,
+        include_hidden: bool = False,
+        max_count_per_file: int | None = None,
+        max_total_matches: int | None = None,
+        context_lines: int = 0,
+    ) -> list[GrepFileResult]:
+        """Search text files below ``path`` for a Python regular expression."""
+        ...
+
+
+class WorkspaceFilesystem(ABC):
+    """A filesystem an agent can work in: the reference's ``WorkspaceFilesystem`` contract.
+
+    Subclasses implement the seven abstract operations; appending, copying, moving and
+    ``exists`` are derived from them and may be overridden where the backend does better.
+    Every operation initialises the filesystem on first use (``init`` is idempotent), and
+    paths are relative to the filesystem root with ``/`` separators.
+
+    Parameters
+    ----------
+    id : str
+        Stable identifier.
+    read_only : bool
+        Refuse every write with :class:`~agentvfs.errors.WorkspaceReadOnlyError` before any
+        request reaches the storage.
+    display_name, description, icon : str, optional
+        Shown to agents in instructions and listings of mount points.
+    instructions : str or callable, optional
+        Replaces the default instructions (a string; ``""`` suppresses them), or a function
+        ``fn({"default_instructions": str, "request_context": ctx}) -> str``.
+    text_extensions : iterable of str
+        Extra extensions that grep reads as text.
+    """
+
+    name: ClassVar[str] = "WorkspaceFilesystem"
+    provider: str = "unknown"
+    capabilities: Capabilities = Capabilities()
+
+    def __init__(
+        self,
+        *,
+        id: str,
+        read_only: bool = False,
+        display_name: str | None = None,
+        description: str | None = None,
+        icon: str | None = None,
+        instructions: str | Callable[[dict[str, Any]], str] | None = None,
+        text_extensions: Iterable[str] = (),
+    ) -> None:
+        self.id = id
+        self.read_only = bool(read_only)
+        self.display_name = display_name
+        self.description = description
+        self.icon = icon
+        self.text_extensions = normalize_extensions(text_extensions)
+        self.status: str = "pending"
+        self.error: str | None = None
+        self._instructions = instructions
+        self._init_done: anyio.Event | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def init(self) -> None:
+        """Prepare the backend (create the root where that applies); idempotent.
+
+        Concurrent calls share one initialisation. A failure sets ``status`` to ``error`` and
+        is raised.
+        """
+        if self.status == "ready":
+            return
+        if self._init_done is not None:
+            await self._init_done.wait()
+            return
+        done = self._init_done = anyio.Event()
+        self.status = "initializing"
+        try:
+            await self.setup()
+        except BaseException as exc:
+            self.status = "error"
+            self.error = str(exc)
+            raise
+        else:
+            self.status = "ready"
+            self.error = None
+        finally:
+            self._init_done = None
+            done.set()
+
+    async def destroy(self) -> None:
+        """Release resources. Never deletes stored data."""
+        if self.status in ("destroyed", "destroying"):
+            return
+        if self.status == "pending":
+            self.status = "destroyed"
+            return
+        self.status = "destroying"
+        try:
+            await self.teardown()
+        except BaseException as exc:
+            self.status = "error"
+            self.error = str(exc)
+            raise
+        self.status = "destroyed"
+
+    async def setup(self) -> None:  # noqa: B027  (an optional hook, empty by default)
+        """Hook run by :meth:`init`; override to create roots or open connections."""
+
+    async def teardown(self) -> None:  # noqa: B027
+        """Hook run by :meth:`destroy`."""
+
+    async def ensure_ready(self) -> None:
+        """Initialise on first use; raise if the filesystem cannot become ready.
+
+        Raises
+        ------
+        FilesystemNotReadyError
+            Initialisation did not reach ``ready``.
+        """
+        if self.status != "ready":
+            await self.init()
+            if self.status != "ready":
+                raise FilesystemNotReadyError(self.id)
+
+    def _check_writable(self, operation: str) -> None:
+        if self.read_only:
+            raise WorkspaceReadOnlyError(operation)
+
+    # -- the required core -----------------------------------------------------------------
+
+    @abstractmethod
+    async def read_file(self, path: str, *, encoding: str | None = None) -> str | bytes:
+        """Read a whole file: ``bytes`` without ``encoding``, else decoded text.
+
+        Raises
+        ------
+        FileNotFound
+            ``ENOENT``.
+        IsDirectory
+            ``EISDIR``.
+        PermissionDenied
+            ``EACCES``: outside the root.
+        UnicodeDecodeError
+            The bytes are not valid in ``encoding``.
+        """
+
+    @abstractmethod
+    async def write_file(
+        self,
+        path: str,
+        content: str | bytes,
+        *,
+        recursive: bool = True,
+        overwrite: bool = True,
+        mime_type: str | None = None,
+        expected_mtime: datetime | FileStat | None = None,
+    ) -> None:
+        """Write a whole file atomically: readers see the old or the new content, never a mix.
+
+        Parameters
+        ----------
+        path : str
+            Target file.
+        content : str or bytes
+            ``str`` is written as UTF-8.
+        recursive : bool
+            Create missing parent directories; if False the parent must exist.
+        overwrite : bool
+            If False, refuse to replace an existing file.
+        mime_type : str, optional
+            Content type recorded where the backend keeps one.
+        expected_mtime : datetime or FileStat, optional
+            Optimistic concurrency: refuse if the file changed since this was observed. A
+            ``FileStat`` also compares its ``etag`` where the backend has versions.
+
+        Raises
+        ------
+        WorkspaceReadOnlyError
+            ``EROFS``, before any request.
+        DirectoryNotFound
+            ``ENOENT``: parent missing and ``recursive`` is False.
+        NotDirectory
+            ``ENOTDIR``: a parent is a file.
+        FileExists
+            ``EEXIST``: ``overwrite`` is False and the file exists.
+        IsDirectory
+            ``EISDIR``: the path is a directory.
+        StaleFileError
+            ``ESTALE``: the file changed since ``expected_mtime``.
+        """
+
+    @abstractmethod
+    async def delete_file(self, path: str, *, force: bool = False) -> None:
+        """Delete a file.
+
+        Raises
+        ------
+        FileNotFound
+            ``ENOENT``, unless ``force``.
+        IsDirectory
+            ``EISDIR``.
+        """
+
+    @abstractmethod
+    async def mkdir(self, path: str, *, recursive: bool = True) -> None:
+        """Create a directory; an existing directory is fine.
+
+        Raises
+        ------
+        FileExists
+            ``EEXIST``: a file is there.
+        DirectoryNotFound
+            ``ENOENT``: parent missing and ``recursive`` is False.
+        NotDirectory
+            ``ENOTDIR``: a parent is a file.
+        """
+
+    @abstractmethod
+    async def rmdir(self, path: str, *, recursive: bool = False, force: bool = False) -> None:
+        """Remove a directory.
+
+        Raises
+        ------
+        DirectoryNotFound
+            ``ENOENT``, unless ``force``.
+        NotDirectory
+            ``ENOTDIR``: a file is there.
+        DirectoryNotEmpty
+            ``ENOTEMPTY``: entries remain and ``recursive`` is False.
+        PermissionDenied
+            ``EACCES``: the root itself.
+        """
+
+    @abstractmethod
+    async def readdir(
+        self,
+        path: str = "",
+        *,
+        recursive: bool = False,
+        extension: str | list[str] | None = None,
+        max_depth: int | None = None,
+    ) -> list[FileEntry]:
+        """List a directory, sorted by name; recursive listings put children after their parent.
+
+        Parameters
+        ----------
+        path : str
+            Directory to list.
+        recursive : bool
+            Descend into subdirectories (names become ``dir/child``).
+        extension : str or list of str, optional
+            Keep only files with these extensions (``.ts`` or ``ts``); directories stay.
+        max_depth : int, optional
+            Depth limit for recursive listings (default 100).
+
+        Raises
+        ------
+        DirectoryNotFound
+            ``ENOENT``.
+        NotDirectory
+            ``ENOTDIR``.
+        """
+
+    @abstractmethod
+    async def stat(self, path: str) -> FileStat:
+        """Return metadata of a file or directory.
+
+        Raises
+        ------
+        FileNotFound
+            ``ENOENT``.
+        """
+
+    # -- derived operations ------------------------------------------------------------------
+
+    async def exists(self, path: str) -> bool:
+        """Tell whether anything exists at ``path``. Containment violations still raise."""
+        try:
+            await self.stat(path)
+        except FileNotFoundError:
+            return False
+        except NotADirectoryError:
+            return False
+        return True
+
+    async def append_file(self, path: str, content: str | bytes) -> None:
+        """Append to a file, creating it (and its parents) if missing.
+
+        The result is written whole, so a failure leaves the old content.
+        """
+        self._check_writable("append_file")
+        data = content.encode() if isinstance(content, str) else bytes(content)
+        try:
+            old = await self.stat(path)
+        except FileNotFoundError:
+            await self.write_file(path, data, overwrite=False)
+            return
+        if old.type == "directory":
+            raise IsDirectory(path)
+        previous = await self.read_file(path)
+        assert isinstance(previous, bytes)
+        await self.write_file(path, previous + data, expected_mtime=old)
+
+    async def copy_file(
+        self, src: str, dest: str, *, overwrite: bool = True, recursive: bool = False
+    ) -> None:
+        """Copy a file, or a directory tree with ``recursive``; parents of ``dest`` are created.
+
+        Raises
+        ------
+        FileNotFound
+            ``src`` is missing.
+        IsDirectory
+            ``src`` is a directory and ``recursive`` is False, or ``dest`` is a directory.
+        FileExists
+            ``dest`` exists and ``overwrite`` is False (files only; a tree copy skips them).
+        """
+        self._check_writable("copy_file")
+        info = await self._stat_src(src)
+        if info.type == "directory":
+            if not recursive:
+                raise IsDirectory(src)
+            await self._copy_tree(src, dest, overwrite=overwrite)
+            return
+        data = await self.read_file(src)
+        await self._write_copy(dest, data, overwrite=overwrite)
+
+    async def move_file(self, src: str, dest: str, *, overwrite: bool = True) -> None:
+        """Move a file or directory: copy then delete where the backend cannot rename.
+
+        Raises
+        ------
+        FileNotFound
+            ``src`` is missing.
+        FileExists
+            ``dest`` exists and ``overwrite`` is False.
+        """
+        self._check_writable("move_file")
+        info = await self._stat_src(src)
+        if not overwrite and await self.exists(dest):
+            raise FileExists(dest)
+        await self.copy_file(src, dest, overwrite=overwrite, recursive=True)
+        if info.type == "directory":
+            await self.rmdir(src, recursive=True)
+        else:
+            await self.delete_file(src)
+
+    async def _stat_src(self, src: str) -> FileStat:
+        try:
+            return await self.stat(src)
+        except FileNotFoundError:
+            raise FileNotFound(src) from None
+
+    async def _write_copy(self, dest: str, data: str | bytes, *, overwrite: bool) -> None:
+        try:
+            await self.write_file(dest, data, overwrite=overwrite)
+        except IsADirectoryError:
+            raise IsDirectory(dest) from None
+
+    async def _copy_tree(self, src: str, dest: str, *, overwrite: bool) -> None:
+        await self.mkdir(dest, recursive=True)
+        for entry in await self.readdir(src, recursive=True):
+            source = _paths.join(_paths.normalize(src), entry.name)
+            target = _paths.join(_paths.normalize(dest), entry.name)
+            if entry.type == "directory":
+                await self.mkdir(target, recursive=True)
+                continue
+            try:
+                await self.write_file(target, await self.read_file(source), overwrite=overwrite)
+            except FileExistsError:
+                # A tree copy without overwrite keeps what is already there, like ``cp -n``.
+                continue
+
+    # -- description ------------------------------------------------------------------------
+
+    def default_instructions(self) -> str:
+        """The instructions agents get when none are configured."""
+        return ""
+
+    def get_instructions(self, *, request_context: RequestContext | None = None) -> str:
+        """Return how agents should use this filesystem (``instructions`` wins if set)."""
+        default = self.default_instructions()
+        custom = self._instructions
+        if custom is None:
+            return default
+        if isinstance(custom, str):
+            return custom
+        return str(custom({"default_instructions": default, "request_context": request_context}))
+
+    def get_mount_config(self) -> dict[str, Any] | None:
+        """Return how a sandbox can mount this filesystem, without secrets; None if it cannot."""
+        return None
+
+    def metadata(self) -> dict[str, Any]:
+        """Backend-specific facts for :meth:`get_info` (never credentials)."""
+        return {}
+
+    async def get_info(self) -> dict[str, Any]:
+        """Describe the filesystem: ``id, name, provider, read_only, status, error, icon, metadata``."""
+        return {
+            "id": self.id,
+            "name": self.name,
+            "provider": self.provider,
+            "read_only": self.read_only,
+            "status": self.status,
+            "error": self.error,
+            "icon": self.icon,
+            "metadata": self.metadata(),
+        }
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(id={self.id!r}, provider={self.provider!r}, read_only={self.read_only})"
+
+
+def filter_extension(entries: list[FileEntry], extension: str | list[str] | None) -> list[FileEntry]:
+    """Keep directories and the files whose extension is in ``extension``."""
+    if extension is None:
+        return entries
+    wanted = normalize_extensions([extension] if isinstance(extension, str) else extension)
+    return [
+        e for e in entries if e.type == "directory" or any(e.name.lower().endswith(x) for x in wanted)
+    ]
+
+
+def order_tree(entries: Mapping[str, FileEntry]) -> list[FileEntry]:
+    """Order a recursive listing depth-first, siblings by name, children after their parent."""
+    children: dict[str, list[str]] = {}
+    for rel in entries:
+        children.setdefault(_paths.dirname(rel), []).append(rel)
+    out: list[FileEntry] = []
+
+    def visit(parent: str) -> None:
+        for rel in sorted(children.get(parent, ())):
+            out.append(entries[rel])
+            visit(rel)
+
+    visit("")
+    return out
+
+
+def check_parent_for_create(parent_stat: FileStat | None, path: str) -> None:
+    """Raise the error for creating below ``parent_stat`` without ``recursive``."""
+    parent = posixpath.dirname(path.rstrip("/")) or "."
+    if parent_stat is None:
+        raise DirectoryNotFound(parent)
+    if parent_stat.type != "directory":
+        raise NotDirectory(parent)

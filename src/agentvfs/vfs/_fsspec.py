@@ -1,0 +1,1199 @@
+"""``FsspecFilesystem``: any fsspec backend as a workspace filesystem under a root."""
+
+from __future__ import annotations
+
+import contextlib
+import errno as _errno
+import os
+import posixpath
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import anyio
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+from fsspec.implementations.memory import MemoryFileSystem
+
+from ..errors import (
+    DirectoryNotEmpty,
+    DirectoryNotFound,
+    FileDecodeError,
+    FileExists,
+    FileNotFound,
+    FilesystemError,
+    IsDirectory,
+    NotDirectory,
+    PermissionDenied,
+    StaleFileError,
+)
+from . import _paths
+from ._base import (
+    WorkspaceFilesystem,
+    filter_extension,
+    new_id,
+    order_tree,
+    run_sync,
+)
+from ._grep import compile_pattern, grep_lines
+from ._mime import get_mime_type, is_text_file
+from ._records import Capabilities, FileEntry, FileStat, GrepFileResult
+
+__all__ = ["FsspecFilesystem"]
+
+T = TypeVar("T")
+
+# Protocols whose directories are only key prefixes (plus optional "dir/" marker objects).
+_OBJECT_STORES = frozenset({"s3", "s3a", "gs", "gcs", "abfs", "abfss", "az", "adl", "oss", "r2"})
+_PROVIDER_ALIASES = {"gs": "gcs", "local": "file", "s3a": "s3", "abfss": "abfs", "az": "abfs"}
+
+# Staged writes use a hidden sibling with this marker in its name; listings hide such names.
+_TMP_MARK = ".agentvfs-tmp-"
+_EPOCH = datetime.fromtimestamp(0, UTC)
+_DEFAULT_MAX_DEPTH = 100
+# A directory whose listing is larger than this is not cached for write checks; a write
+# into it checks its own name instead (one request) rather than re-listing thousands of keys.
+_LISTING_CACHE_LIMIT = 2000
+
+
+class _Cancelled(Exception):
+    """Internal: a staged write saw its caller give up before committing."""
+
+
+class _Listings:
+    """Short-lived knowledge of the names in object-store directories, for write checks.
+
+    On an object store nothing stops a key ``a`` and a prefix ``a/`` from coexisting, so a
+    write must check that it does not create a file where a directory is (or under a file).
+    Doing that with a request per write would double its cost; instead the names of a
+    directory are listed once and kept for ``ttl`` seconds, updated by our own writes. Only
+    these checks read it: reads, stats and listings always go to the backend.
+    """
+
+    def __init__(self, ttl: float) -> None:
+        self.ttl = ttl
+        self._lock = threading.Lock()
+        self._dirs: OrderedDict[str, tuple[float, dict[str, str] | None]] = OrderedDict()
+
+    def get(self, rel: str) -> tuple[bool, dict[str, str] | None]:
+        """Return ``(known, names)``; ``names`` None means the directory is too big to keep."""
+        with self._lock:
+            item = self._dirs.get(rel)
+            if item is None or item[0] < time.monotonic():
+                return False, None
+            return True, item[1]
+
+    def put(self, rel: str, names: dict[str, str] | None) -> None:
+        with self._lock:
+            self._dirs[rel] = (time.monotonic() + self.ttl, names)
+            self._dirs.move_to_end(rel)
+            while len(self._dirs) > 256:
+                self._dirs.popitem(last=False)
+
+    def add(self, rel: str, kind: str) -> None:
+        """Record that ``rel`` now exists as ``kind``, in its parent's names if kept."""
+        parent, name = _paths.dirname(rel), _paths.basename(rel)
+        with self._lock:
+            item = self._dirs.get(parent)
+            if item is not None and item[1] is not None:
+                item[1][name] = kind
+
+    def forget(self, rel: str | None = None) -> None:
+        """Drop what is known about ``rel``'s parent (or everything)."""
+        with self._lock:
+            if rel is None:
+                self._dirs.clear()
+            else:
+                self._dirs.pop(_paths.dirname(rel), None)
+                self._dirs.pop(rel, None)
+
+
+def _as_bytes(content: str | bytes | bytearray | memoryview, name: str = "content") -> bytes:
+    if isinstance(content, str):
+        return content.encode("utf-8")
+    if isinstance(content, (bytes, bytearray, memoryview)):
+        return bytes(content)
+    raise TypeError(f"{name} must be str or bytes, not {type(content).__name__}")
+
+
+def _to_datetime(value: Any) -> datetime | None:
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    if isinstance(value, (int, float)):
+        return datetime.fromtimestamp(value, UTC)
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+            return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+    return None
+
+
+def _first(info: dict[str, Any], keys: Iterable[str]) -> Any:
+    for key in keys:
+        value = info.get(key)
+        if value is not None:
+            return value
+    return None
+
+
+def _ms(value: datetime) -> int:
+    return int(value.timestamp() * 1000)
+
+
+def _display_parent(display: str) -> str:
+    return posixpath.dirname(display.rstrip("/")) or "."
+
+
+class FsspecFilesystem(WorkspaceFilesystem):
+    """Any fsspec filesystem, confined to a root, as a workspace filesystem.
+
+    Parameters
+    ----------
+    fs_or_url : fsspec.AbstractFileSystem or str
+        A filesystem instance, or a URL such as ``s3://bucket/prefix``, ``gcs://bucket``,
+        ``memory://`` or ``file:///path`` (resolved with ``fsspec.url_to_fs``).
+    root : str
+        A path below the instance's (or URL's) location that becomes the workspace root.
+    read_only : bool
+        Refuse every write before any request reaches the backend.
+    storage_options : dict, optional
+        Passed to the fsspec constructor when ``fs_or_url`` is a URL. Never reported.
+    id, display_name, description, icon, instructions, text_extensions
+        See :class:`WorkspaceFilesystem`.
+    listing_ttl : float
+        Seconds an object-store directory listing is trusted for write conflict checks.
+
+    Notes
+    -----
+    Paths are relative to the root; a leading ``/`` also means the root and ``..`` never
+    leaves it. On object stores (S3, GCS, Azure) directories are key prefixes: ``mkdir``
+    writes a zero-byte ``dir/`` marker so empty directories persist, deleting the last entry
+    of a directory keeps the directory, and ``rmdir`` of a non-empty prefix is refused.
+    Writes are whole-object PUTs (atomic); on other backends they are staged in a hidden
+    sibling and renamed into place. Stale-write checks use the ETag or generation where the
+    backend has one, since object-store modification times are only precise to a second.
+    """
+
+    name = "FsspecFilesystem"
+
+    def __init__(
+        self,
+        fs_or_url: fsspec.AbstractFileSystem | str,
+        *,
+        root: str = "",
+        read_only: bool = False,
+        storage_options: dict[str, Any] | None = None,
+        id: str | None = None,
+        display_name: str | None = None,
+        description: str | None = None,
+        icon: str | None = None,
+        instructions: str | Callable[[dict[str, Any]], str] | None = None,
+        text_extensions: Iterable[str] = (),
+        listing_ttl: float = 2.0,
+    ) -> None:
+        super().__init__(
+            id=id or new_id("fsspec-fs"),
+            read_only=read_only,
+            display_name=display_name,
+            description=description,
+            icon=icon,
+            instructions=instructions,
+            text_extensions=text_extensions,
+        )
+        if isinstance(fs_or_url, str):
+            fs, base = fsspec.core.url_to_fs(fs_or_url, **(storage_options or {}))
+        elif isinstance(fs_or_url, fsspec.AbstractFileSystem):
+            if storage_options:
+                raise TypeError("storage_options apply only when a URL is given, not an instance")
+            fs, base = fs_or_url, ""
+        else:
+            raise TypeError(
+                "fs_or_url must be an fsspec.AbstractFileSystem or a URL string, "
+                f"not {type(fs_or_url).__name__}"
+            )
+        _paths.check_name(root)
+        # A URL's path and a relative root join; an instance's root is a path of its own.
+        joined = (posixpath.join(base, root.lstrip("/")) if base else root) if root else base
+        if ".." in joined.split("/"):
+            raise PermissionDenied(root, "access (the root must not contain '..')")
+        stripped: str = fs._strip_protocol(joined) if joined else ""
+        self._fs: fsspec.AbstractFileSystem = fs
+        self._root = stripped.rstrip("/")
+        marker = getattr(fs, "root_marker", "")
+        self._prefix = f"{self._root}/" if self._root else marker
+        self._root_path = self._root or marker
+        protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
+        first = protocols[0] if protocols else "unknown"
+        self.provider = _PROVIDER_ALIASES.get(first, first)
+        self._protocol = first
+        self._memory = isinstance(fs, MemoryFileSystem)
+        self._local = isinstance(fs, LocalFileSystem)
+        self._object = bool(set(protocols) & _OBJECT_STORES)
+        self.capabilities = Capabilities(
+            empty_dirs=not self._object,
+            atomic_rename=self._local or self._memory,
+            symlinks=self._local,
+            versions=self._object,
+            blocking=not self._memory,
+        )
+        self._ls_kwargs: dict[str, Any] = {"refresh": True} if self._object else {}
+        self._listings = _Listings(listing_ttl)
+        self._versions: OrderedDict[str, tuple[int, str]] = OrderedDict()
+        self._versions_lock = threading.Lock()
+        self._real_root = os.path.realpath(self._root_path) if self._local else ""
+
+    # -- plumbing ----------------------------------------------------------------------------
+
+    @property
+    def fs(self) -> fsspec.AbstractFileSystem:
+        """The wrapped fsspec instance (no confinement: use with care)."""
+        return self._fs
+
+    @property
+    def root(self) -> str:
+        """The backend path of the workspace root."""
+        return self._root_path
+
+    def _bpath(self, rel: str) -> str:
+        return self._prefix + rel if rel else self._root_path
+
+    def _rel(self, path: str) -> str:
+        rel = _paths.normalize(path)
+        if self._local and rel:
+            self._guard_local(path, rel)
+        return rel
+
+    def _guard_local(self, display: str, rel: str) -> None:
+        # On local disk a symlink inside the root may point anywhere; resolve the deepest
+        # existing ancestor and refuse anything that lands outside (this also stops creating
+        # files through a symlinked directory that points out).
+        if not self._contained_real(self._prefix + rel):
+            raise PermissionDenied(display, "access")
+
+    def _contained_real(self, host_path: str) -> bool:
+        """Tell whether a local host path stays inside the root once symlinks resolve."""
+        return _paths.realpath_contained(host_path, [self._real_root])
+
+    def _is_root(self, rel: str) -> bool:
+        return not rel
+
+    async def setup(self) -> None:
+        """Create the root directory on backends with real directories (not object stores)."""
+        if not self._object and not self.read_only and self._root:
+            await self._call(self._fs.makedirs, self._root_path, True)
+
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        if self.capabilities.blocking:
+            return await run_sync(fn, *args)
+        return fn(*args)
+
+    async def _call_write(self, fn: Callable[..., T], *args: Any) -> T:
+        # A write abandoned by a timeout keeps running in its thread; the event tells it not
+        # to commit, so the operation lands whole before the deadline or not at all.
+        cancel = threading.Event()
+        try:
+            return await self._call(fn, *args, cancel)
+        except anyio.get_cancelled_exc_class():
+            cancel.set()
+            raise
+
+    def _info(self, rel: str) -> dict[str, Any] | None:
+        """Backend info of ``rel`` or None if nothing is there."""
+        bpath = self._bpath(rel)
+        if self._memory:
+            # MemoryFileSystem.info scans every key; files are a dict lookup away.
+            item = self._fs.store.get(bpath)
+            if item is not None:
+                return {"name": bpath, "size": item.size, "type": "file"}
+        try:
+            info: dict[str, Any] = self._fs.info(bpath)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        finally:
+            if self._object:
+                self._fs.invalidate_cache(bpath)
+        return info
+
+    def _stat_from_info(self, rel: str, info: dict[str, Any]) -> FileStat:
+        kind = "directory" if info.get("type") == "directory" else "file"
+        bpath = self._bpath(rel)
+        modified: datetime | None
+        if self._memory and kind == "file":
+            item = self._fs.store.get(bpath)
+            modified = getattr(item, "modified", None)
+            created = getattr(item, "created", None) or modified
+        else:
+            modified = _to_datetime(
+                _first(info, ("mtime", "LastModified", "updated", "last_modified", "modified"))
+            )
+            created = _to_datetime(
+                _first(info, ("created", "timeCreated", "creation_time", "ctime"))
+            )
+        modified = modified or created or _EPOCH
+        etag = _first(info, ("generation", "ETag", "etag", "md5Hash", "VersionId"))
+        if etag is None and kind == "file":
+            # No native version: derive one that changes on every write even within one
+            # clock tick (staged writes give a new inode; memory keeps microseconds).
+            if self._memory:
+                etag = f"{modified.timestamp():.6f}-{info.get('size')}"
+            elif "ino" in info:
+                etag = f"{info.get('mtime')}-{info.get('size')}-{info['ino']}"
+        name = _paths.basename(rel) if rel else (posixpath.basename(self._root) or "")
+        stat = FileStat(
+            name=name,
+            path=rel,
+            type=kind,
+            size=int(info.get("size") or 0) if kind == "file" else int(info.get("size") or 0),
+            created_at=created or modified,
+            modified_at=modified,
+            mime_type=get_mime_type(name) if kind == "file" else None,
+            etag=str(etag).strip('"') if etag is not None and kind == "file" else None,
+        )
+        if stat.etag is not None:
+            self._remember_version(rel, stat)
+        return stat
+
+    def _remember_version(self, rel: str, stat: FileStat) -> None:
+        # A caller holding only a modification time (e.g. FileStat.modified_at kept by a
+        # read tracker) still gets version precision: we remember which ETag went with that
+        # time when we last saw the file.
+        assert stat.etag is not None
+        with self._versions_lock:
+            self._versions[rel] = (_ms(stat.modified_at), stat.etag)
+            self._versions.move_to_end(rel)
+            while len(self._versions) > 10_000:
+                self._versions.popitem(last=False)
+
+    def _check_stale(
+        self,
+        display: str,
+        expected: datetime | FileStat,
+        current: FileStat,
+        known: tuple[int, str] | None,
+    ) -> None:
+        if isinstance(expected, FileStat):
+            if expected.etag is not None and current.etag is not None:
+                if expected.etag != current.etag:
+                    raise StaleFileError(display, expected.modified_at, current.modified_at)
+                return
+            expected_time = expected.modified_at
+        else:
+            expected_time = expected
+            if known is not None and known[0] == _ms(expected_time) and current.etag is not None:
+                if known[1] != current.etag:
+                    raise StaleFileError(display, expected_time, current.modified_at)
+                return
+        if _ms(expected_time) != _ms(current.modified_at):
+            raise StaleFileError(display, expected_time, current.modified_at)
+
+    def _translate(self, exc: BaseException, display: str, operation: str) -> BaseException:
+        """Map a backend exception to the most specific workspace error."""
+        if isinstance(exc, FilesystemError):
+            return exc
+        if isinstance(exc, FileNotFoundError):
+            return FileNotFound(display)
+        if isinstance(exc, FileExistsError):
+            return FileExists(display)
+        if isinstance(exc, IsADirectoryError):
+            return IsDirectory(display)
+        if isinstance(exc, NotADirectoryError):
+            return NotDirectory(display)
+        if isinstance(exc, PermissionError):
+            return PermissionDenied(display, operation)
+        if isinstance(exc, OSError) and exc.errno == _errno.ENOTEMPTY:
+            return DirectoryNotEmpty(display)
+        code = exc.errno if isinstance(exc, OSError) and exc.errno else _errno.EIO
+        err = FilesystemError(f"{operation} failed on {display}: {exc}", _errno.errorcode.get(code, "EIO"), display)
+        err.errno = code
+        return err
+
+    # -- read side ------------------------------------------------------------------------------
+
+    async def read_file(self, path: str, *, encoding: str | None = None) -> str | bytes:
+        """Read a whole file; see :meth:`WorkspaceFilesystem.read_file`."""
+        if self.status != "ready":
+            await self.ensure_ready()
+        rel = self._rel(path)
+        data = await self._call(self._read_sync, rel, path)
+        if encoding is None:
+            return data
+        try:
+            return data.decode(encoding)
+        except UnicodeDecodeError as exc:
+            raise FileDecodeError(path, encoding, f"byte 0x{data[exc.start]:02x} at offset {exc.start}") from None
+
+    def _read_sync(self, rel: str, display: str) -> bytes:
+        if not rel:
+            raise IsDirectory(display)
+        try:
+            data: bytes = self._fs.cat_file(self._bpath(rel))
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            info = self._info(rel)
+            if info is not None and info.get("type") == "directory":
+                raise IsDirectory(display) from None
+            raise FileNotFound(display) from None
+        except Exception as exc:
+            raise self._translate(exc, display, "read_file") from exc
+        return data
+
+    async def stat(self, path: str) -> FileStat:
+        """Return metadata; see :meth:`WorkspaceFilesystem.stat`."""
+        if self.status != "ready":
+            await self.ensure_ready()
+        rel = self._rel(path)
+        return await self._call(self._stat_sync, rel, path)
+
+    def _stat_sync(self, rel: str, display: str) -> FileStat:
+        try:
+            info = self._info(rel)
+        except Exception as exc:
+            raise self._translate(exc, display, "stat") from exc
+        if info is None:
+            if not rel:
+                # The root always exists, even as an empty object-store prefix.
+                return FileStat(
+                    name=posixpath.basename(self._root), path="", type="directory", size=0,
+                    created_at=_EPOCH, modified_at=_EPOCH,
+                )
+            raise FileNotFound(display)
+        return self._stat_from_info(rel, info)
+
+    async def exists(self, path: str) -> bool:
+        """Tell whether anything is at ``path``; containment violations still raise."""
+        if self.status != "ready":
+            await self.ensure_ready()
+        rel = self._rel(path)
+        if not rel:
+            return True
+        return await self._call(self._info, rel) is not None
+
+    async def readdir(
+        self,
+        path: str = "",
+        *,
+        recursive: bool = False,
+        extension: str | list[str] | None = None,
+        max_depth: int | None = None,
+    ) -> list[FileEntry]:
+        """List a directory; see :meth:`WorkspaceFilesystem.readdir`."""
+        if self.status != "ready":
+            await self.ensure_ready()
+        rel = self._rel(path)
+        if recursive:
+            entries = await self._call(self._walk_sync, rel, path, max_depth or _DEFAULT_MAX_DEPTH)
+        else:
+            entries = await self._call(self._list_sync, rel, path)
+        return filter_extension(entries, extension)
+
+    async def walk(
+        self, path: str = "", *, max_depth: int | None = None, include_hidden: bool = True
+    ) -> list[FileEntry]:
+        """List a whole tree in one paginated request on object stores.
+
+        Names are relative to ``path``; hidden entries (a segment starting with ``.``) and
+        everything below hidden directories are dropped unless ``include_hidden``.
+        """
+        entries = await self.readdir(path, recursive=True, max_depth=max_depth)
+        if include_hidden:
+            return entries
+        return [e for e in entries if not any(s.startswith(".") for s in e.name.split("/"))]
+
+    def _entry(self, name: str, info: dict[str, Any]) -> FileEntry:
+        kind = "directory" if info.get("type") == "directory" else "file"
+        link = bool(info.get("islink"))
+        target = None
+        if link and self._local:
+            with contextlib.suppress(OSError):
+                target = os.readlink(info["name"])
+        return FileEntry(
+            name=name,
+            type=kind,
+            size=int(info.get("size") or 0) if kind == "file" and not link else None,
+            is_symlink=link,
+            symlink_target=target,
+        )
+
+    def _missing_dir(self, rel: str, display: str) -> FilesystemError:
+        info = self._info(rel)
+        if info is None:
+            return DirectoryNotFound(display)
+        return NotDirectory(display)
+
+    def _list_raw(self, rel: str, display: str) -> list[dict[str, Any]]:
+        bpath = self._bpath(rel)
+        try:
+            raw: list[dict[str, Any]] = self._fs.ls(bpath, detail=True, **self._ls_kwargs)
+        except FileNotFoundError:
+            raise self._missing_dir(rel, display) from None
+        except NotADirectoryError:
+            raise NotDirectory(display) from None
+        except Exception as exc:
+            raise self._translate(exc, display, "readdir") from exc
+        finally:
+            if self._object:
+                self._fs.invalidate_cache(bpath)
+        return raw
+
+    def _children(self, rel: str, raw: list[dict[str, Any]], display: str) -> dict[str, dict[str, Any]]:
+        """Name -> info of the entries of ``rel``, without markers, staging files or itself."""
+        own = self._bpath(rel).rstrip("/")
+        out: dict[str, dict[str, Any]] = {}
+        for info in raw:
+            full = info["name"].rstrip("/")
+            if full == own or not full:
+                if info.get("type") == "file" and not info["name"].endswith("/") and full == own and rel:
+                    raise NotDirectory(display)
+                continue
+            name = posixpath.basename(full)
+            if _TMP_MARK in name:
+                continue
+            # Where a key and a prefix share a name, the directory wins (it shadows the file).
+            if name in out and out[name].get("type") == "directory":
+                continue
+            out[name] = info
+        return out
+
+    def _list_sync(self, rel: str, display: str) -> list[FileEntry]:
+        raw = self._list_raw(rel, display)
+        children = self._children(rel, raw, display)
+        if not raw and rel:
+            info = self._info(rel)
+            if info is None:
+                raise DirectoryNotFound(display)
+            if info.get("type") != "directory":
+                raise NotDirectory(display)
+        return [self._entry(name, children[name]) for name in sorted(children)]
+
+    def _walk_sync(self, rel: str, display: str, max_depth: int) -> list[FileEntry]:
+        if self._local:
+            return self._walk_local(rel, display, max_depth)
+        bpath = self._bpath(rel)
+        try:
+            found: dict[str, dict[str, Any]] = self._fs.find(
+                bpath, maxdepth=max_depth, withdirs=True, detail=True, **self._ls_kwargs
+            )
+        except FileNotFoundError:
+            raise self._missing_dir(rel, display) from None
+        except Exception as exc:
+            raise self._translate(exc, display, "readdir") from exc
+        finally:
+            if self._object:
+                self._fs.invalidate_cache(bpath)
+        own = bpath.rstrip("/")
+        head = own + "/" if own else ""
+        entries: dict[str, FileEntry] = {}
+        for full, info in found.items():
+            full = full.rstrip("/")
+            if full == own:
+                if info.get("type") == "file" and rel:
+                    raise NotDirectory(display)
+                continue
+            if not full.startswith(head):
+                continue
+            sub = full[len(head) :]
+            if _TMP_MARK in sub:
+                continue
+            if sub in entries and entries[sub].type == "directory":
+                continue
+            entries[sub] = self._entry(sub, info)
+            # Object stores list keys; make sure every implied directory has its entry.
+            parent = _paths.dirname(sub)
+            while parent and parent not in entries:
+                entries[parent] = FileEntry(name=parent, type="directory")
+                parent = _paths.dirname(parent)
+        if not found and rel:
+            info = self._info(rel)
+            if info is None:
+                raise DirectoryNotFound(display)
+            if info.get("type") != "directory":
+                raise NotDirectory(display)
+        return order_tree(entries)
+
+    def _walk_local(self, rel: str, display: str, max_depth: int) -> list[FileEntry]:
+        top = self._bpath(rel)
+        if not os.path.isdir(top):
+            raise DirectoryNotFound(display) if not os.path.lexists(top) else NotDirectory(display)
+        out: list[FileEntry] = []
+
+        def visit(directory: str, prefix: str, depth: int) -> None:
+            try:
+                with os.scandir(directory) as it:
+                    items = sorted(it, key=lambda d: d.name)
+            except OSError:
+                return
+            for item in items:
+                if _TMP_MARK in item.name:
+                    continue
+                sub = f"{prefix}{item.name}"
+                link = item.is_symlink()
+                is_dir = item.is_dir(follow_symlinks=True)
+                target = os.readlink(item.path) if link else None
+                size = item.stat().st_size if not is_dir and not link else None
+                out.append(FileEntry(sub, "directory" if is_dir else "file", size, link, target))
+                # Symlinked directories are followed only while they stay inside the root.
+                if is_dir and depth < max_depth and (not link or self._contained_real(item.path)):
+                    visit(item.path, sub + "/", depth + 1)
+
+        visit(top, "", 1)
+        return out
+
+    # -- write side ---------------------------------------------------------------------------------
+
+    async def write_file(
+        self,
+        path: str,
+        content: str | bytes,
+        *,
+        recursive: bool = True,
+        overwrite: bool = True,
+        mime_type: str | None = None,
+        expected_mtime: datetime | FileStat | None = None,
+    ) -> None:
+        """Write a whole file atomically; see :meth:`WorkspaceFilesystem.write_file`."""
+        self._check_writable("write_file")
+        data = _as_bytes(content)
+        if self.status != "ready":
+            await self.ensure_ready()
+        rel = self._rel(path)
+        await self._call_write(self._write_sync, rel, path, data, recursive, overwrite, expected_mtime)
+
+    def _write_sync(
+        self,
+        rel: str,
+        display: str,
+        data: bytes,
+        recursive: bool,
+        overwrite: bool,
+        expected: datetime | FileStat | None,
+        cancel: threading.Event,
+    ) -> None:
+        if not rel:
+            raise IsDirectory(display)
+        extra: dict[str, Any] = {}
+        if expected is not None:
+            with self._versions_lock:
+                known = self._versions.get(rel)
+            info = self._info(rel)
+            if info is not None:
+                current = self._stat_from_info(rel, info)
+                if current.type == "directory":
+                    raise IsDirectory(display)
+                self._check_stale(display, expected, current, known)
+                if self._protocol in ("s3", "s3a") and current.etag:
+                    # Close the race between our check and the PUT: S3 refuses the write if
+                    # the object changed in between.
+                    extra["IfMatch"] = f'"{current.etag}"'
+        try:
+            if self._object:
+                self._prepare_object_parent(rel, display, recursive)
+            else:
+                self._prepare_parent(rel, display, recursive)
+            if cancel.is_set():
+                raise _Cancelled
+            self._commit(rel, display, data, overwrite, cancel, extra)
+        except _Cancelled:
+            return
+        except FilesystemError:
+            raise
+        except OSError as exc:
+            if extra and exc.errno == _errno.EINVAL and "pre-condition" in str(exc):
+                raise StaleFileError(display, None, None) from exc
+            raise self._translate(exc, display, "write_file") from exc
+        if self._object:
+            self._listings.add(rel, "file")
+
+    def _commit(
+        self,
+        rel: str,
+        display: str,
+        data: bytes,
+        overwrite: bool,
+        cancel: threading.Event,
+        extra: dict[str, Any],
+    ) -> None:
+        bpath = self._bpath(rel)
+        mode = "overwrite" if overwrite else "create"
+        if self._object or self._memory:
+            # One PUT (or one dict assignment) replaces the whole object: already atomic.
+            if self._memory:
+                if bpath in self._fs.pseudo_dirs:
+                    raise IsDirectory(display)
+                if not overwrite and bpath in self._fs.store:
+                    raise FileExists(display)
+            try:
+                self._fs.pipe_file(bpath, data, mode=mode, **extra)
+            except FileExistsError:
+                if extra:
+                    raise
+                raise FileExists(display) from None
+            return
+        if self._local and os.path.isdir(bpath):
+            raise IsDirectory(display)
+        tmp = self._tmp_path(rel)
+        try:
+            self._fs.pipe_file(tmp, data)
+            if cancel.is_set():
+                raise _Cancelled
+            if not overwrite:
+                self._link_exclusive(tmp, bpath, display)
+            elif self._local:
+                os.replace(tmp, bpath)
+            else:
+                self._fs.mv(tmp, bpath)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self._fs.rm_file(tmp)
+            raise
+
+    def _link_exclusive(self, tmp: str, bpath: str, display: str) -> None:
+        if self._local:
+            try:
+                # A hard link fails if the target exists: an atomic create-exclusive.
+                os.link(tmp, bpath)
+            except FileExistsError:
+                raise FileExists(display) from None
+            except OSError as exc:
+                if exc.errno not in (_errno.EPERM, _errno.ENOTSUP, _errno.EXDEV):
+                    raise
+                fd = os.open(bpath, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+                os.close(fd)
+                os.replace(tmp, bpath)
+                return
+            os.unlink(tmp)
+            return
+        if self._fs.exists(bpath):
+            raise FileExists(display)
+        self._fs.mv(tmp, bpath)
+
+    def _tmp_path(self, rel: str) -> str:
+        parent, name = _paths.dirname(rel), _paths.basename(rel)
+        # Keep the staged name within 255 bytes however long the real name is.
+        short = name.encode()[:120].decode("utf-8", "ignore")
+        return self._bpath(_paths.join(parent, f".{short}{_TMP_MARK}{secrets.token_hex(6)}"))
+
+    def _prepare_parent(self, rel: str, display: str, recursive: bool) -> None:
+        """Make sure the parent directory exists (real-directory backends)."""
+        parent = _paths.dirname(rel)
+        if not parent:
+            return
+        if self._memory:
+            # Walk up with dict lookups: a file anywhere above refuses the write.
+            probe = parent
+            while probe:
+                if self._bpath(probe) in self._fs.store:
+                    raise NotDirectory(_display_parent(display))
+                probe = _paths.dirname(probe)
+        bparent = self._bpath(parent)
+        if recursive:
+            try:
+                self._fs.makedirs(bparent, exist_ok=True)
+            except (FileExistsError, NotADirectoryError):
+                raise NotDirectory(_display_parent(display)) from None
+            return
+        info = self._info(parent)
+        if info is None:
+            raise DirectoryNotFound(_display_parent(display))
+        if info.get("type") != "directory":
+            raise NotDirectory(_display_parent(display))
+
+    def _prepare_object_parent(self, rel: str, display: str, recursive: bool) -> None:
+        """Refuse writes that would put a file where a directory is, or under a file."""
+        parent, name = _paths.dirname(rel), _paths.basename(rel)
+        known, names = self._listings.get(parent)
+        if not known:
+            names = self._load_listing(parent)
+        if names is None:
+            # Too big to keep: check just our own name (one request).
+            info = self._info(rel)
+            if info is not None and info.get("type") == "directory":
+                raise IsDirectory(display)
+            return
+        if names.get(name) == "directory":
+            raise IsDirectory(display)
+        if names or not parent:
+            return
+        # The parent has no entries: it is missing, an empty marker directory, or a file.
+        info = self._info(parent)
+        if info is not None and info.get("type") == "directory":
+            return
+        if info is not None:
+            raise NotDirectory(_display_parent(display))
+        if not recursive:
+            raise DirectoryNotFound(_display_parent(display))
+        self._check_ancestors(_paths.dirname(parent), display)
+
+    def _check_ancestors(self, rel: str, display: str) -> None:
+        while rel:
+            info = self._info(rel)
+            if info is not None:
+                if info.get("type") != "directory":
+                    raise NotDirectory(rel)
+                return
+            rel = _paths.dirname(rel)
+
+    def _load_listing(self, rel: str) -> dict[str, str] | None:
+        try:
+            raw = self._fs.ls(self._bpath(rel), detail=True, **self._ls_kwargs)
+        except (FileNotFoundError, NotADirectoryError):
+            raw = []
+        finally:
+            self._fs.invalidate_cache(self._bpath(rel))
+        if len(raw) > _LISTING_CACHE_LIMIT:
+            self._listings.put(rel, None)
+            return None
+        names: dict[str, str] = {}
+        own = self._bpath(rel).rstrip("/")
+        for info in raw:
+            full = info["name"].rstrip("/")
+            if full == own or not full:
+                continue
+            base = posixpath.basename(full)
+            if names.get(base) != "directory":
+                names[base] = "directory" if info.get("type") == "directory" else "file"
+        self._listings.put(rel, names)
+        return names
+
+    def _keep_parent(self, rel: str) -> None:
+        # Object stores drop a prefix with its last key; a marker keeps the directory that
+        # the agent saw (deleting a file never deletes its directory on a real disk either).
+        parent = _paths.dirname(rel)
+        if self._object and parent:
+            self._fs.pipe_file(self._bpath(parent) + "/", b"")
+
+    async def append_file(self, path: str, content: str | bytes) -> None:
+        """Append to a file, creating it and its parents if missing.
+
+        On local disk the bytes are appended in place and the file is cut back to its old
+        length if the append fails; elsewhere the whole object is rewritten with a version
+        check, so a concurrent writer is never silently overwritten.
+        """
+        self._check_writable("append_file")
+        if not self._local:
+            await super().append_file(path, content)
+            return
+        data = _as_bytes(content)
+        if self.status != "ready":
+            await self.ensure_ready()
+        rel = self._rel(path)
+        await self._call(self._append_local, rel, path, data)
+
+    def _append_local(self, rel: str, display: str, data: bytes) -> None:
+        if not rel:
+            raise IsDirectory(display)
+        self._prepare_parent(rel, display, True)
+        bpath = self._bpath(rel)
+        try:
+            with open(bpath, "ab") as handle:
+                size = handle.tell()
+                try:
+                    handle.write(data)
+                    handle.flush()
+                except BaseException:
+                    handle.truncate(size)
+                    raise
+        except OSError as exc:
+            raise self._translate(exc, display, "append_file") from exc
+
+    async def delete_file(self, path: str, *, force: bool = False) -> None:
+        """Delete a file; see :meth:`WorkspaceFilesystem.delete_file`."""
+        self._check_writable("delete_file")
+        if self.status != "ready":
+            await self.ensure_ready()
+        rel = self._rel(path)
+        await self._call(self._delete_sync, rel, path, force)
+
+    def _delete_sync(self, rel: str, display: str, force: bool) -> None:
+        if self._is_root(rel):
+            raise IsDirectory(display)
+        info = self._info(rel)
+        if info is None:
+            if force:
+                return
+            raise FileNotFound(display)
+        if info.get("type") == "directory":
+            raise IsDirectory(display)
+        try:
+            self._fs.rm_file(self._bpath(rel))
+            self._keep_parent(rel)
+        except Exception as exc:
+            raise self._translate(exc, display, "delete_file") from exc
+        finally:
+            self._listings.forget(rel)
+
+    async def mkdir(self, path: str, *, recursive: bool = True) -> None:
+        """Create a directory; see :meth:`WorkspaceFilesystem.mkdir`."""
+        self._check_writable("mkdir")
+        if self.status != "ready":
+            await self.ensure_ready()
+        rel = self._rel(path)
+        await self._call(self._mkdir_sync, rel, path, recursive)
+
+    def _mkdir_sync(self, rel: str, display: str, recursive: bool) -> None:
+        if not rel:
+            return
+        info = self._info(rel)
+        if info is not None:
+            if info.get("type") == "directory":
+                return
+            raise FileExists(display)
+        parent = _paths.dirname(rel)
+        if parent:
+            pinfo = self._info(parent)
+            if pinfo is not None and pinfo.get("type") != "directory":
+                raise NotDirectory(_display_parent(display))
+            if pinfo is None:
+                if not recursive:
+                    raise DirectoryNotFound(_display_parent(display))
+                if self._object:
+                    self._check_ancestors(_paths.dirname(parent), display)
+        try:
+            if self._object:
+                self._fs.pipe_file(self._bpath(rel) + "/", b"")
+            else:
+                self._fs.makedirs(self._bpath(rel), exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise NotDirectory(_display_parent(display)) from None
+        except Exception as exc:
+            raise self._translate(exc, display, "mkdir") from exc
+        finally:
+            self._listings.forget(rel)
+
+    async def rmdir(self, path: str, *, recursive: bool = False, force: bool = False) -> None:
+        """Remove a directory; see :meth:`WorkspaceFilesystem.rmdir`."""
+        self._check_writable("rmdir")
+        if self.status != "ready":
+            await self.ensure_ready()
+        rel = self._rel(path)
+        await self._call(self._rmdir_sync, rel, path, recursive, force)
+
+    def _rmdir_sync(self, rel: str, display: str, recursive: bool, force: bool) -> None:
+        if self._is_root(rel):
+            raise PermissionDenied(display or ".", "rmdir (the workspace root cannot be removed)")
+        info = self._info(rel)
+        if info is None:
+            if force:
+                return
+            raise DirectoryNotFound(display)
+        if info.get("type") != "directory":
+            raise NotDirectory(display)
+        bpath = self._bpath(rel)
+        try:
+            if recursive:
+                self._fs.rm(bpath, recursive=True)
+            else:
+                if self._children(rel, self._list_raw(rel, display), display):
+                    raise DirectoryNotEmpty(display)
+                if self._object:
+                    with contextlib.suppress(FileNotFoundError):
+                        self._fs.rm_file(bpath + "/")
+                else:
+                    self._fs.rmdir(bpath)
+            self._keep_parent(rel)
+        except FilesystemError:
+            raise
+        except Exception as exc:
+            raise self._translate(exc, display, "rmdir") from exc
+        finally:
+            self._listings.forget(rel)
+            if self._object:
+                self._fs.invalidate_cache(bpath)
+
+    async def copy_file(
+        self, src: str, dest: str, *, overwrite: bool = True, recursive: bool = False
+    ) -> None:
+        """Copy a file (server side where the backend can) or, with ``recursive``, a tree."""
+        self._check_writable("copy_file")
+        if self.status != "ready":
+            await self.ensure_ready()
+        src_rel, dest_rel = self._rel(src), self._rel(dest)
+        info = await self._call(self._info, src_rel)
+        if info is None and src_rel:
+            raise FileNotFound(src)
+        if info is None or info.get("type") == "directory":
+            if not recursive:
+                raise IsDirectory(src)
+            await self._copy_tree(src, dest, overwrite=overwrite)
+            return
+        await self._call_write(self._copy_sync, src_rel, src, dest_rel, dest, overwrite)
+
+    def _copy_sync(
+        self, src_rel: str, src: str, dest_rel: str, dest: str, overwrite: bool, cancel: threading.Event
+    ) -> None:
+        if not dest_rel:
+            raise IsDirectory(dest)
+        dinfo = self._info(dest_rel)
+        if dinfo is not None:
+            if dinfo.get("type") == "directory":
+                raise IsDirectory(dest)
+            if not overwrite:
+                raise FileExists(dest)
+        try:
+            if self._object:
+                self._prepare_object_parent(dest_rel, dest, True)
+            else:
+                self._prepare_parent(dest_rel, dest, True)
+            bsrc, bdest = self._bpath(src_rel), self._bpath(dest_rel)
+            if self._object or self._memory:
+                self._fs.cp_file(bsrc, bdest)
+            else:
+                tmp = self._tmp_path(dest_rel)
+                try:
+                    self._fs.cp_file(bsrc, tmp)
+                    if cancel.is_set():
+                        raise _Cancelled
+                    if self._local:
+                        os.replace(tmp, bdest)
+                    else:
+                        self._fs.mv(tmp, bdest)
+                except BaseException:
+                    with contextlib.suppress(Exception):
+                        self._fs.rm_file(tmp)
+                    raise
+        except _Cancelled:
+            return
+        except FilesystemError:
+            raise
+        except Exception as exc:
+            raise self._translate(exc, dest, "copy_file") from exc
+        finally:
+            self._listings.forget(dest_rel)
+
+    async def move_file(self, src: str, dest: str, *, overwrite: bool = True) -> None:
+        """Move a file or directory: an atomic rename on local disk and in memory, else copy
+        then delete (not atomic: a failure in between leaves both copies, never neither)."""
+        self._check_writable("move_file")
+        if not self.capabilities.atomic_rename:
+            await super().move_file(src, dest, overwrite=overwrite)
+            return
+        if self.status != "ready":
+            await self.ensure_ready()
+        src_rel, dest_rel = self._rel(src), self._rel(dest)
+        await self._call(self._move_sync, src_rel, src, dest_rel, dest, overwrite)
+
+    def _move_sync(self, src_rel: str, src: str, dest_rel: str, dest: str, overwrite: bool) -> None:
+        if self._is_root(src_rel):
+            raise PermissionDenied(src or ".", "move_file (the workspace root cannot be moved)")
+        info = self._info(src_rel)
+        if info is None:
+            raise FileNotFound(src)
+        if not dest_rel:
+            raise IsDirectory(dest)
+        dinfo = self._info(dest_rel)
+        if dinfo is not None:
+            if not overwrite:
+                raise FileExists(dest)
+            if dinfo.get("type") == "directory" and info.get("type") != "directory":
+                raise IsDirectory(dest)
+        if dest_rel == src_rel or dest_rel.startswith(src_rel + "/"):
+            raise PermissionDenied(dest, "move_file (cannot move a directory into itself)")
+        try:
+            self._prepare_parent(dest_rel, dest, True)
+            bsrc, bdest = self._bpath(src_rel), self._bpath(dest_rel)
+            if self._local:
+                if not overwrite and info.get("type") != "directory":
+                    self._link_exclusive(bsrc, bdest, dest)
+                    return
+                os.replace(bsrc, bdest)
+            else:
+                self._fs.mv(bsrc, bdest, recursive=info.get("type") == "directory")
+        except FilesystemError:
+            raise
+        except Exception as exc:
+            raise self._translate(exc, dest, "move_file") from exc
+
+    # -- search --------------------------------------------------------------------------------------
+
+    async def grep(
+        self,
+        pattern: str,
+        path: str = "",
+        *,
+        case_sensitive: bool = True,
+        include_hidden: bool = False,
+        max_count_per_file: int | None = None,
+        max_total_matches: int | None = None,
+        context_lines: int = 0,
+    ) -> list[GrepFileResult]:
+        """Search the text files below ``path`` (by extension) for a Python regex.
+
+        The tree is listed in one paginated request on object stores and the files fetched
+        in concurrent batches, instead of one round trip per directory and file.
+        """
+        regex = compile_pattern(pattern, case_sensitive=case_sensitive)
+        rel = self._rel(path)
+        info = await self._call(self._info, rel) if rel else {"type": "directory"}
+        if info is None:
+            raise FileNotFound(path)
+        if info.get("type") == "directory":
+            entries = await self.walk(path, include_hidden=include_hidden)
+            files = [
+                _paths.join(rel, e.name)
+                for e in entries
+                if e.type == "file" and is_text_file(e.name, self.text_extensions)
+            ]
+        else:
+            files = [rel]
+        contents = await self._call(self._cat_many, files)
+        results: list[GrepFileResult] = []
+        budget = max_total_matches
+        for rel_file in files:
+            data = contents.get(rel_file)
+            if data is None:
+                continue
+            found = grep_lines(
+                rel_file, data, regex, max_count=max_count_per_file,
+                context_lines=context_lines, budget=budget,
+            )
+            if found is None:
+                continue
+            results.append(found)
+            if budget is not None:
+                budget -= len(found.matches)
+                if budget <= 0:
+                    break
+        return results
+
+    def _cat_many(self, rels: list[str]) -> dict[str, bytes]:
+        if not rels:
+            return {}
+        paths = {self._bpath(r): r for r in rels}
+        got = self._fs.cat(list(paths), on_error="return")
+        if not isinstance(got, dict):
+            got = {next(iter(paths)): got}
+        return {paths[k]: v for k, v in got.items() if k in paths and isinstance(v, bytes)}
+
+    # -- description ---------------------------------------------------------------------------------
+
+    def default_instructions(self) -> str:
+        """Describe the storage and its path rules to an agent."""
+        where = f"{self._protocol}://{self._root}" if self._root else f"{self._protocol}://"
+        mode = " It is read-only." if self.read_only else ""
+        return (
+            f'Filesystem at "{where}". Relative paths resolve from its root; '
+            f'"/" also means the root and paths cannot leave it.{mode}'
+        )
+
+    def get_mount_config(self) -> dict[str, Any]:
+        """Return ``{"type": "fsspec", "protocol", "root", "read_only"}``; never credentials."""
+        return {
+            "type": "fsspec",
+            "protocol": self.provider,
+            "root": self._root,
+            "read_only": self.read_only,
+        }
+
+    def metadata(self) -> dict[str, Any]:
+        """Protocol and root (never storage options or credentials)."""
+        return {"protocol": self.provider, "root": self._root}
+
+    def __repr__(self) -> str:
+        return (
+            f"FsspecFilesystem(protocol={self.provider!r}, root={self._root!r}, "
+            f"read_only={self.read_only})"
+        )

@@ -1,0 +1,211 @@
+"""``LocalFilesystem``: a directory on this machine, with the reference's path rules."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from fsspec.implementations.local import LocalFileSystem
+
+from ..errors import PermissionDenied
+from . import _paths
+from ._base import new_id
+from ._fsspec import FsspecFilesystem
+from ._records import FileStat
+
+__all__ = ["LocalFilesystem"]
+
+
+def _expand(path: str) -> str:
+    if path == "~" or path.startswith("~/"):
+        return os.path.expanduser(path)
+    return path
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+class LocalFilesystem(FsspecFilesystem):
+    """A local directory as a workspace filesystem.
+
+    Relative paths resolve against ``base_path``. Absolute paths are host paths: with
+    ``contained`` (the default) they must lie inside ``base_path`` or an allowed path, else
+    :class:`~agentvfs.errors.PermissionDenied` with a hint to use a relative path. Symlinks are
+    resolved: nothing reachable through a link that points outside the roots can be read, and
+    nothing can be created through a linked directory that points outside.
+
+    Parameters
+    ----------
+    base_path : str or os.PathLike
+        The workspace directory (``~`` expanded, made absolute against the current directory,
+        created by ``init``).
+    id : str, optional
+        Default ``local-fs-<base36 time>-<random>``.
+    contained : bool
+        Confine paths to ``base_path`` and ``allowed_paths``. Without it any host path works.
+    read_only : bool
+        Refuse every write.
+    allowed_paths : sequence of str
+        More directories the workspace may reach (relative ones resolve against ``base_path``).
+    instructions : str or callable, optional
+        Replaces the default instructions.
+    text_extensions : iterable of str
+        Extra extensions grep reads as text.
+    """
+
+    name = "LocalFilesystem"
+
+    def __init__(
+        self,
+        base_path: str | os.PathLike[str],
+        *,
+        id: str | None = None,
+        contained: bool = True,
+        read_only: bool = False,
+        allowed_paths: Sequence[str | os.PathLike[str]] = (),
+        instructions: str | Callable[[dict[str, Any]], str] | None = None,
+        text_extensions: Iterable[str] = (),
+        display_name: str | None = None,
+        description: str | None = None,
+    ) -> None:
+        base = os.path.abspath(_expand(os.fspath(base_path)))
+        _paths.check_name(base)
+        # The wrapped fsspec root is the host root: workspace paths become host paths here,
+        # so absolute paths inside an allowed directory work like the reference's.
+        super().__init__(
+            LocalFileSystem(),
+            root="/",
+            read_only=read_only,
+            id=id or new_id("local-fs"),
+            display_name=display_name,
+            description=description,
+            instructions=instructions,
+            text_extensions=text_extensions,
+        )
+        self.provider = "local"
+        self.base_path = base
+        self.contained = bool(contained)
+        self._allowed: list[str] = []
+        self._real_roots: list[str] = []
+        self.set_allowed_paths(list(allowed_paths))
+
+    # -- configuration ------------------------------------------------------------------------------
+
+    @property
+    def allowed_paths(self) -> list[str]:
+        """The allowed directories, resolved to absolute paths."""
+        return list(self._allowed)
+
+    def set_allowed_paths(
+        self,
+        paths: Sequence[str | os.PathLike[str]] | Callable[[list[str]], Sequence[str | os.PathLike[str]]],
+    ) -> None:
+        """Replace the allowed paths, or update them with ``fn(current) -> new``."""
+        new = paths(list(self._allowed)) if callable(paths) else paths
+        resolved = []
+        for item in new:
+            raw = _expand(os.fspath(item))
+            resolved.append(os.path.normpath(raw if os.path.isabs(raw) else os.path.join(self.base_path, raw)))
+        self._allowed = resolved
+        self._real_roots = [os.path.realpath(r) for r in [self.base_path, *resolved]]
+
+    # -- path resolution ------------------------------------------------------------------------------
+
+    def resolve_absolute_path(self, path: str) -> str | None:
+        """Return the host path ``path`` names, or None when containment refuses it."""
+        try:
+            return "/" + self._rel(path)
+        except PermissionError:
+            return None
+
+    def _rel(self, path: str) -> str:
+        _paths.check_name(path)
+        raw = _expand(path)
+        target = os.path.normpath(raw if os.path.isabs(raw) else os.path.join(self.base_path, raw))
+        if self.contained:
+            roots = [self.base_path, *self._allowed]
+            lexical = any(_inside(target, r) for r in roots)
+            if not lexical and not self._contained_real(target):
+                raise PermissionDenied(path, self._refusal(path))
+            in_allowed = any(_inside(target, r) for r in self._allowed)
+            if not in_allowed and not self._contained_real(target):
+                # Inside lexically, but a symlink on the way leads out (strict rule: this
+                # also covers creating a new name below a linked directory).
+                raise PermissionDenied(target, "access")
+        return target.lstrip("/")
+
+    def _refusal(self, path: str) -> str:
+        if not path.startswith("/"):
+            return "access"
+        stripped = path.lstrip("/")
+        if not stripped:
+            return "access"
+        first = stripped.split("/", 1)[0]
+        if os.path.lexists(os.path.join(self.base_path, first)):
+            return f'access (path is outside the workspace; use a relative path like "{stripped}")'
+        return 'access (path is outside the workspace; use a path relative to the workspace root, without a leading "/")'
+
+    def _contained_real(self, host_path: str) -> bool:
+        if not self.contained:
+            return True
+        return _paths.realpath_contained(host_path, self._real_roots)
+
+    def _is_root(self, rel: str) -> bool:
+        return not rel or "/" + rel == self.base_path
+
+    def _stat_from_info(self, rel: str, info: dict[str, Any]) -> FileStat:
+        stat = super()._stat_from_info(rel, info)
+        host = "/" + rel
+        inside = _inside(host, self.base_path)
+        relative = os.path.relpath(host, self.base_path) if inside else host
+        relative = "" if relative == "." else relative
+        return FileStat(
+            name=os.path.basename(host) if relative else os.path.basename(self.base_path),
+            path=relative.replace(os.sep, "/"),
+            type=stat.type,
+            size=stat.size,
+            created_at=stat.created_at,
+            modified_at=stat.modified_at,
+            mime_type=stat.mime_type,
+            etag=stat.etag,
+        )
+
+    async def setup(self) -> None:
+        """Create ``base_path`` (``mkdir -p``)."""
+        await self._call(os.makedirs, self.base_path, 0o777, True)
+
+    async def realpath(self, path: str) -> str:
+        """Return the canonical path, relative to ``base_path`` when inside it."""
+        host = await self._call(os.path.realpath, "/" + self._rel(path))
+        real_base = os.path.realpath(self.base_path)
+        return os.path.relpath(host, real_base) if _inside(host, real_base) else host
+
+    # -- description ----------------------------------------------------------------------------------
+
+    def default_instructions(self) -> str:
+        """The reference's wording, naming the base path and allowed paths."""
+        head = f'Local filesystem at "{self.base_path}". Relative paths resolve from this directory.'
+        if not self.contained:
+            return f"{head} Containment is disabled, so any path on the host filesystem is accessible."
+        if self._allowed:
+            return (
+                f"{head} File access is restricted to this directory and the following allowed "
+                f"paths: {', '.join(self._allowed)}."
+            )
+        return f"{head} File access is restricted to this directory."
+
+    def get_mount_config(self) -> dict[str, Any]:
+        """Return ``{"type": "local", "base_path": ...}``."""
+        return {"type": "local", "base_path": self.base_path}
+
+    def metadata(self) -> dict[str, Any]:
+        """``base_path``, ``contained`` and, if any, ``allowed_paths``."""
+        out: dict[str, Any] = {"base_path": self.base_path, "contained": self.contained}
+        if self._allowed:
+            out["allowed_paths"] = list(self._allowed)
+        return out
+
+    def __repr__(self) -> str:
+        return f"LocalFilesystem(base_path={self.base_path!r}, contained={self.contained}, read_only={self.read_only})"

@@ -1,0 +1,120 @@
+"""Value objects passed across the filesystem interface."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+__all__ = [
+    "Capabilities",
+    "FileEntry",
+    "FileStat",
+    "FileType",
+    "GrepFileResult",
+    "GrepMatch",
+    "MountInfo",
+]
+
+FileType = Literal["file", "directory"]
+
+
+@dataclass(frozen=True, slots=True)
+class FileStat:
+    """Metadata of one file or directory.
+
+    ``path`` is relative to the filesystem root with ``/`` separators; times are aware
+    datetimes in UTC. ``etag`` is the backend's version token (S3 ETag, GCS generation) when
+    it has one; it lets stale-write checks work where modification times are coarse.
+    """
+
+    name: str
+    path: str
+    type: FileType
+    size: int
+    created_at: datetime
+    modified_at: datetime
+    mime_type: str | None = None
+    etag: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the record as a JSON-friendly dict (ISO-8601 times)."""
+        return {
+            "name": self.name,
+            "path": self.path,
+            "type": self.type,
+            "size": self.size,
+            "created_at": self.created_at.isoformat(),
+            "modified_at": self.modified_at.isoformat(),
+            "mime_type": self.mime_type,
+            "etag": self.etag,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class MountInfo:
+    """What a composite filesystem tells about the filesystem mounted at a directory."""
+
+    provider: str
+    icon: str | None = None
+    display_name: str | None = None
+    description: str | None = None
+    status: str | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FileEntry:
+    """One directory entry. In recursive listings ``name`` is the path below the listed dir."""
+
+    name: str
+    type: FileType
+    size: int | None = None
+    is_symlink: bool = False
+    symlink_target: str | None = None
+    mount: MountInfo | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a backend can do natively, so callers never have to find out by failing.
+
+    Attributes
+    ----------
+    empty_dirs : bool
+        Directories exist on their own (local disk, memory). False for object stores, where
+        an empty directory is kept as a zero-byte ``dir/`` marker object.
+    atomic_rename : bool
+        ``move_file`` of a file is one atomic step. False where a move is copy plus delete.
+    symlinks : bool
+        The backend has symbolic links.
+    versions : bool
+        Stat results carry an ``etag`` (version token) that changes on every write.
+    blocking : bool
+        Calls may block on I/O and are run in worker threads; False for in-process memory.
+    """
+
+    empty_dirs: bool = True
+    atomic_rename: bool = True
+    symlinks: bool = False
+    versions: bool = False
+    blocking: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class GrepMatch:
+    """A matching line: ``line`` is 1-based, ``column`` 0-based; context lines around it."""
+
+    line: int
+    column: int
+    text: str
+    before: tuple[str, ...] = field(default=())
+    after: tuple[str, ...] = field(default=())
+
+
+@dataclass(frozen=True, slots=True)
+class GrepFileResult:
+    """The matches found in one file; ``path`` is relative to the filesystem root."""
+
+    path: str
+    matches: tuple[GrepMatch, ...]

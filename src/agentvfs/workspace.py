@@ -1,0 +1,659 @@
+"""``Workspace``: a filesystem, a sandbox and search, with one lifecycle.
+
+The reference's constructor order decides which configuration error wins, so the checks in
+``Workspace.__init__`` follow it step by step.
+"""
+
+from __future__ import annotations
+
+import atexit
+import inspect
+import logging
+import re
+import threading
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Literal
+
+import anyio
+
+from ._context import RequestContext
+from .errors import WorkspaceError, WorkspaceNotReadyError
+from .vfs import CompositeFilesystem, LocalFilesystem, WorkspaceFilesystem
+from .vfs._base import new_id
+from .vfs._wrapper import TimeoutFilesystem
+
+if TYPE_CHECKING:
+    from ._blocking import BlockingWorkspace
+
+__all__ = ["Workspace", "WorkspaceStatus"]
+
+logger = logging.getLogger("agentvfs")
+
+WorkspaceStatus = Literal["pending", "initializing", "ready", "paused", "error", "destroying", "destroyed"]
+
+Resolver = Callable[[RequestContext], Any]
+
+_INDEX_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+_DYNAMIC_SANDBOX_TEXT = (
+    "Dynamic sandbox configured. Shell commands execute in a request-scoped sandbox resolved "
+    "at tool execution time."
+)
+
+
+async def _maybe_await(value: Any) -> Any:
+    if inspect.isawaitable(value):
+        return await value
+    return value
+
+
+async def _call_lifecycle(provider: Any, method: str) -> None:
+    """Call ``provider.<method>()`` if it exists (plain objects without lifecycle are fine)."""
+    fn = getattr(provider, method, None)
+    if callable(fn):
+        await _maybe_await(fn())
+
+
+def _is_filesystem(value: Any) -> bool:
+    return isinstance(value, WorkspaceFilesystem)
+
+
+def _class_error(role: str, example: str, resolver: str) -> WorkspaceError:
+    return WorkspaceError(
+        f"{role} received a class constructor instead of an instance or resolver function. "
+        f"Pass an instance (e.g., {example}) or a resolver function ({resolver}).",
+        "INVALID_CONFIG",
+    )
+
+
+class _Pending:
+    """A sandbox resolution in flight for one cache key (shared by concurrent callers)."""
+
+    def __init__(self) -> None:
+        self.done = anyio.Event()
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+
+_LIVE: weakref.WeakSet[Workspace] = weakref.WeakSet()
+
+
+@atexit.register
+def _destroy_live_workspaces() -> None:
+    # A script that forgets ``destroy()`` must not leave background processes or mounts
+    # behind; tear down what is still alive, each in a fresh event loop, bounded in time.
+    for ws in list(_LIVE):
+        if ws.status in ("pending", "destroyed"):
+            continue
+        worker = threading.Thread(target=_destroy_quietly, args=(ws,), daemon=True)
+        worker.start()
+        worker.join(timeout=15)
+
+
+def _destroy_quietly(ws: Workspace) -> None:
+    async def run() -> None:
+        with anyio.move_on_after(10):
+            await ws.destroy()
+
+    try:
+        anyio.run(run)
+    except Exception:  # pragma: no cover - best effort at exit
+        logger.exception("Failed to destroy workspace %s at exit", ws.id)
+
+
+class Workspace:
+    """An agent's workspace: files, commands and search over one filesystem and sandbox.
+
+    All I/O methods are async and run under asyncio and trio; :meth:`blocking` gives a
+    synchronous facade for scripts and notebooks.
+
+    Parameters
+    ----------
+    id : str, optional
+        Default ``ws-<base36 time>-<6 random chars>``.
+    name : str, optional
+        Default ``workspace-<first 8 chars of id>``.
+    filesystem : WorkspaceFilesystem or callable, optional
+        An instance, or a resolver ``fn(request_context) -> filesystem`` (may be async).
+    sandbox : object or callable, optional
+        A sandbox instance, or a resolver ``fn(request_context) -> sandbox``.
+    mounts : mapping of str to WorkspaceFilesystem, optional
+        Builds a :class:`CompositeFilesystem`; with a static sandbox each mount is also
+        mounted into the sandbox when it starts.
+    on_mount : callable, optional
+        Hook called for each sandbox mount (see the mount manager).
+    bm25, vector_store, embedder, auto_index_paths, index_dir, search_index_name
+        Search configuration.
+    skills, skill_source
+        Skill discovery configuration.
+    tools : dict, optional
+        Tools configuration (see :meth:`get_tools_config`).
+    operation_timeout : float, optional
+        Milliseconds allowed for each filesystem operation (``TimeoutError`` after).
+    sandbox_cache_key : callable, optional
+        ``fn(request_context) -> str | None``: memoise resolved sandboxes by key.
+    instructions : dict, optional
+        ``{"dynamic_sandbox": "placeholder" | "resolve" | fn}``.
+
+    Raises
+    ------
+    WorkspaceError
+        ``INVALID_CONFIG``, ``INVALID_SEARCH_CONFIG`` or ``NO_PROVIDERS``, in the reference's
+        order of checks.
+    """
+
+    def __init__(
+        self,
+        *,
+        id: str | None = None,
+        name: str | None = None,
+        filesystem: WorkspaceFilesystem | Resolver | None = None,
+        sandbox: Any = None,
+        mounts: Mapping[str, WorkspaceFilesystem] | None = None,
+        on_mount: Callable[..., Any] | None = None,
+        bm25: bool | Mapping[str, Any] | None = None,
+        vector_store: Any = None,
+        embedder: Callable[..., Any] | None = None,
+        auto_index_paths: Sequence[str] | None = None,
+        index_dir: str | None = None,
+        skills: Sequence[str] | Callable[[RequestContext], Any] | None = None,
+        skill_source: Any = None,
+        search_index_name: str | None = None,
+        tools: dict[str, Any] | None = None,
+        operation_timeout: float | None = None,
+        sandbox_cache_key: Callable[[RequestContext], str | None] | None = None,
+        instructions: Mapping[str, Any] | None = None,
+    ) -> None:
+        # 1. identity
+        self._id = id if id is not None else new_id("ws")
+        self._name = name if name is not None else f"workspace-{self._id[:8]}"
+        self.created_at = datetime.now(UTC)
+        self.last_accessed_at = self.created_at
+        self._status: WorkspaceStatus = "pending"
+        if operation_timeout is not None and (
+            isinstance(operation_timeout, bool) or not isinstance(operation_timeout, (int, float)) or operation_timeout <= 0
+        ):
+            raise WorkspaceError(
+                f"operation_timeout must be a positive number of milliseconds, got {operation_timeout!r}",
+                "INVALID_CONFIG",
+                self._id,
+            )
+        self._operation_timeout = operation_timeout
+
+        # 2. sandbox: instance or resolver
+        self._sandbox: Any = None
+        self._sandbox_resolver: Resolver | None = None
+        if inspect.isclass(sandbox):
+            raise _class_error("sandbox", "LocalSandbox(...)", "lambda request_context: sandbox")
+        if sandbox is not None and callable(sandbox) and not hasattr(sandbox, "execute_command"):
+            self._sandbox_resolver = sandbox
+        else:
+            self._sandbox = sandbox
+
+        # 3. mounts -> composite filesystem
+        self._filesystem: WorkspaceFilesystem | None = None
+        self._filesystem_resolver: Resolver | None = None
+        if mounts:
+            if filesystem is not None:
+                raise WorkspaceError('Cannot use both "filesystem" and "mounts"', "INVALID_CONFIG")
+            if self._sandbox_resolver is not None:
+                raise WorkspaceError(
+                    'Cannot use "mounts" with a dynamic sandbox resolver. Mounts are attached to a '
+                    "sandbox instance at construction time. Either pass a static sandbox instance, "
+                    "or have your resolver return a sandbox with its mounts already configured.",
+                    "INVALID_CONFIG",
+                )
+            for path, fs in mounts.items():
+                if isinstance(fs, LocalFilesystem) and not fs.contained:
+                    logger.warning(
+                        'LocalFilesystem at mount "%s" has contained: false (contained=False), which is '
+                        "incompatible with mounts: absolute paths can reach outside the mount.",
+                        path,
+                    )
+            self._filesystem = CompositeFilesystem(mounts)
+            manager = getattr(self._sandbox, "mounts", None)
+            if manager is not None:
+                manager.set_context(sandbox=self._sandbox, workspace=self)
+                manager.add(dict(mounts))
+                manager.set_on_mount(on_mount)
+        # 4. filesystem: instance or resolver (a class is a mistake worth naming)
+        elif filesystem is not None:
+            if inspect.isclass(filesystem):
+                raise _class_error("filesystem", "LocalFilesystem(...)", "lambda request_context: fs")
+            if _is_filesystem(filesystem):
+                self._filesystem = filesystem  # type: ignore[assignment]
+            elif callable(filesystem):
+                self._filesystem_resolver = filesystem
+            else:
+                raise WorkspaceError(
+                    f"filesystem must be a WorkspaceFilesystem or a resolver function, not {type(filesystem).__name__}",
+                    "INVALID_CONFIG",
+                )
+        if self._filesystem is not None and operation_timeout is not None:
+            self._filesystem = TimeoutFilesystem(self._filesystem, operation_timeout)
+        self._on_mount = on_mount
+
+        # 6. search configuration
+        if vector_store is not None and embedder is None:
+            raise WorkspaceError("vector_store requires an embedder", "INVALID_SEARCH_CONFIG")
+        self._bm25 = bm25
+        self._vector_store = vector_store
+        self._embedder = embedder
+        self._auto_index_paths = list(auto_index_paths or [])
+        self._index_dir = index_dir
+        self._search_index_name: str | None = None
+        # 7. the index name is only needed (and so only checked) for vector search
+        if vector_store is not None and embedder is not None:
+            index_name = search_index_name or re.sub(r"[^A-Za-z0-9_]", "_", f"{self._id}_search")
+            if not _INDEX_NAME.match(index_name):
+                raise WorkspaceError(
+                    f'Invalid search_index_name: "{index_name}". Must start with a letter or underscore, '
+                    "and contain only letters, numbers, or underscores.",
+                    "INVALID_SEARCH_CONFIG",
+                    self._id,
+                )
+            if len(index_name) > 63:
+                raise WorkspaceError(
+                    f"search_index_name exceeds 63 characters (got {len(index_name)})",
+                    "INVALID_SEARCH_CONFIG",
+                    self._id,
+                )
+            self._search_index_name = index_name
+
+        # 9. something to work with
+        self._skills_config = skills
+        self._skill_source = skill_source
+        has_skills = callable(skills) or bool(skills)
+        if (
+            self._filesystem is None
+            and self._filesystem_resolver is None
+            and self._sandbox is None
+            and self._sandbox_resolver is None
+            and not has_skills
+        ):
+            raise WorkspaceError("Workspace requires at least a filesystem, sandbox, or skills", "NO_PROVIDERS")
+
+        self._tools_config = tools
+        self._sandbox_cache_key = sandbox_cache_key
+        self._sandbox_cache: dict[str, _Pending] = {}
+        self._instructions = dict(instructions or {})
+        self._teardown_started = False
+        self._stopping: anyio.Event | None = None
+        self._destroying: anyio.Event | None = None
+        self._destroy_error: BaseException | None = None
+        _LIVE.add(self)
+
+    # -- identity and providers ------------------------------------------------------------------------
+
+    @property
+    def id(self) -> str:
+        """The workspace id."""
+        return self._id
+
+    @property
+    def name(self) -> str:
+        """The workspace name."""
+        return self._name
+
+    @property
+    def status(self) -> WorkspaceStatus:
+        """``pending initializing ready paused error destroying destroyed``."""
+        return self._status
+
+    @property
+    def filesystem(self) -> WorkspaceFilesystem | None:
+        """The static filesystem (None when a resolver is configured)."""
+        return self._filesystem
+
+    @property
+    def sandbox(self) -> Any:
+        """The static sandbox (None when a resolver is configured)."""
+        return self._sandbox
+
+    @property
+    def skills(self) -> None:
+        """Skills are not configured on this workspace (discovery arrives with skill sources)."""
+        if self._teardown_started and (callable(self._skills_config) or self._skills_config):
+            raise WorkspaceNotReadyError(self._id, self._status)
+        return None
+
+    @property
+    def can_bm25(self) -> bool:
+        """BM25 keyword search is configured."""
+        return bool(self._bm25)
+
+    @property
+    def can_vector(self) -> bool:
+        """Vector search is configured (store and embedder)."""
+        return self._vector_store is not None and self._embedder is not None
+
+    @property
+    def can_hybrid(self) -> bool:
+        """Both BM25 and vector search are configured."""
+        return self.can_bm25 and self.can_vector
+
+    @property
+    def operation_timeout(self) -> float | None:
+        """Milliseconds allowed per filesystem operation, or None."""
+        return self._operation_timeout
+
+    def has_filesystem_config(self) -> bool:
+        """A filesystem or filesystem resolver is configured."""
+        return self._filesystem is not None or self._filesystem_resolver is not None
+
+    def has_sandbox_config(self) -> bool:
+        """A sandbox or sandbox resolver is configured."""
+        return self._sandbox is not None or self._sandbox_resolver is not None
+
+    def has_sandbox_resolver(self) -> bool:
+        """The sandbox is resolved per request."""
+        return self._sandbox_resolver is not None
+
+    def has_sandbox_cache_key(self) -> bool:
+        """Resolved sandboxes are memoised by a key function."""
+        return self._sandbox_cache_key is not None
+
+    async def resolve_filesystem(self, *, request_context: RequestContext | None = None) -> WorkspaceFilesystem | None:
+        """Return the filesystem for a request: the static one, or the resolver's (memoised
+        per request context object)."""
+        if self._filesystem is not None or self._filesystem_resolver is None:
+            return self._filesystem
+        ctx = request_context if request_context is not None else RequestContext()
+        key = (self._id, "filesystem")
+        if key in ctx._memo:
+            return ctx._memo[key]  # type: ignore[no-any-return]
+        fs = await _maybe_await(self._filesystem_resolver(ctx))
+        if fs is not None and not _is_filesystem(fs):
+            raise WorkspaceError(
+                f"filesystem resolver returned {type(fs).__name__}, not a WorkspaceFilesystem",
+                "INVALID_CONFIG",
+                self._id,
+            )
+        if fs is not None and self._operation_timeout is not None:
+            fs = TimeoutFilesystem(fs, self._operation_timeout)
+        ctx._memo[key] = fs
+        return fs  # type: ignore[no-any-return]
+
+    async def resolve_sandbox(self, *, request_context: RequestContext | None = None) -> Any:
+        """Return the sandbox for a request: static, memoised by ``sandbox_cache_key``, or
+        memoised per request context. A failed resolution is not cached."""
+        if self._sandbox is not None or self._sandbox_resolver is None:
+            return self._sandbox
+        ctx = request_context if request_context is not None else RequestContext()
+        cache_key = self._sandbox_cache_key(ctx) if self._sandbox_cache_key else None
+        if cache_key is None:
+            key = (self._id, "sandbox")
+            if key not in ctx._memo:
+                ctx._memo[key] = await _maybe_await(self._sandbox_resolver(ctx))
+            return ctx._memo[key]
+        pending = self._sandbox_cache.get(cache_key)
+        if pending is not None:
+            await pending.done.wait()
+            if pending.error is None:
+                return pending.value
+        pending = self._sandbox_cache[cache_key] = _Pending()
+        try:
+            pending.value = await _maybe_await(self._sandbox_resolver(ctx))
+        except BaseException as exc:
+            pending.error = exc
+            if self._sandbox_cache.get(cache_key) is pending:
+                del self._sandbox_cache[cache_key]
+            raise
+        finally:
+            pending.done.set()
+        return pending.value
+
+    def clear_sandbox_cache(self, cache_key: str | None = None) -> None:
+        """Forget memoised sandboxes (one key, or all). Never destroys them."""
+        if cache_key is None:
+            self._sandbox_cache.clear()
+        else:
+            self._sandbox_cache.pop(cache_key, None)
+
+    # -- tools configuration -------------------------------------------------------------------------------
+
+    def get_tools_config(self) -> dict[str, Any] | None:
+        """Return the tools configuration object as given (identity, not a copy)."""
+        return self._tools_config
+
+    def set_tools_config(self, config: dict[str, Any] | None) -> None:
+        """Replace the tools configuration wholesale; takes effect at the next ``create_tools``."""
+        self._tools_config = config
+
+    # -- lifecycle -----------------------------------------------------------------------------------------------
+
+    async def init(self) -> None:
+        """Initialise the static filesystem, start the static sandbox, index ``auto_index_paths``.
+
+        Resolver-backed providers are never resolved here. Any failure sets ``status`` to
+        ``error`` and is raised.
+        """
+        self._status = "initializing"
+        try:
+            if self._filesystem is not None:
+                await self._filesystem.init()
+            if self._sandbox is not None:
+                await _call_lifecycle(self._sandbox, "start")
+            self._status = "ready"
+        except BaseException:
+            self._status = "error"
+            raise
+
+    async def stop(self) -> None:
+        """Stop the static sandbox (background processes, mounts); filesystem and index stay.
+
+        Concurrent calls coalesce; a no-op once teardown started.
+        """
+        if self._teardown_started or self._status == "destroyed":
+            return
+        await self._stop()
+
+    async def _stop(self) -> None:
+        if self._stopping is not None:
+            await self._stopping.wait()
+            return
+        self._stopping = anyio.Event()
+        try:
+            if self._sandbox is not None:
+                await _call_lifecycle(self._sandbox, "stop")
+        finally:
+            self._stopping.set()
+            self._stopping = None
+
+    async def destroy(self) -> None:
+        """Tear everything down: sandbox, then filesystem; memoised sandboxes are forgotten.
+
+        Idempotent; concurrent calls wait for the one in flight. Stored files and a
+        persisted index are never deleted.
+        """
+        if self._status == "destroyed":
+            return
+        if self._destroying is not None:
+            await self._destroying.wait()
+            if self._destroy_error is not None:
+                raise self._destroy_error
+            return
+        self._teardown_started = True
+        self._destroying = anyio.Event()
+        self._status = "destroying"
+        try:
+            if self._stopping is not None:
+                await self._stopping.wait()
+            if self._sandbox is not None:
+                await _call_lifecycle(self._sandbox, "destroy")
+            if self._filesystem is not None:
+                await self._filesystem.destroy()
+            self.clear_sandbox_cache()
+            self._status = "destroyed"
+        except BaseException as exc:
+            self._status = "error"
+            self._destroy_error = exc
+            raise
+        finally:
+            self._destroying.set()
+            self._destroying = None
+            _LIVE.discard(self)
+
+    async def __aenter__(self) -> Workspace:
+        await self.init()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.destroy()
+
+    def blocking(self) -> BlockingWorkspace:
+        """Return a synchronous facade with the same methods (for scripts and notebooks).
+
+        It runs an event loop in a helper thread; use it as a context manager or call
+        ``close()`` when done.
+        """
+        from ._blocking import BlockingWorkspace
+
+        return BlockingWorkspace(self)
+
+    # -- description -------------------------------------------------------------------------------------
+
+    async def get_info(
+        self,
+        *,
+        include_file_count: bool = False,
+        request_context: RequestContext | None = None,
+        resolve_dynamic_providers: bool = True,
+    ) -> dict[str, Any]:
+        """Describe the workspace: ``id, name, status, created_at, last_accessed_at`` and, when
+        configured, ``filesystem`` and ``sandbox`` (never credentials).
+
+        Parameters
+        ----------
+        include_file_count : bool
+            Add ``total_files`` (files below the root, ten levels deep at most).
+        request_context : RequestContext, optional
+            Passed to resolvers.
+        resolve_dynamic_providers : bool
+            Resolve a filesystem resolver; if False a placeholder is reported instead.
+        """
+        info: dict[str, Any] = {
+            "id": self._id,
+            "name": self._name,
+            "status": self._status,
+            "created_at": self.created_at,
+            "last_accessed_at": self.last_accessed_at,
+        }
+        fs: WorkspaceFilesystem | None = self._filesystem
+        if fs is None and self._filesystem_resolver is not None:
+            if resolve_dynamic_providers:
+                fs = await self.resolve_filesystem(request_context=request_context)
+            else:
+                info["filesystem"] = {
+                    "id": f"{self._id}-dynamic-filesystem",
+                    "name": "DynamicFilesystem",
+                    "provider": "dynamic",
+                    "status": "pending",
+                }
+        if fs is not None:
+            fs_info = await fs.get_info()
+            if include_file_count:
+                fs_info["total_files"] = await self._count_files(fs)
+            info["filesystem"] = fs_info
+        if self._sandbox is not None:
+            get = getattr(self._sandbox, "get_info", None)
+            raw = await _maybe_await(get()) if callable(get) else {}
+            info["sandbox"] = {
+                "provider": raw.get("provider", getattr(self._sandbox, "provider", None)),
+                "status": raw.get("status", getattr(self._sandbox, "status", None)),
+                "resources": raw.get("resources"),
+            }
+        elif self._sandbox_resolver is not None:
+            info["sandbox"] = {"provider": "dynamic", "status": "pending"}
+        return info
+
+    @staticmethod
+    async def _count_files(fs: WorkspaceFilesystem) -> int:
+        try:
+            entries = await fs.readdir("", recursive=True, max_depth=10)
+        except Exception:
+            return 0
+        return sum(1 for e in entries if e.type == "file")
+
+    def _sandbox_instructions(self, sandbox: Any, ctx: RequestContext | None) -> list[str]:
+        parts: list[str] = []
+        get = getattr(sandbox, "get_instructions", None)
+        text = get(request_context=ctx) if callable(get) else ""
+        if text:
+            parts.append(text)
+        manager = getattr(sandbox, "mounts", None)
+        entries = getattr(manager, "entries", None) or {}
+        if not entries:
+            return parts
+        accessible: list[str] = []
+        workspace_only: list[str] = []
+        workdir = getattr(sandbox, "working_directory", None)
+        for mount_path, entry in entries.items():
+            fs = getattr(entry, "filesystem", None)
+            label = (getattr(fs, "display_name", None) or getattr(fs, "provider", "unknown")) if fs else "unknown"
+            mode = "read-only" if getattr(fs, "read_only", False) else "read-write"
+            if getattr(entry, "state", None) in ("mounted", "pending", "mounting"):
+                shown = f"{str(workdir).rstrip('/')}/{mount_path.lstrip('/')}" if workdir else mount_path
+                accessible.append(f"  - {shown}: {label} ({mode})")
+            else:
+                workspace_only.append(f"  - {mount_path}: {label} ({mode})")
+        if accessible:
+            parts.append("Sandbox-mounted filesystems (accessible in shell commands):\n" + "\n".join(accessible))
+        if workspace_only:
+            parts.append(
+                "Workspace-only filesystems (use file tools, NOT available in shell commands):\n"
+                + "\n".join(workspace_only)
+            )
+        return parts
+
+    def get_instructions(self, *, request_context: RequestContext | None = None) -> str:
+        """Return what agents should know about this workspace (static providers only).
+
+        The sandbox's instructions, then its mounts (sandbox-accessible or workspace-only);
+        without sandbox mounts, the filesystem's instructions. Parts are joined by a blank line.
+        """
+        parts: list[str] = []
+        if self._sandbox is not None:
+            parts = self._sandbox_instructions(self._sandbox, request_context)
+        has_mounts = bool(getattr(getattr(self._sandbox, "mounts", None), "entries", None))
+        if not has_mounts and self._filesystem is not None:
+            text = self._filesystem.get_instructions(request_context=request_context)
+            if text:
+                parts.append(text)
+        return "\n\n".join(parts)
+
+    async def get_instructions_async(self, *, request_context: RequestContext | None = None) -> str:
+        """Like :meth:`get_instructions`, but resolves a dynamic filesystem and describes a
+        dynamic sandbox (a placeholder sentence, the resolved sandbox, or a custom function)."""
+        ctx = request_context if request_context is not None else RequestContext()
+        parts: list[str] = []
+        sandbox = self._sandbox
+        mode = self._instructions.get("dynamic_sandbox", "placeholder")
+        if sandbox is None and self._sandbox_resolver is not None:
+            if mode == "resolve":
+                sandbox = await self.resolve_sandbox(request_context=ctx)
+            elif callable(mode):
+                text = await _maybe_await(mode(ctx))
+                if text:
+                    parts.append(str(text))
+            else:
+                parts.append(_DYNAMIC_SANDBOX_TEXT)
+        if sandbox is not None:
+            parts.extend(self._sandbox_instructions(sandbox, ctx))
+        has_mounts = bool(getattr(getattr(sandbox, "mounts", None), "entries", None))
+        if not has_mounts:
+            fs = await self.resolve_filesystem(request_context=ctx)
+            if fs is not None:
+                text = fs.get_instructions(request_context=ctx)
+                if text:
+                    parts.append(text)
+        return "\n\n".join(parts)
+
+    def touch(self) -> None:
+        """Record activity (tools and search call this)."""
+        self.last_accessed_at = datetime.now(UTC)
+
+    def __repr__(self) -> str:
+        return f"Workspace(id={self._id!r}, name={self._name!r}, status={self._status!r})"
+

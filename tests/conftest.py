@@ -1,0 +1,73 @@
+"""Session-wide emulators (started and stopped by the test session itself) and harnesses."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+
+import pytest
+from fsspec.implementations.memory import MemoryFileSystem
+
+from agentvfs.testing import (
+    FakeGcsServer,
+    Harness,
+    MotoServer,
+    composite_harness,
+    fsspec_harness,
+    local_harness,
+)
+
+S3_BUCKET = "agentvfs-test"
+GCS_BUCKET = "agentvfs-test"
+
+
+@pytest.fixture(scope="session")
+def moto() -> Iterator[MotoServer]:
+    with MotoServer() as server:
+        server.create_bucket(S3_BUCKET)
+        yield server
+
+
+@pytest.fixture(scope="session")
+def fake_gcs() -> Iterator[FakeGcsServer]:
+    with FakeGcsServer() as server:
+        server.create_bucket(GCS_BUCKET)
+        yield server
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def memory_harness() -> Harness:
+    raw = MemoryFileSystem(global_store=False, skip_instance_cache=True)
+    return fsspec_harness(raw, f"/{unique('ws')}", name="memory")
+
+
+def s3_harness(moto: MotoServer, **options: object) -> Harness:
+    raw = moto.s3fs(use_listings_cache=False)
+    return fsspec_harness(raw, f"{S3_BUCKET}/{unique('ws')}", name="s3", **options)
+
+
+def gcs_harness(fake_gcs: FakeGcsServer) -> Harness:
+    raw = fake_gcs.gcsfs()
+    return fsspec_harness(raw, f"{GCS_BUCKET}/{unique('ws')}", name="gcs")
+
+
+def file_harness(tmp_path: object) -> Harness:
+    from fsspec.implementations.local import LocalFileSystem
+
+    root = os.path.join(str(tmp_path), "root")
+    os.makedirs(root)
+    return fsspec_harness(LocalFileSystem(), root, name="file")
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+__all__ = ["composite_harness", "local_harness"]
