@@ -11,7 +11,6 @@ import inspect
 import logging
 import re
 import threading
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
@@ -76,7 +75,9 @@ class _Pending:
         self.error: BaseException | None = None
 
 
-_LIVE: weakref.WeakSet[Workspace] = weakref.WeakSet()
+# Initialised workspaces, held until destroyed: one forgotten by a script still gets its
+# sandbox processes and mounts torn down at interpreter exit.
+_LIVE: set[Workspace] = set()
 
 
 @atexit.register
@@ -282,7 +283,6 @@ class Workspace:
         self._stopping: anyio.Event | None = None
         self._destroying: anyio.Event | None = None
         self._destroy_error: BaseException | None = None
-        _LIVE.add(self)
 
     # -- identity and providers ------------------------------------------------------------------------
 
@@ -430,6 +430,7 @@ class Workspace:
         ``error`` and is raised.
         """
         self._status = "initializing"
+        _LIVE.add(self)
         try:
             if self._filesystem is not None:
                 await self._filesystem.init()

@@ -283,6 +283,10 @@ class FsspecFilesystem(WorkspaceFilesystem):
     def _is_root(self, rel: str) -> bool:
         return not rel
 
+    def _public_path(self, rel: str) -> str:
+        """How results name ``rel``: relative to the workspace root, ``/``-separated."""
+        return rel
+
     async def setup(self) -> None:
         """Create the root directory on backends with real directories (not object stores)."""
         if not self._object and not self.read_only and self._root:
@@ -511,6 +515,8 @@ class FsspecFilesystem(WorkspaceFilesystem):
         if link and self._local:
             with contextlib.suppress(OSError):
                 target = os.readlink(info["name"])
+            # The entry's type is its target's (a broken link lists as a file).
+            kind = "directory" if os.path.isdir(info["name"]) else "file"
         return FileEntry(
             name=name,
             type=kind,
@@ -1152,7 +1158,7 @@ class FsspecFilesystem(WorkspaceFilesystem):
             )
             if found is None:
                 continue
-            results.append(found)
+            results.append(GrepFileResult(self._public_path(rel_file), found.matches))
             if budget is not None:
                 budget -= len(found.matches)
                 if budget <= 0:

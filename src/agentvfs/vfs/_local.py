@@ -155,15 +155,20 @@ class LocalFilesystem(FsspecFilesystem):
     def _is_root(self, rel: str) -> bool:
         return not rel or "/" + rel == self.base_path
 
+    def _public_path(self, rel: str) -> str:
+        host = "/" + rel
+        if not _inside(host, self.base_path):
+            return host
+        relative = os.path.relpath(host, self.base_path)
+        return "" if relative == "." else relative.replace(os.sep, "/")
+
     def _stat_from_info(self, rel: str, info: dict[str, Any]) -> FileStat:
         stat = super()._stat_from_info(rel, info)
         host = "/" + rel
-        inside = _inside(host, self.base_path)
-        relative = os.path.relpath(host, self.base_path) if inside else host
-        relative = "" if relative == "." else relative
+        relative = self._public_path(rel)
         return FileStat(
             name=os.path.basename(host) if relative else os.path.basename(self.base_path),
-            path=relative.replace(os.sep, "/"),
+            path=relative,
             type=stat.type,
             size=stat.size,
             created_at=stat.created_at,
