@@ -207,6 +207,9 @@ class WorkspaceReadOnlyError(WorkspaceError, OSError):
     def __str__(self) -> str:
         return self.message
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self.__dict__ | {"errno": self.errno}))
+
 
 # --------------------------------------------------------------------------------------------
 # Filesystem errors

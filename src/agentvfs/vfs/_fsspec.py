@@ -581,8 +581,10 @@ class FsspecFilesystem(WorkspaceFilesystem):
             return self._walk_local(rel, display, max_depth)
         bpath = self._bpath(rel)
         try:
+            # No maxdepth: with one, s3fs and gcsfs fall back to one listing per directory;
+            # without, the whole tree is one paginated flat listing. Depth is cut below.
             found: dict[str, dict[str, Any]] = self._fs.find(
-                bpath, maxdepth=max_depth, withdirs=True, detail=True, **self._ls_kwargs
+                bpath, withdirs=True, detail=True, **self._ls_kwargs
             )
         except FileNotFoundError:
             raise self._missing_dir(rel, display) from None
@@ -603,7 +605,7 @@ class FsspecFilesystem(WorkspaceFilesystem):
             if not full.startswith(head):
                 continue
             sub = full[len(head) :]
-            if _TMP_MARK in sub:
+            if _TMP_MARK in sub or sub.count("/") >= max_depth:
                 continue
             if sub in entries and entries[sub].type == "directory":
                 continue

@@ -1,0 +1,109 @@
+"""The error tree, the public names, the blocking facade and the demo command."""
+
+from __future__ import annotations
+
+import errno
+import pickle
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from fsspec.implementations.memory import MemoryFileSystem
+
+import agentvfs
+from agentvfs import FsspecFilesystem, LocalFilesystem, Workspace, errors
+
+
+def test_messages_codes_and_builtins() -> None:
+    cases = [
+        (errors.FileNotFound("a.txt"), FileNotFoundError, errno.ENOENT, "ENOENT", "File not found: a.txt"),
+        (errors.DirectoryNotFound("d"), FileNotFoundError, errno.ENOENT, "ENOENT", "Directory not found: d"),
+        (errors.FileExists("a"), FileExistsError, errno.EEXIST, "EEXIST", "File already exists: a"),
+        (errors.IsDirectory("d"), IsADirectoryError, errno.EISDIR, "EISDIR", "Path is a directory: d"),
+        (errors.NotDirectory("f"), NotADirectoryError, errno.ENOTDIR, "ENOTDIR", "Path is not a directory: f"),
+        (errors.DirectoryNotEmpty("d"), OSError, errno.ENOTEMPTY, "ENOTEMPTY", "Directory not empty: d"),
+        (errors.PermissionDenied("../x", "access"), PermissionError, errno.EACCES, "EACCES", "Permission denied: access on ../x"),
+        (errors.WorkspaceReadOnlyError("write_file"), OSError, errno.EROFS, "READ_ONLY", "Workspace is in read-only mode. Cannot perform: write_file"),
+        (errors.FilesystemNotReadyError("fs1"), OSError, errno.EIO, "ENOTREADY", 'Filesystem "fs1" is not ready. Call init() first or use ensureReady().'),
+        (errors.UnsupportedGrepPatternError("(?<=x)", "lookbehind"), ValueError, errno.EINVAL, "EUNSUPPORTED_PATTERN", "Unsupported grep pattern: (?<=x) (lookbehind)"),
+    ]
+    for err, builtin, number, code, message in cases:
+        assert isinstance(err, builtin)
+        assert err.errno == number
+        assert err.code == code
+        assert str(err) == message
+        copy = pickle.loads(pickle.dumps(err))
+        assert type(copy) is type(err) and str(copy) == message and copy.errno == number
+    stale = errors.StaleFileError("s.txt", datetime(2026, 1, 2, 3, 4, 5, 678000, UTC), datetime(2026, 1, 2, 3, 4, 6, tzinfo=UTC))
+    assert str(stale) == "File was modified externally: s.txt (expected mtime 2026-01-02T03:04:05.678Z, actual 2026-01-02T03:04:06.000Z)"
+    assert stale.errno == errno.ESTALE
+
+
+def test_workspace_and_sandbox_errors() -> None:
+    assert str(errors.SearchNotAvailableError()) == "Workspace does not have search configured (enable bm25 or provide vectorStore + embedder)"
+    assert errors.SearchNotAvailableError().code == "NO_SEARCH"
+    assert str(errors.WorkspaceNotReadyError("w", "destroyed")) == "Workspace is not ready (status: destroyed)"
+    assert str(errors.SandboxTimeoutError(300)) == "Execution timed out after 300ms"
+    assert isinstance(errors.SandboxTimeoutError(1), TimeoutError)
+    assert str(errors.IsolationUnavailableError("bwrap", "not installed")) == "Isolation backend 'bwrap' is not available: not installed"
+    # separate roots, as in the reference
+    assert not issubclass(errors.FilesystemError, errors.WorkspaceError)
+    assert not issubclass(errors.SandboxError, errors.WorkspaceError)
+    assert pickle.loads(pickle.dumps(errors.WorkspaceNotReadyError("w", "x"))).code == "NOT_READY"
+
+
+def test_public_names() -> None:
+    assert agentvfs.__all__ == sorted(agentvfs.__all__)
+    for name in agentvfs.__all__:
+        obj = getattr(agentvfs, name)
+        assert not getattr(obj, "__module__", "agentvfs").split(".")[-1].startswith("_"), name
+    for name in ("Workspace", "RequestContext", "LocalFilesystem", "FsspecFilesystem", "CompositeFilesystem",
+                 "WorkspaceError", "FilesystemError", "SandboxError", "WorkspaceReadOnlyError", "StaleFileError"):
+        assert name in agentvfs.__all__
+    assert set(errors.__all__) >= {n for n in agentvfs.__all__ if n.endswith("Error")}
+
+
+def test_blocking_facade(tmp_path: Path) -> None:
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.md").write_text("# A\nTODO\n")
+    with Workspace(filesystem=LocalFilesystem(tmp_path, read_only=True)).blocking() as ws:
+        assert ws.status == "ready"
+        assert ws.filesystem.read_file("docs/a.md", encoding="utf-8") == "# A\nTODO\n"
+        assert [e.name for e in ws.filesystem.readdir("docs")] == ["a.md"]
+        assert ws.filesystem.stat("docs/a.md").size == 9
+        assert [h.path for h in ws.filesystem.grep("TODO", "docs")] == ["docs/a.md"]
+        with pytest.raises(errors.WorkspaceReadOnlyError):
+            ws.filesystem.write_file("docs/b.md", "x")
+        assert ws.get_info()["filesystem"]["read_only"] is True
+    assert ws.workspace.status == "destroyed"
+
+
+def test_blocking_facade_inside_running_loop() -> None:
+    import asyncio
+
+    async def notebook_cell() -> bytes:
+        ws = Workspace(filesystem=FsspecFilesystem(MemoryFileSystem(global_store=False, skip_instance_cache=True), root="/n")).blocking()
+        try:
+            ws.filesystem.write_file("x.txt", b"from a notebook")
+            return bytes(ws.filesystem.read_file("x.txt"))
+        finally:
+            ws.close()
+
+    assert asyncio.run(notebook_cell()) == b"from a notebook"
+
+
+@pytest.mark.parametrize("storage", ["memory", "local"])
+def test_demo_command(storage: str) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "agentvfs.cli", "demo", "--storage", storage],
+        check=True, capture_output=True, text=True, timeout=120,
+    ).stdout
+    assert f"== agentvfs demo on {storage} storage" in out
+    assert "write_file README.md overwrite=False -> FileExists: File already exists: README.md" in out
+    assert "read_file ../etc/passwd -> PermissionDenied: Permission denied: access on ../etc/passwd" in out
+    assert "stale write -> StaleFileError: File was modified externally: README.md" in out
+    assert "grep TODO: src/app.py:2:23:" in out
+    assert "read-only write -> WorkspaceReadOnlyError: Workspace is in read-only mode. Cannot perform: write_file" in out
+    assert "workspace destroyed: status=destroyed" in out
