@@ -48,7 +48,7 @@ async def _demo(storage: str, out: list[str]) -> None:
             for entry in await files.readdir(".", recursive=True):
                 size = f" {entry.size} bytes" if entry.size is not None else ""
                 say(f"  {entry.type:9} {entry.name}{size}")
-            text = await files.read_file("src/app.py", encoding="utf-8")
+            text = str(await files.read_file("src/app.py", encoding="utf-8"))
             say(f"read_file src/app.py -> {text.splitlines()[0]!r} ...")
             stat = await files.stat("src/app.py")
             say(f"stat src/app.py: {stat.type}, {stat.size} bytes, {stat.mime_type}, modified {stat.modified_at.isoformat()}")
@@ -107,7 +107,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         anyio.run(_demo, args.storage, lines)
         return 0
     parser.error(f"unknown command {args.command!r}")  # pragma: no cover
-    return 2  # pragma: no cover
 
 
 if __name__ == "__main__":  # pragma: no cover

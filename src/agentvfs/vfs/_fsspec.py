@@ -41,7 +41,7 @@ from ._base import (
 )
 from ._grep import compile_pattern, grep_lines
 from ._mime import get_mime_type, is_text_file
-from ._records import Capabilities, FileEntry, FileStat, GrepFileResult
+from ._records import Capabilities, FileEntry, FileStat, FileType, GrepFileResult
 
 __all__ = ["FsspecFilesystem"]
 
@@ -325,7 +325,7 @@ class FsspecFilesystem(WorkspaceFilesystem):
         return info
 
     def _stat_from_info(self, rel: str, info: dict[str, Any]) -> FileStat:
-        kind = "directory" if info.get("type") == "directory" else "file"
+        kind: FileType = "directory" if info.get("type") == "directory" else "file"
         bpath = self._bpath(rel)
         modified: datetime | None
         if self._memory and kind == "file":
@@ -509,7 +509,7 @@ class FsspecFilesystem(WorkspaceFilesystem):
         return [e for e in entries if not any(s.startswith(".") for s in e.name.split("/"))]
 
     def _entry(self, name: str, info: dict[str, Any]) -> FileEntry:
-        kind = "directory" if info.get("type") == "directory" else "file"
+        kind: FileType = "directory" if info.get("type") == "directory" else "file"
         link = bool(info.get("islink"))
         target = None
         if link and self._local:
@@ -616,10 +616,10 @@ class FsspecFilesystem(WorkspaceFilesystem):
                 entries[parent] = FileEntry(name=parent, type="directory")
                 parent = _paths.dirname(parent)
         if not found and rel:
-            info = self._info(rel)
-            if info is None:
+            own_info = self._info(rel)
+            if own_info is None:
                 raise DirectoryNotFound(display)
-            if info.get("type") != "directory":
+            if own_info.get("type") != "directory":
                 raise NotDirectory(display)
         return order_tree(entries)
 

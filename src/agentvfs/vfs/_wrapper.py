@@ -32,24 +32,24 @@ class WrapperFilesystem(WorkspaceFilesystem):
             raise AttributeError(name)
         return getattr(self.inner, name)
 
-    @property  # type: ignore[override]
-    def name(self) -> str:  # noqa: D102
+    @property
+    def name(self) -> str:  # type: ignore[override]  # noqa: D102
         return self.inner.name
 
-    @property  # type: ignore[override]
-    def id(self) -> str:  # noqa: D102
+    @property
+    def id(self) -> str:  # type: ignore[override]  # noqa: D102
         return self.inner.id
 
-    @property  # type: ignore[override]
-    def read_only(self) -> bool:  # noqa: D102
+    @property
+    def read_only(self) -> bool:  # type: ignore[override]  # noqa: D102
         return self.inner.read_only
 
-    @property  # type: ignore[override]
-    def status(self) -> str:  # noqa: D102
+    @property
+    def status(self) -> str:  # type: ignore[override]  # noqa: D102
         return self.inner.status
 
-    @property  # type: ignore[override]
-    def provider(self) -> str:  # noqa: D102
+    @property
+    def provider(self) -> str:  # type: ignore[override]  # noqa: D102
         return self.inner.provider
 
     async def _wrap(self, operation: str, call: Callable[[], Awaitable[T]]) -> T:
