@@ -17,6 +17,30 @@ class TestMemory(FilesystemTests):
         return memory_harness()
 
 
+class TestMemoryOnTrio(FilesystemTests):
+    """The same suite on trio: nothing in the vfs layer may assume asyncio."""
+
+    @pytest.fixture
+    def anyio_backend(self) -> str:
+        return "trio"
+
+    @pytest.fixture
+    def harness(self) -> Harness:
+        return memory_harness()
+
+
+class TestLocalOnTrio(FilesystemTests):
+    @pytest.fixture
+    def anyio_backend(self) -> str:
+        return "trio"
+
+    @pytest.fixture
+    def harness(self, tmp_path: Path) -> Harness:
+        base = tmp_path / "base"
+        base.mkdir()
+        return local_harness(os.fspath(base))
+
+
 class TestFsspecLocal(FilesystemTests):
     @pytest.fixture
     def harness(self, tmp_path: Path) -> Harness:
