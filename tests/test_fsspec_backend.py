@@ -1,0 +1,105 @@
+"""FsspecFilesystem specifics: URLs, providers, root rules, object-store directory markers."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+from conftest import GCS_BUCKET, S3_BUCKET, unique
+from fsspec.implementations.memory import MemoryFileSystem
+
+from agentvfs import FsspecFilesystem, IsDirectory, PermissionDenied
+from agentvfs.testing import FakeGcsServer, MotoServer
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_urls_and_providers(tmp_path: Path, moto: MotoServer, fake_gcs: FakeGcsServer) -> None:
+    local = FsspecFilesystem(f"file://{tmp_path}/ws")
+    await local.write_file("a.txt", "a")
+    assert (tmp_path / "ws" / "a.txt").read_text() == "a"
+    assert (local.provider, local.name, local.capabilities.empty_dirs) == ("file", "FsspecFilesystem", True)
+    mem = FsspecFilesystem(f"memory://{unique('url')}")
+    assert mem.provider == "memory" and not mem.capabilities.blocking
+    s3 = FsspecFilesystem(
+        f"s3://{S3_BUCKET}/{unique('url')}",
+        storage_options={"key": "testing", "secret": "testing", "endpoint_url": moto.endpoint_url, "skip_instance_cache": True},
+    )
+    await s3.write_file("x/y.txt", "s3")
+    assert await s3.read_file("/x/y.txt") == b"s3"
+    assert (s3.provider, s3.capabilities.empty_dirs, s3.capabilities.versions) == ("s3", False, True)
+    gcs = FsspecFilesystem(
+        f"gcs://{GCS_BUCKET}/{unique('url')}",
+        storage_options={"token": "anon", "project": "test", "endpoint_url": fake_gcs.endpoint_url, "skip_instance_cache": True},
+    )
+    await gcs.write_file("g.txt", "gcs")
+    assert (await gcs.stat("g.txt")).etag  # the generation
+    assert gcs.provider == "gcs"
+    with pytest.raises(TypeError, match="storage_options apply only when a URL is given"):
+        FsspecFilesystem(MemoryFileSystem(), storage_options={"x": 1})
+    with pytest.raises(TypeError, match="fs_or_url must be"):
+        FsspecFilesystem(42)  # type: ignore[arg-type]
+
+
+async def test_leading_slash_means_root_and_root_is_protected() -> None:
+    fs = FsspecFilesystem(MemoryFileSystem(global_store=False, skip_instance_cache=True), root="/r")
+    await fs.write_file("/docs/a.txt", "a")
+    assert await fs.read_file("docs/a.txt") == b"a"
+    assert [e.name for e in await fs.readdir("/")] == ["docs"]
+    with pytest.raises(PermissionDenied):
+        await fs.rmdir("/", recursive=True)
+    with pytest.raises(IsDirectory):
+        await fs.write_file("/", "x")
+    with pytest.raises(PermissionDenied, match="must not contain"):
+        FsspecFilesystem(MemoryFileSystem(), root="a/../../b")
+
+
+async def test_symlink_escape_on_file_urls(tmp_path: Path) -> None:
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "s.txt").write_text("secret")
+    (tmp_path / "ws").mkdir()
+    os.symlink(tmp_path / "out", tmp_path / "ws" / "link")
+    fs = FsspecFilesystem(f"file://{tmp_path}/ws")
+    with pytest.raises(PermissionDenied):
+        await fs.read_file("link/s.txt")
+    with pytest.raises(PermissionDenied):
+        await fs.write_file("link/new.txt", "x")
+    assert sorted(os.listdir(tmp_path / "out")) == ["s.txt"]
+    assert [e.name for e in await fs.readdir("", recursive=True)] == ["link"]  # not followed out
+
+
+@pytest.mark.s3
+async def test_s3_markers_keep_directories(moto: MotoServer) -> None:
+    root = f"{S3_BUCKET}/{unique('mk')}"
+    client = moto.boto3_client()
+    fs = FsspecFilesystem(moto.s3fs(use_listings_cache=False), root=root)
+    prefix = root.split("/", 1)[1]
+
+    def keys() -> list[str]:
+        listed = client.list_objects_v2(Bucket=S3_BUCKET, Prefix=prefix + "/")
+        return sorted(o["Key"][len(prefix) + 1 :] for o in listed.get("Contents", []))
+
+    await fs.mkdir("empty/dir")
+    assert keys() == ["empty/dir/"]
+    await fs.write_file("d/only.txt", "x")
+    await fs.delete_file("d/only.txt")
+    assert keys() == ["d/", "empty/dir/"]
+    assert [e.name for e in await fs.readdir("")] == ["d", "empty"]
+    await fs.rmdir("empty/dir")
+    assert keys() == ["d/", "empty/"]
+
+
+@pytest.mark.s3
+async def test_s3_write_onto_directory_made_elsewhere(moto: MotoServer) -> None:
+    root = f"{S3_BUCKET}/{unique('conf')}"
+    fs = FsspecFilesystem(moto.s3fs(use_listings_cache=False), root=root, listing_ttl=0.2)
+    await fs.write_file("a.txt", "a")
+    moto.s3fs().pipe_file(f"{root}/dir/inner.txt", b"made by another client")
+    time.sleep(0.3)  # past the listing TTL the write check sees the new directory
+    with pytest.raises(IsDirectory):
+        await fs.write_file("dir", "x")
+    moto.s3fs().pipe_file(f"{root}/file", b"f")
+    with pytest.raises(NotADirectoryError):
+        await fs.write_file("file/child.txt", "x")
