@@ -81,20 +81,18 @@ def _version(dist: str) -> str:
 
 def machine_description() -> dict[str, Any]:
     mem_total = "unknown"
-    with contextlib.suppress(OSError):
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    kib = int(line.split()[1])
-                    mem_total = f"{kib / 1024 / 1024:.1f} GiB"
-                    break
+    with contextlib.suppress(OSError), open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                kib = int(line.split()[1])
+                mem_total = f"{kib / 1024 / 1024:.1f} GiB"
+                break
     cpu_model = platform.processor() or "unknown"
-    with contextlib.suppress(OSError):
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu_model = line.split(":", 1)[1].strip()
-                    break
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
     return {
         "cores": os.cpu_count(),
         "cpu": cpu_model,
@@ -107,6 +105,13 @@ def machine_description() -> dict[str, Any]:
         "anyio": _version("anyio"),
         "agentvfs": _version("agentvfs"),
     }
+
+
+def _loadavg() -> str:
+    try:
+        return " / ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "unknown"
 
 
 def format_machine(m: dict[str, Any]) -> str:
@@ -437,6 +442,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"command: {' '.join([os.path.basename(sys.executable), *sys.argv])}")
     print(f"machine: {format_machine(machine)}")
     print(f"files: {args.files} x {FILE_SIZE} B, repetitions: {args.repeat} (+1 warm-up)")
+    load_start = _loadavg()
+    print(f"load average at start (1/5/15 min): {load_start}")
 
     rows: list[dict[str, Any]] = []
     with contextlib.ExitStack() as stack:
@@ -460,6 +467,9 @@ def main(argv: list[str] | None = None) -> int:
 
         anyio.run(run_all, backend="asyncio")
 
+    load_end = _loadavg()
+    print(f"load average at end (1/5/15 min): {load_end}"
+          " (this benchmark alone adds ~1, ~2 while the moto server is busy)")
     print()
     print(text_table(rows))
     print()
@@ -482,7 +492,8 @@ def main(argv: list[str] | None = None) -> int:
         print(markdown_table(rows))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"args": {k: v for k, v in vars(args).items()}, "machine": machine,
+            json.dump({"args": vars(args), "machine": machine,
+                       "load_start": load_start, "load_end": load_end,
                        "file_size": FILE_SIZE, "results": rows}, f, indent=2)
         log(f"wrote {args.json}")
     return 0

@@ -93,11 +93,16 @@ async def test_s3_markers_keep_directories(moto: MotoServer) -> None:
 
 @pytest.mark.s3
 async def test_s3_write_onto_directory_made_elsewhere(moto: MotoServer) -> None:
-    root = f"{S3_BUCKET}/{unique('conf')}"
+    # A bucket of its own: moto's listing time grows with the bucket, and the listing is
+    # trusted for ten times what it cost.
+    bucket = unique("conflict")
+    moto.create_bucket(bucket)
+    root = f"{bucket}/ws"
     fs = FsspecFilesystem(moto.s3fs(use_listings_cache=False), root=root, listing_ttl=0.2)
+    await fs.exists("warm-up")  # the first request also opens the connection
     await fs.write_file("a.txt", "a")
     moto.s3fs().pipe_file(f"{root}/dir/inner.txt", b"made by another client")
-    time.sleep(0.3)  # past the listing TTL the write check sees the new directory
+    time.sleep(1.0)  # past the listing TTL (0.2 s, or 10x a tiny listing) the check sees it
     with pytest.raises(IsDirectory):
         await fs.write_file("dir", "x")
     moto.s3fs().pipe_file(f"{root}/file", b"f")

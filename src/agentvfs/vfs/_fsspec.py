@@ -58,6 +58,11 @@ _DEFAULT_MAX_DEPTH = 100
 # A directory whose listing is larger than this is not cached for write checks; a write
 # into it checks its own name instead (one request) rather than re-listing thousands of keys.
 _LISTING_CACHE_LIMIT = 2000
+# However slow a listing was, its names are not trusted longer than this.
+_LISTING_TTL_CAP = 30.0
+
+
+_NEVER = threading.Event()
 
 
 class _Cancelled(Exception):
@@ -87,9 +92,12 @@ class _Listings:
                 return False, None
             return True, item[1]
 
-    def put(self, rel: str, names: dict[str, str] | None) -> None:
+    def put(self, rel: str, names: dict[str, str] | None, cost: float = 0.0) -> None:
+        """Keep ``names`` for ``ttl`` seconds, or ten times what listing them cost, so that
+        re-listing a large directory never takes more than a tenth of the time spent
+        writing into it."""
         with self._lock:
-            self._dirs[rel] = (time.monotonic() + self.ttl, names)
+            self._dirs[rel] = (time.monotonic() + min(max(self.ttl, 10 * cost), _LISTING_TTL_CAP), names)
             self._dirs.move_to_end(rel)
             while len(self._dirs) > 256:
                 self._dirs.popitem(last=False)
@@ -299,7 +307,10 @@ class FsspecFilesystem(WorkspaceFilesystem):
 
     async def _call_write(self, fn: Callable[..., T], *args: Any) -> T:
         # A write abandoned by a timeout keeps running in its thread; the event tells it not
-        # to commit, so the operation lands whole before the deadline or not at all.
+        # to commit, so the operation lands whole before the deadline or not at all. Inline
+        # (memory) writes cannot be abandoned midway and share one event that is never set.
+        if not self.capabilities.blocking:
+            return fn(*args, _NEVER)
         cancel = threading.Event()
         try:
             return await self._call(fn, *args, cancel)
@@ -565,7 +576,41 @@ class FsspecFilesystem(WorkspaceFilesystem):
             out[name] = info
         return out
 
+    def _list_memory(self, rel: str, display: str) -> list[FileEntry]:
+        # MemoryFileSystem.ls builds an info dict per key; one pass over its store and
+        # pseudo-directories gives the entries directly.
+        bpath = self._bpath(rel)
+        store = self._fs.store
+        if rel and bpath in store:
+            raise NotDirectory(display)
+        head = bpath.rstrip("/") + "/"
+        cut = len(head)
+        files: dict[str, int] = {}
+        dirs: set[str] = set()
+        for key in list(store):
+            if key.startswith(head):
+                rest = key[cut:]
+                slash = rest.find("/")
+                if slash < 0:
+                    files[rest] = store[key].size
+                else:
+                    dirs.add(rest[:slash])
+        for pdir in list(self._fs.pseudo_dirs):
+            if pdir.startswith(head):
+                rest = pdir[cut:]
+                slash = rest.find("/")
+                dirs.add(rest if slash < 0 else rest[:slash])
+        if not files and not dirs and rel and bpath not in self._fs.pseudo_dirs:
+            raise DirectoryNotFound(display)
+        entries = [FileEntry(n, "directory") for n in dirs if _TMP_MARK not in n]
+        # Where a key and a prefix share a name, the directory wins (it shadows the file).
+        entries.extend(FileEntry(n, "file", size) for n, size in files.items() if n not in dirs and _TMP_MARK not in n)
+        entries.sort(key=lambda e: e.name)
+        return entries
+
     def _list_sync(self, rel: str, display: str) -> list[FileEntry]:
+        if self._memory:
+            return self._list_memory(rel, display)
         raw = self._list_raw(rel, display)
         children = self._children(rel, raw, display)
         if not raw and rel:
@@ -790,14 +835,16 @@ class FsspecFilesystem(WorkspaceFilesystem):
         parent = _paths.dirname(rel)
         if not parent:
             return
+        bparent = self._bpath(parent)
         if self._memory:
+            if bparent in self._fs.pseudo_dirs:
+                return
             # Walk up with dict lookups: a file anywhere above refuses the write.
             probe = parent
             while probe:
                 if self._bpath(probe) in self._fs.store:
                     raise NotDirectory(_display_parent(display))
                 probe = _paths.dirname(probe)
-        bparent = self._bpath(parent)
         if recursive:
             try:
                 self._fs.makedirs(bparent, exist_ok=True)
@@ -846,14 +893,16 @@ class FsspecFilesystem(WorkspaceFilesystem):
             rel = _paths.dirname(rel)
 
     def _load_listing(self, rel: str) -> dict[str, str] | None:
+        started = time.monotonic()
         try:
             raw = self._fs.ls(self._bpath(rel), detail=True, **self._ls_kwargs)
         except (FileNotFoundError, NotADirectoryError):
             raw = []
         finally:
             self._fs.invalidate_cache(self._bpath(rel))
+        cost = time.monotonic() - started
         if len(raw) > _LISTING_CACHE_LIMIT:
-            self._listings.put(rel, None)
+            self._listings.put(rel, None, cost)
             return None
         names: dict[str, str] = {}
         own = self._bpath(rel).rstrip("/")
@@ -864,7 +913,7 @@ class FsspecFilesystem(WorkspaceFilesystem):
             base = posixpath.basename(full)
             if names.get(base) != "directory":
                 names[base] = "directory" if info.get("type") == "directory" else "file"
-        self._listings.put(rel, names)
+        self._listings.put(rel, names, cost)
         return names
 
     def _keep_parent(self, rel: str) -> None:
