@@ -108,3 +108,18 @@ async def test_s3_write_onto_directory_made_elsewhere(moto: MotoServer) -> None:
     moto.s3fs().pipe_file(f"{root}/file", b"f")
     with pytest.raises(NotADirectoryError):
         await fs.write_file("file/child.txt", "x")
+
+
+@pytest.mark.s3
+async def test_s3_kept_listings_learn_implied_directories(moto: MotoServer) -> None:
+    fs = FsspecFilesystem(moto.s3fs(use_listings_cache=False), root=f"{S3_BUCKET}/{unique('implied')}", listing_ttl=60)
+    await fs.write_file("top.txt", "t")  # the root's names are now kept for a minute
+    await fs.write_file("a/b/c.txt", "c")  # implies directories a and a/b
+    with pytest.raises(IsDirectory):
+        await fs.write_file("a", "x")
+    await fs.mkdir("m/n")
+    with pytest.raises(IsDirectory):
+        await fs.write_file("m", "x")
+    await fs.copy_file("top.txt", "cp/deep/x.txt")
+    with pytest.raises(IsDirectory):
+        await fs.write_file("cp", "x")
