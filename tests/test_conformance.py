@@ -6,9 +6,16 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import file_harness, gcs_harness, memory_harness, s3_harness
 
-from agentvfs.testing import FakeGcsServer, FilesystemTests, Harness, MotoServer, composite_harness, local_harness
+from agentvfs.testing import (
+    FakeGcsServer,
+    FilesystemTests,
+    Harness,
+    MotoServer,
+    composite_harness,
+    local_harness,
+)
+from conftest import file_harness, gcs_harness, memory_harness, s3_harness
 
 
 class TestMemory(FilesystemTests):

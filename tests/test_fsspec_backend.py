@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
+import anyio
 import pytest
-from conftest import GCS_BUCKET, S3_BUCKET, unique
 from fsspec.implementations.memory import MemoryFileSystem
 
 from agentvfs import FsspecFilesystem, IsDirectory, PermissionDenied
 from agentvfs.testing import FakeGcsServer, MotoServer
+from conftest import GCS_BUCKET, S3_BUCKET, unique
 
 pytestmark = pytest.mark.anyio
 
@@ -102,7 +102,7 @@ async def test_s3_write_onto_directory_made_elsewhere(moto: MotoServer) -> None:
     await fs.exists("warm-up")  # the first request also opens the connection
     await fs.write_file("a.txt", "a")
     moto.s3fs().pipe_file(f"{root}/dir/inner.txt", b"made by another client")
-    time.sleep(1.0)  # past the listing TTL (0.2 s, or 10x a tiny listing) the check sees it
+    await anyio.sleep(1.0)  # past the listing TTL (0.2 s, or 10x a tiny listing) the check sees it
     with pytest.raises(IsDirectory):
         await fs.write_file("dir", "x")
     moto.s3fs().pipe_file(f"{root}/file", b"f")

@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import errno
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import S3_BUCKET, unique
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
 from agentvfs import FilesystemError, FsspecFilesystem, Workspace, WorkspaceReadOnlyError
 from agentvfs.testing import MotoServer
+from conftest import S3_BUCKET, unique
 
 pytestmark = pytest.mark.anyio
 
@@ -152,7 +151,7 @@ async def test_failed_memory_write_keeps_old_file() -> None:
 
 
 @pytest.fixture
-def failing_puts(moto: MotoServer) -> Iterator[tuple[Any, str]]:
+def failing_puts(moto: MotoServer) -> tuple[Any, str]:
     raw = moto.s3fs(use_listings_cache=False)
     raw.connect()
 
@@ -161,7 +160,7 @@ def failing_puts(moto: MotoServer) -> Iterator[tuple[Any, str]]:
             raise ConnectionError("connection reset during upload")
 
     raw.s3.meta.events.register("before-call.s3", fail)
-    yield raw, f"{S3_BUCKET}/{unique('fail')}"
+    return raw, f"{S3_BUCKET}/{unique('fail')}"
 
 
 @pytest.mark.s3

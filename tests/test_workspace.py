@@ -296,7 +296,7 @@ async def test_get_info(tmp_path: Path) -> None:
     assert (await composite.get_info(include_file_count=True))["filesystem"]["total_files"] == 2
 
 
-async def test_credentials_never_reported(moto_free_url: str = "s3://bucket/prefix") -> None:
+async def test_credentials_never_reported() -> None:
     fs = FsspecFilesystem(MemoryFileSystem(global_store=False, skip_instance_cache=True), root="/r")
     for text in (repr(fs), str(fs.get_mount_config()), str(await fs.get_info())):
         assert "secret" not in text

@@ -102,11 +102,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo = sub.add_parser("demo", help="run file operations on a sample workspace and print what happened")
     demo.add_argument("--storage", choices=["memory", "local"], default="memory", help="embedded storage to use (default: memory)")
     args = parser.parse_args(argv)
-    if args.command == "demo":
-        lines: list[str] = []
-        anyio.run(_demo, args.storage, lines)
-        return 0
-    parser.error(f"unknown command {args.command!r}")  # pragma: no cover
+    commands = {"demo": lambda: anyio.run(_demo, args.storage, [])}
+    commands[args.command]()
+    return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -160,14 +160,6 @@ class FsModel:
     def write_file(self, path: str, data: bytes, *, overwrite: bool, recursive: bool) -> None:
         if path in self.dirs:
             raise ModelError("EISDIR")
-        if (
-            not recursive
-            and _parent(path) not in self.dirs
-            and self.parent_state(path) == "ENOTDIR"
-        ):
-            # KNOWN DEVIATION (memory): a file further up gives ENOTDIR rather than ENOENT
-            # for the missing parent; local disk, S3 and every mkdir give ENOENT.
-            self.tolerated.add("ENOTDIR")
         self._check_parent(path, recursive=recursive)
         if path in self.files and not overwrite:
             raise ModelError("EEXIST")
@@ -231,18 +223,8 @@ class FsModel:
         if path in self.files:
             raise ModelError("ENOTDIR")
         if path not in self.dirs:
-            if self.parent_state(path) == "ENOTDIR":
-                # KNOWN DEVIATION (local): below a file LocalFilesystem answers ENOTDIR (its
-                # recursive listing says ENOENT, as memory and S3 do for both).
-                self.tolerated.add("ENOTDIR")
             raise ModelError("ENOENT")
-        found = self.children(path)
-        if not path and not found:
-            # KNOWN BUG (S3): a non-recursive listing of an empty root (a prefix without
-            # objects) raises DirectoryNotFound, though stat("") and recursive listings
-            # treat the root as an existing, empty directory.
-            self.tolerated.add("ENOENT")
-        return found
+        return self.children(path)
 
     def stat(self, path: str) -> tuple[str, int | None]:
         if path in self.dirs:
@@ -266,11 +248,6 @@ class FsModel:
             raise ModelError("EEXIST")
         if self.parent_state(dest) == "ENOTDIR":
             raise ModelError("ENOTDIR")
-        if src == dest:
-            # KNOWN BUG (S3): the server refuses to copy an object onto itself and the error
-            # surfaces as a generic FilesystemError with errno EINVAL; memory and local disk
-            # succeed (a no-op). Remove this once copy_file handles src == dest.
-            self.tolerated.add("EINVAL")
         self._make_parents(dest)
         self.files[dest] = self.files[src]
 
@@ -283,20 +260,10 @@ class FsModel:
         if not overwrite and self.exists(dest):
             raise ModelError("EEXIST")
         if src == dest:
-            # The contract does not say; like POSIX rename the model makes it a no-op. Memory
-            # and local disk refuse it with EACCES ("cannot move a directory into itself"),
-            # which keeps the file too. KNOWN BUG (S3): the copy step fails with a generic
-            # EINVAL error (on GCS the copy succeeds and the delete then loses the file).
-            self.tolerated.update(("EACCES", "EINVAL"))
-            return
+            return  # like rename(2): moving a file onto itself is a no-op
         if dest in self.dirs:
             raise ModelError("EISDIR")
         if self.parent_state(dest) == "ENOTDIR":
-            if dest.startswith(src + "/"):
-                # KNOWN BUG (memory, local): moving a file below itself raises EACCES
-                # ("cannot move a directory into itself") instead of ENOTDIR (a parent of
-                # dest is a file), which copy_file and the S3 move raise.
-                self.tolerated.add("EACCES")
             raise ModelError("ENOTDIR")
         self._make_parents(dest)
         self.files[dest] = self.files.pop(src)

@@ -326,6 +326,37 @@ class FilesystemTests:
         assert harness.get("md2/s/b.txt") == b"b"
         assert not await harness.fs.exists(harness.p("md"))
 
+    async def test_onto_itself_keeps_the_file(self, harness: Harness) -> None:
+        harness.put("same/a.txt", b"data")
+        await harness.fs.move_file(harness.p("same/a.txt"), harness.p("same/./a.txt"))
+        await harness.fs.copy_file(harness.p("same/a.txt"), harness.p("same/a.txt"))
+        assert harness.get("same/a.txt") == b"data"
+        with pytest.raises(FileExists):
+            await harness.fs.move_file(harness.p("same/a.txt"), harness.p("same/a.txt"), overwrite=False)
+        with pytest.raises(FileExists):
+            await harness.fs.copy_file(harness.p("same/a.txt"), harness.p("same/a.txt"), overwrite=False)
+        assert harness.get("same/a.txt") == b"data"
+
+    async def test_move_below_a_file(self, harness: Harness) -> None:
+        harness.put("f", b"file")
+        with pytest.raises(NotDirectory):
+            await harness.fs.move_file(harness.p("f"), harness.p("f/x"))
+        assert harness.get("f") == b"file"
+
+    async def test_below_a_file_is_missing(self, harness: Harness) -> None:
+        harness.put("leaf", b"file")
+        with pytest.raises(DirectoryNotFound):
+            await harness.fs.readdir(harness.p("leaf/x"))
+        with pytest.raises(DirectoryNotFound):
+            await harness.fs.write_file(harness.p("leaf/x/y.txt"), b"y", recursive=False)
+
+    async def test_empty_root_lists_empty(self, harness: Harness) -> None:
+        if harness.prefix:
+            pytest.skip("a composite's root lists its mount points")
+        assert await harness.fs.readdir("") == []
+        assert await harness.fs.readdir("", recursive=True) == []
+        assert (await harness.fs.stat("")).type == "directory"
+
     # -- paths ----------------------------------------------------------------------------------
 
     async def test_escape_refused(self, harness: Harness) -> None:

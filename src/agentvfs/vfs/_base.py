@@ -31,12 +31,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SupportsGrep",
-    "check_parent_for_create",
-    "filter_extension",
-    "order_tree",
     "SupportsWalk",
     "WorkspaceFilesystem",
+    "check_parent_for_create",
+    "filter_extension",
     "new_id",
+    "order_tree",
     "run_sync",
 ]
 
@@ -428,6 +428,11 @@ class WorkspaceFilesystem(ABC):
         """
         self._check_writable("move_file")
         info = await self._stat_src(src)
+        if _paths.normalize(src) == _paths.normalize(dest):
+            # Like rename(2): onto itself is a no-op, never copy-then-delete it away.
+            if not overwrite:
+                raise FileExists(dest)
+            return
         if not overwrite and await self.exists(dest):
             raise FileExists(dest)
         await self.copy_file(src, dest, overwrite=overwrite, recursive=True)

@@ -191,7 +191,7 @@ class CompositeFilesystem(WorkspaceFilesystem):
     async def rmdir(self, path: str, *, recursive: bool = False, force: bool = False) -> None:
         """Remove a directory in the owning mount; mount points cannot be removed."""
         self._check_writable("rmdir")
-        mount, fs, rest = self._route(path)
+        _, fs, rest = self._route(path)
         if not rest:
             raise PermissionDenied(path, "rmdir (a mount point cannot be removed)")
         if fs.read_only:
@@ -203,7 +203,7 @@ class CompositeFilesystem(WorkspaceFilesystem):
     ) -> None:
         """Copy within a mount natively, or across mounts by reading and writing."""
         self._check_writable("copy_file")
-        smount, sfs, srest = self._route(src, "source")
+        _, sfs, srest = self._route(src, "source")
         dfs, drest = self._writable_mount(dest, "copy_file", "dest")
         if sfs is dfs:
             await sfs.copy_file(srest, drest, overwrite=overwrite, recursive=recursive)

@@ -95,6 +95,8 @@ class _Listings:
     def put(self, rel: str, names: dict[str, str] | None, cost: float = 0.0) -> None:
         """Keep ``names`` for ``ttl`` seconds, or 25 times what listing them cost, so that
         re-listing a large directory takes at most 4 % of the time spent writing into it."""
+        if self.ttl <= 0:
+            return  # listing_ttl=0 turns the cache off: every write check lists afresh
         with self._lock:
             self._dirs[rel] = (time.monotonic() + min(max(self.ttl, 25 * cost), _LISTING_TTL_CAP), names)
             self._dirs.move_to_end(rel)
@@ -366,7 +368,7 @@ class FsspecFilesystem(WorkspaceFilesystem):
             name=name,
             path=rel,
             type=kind,
-            size=int(info.get("size") or 0) if kind == "file" else int(info.get("size") or 0),
+            size=int(info.get("size") or 0),
             created_at=created or modified,
             modified_at=modified,
             mime_type=get_mime_type(name) if kind == "file" else None,
@@ -554,9 +556,13 @@ class FsspecFilesystem(WorkspaceFilesystem):
         try:
             raw: list[dict[str, Any]] = self._fs.ls(bpath, detail=True, **self._ls_kwargs)
         except FileNotFoundError:
+            if not rel:
+                return []  # the root always exists, even as an empty object-store prefix
             raise self._missing_dir(rel, display) from None
         except NotADirectoryError:
-            raise NotDirectory(display) from None
+            # The path itself is a file (ENOTDIR), or a file sits above it: then, as on
+            # object stores, the directory is simply not there (ENOENT).
+            raise self._missing_dir(rel, display) from None
         except Exception as exc:
             raise self._translate(exc, display, "readdir") from exc
         finally:
@@ -843,7 +849,7 @@ class FsspecFilesystem(WorkspaceFilesystem):
         if not parent:
             return
         bparent = self._bpath(parent)
-        if self._memory:
+        if self._memory and recursive:
             if bparent in self._fs.pseudo_dirs:
                 return
             # Walk up with dict lookups: a file anywhere above refuses the write.
@@ -1083,6 +1089,11 @@ class FsspecFilesystem(WorkspaceFilesystem):
                 raise IsDirectory(src)
             await self._copy_tree(src, dest, overwrite=overwrite)
             return
+        if src_rel == dest_rel:
+            # Copying a file onto itself changes nothing (object stores would refuse it).
+            if not overwrite:
+                raise FileExists(dest)
+            return
         await self._call_write(self._copy_sync, src_rel, src, dest_rel, dest, overwrite)
 
     def _copy_sync(
@@ -1130,12 +1141,19 @@ class FsspecFilesystem(WorkspaceFilesystem):
         """Move a file or directory: an atomic rename on local disk and in memory, else copy
         then delete (not atomic: a failure in between leaves both copies, never neither)."""
         self._check_writable("move_file")
-        if not self.capabilities.atomic_rename:
-            await super().move_file(src, dest, overwrite=overwrite)
-            return
         if self.status != "ready":
             await self.ensure_ready()
         src_rel, dest_rel = self._rel(src), self._rel(dest)
+        if src_rel == dest_rel:
+            # Like rename(2): moving onto itself is a no-op (never copy-then-delete it away).
+            if await self._call(self._info, src_rel) is None:
+                raise FileNotFound(src)
+            if not overwrite:
+                raise FileExists(dest)
+            return
+        if not self.capabilities.atomic_rename:
+            await super().move_file(src, dest, overwrite=overwrite)
+            return
         await self._call(self._move_sync, src_rel, src, dest_rel, dest, overwrite)
 
     def _move_sync(self, src_rel: str, src: str, dest_rel: str, dest: str, overwrite: bool) -> None:
@@ -1152,7 +1170,7 @@ class FsspecFilesystem(WorkspaceFilesystem):
                 raise FileExists(dest)
             if dinfo.get("type") == "directory" and info.get("type") != "directory":
                 raise IsDirectory(dest)
-        if dest_rel == src_rel or dest_rel.startswith(src_rel + "/"):
+        if info.get("type") == "directory" and dest_rel.startswith(src_rel + "/"):
             raise PermissionDenied(dest, "move_file (cannot move a directory into itself)")
         try:
             self._prepare_parent(dest_rel, dest, True)

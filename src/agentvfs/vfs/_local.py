@@ -183,9 +183,11 @@ class LocalFilesystem(FsspecFilesystem):
 
     async def realpath(self, path: str) -> str:
         """Return the canonical path, relative to ``base_path`` when inside it."""
-        host = await self._call(os.path.realpath, "/" + self._rel(path))
-        real_base = os.path.realpath(self.base_path)
-        return os.path.relpath(host, real_base) if _inside(host, real_base) else host
+        return await self._call(self._realpath_sync, "/" + self._rel(path))
+
+    def _realpath_sync(self, host: str) -> str:
+        real, real_base = os.path.realpath(host), self._real_roots[0]
+        return os.path.relpath(real, real_base) if _inside(real, real_base) else real
 
     # -- description ----------------------------------------------------------------------------------
 

@@ -38,11 +38,7 @@ _MIME: dict[str, str] = {
 
 TEXT_EXTENSIONS: frozenset[str] = frozenset(
     "." + e
-    for e in (
-        "md txt json yaml yml js mjs ts tsx jsx py rb go rs java c cpp h hpp sh bash zsh html htm "
-        "css xml toml ini env csv sql graphql gql vue svg mdx scss sass less svelte php swift kt kts "
-        "dart lua r tf tfvars sas log jsonl"
-    ).split()
+    for e in ["md", "txt", "json", "yaml", "yml", "js", "mjs", "ts", "tsx", "jsx", "py", "rb", "go", "rs", "java", "c", "cpp", "h", "hpp", "sh", "bash", "zsh", "html", "htm", "css", "xml", "toml", "ini", "env", "csv", "sql", "graphql", "gql", "vue", "svg", "mdx", "scss", "sass", "less", "svelte", "php", "swift", "kt", "kts", "dart", "lua", "r", "tf", "tfvars", "sas", "log", "jsonl"]
 )
 
 

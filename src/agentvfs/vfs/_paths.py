@@ -108,7 +108,4 @@ def realpath_contained(target: str, roots: list[str]) -> bool:
         Absolute host paths, already resolved with ``os.path.realpath``.
     """
     resolved = os.path.realpath(target)
-    for root in roots:
-        if resolved == root or resolved.startswith(root.rstrip("/") + "/"):
-            return True
-    return False
+    return any(resolved == root or resolved.startswith(root.rstrip("/") + "/") for root in roots)

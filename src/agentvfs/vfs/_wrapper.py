@@ -33,38 +33,38 @@ class WrapperFilesystem(WorkspaceFilesystem):
         return getattr(self.inner, name)
 
     @property
-    def name(self) -> str:  # type: ignore[override]  # noqa: D102
+    def name(self) -> str:  # type: ignore[override]
         return self.inner.name
 
     @property
-    def id(self) -> str:  # type: ignore[override]  # noqa: D102
+    def id(self) -> str:  # type: ignore[override]
         return self.inner.id
 
     @property
-    def read_only(self) -> bool:  # type: ignore[override]  # noqa: D102
+    def read_only(self) -> bool:  # type: ignore[override]
         return self.inner.read_only
 
     @property
-    def status(self) -> str:  # type: ignore[override]  # noqa: D102
+    def status(self) -> str:  # type: ignore[override]
         return self.inner.status
 
     @property
-    def provider(self) -> str:  # type: ignore[override]  # noqa: D102
+    def provider(self) -> str:  # type: ignore[override]
         return self.inner.provider
 
     async def _wrap(self, operation: str, call: Callable[[], Awaitable[T]]) -> T:
         return await call()
 
-    async def init(self) -> None:  # noqa: D102
+    async def init(self) -> None:
         await self.inner.init()
 
-    async def destroy(self) -> None:  # noqa: D102
+    async def destroy(self) -> None:
         await self.inner.destroy()
 
-    async def read_file(self, path: str, *, encoding: str | None = None) -> str | bytes:  # noqa: D102
+    async def read_file(self, path: str, *, encoding: str | None = None) -> str | bytes:
         return await self._wrap("read_file", lambda: self.inner.read_file(path, encoding=encoding))
 
-    async def write_file(  # noqa: D102
+    async def write_file(
         self,
         path: str,
         content: str | bytes,
@@ -82,29 +82,29 @@ class WrapperFilesystem(WorkspaceFilesystem):
             ),
         )
 
-    async def append_file(self, path: str, content: str | bytes) -> None:  # noqa: D102
+    async def append_file(self, path: str, content: str | bytes) -> None:
         await self._wrap("append_file", lambda: self.inner.append_file(path, content))
 
-    async def delete_file(self, path: str, *, force: bool = False) -> None:  # noqa: D102
+    async def delete_file(self, path: str, *, force: bool = False) -> None:
         await self._wrap("delete_file", lambda: self.inner.delete_file(path, force=force))
 
-    async def copy_file(  # noqa: D102
+    async def copy_file(
         self, src: str, dest: str, *, overwrite: bool = True, recursive: bool = False
     ) -> None:
         await self._wrap(
             "copy_file", lambda: self.inner.copy_file(src, dest, overwrite=overwrite, recursive=recursive)
         )
 
-    async def move_file(self, src: str, dest: str, *, overwrite: bool = True) -> None:  # noqa: D102
+    async def move_file(self, src: str, dest: str, *, overwrite: bool = True) -> None:
         await self._wrap("move_file", lambda: self.inner.move_file(src, dest, overwrite=overwrite))
 
-    async def mkdir(self, path: str, *, recursive: bool = True) -> None:  # noqa: D102
+    async def mkdir(self, path: str, *, recursive: bool = True) -> None:
         await self._wrap("mkdir", lambda: self.inner.mkdir(path, recursive=recursive))
 
-    async def rmdir(self, path: str, *, recursive: bool = False, force: bool = False) -> None:  # noqa: D102
+    async def rmdir(self, path: str, *, recursive: bool = False, force: bool = False) -> None:
         await self._wrap("rmdir", lambda: self.inner.rmdir(path, recursive=recursive, force=force))
 
-    async def readdir(  # noqa: D102
+    async def readdir(
         self,
         path: str = "",
         *,
@@ -117,13 +117,13 @@ class WrapperFilesystem(WorkspaceFilesystem):
             lambda: self.inner.readdir(path, recursive=recursive, extension=extension, max_depth=max_depth),
         )
 
-    async def exists(self, path: str) -> bool:  # noqa: D102
+    async def exists(self, path: str) -> bool:
         return await self._wrap("exists", lambda: self.inner.exists(path))
 
-    async def stat(self, path: str) -> FileStat:  # noqa: D102
+    async def stat(self, path: str) -> FileStat:
         return await self._wrap("stat", lambda: self.inner.stat(path))
 
-    async def walk(  # noqa: D102
+    async def walk(
         self, path: str = "", *, max_depth: int | None = None, include_hidden: bool = True
     ) -> list[FileEntry]:
         inner = self.inner
@@ -136,19 +136,19 @@ class WrapperFilesystem(WorkspaceFilesystem):
             e for e in entries if not any(s.startswith(".") for s in e.name.split("/"))
         ]
 
-    async def grep(self, pattern: str, path: str = "", **options: Any) -> list[GrepFileResult]:  # noqa: D102
+    async def grep(self, pattern: str, path: str = "", **options: Any) -> list[GrepFileResult]:
         inner = self.inner
         if not isinstance(inner, SupportsGrep):
             raise NotImplementedError(f"{inner.name} has no native grep")
         return await self._wrap("grep", lambda: inner.grep(pattern, path, **options))
 
-    def get_instructions(self, **kwargs: Any) -> str:  # noqa: D102
+    def get_instructions(self, **kwargs: Any) -> str:
         return self.inner.get_instructions(**kwargs)
 
-    def get_mount_config(self) -> dict[str, Any] | None:  # noqa: D102
+    def get_mount_config(self) -> dict[str, Any] | None:
         return self.inner.get_mount_config()
 
-    async def get_info(self) -> dict[str, Any]:  # noqa: D102
+    async def get_info(self) -> dict[str, Any]:
         return await self.inner.get_info()
 
     def __repr__(self) -> str:
