@@ -8,6 +8,7 @@ import subprocess
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
@@ -17,7 +18,7 @@ from agentvfs import FsspecFilesystem, LocalFilesystem, Workspace, errors
 
 
 def test_messages_codes_and_builtins() -> None:
-    cases = [
+    cases: list[tuple[Any, type[BaseException], int, str, str]] = [
         (errors.FileNotFound("a.txt"), FileNotFoundError, errno.ENOENT, "ENOENT", "File not found: a.txt"),
         (errors.DirectoryNotFound("d"), FileNotFoundError, errno.ENOENT, "ENOENT", "Directory not found: d"),
         (errors.FileExists("a"), FileExistsError, errno.EEXIST, "EEXIST", "File already exists: a"),
@@ -30,7 +31,7 @@ def test_messages_codes_and_builtins() -> None:
         (errors.UnsupportedGrepPatternError("(?<=x)", "lookbehind"), ValueError, errno.EINVAL, "EUNSUPPORTED_PATTERN", "Unsupported grep pattern: (?<=x) (lookbehind)"),
     ]
     for err, builtin, number, code, message in cases:
-        assert isinstance(err, builtin)
+        assert issubclass(type(err), builtin)
         assert err.errno == number
         assert err.code == code
         assert str(err) == message

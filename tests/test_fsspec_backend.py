@@ -40,7 +40,7 @@ async def test_urls_and_providers(tmp_path: Path, moto: MotoServer, fake_gcs: Fa
     with pytest.raises(TypeError, match="storage_options apply only when a URL is given"):
         FsspecFilesystem(MemoryFileSystem(), storage_options={"x": 1})
     with pytest.raises(TypeError, match="fs_or_url must be"):
-        FsspecFilesystem(42)  # type: ignore[arg-type]
+        FsspecFilesystem(42)
 
 
 async def test_leading_slash_means_root_and_root_is_protected() -> None:

@@ -194,7 +194,7 @@ async def test_async_with() -> None:
         assert ws.status == "ready"
         assert ws.filesystem is not None
         await ws.filesystem.write_file("a.txt", "a")
-    assert ws.status == "destroyed"
+    assert str(ws.status) == "destroyed"
 
 
 async def test_filesystem_resolver_memoised_per_context() -> None:
