@@ -14,6 +14,10 @@ export AWS_SECRET_ACCESS_KEY="${AWS_SECRET_ACCESS_KEY:-testing}"
 # us-east-1 is the one region where creating a bucket needs no LocationConstraint.
 export AWS_DEFAULT_REGION="${AWS_DEFAULT_REGION:-us-east-1}"
 
+# Static checks first: they take seconds and fail fast.
+.venv/bin/python -m ruff check -q src tests benchmarks
+.venv/bin/python -m mypy src tests benchmarks
+
 status=0
 .venv/bin/python -m pytest -q -rs "$@" || status=$?
 if [[ $status -eq 5 ]]; then
