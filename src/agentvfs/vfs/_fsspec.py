@@ -769,7 +769,9 @@ class FsspecFilesystem(WorkspaceFilesystem):
             raise
         except OSError as exc:
             if extra and exc.errno == _errno.EINVAL and "pre-condition" in str(exc):
-                raise StaleFileError(display, None, None) from exc
+                # Changed between our check and the PUT: the time it changed to is unknown.
+                seen = expected.modified_at if isinstance(expected, FileStat) else expected
+                raise StaleFileError(display, seen, None) from exc
             raise self._translate(exc, display, "write_file") from exc
         if self._object:
             self._listings.add(rel, "file")
