@@ -9,7 +9,7 @@ import anyio
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
-from agentvfs import FsspecFilesystem, IsDirectory, PermissionDenied
+from agentvfs import FsspecFilesystem, IsDirectory, PermissionDenied, StaleFileError
 from agentvfs.testing import FakeGcsServer, MotoServer
 from conftest import GCS_BUCKET, S3_BUCKET, unique
 
@@ -123,3 +123,22 @@ async def test_s3_kept_listings_learn_implied_directories(moto: MotoServer) -> N
     await fs.copy_file("top.txt", "cp/deep/x.txt")
     with pytest.raises(IsDirectory):
         await fs.write_file("cp", "x")
+
+
+@pytest.mark.s3
+async def test_s3_if_match_closes_the_race(moto: MotoServer) -> None:
+    root = f"{S3_BUCKET}/{unique('race')}"
+    fs = FsspecFilesystem(moto.s3fs(use_listings_cache=False), root=root)
+    await fs.write_file("r.txt", "v1")
+    seen = await fs.stat("r.txt")
+    check = fs._info
+
+    def change_right_after_the_check(rel: str) -> dict[str, object] | None:
+        info = check(rel)
+        moto.s3fs().pipe_file(f"{root}/r.txt", b"v2 from elsewhere")
+        return info
+
+    fs._info = change_right_after_the_check  # type: ignore[method-assign]
+    with pytest.raises(StaleFileError):
+        await fs.write_file("r.txt", "mine", expected_mtime=seen)
+    assert moto.s3fs().cat_file(f"{root}/r.txt") == b"v2 from elsewhere"
