@@ -84,3 +84,20 @@ async def test_recursive_listing_and_grep_across_mounts(cfs: CompositeFilesystem
     assert sorted(h.path for h in hits) == ["data/a.md", "mem/b.md"]
     info = await cfs.get_info()
     assert set(info["metadata"]["mounts"]) == {"/data", "/custom", "/mem"}
+
+
+async def test_cross_mount_directory_move_without_overwrite_keeps_everything(cfs: CompositeFilesystem) -> None:
+    await cfs.write_file("/data/dir/keep.txt", "source")
+    await cfs.write_file("/mem/dir/keep.txt", "destination")
+    with pytest.raises(FileExistsError):
+        await cfs.move_file("/data/dir", "/mem/dir", overwrite=False)
+    assert await cfs.read_file("/data/dir/keep.txt") == b"source"
+    assert await cfs.read_file("/mem/dir/keep.txt") == b"destination"
+
+
+async def test_all_read_only_mounts_refuse_like_one(tmp_path: Path) -> None:
+    c = CompositeFilesystem({"/a": memory(read_only=True), "/b": memory(read_only=True)})
+    assert c.read_only
+    with pytest.raises(PermissionDenied) as info:
+        await c.write_file("/a/x.txt", "x")
+    assert str(info.value) == "Permission denied: write_file (filesystem is read-only) on /a/x.txt"

@@ -89,3 +89,4 @@ class TestCompositeLocalMemory(FilesystemTests):
         base = tmp_path / "base"
         base.mkdir()
         return composite_harness(local_harness(os.fspath(base)), memory_harness())
+

@@ -142,3 +142,12 @@ async def test_s3_if_match_closes_the_race(moto: MotoServer) -> None:
     with pytest.raises(StaleFileError):
         await fs.write_file("r.txt", "mine", expected_mtime=seen)
     assert moto.s3fs().cat_file(f"{root}/r.txt") == b"v2 from elsewhere"
+
+
+@pytest.mark.s3
+async def test_s3_records_the_content_type(moto: MotoServer) -> None:
+    root = f"{S3_BUCKET}/{unique('mime')}"
+    fs = FsspecFilesystem(moto.s3fs(use_listings_cache=False), root=root)
+    await fs.write_file("page.html", "<p>hi</p>", mime_type="text/html")
+    head = moto.boto3_client().head_object(Bucket=S3_BUCKET, Key=root.split("/", 1)[1] + "/page.html")
+    assert head["ContentType"] == "text/html"

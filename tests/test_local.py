@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import anyio
 import pytest
 
 from agentvfs import LocalFilesystem, PermissionDenied, WorkspaceReadOnlyError
@@ -131,3 +132,56 @@ async def test_read_only_refuses_before_touching_disk(base: Path) -> None:
         await fs.write_file("a.txt", "a")
     assert str(info.value) == "Workspace is in read-only mode. Cannot perform: write_file"
     assert not (base / "not-created").exists()
+
+
+async def test_writes_keep_mode_and_go_through_links(base: Path) -> None:
+    script = base / "run.sh"
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o755)
+    (base / "real.txt").write_text("real")
+    os.symlink(base / "real.txt", base / "link.txt")
+    fs = LocalFilesystem(base)
+    await fs.write_file("run.sh", "#!/bin/sh\necho hi\n")
+    assert script.stat().st_mode & 0o777 == 0o755
+    await fs.write_file("link.txt", "through the link")
+    assert (base / "link.txt").is_symlink()
+    assert (base / "real.txt").read_text() == "through the link"
+    await fs.copy_file("sub/x.txt", "link.txt")
+    assert (base / "link.txt").is_symlink() and (base / "real.txt").read_text() == "x"
+
+
+async def test_symlink_cycles_end(base: Path) -> None:
+    os.symlink(base, base / "sub" / "loop1")
+    os.symlink(base / "sub", base / "sub" / "loop2")
+    fs = LocalFilesystem(base)
+    with anyio.fail_after(10):
+        names = [e.name for e in await fs.readdir(".", recursive=True)]
+        hits = await fs.grep("x", ".")
+    assert "sub/x.txt" in names and "sub/loop1" in names and "sub/loop2" in names
+    assert not any(n.startswith("sub/loop1/sub/loop1") for n in names)
+    assert [h.path for h in hits] == ["sub/x.txt"]
+
+
+async def test_grep_never_reads_through_links_out(base: Path, tmp_path: Path) -> None:
+    (tmp_path / "out.txt").write_text("TOPSECRET")
+    os.symlink(tmp_path / "out.txt", base / "leak.txt")
+    fs = LocalFilesystem(base)
+    with pytest.raises(PermissionDenied):
+        await fs.read_file("leak.txt")
+    assert await fs.grep("TOPSECRET", ".") == []
+
+
+async def test_failed_append_keeps_old_content(base: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (base / "log.txt").write_text("old\n")
+    fs = LocalFilesystem(base)
+    real_write = os.write
+
+    def half_then_fail(fd: int, data: bytes | memoryview) -> int:
+        real_write(fd, bytes(data)[:3])
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "write", half_then_fail)
+    with pytest.raises(OSError, match="No space left"):
+        await fs.append_file("log.txt", "new line\n")
+    monkeypatch.undo()
+    assert (base / "log.txt").read_text() == "old\n"

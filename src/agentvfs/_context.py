@@ -24,7 +24,7 @@ class RequestContext(MutableMapping[str, Any]):
 
     def __init__(self, items: Mapping[str, Any] | Iterable[tuple[str, Any]] = ()) -> None:
         self._data: dict[str, Any] = dict(items)
-        self._memo: dict[tuple[str, str], Any] = {}
+        self._memo: dict[Any, Any] = {}
 
     def get(self, key: str, default: Any = None) -> Any:
         """Return the value for ``key`` or ``default``."""

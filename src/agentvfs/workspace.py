@@ -11,7 +11,7 @@ import inspect
 import logging
 import re
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -67,12 +67,34 @@ def _class_error(role: str, example: str, resolver: str) -> WorkspaceError:
 
 
 class _Pending:
-    """A sandbox resolution in flight for one cache key (shared by concurrent callers)."""
+    """A resolution in flight, shared by concurrent callers of the same key."""
 
     def __init__(self) -> None:
         self.done = anyio.Event()
         self.value: Any = None
         self.error: BaseException | None = None
+
+
+async def _memoised(store: dict[Any, _Pending], key: Any, produce: Callable[[], Awaitable[Any]]) -> Any:
+    """Resolve ``key`` once: concurrent callers wait for the first; a failure is not kept."""
+    pending = store.get(key)
+    if pending is not None:
+        await pending.done.wait()
+        if pending.error is None:
+            return pending.value
+        if store.get(key) is pending:  # pragma: no cover - removed by the failing caller
+            del store[key]
+    pending = store[key] = _Pending()
+    try:
+        pending.value = await produce()
+    except BaseException as exc:
+        pending.error = exc
+        if store.get(key) is pending:
+            del store[key]
+        raise
+    finally:
+        pending.done.set()
+    return pending.value
 
 
 # Initialised workspaces, held until destroyed: one forgotten by a script still gets its
@@ -360,20 +382,21 @@ class Workspace:
         if self._filesystem is not None or self._filesystem_resolver is None:
             return self._filesystem
         ctx = request_context if request_context is not None else RequestContext()
-        key = (self._id, "filesystem")
-        if key in ctx._memo:
-            return ctx._memo[key]  # type: ignore[no-any-return]
-        fs = await _maybe_await(self._filesystem_resolver(ctx))
-        if fs is not None and not _is_filesystem(fs):
-            raise WorkspaceError(
-                f"filesystem resolver returned {type(fs).__name__}, not a WorkspaceFilesystem",
-                "INVALID_CONFIG",
-                self._id,
-            )
-        if fs is not None and self._operation_timeout is not None:
-            fs = TimeoutFilesystem(fs, self._operation_timeout)
-        ctx._memo[key] = fs
-        return fs  # type: ignore[no-any-return]
+        resolver = self._filesystem_resolver
+
+        async def produce() -> WorkspaceFilesystem | None:
+            fs = await _maybe_await(resolver(ctx))
+            if fs is not None and not _is_filesystem(fs):
+                raise WorkspaceError(
+                    f"filesystem resolver returned {type(fs).__name__}, not a WorkspaceFilesystem",
+                    "INVALID_CONFIG",
+                    self._id,
+                )
+            if fs is not None and self._operation_timeout is not None:
+                fs = TimeoutFilesystem(fs, self._operation_timeout)
+            return fs  # type: ignore[no-any-return]
+
+        return await _memoised(ctx._memo, (self._id, "filesystem"), produce)  # type: ignore[no-any-return]
 
     async def resolve_sandbox(self, *, request_context: RequestContext | None = None) -> Any:
         """Return the sandbox for a request: static, memoised by ``sandbox_cache_key``, or
@@ -381,28 +404,15 @@ class Workspace:
         if self._sandbox is not None or self._sandbox_resolver is None:
             return self._sandbox
         ctx = request_context if request_context is not None else RequestContext()
+        resolver = self._sandbox_resolver
+
+        async def produce() -> Any:
+            return await _maybe_await(resolver(ctx))
+
         cache_key = self._sandbox_cache_key(ctx) if self._sandbox_cache_key else None
         if cache_key is None:
-            key = (self._id, "sandbox")
-            if key not in ctx._memo:
-                ctx._memo[key] = await _maybe_await(self._sandbox_resolver(ctx))
-            return ctx._memo[key]
-        pending = self._sandbox_cache.get(cache_key)
-        if pending is not None:
-            await pending.done.wait()
-            if pending.error is None:
-                return pending.value
-        pending = self._sandbox_cache[cache_key] = _Pending()
-        try:
-            pending.value = await _maybe_await(self._sandbox_resolver(ctx))
-        except BaseException as exc:
-            pending.error = exc
-            if self._sandbox_cache.get(cache_key) is pending:
-                del self._sandbox_cache[cache_key]
-            raise
-        finally:
-            pending.done.set()
-        return pending.value
+            return await _memoised(ctx._memo, (self._id, "sandbox"), produce)
+        return await _memoised(self._sandbox_cache, cache_key, produce)
 
     def clear_sandbox_cache(self, cache_key: str | None = None) -> None:
         """Forget memoised sandboxes (one key, or all). Never destroys them."""

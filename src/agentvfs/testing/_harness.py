@@ -107,18 +107,13 @@ def local_harness(base: str, *, name: str = "local") -> Harness:
     return Harness(LocalFilesystem(base), put, get, isdir, reopen, name=name)
 
 
-class _CompositeHarness(Harness):
-    def inner(self, path: str) -> str:
-        return path
-
-
 def composite_harness(main: Harness, other: Harness, *, name: str = "composite") -> Harness:
     """Mount ``main`` at ``/data`` and ``other`` at ``/other``; suite paths go to ``/data``."""
 
     def reopen(**kw: Any) -> WorkspaceFilesystem:
         return CompositeFilesystem({"/data": main.reopen(**kw), "/other": other.reopen(**kw)})
 
-    harness = _CompositeHarness(
+    harness = Harness(
         CompositeFilesystem({"/data": main.fs, "/other": other.fs}),
         main.put, main.get, main.isdir, reopen, prefix="data/", name=name,
     )

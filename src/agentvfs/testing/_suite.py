@@ -337,6 +337,14 @@ class FilesystemTests:
             await harness.fs.copy_file(harness.p("same/a.txt"), harness.p("same/a.txt"), overwrite=False)
         assert harness.get("same/a.txt") == b"data"
 
+    async def test_move_directory_into_itself_refused(self, harness: Harness) -> None:
+        harness.put("a/f1.txt", b"1")
+        harness.put("a/sub/f2.txt", b"2")
+        with pytest.raises(PermissionError, match="cannot move a directory into itself"):
+            await harness.fs.move_file(harness.p("a"), harness.p("a/b"))
+        assert harness.get("a/f1.txt") == b"1"
+        assert harness.get("a/sub/f2.txt") == b"2"
+
     async def test_move_below_a_file(self, harness: Harness) -> None:
         harness.put("f", b"file")
         with pytest.raises(NotDirectory):

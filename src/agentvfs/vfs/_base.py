@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import posixpath
 import secrets
 import time
 from abc import ABC, abstractmethod
@@ -14,12 +13,11 @@ import anyio
 import anyio.to_thread
 
 from ..errors import (
-    DirectoryNotFound,
     FileExists,
     FileNotFound,
     FilesystemNotReadyError,
     IsDirectory,
-    NotDirectory,
+    PermissionDenied,
     WorkspaceReadOnlyError,
 )
 from . import _paths
@@ -33,7 +31,7 @@ __all__ = [
     "SupportsGrep",
     "SupportsWalk",
     "WorkspaceFilesystem",
-    "check_parent_for_create",
+    "drop_hidden",
     "filter_extension",
     "new_id",
     "order_tree",
@@ -259,7 +257,7 @@ class WorkspaceFilesystem(ABC):
         overwrite : bool
             If False, refuse to replace an existing file.
         mime_type : str, optional
-            Content type recorded where the backend keeps one.
+            Content type to record where the backend keeps one (S3, GCS); ignored elsewhere.
         expected_mtime : datetime or FileStat, optional
             Optimistic concurrency: refuse if the file changed since this was observed. A
             ``FileStat`` also compares its ``etag`` where the backend has versions.
@@ -428,11 +426,15 @@ class WorkspaceFilesystem(ABC):
         """
         self._check_writable("move_file")
         info = await self._stat_src(src)
-        if _paths.normalize(src) == _paths.normalize(dest):
+        source, target = _paths.normalize(src), _paths.normalize(dest)
+        if source == target:
             # Like rename(2): onto itself is a no-op, never copy-then-delete it away.
             if not overwrite:
                 raise FileExists(dest)
             return
+        if info.type == "directory" and target.startswith(source + "/"):
+            # Copy-then-delete would delete the copy with its source.
+            raise PermissionDenied(dest, "move_file (cannot move a directory into itself)")
         if not overwrite and await self.exists(dest):
             raise FileExists(dest)
         await self.copy_file(src, dest, overwrite=overwrite, recursive=True)
@@ -534,10 +536,6 @@ def order_tree(entries: Mapping[str, FileEntry]) -> list[FileEntry]:
     return out
 
 
-def check_parent_for_create(parent_stat: FileStat | None, path: str) -> None:
-    """Raise the error for creating below ``parent_stat`` without ``recursive``."""
-    parent = posixpath.dirname(path.rstrip("/")) or "."
-    if parent_stat is None:
-        raise DirectoryNotFound(parent)
-    if parent_stat.type != "directory":
-        raise NotDirectory(parent)
+def drop_hidden(entries: list[FileEntry]) -> list[FileEntry]:
+    """Drop entries with a segment starting with ``.`` (hidden, or below a hidden directory)."""
+    return [e for e in entries if not any(s.startswith(".") for s in e.name.split("/"))]

@@ -9,8 +9,15 @@ from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from ..errors import FileNotFound, IsDirectory, NoMountError, PermissionDenied
-from ._base import SupportsGrep, SupportsWalk, WorkspaceFilesystem, filter_extension, new_id
+from ..errors import FileExists, FileNotFound, IsDirectory, NoMountError, PermissionDenied
+from ._base import (
+    SupportsGrep,
+    SupportsWalk,
+    WorkspaceFilesystem,
+    drop_hidden,
+    filter_extension,
+    new_id,
+)
 from ._records import FileEntry, FileStat, GrepFileResult, MountInfo
 
 if TYPE_CHECKING:
@@ -77,7 +84,7 @@ class CompositeFilesystem(WorkspaceFilesystem):
         """The mount paths, in the order given."""
         return list(self._mounts)
 
-    def _resolve(self, path: str, kind: str = "path") -> tuple[str, WorkspaceFilesystem, str] | None:
+    def _resolve(self, path: str) -> tuple[str, WorkspaceFilesystem, str] | None:
         norm = normalize_mount_path(path)
         for mount in self._order:
             if norm == mount:
@@ -87,7 +94,7 @@ class CompositeFilesystem(WorkspaceFilesystem):
         return None
 
     def _route(self, path: str, kind: str = "path") -> tuple[str, WorkspaceFilesystem, str]:
-        found = self._resolve(path, kind)
+        found = self._resolve(path)
         if found is None:
             raise NoMountError(path, kind)
         return found
@@ -161,7 +168,6 @@ class CompositeFilesystem(WorkspaceFilesystem):
         expected_mtime: datetime | FileStat | None = None,
     ) -> None:
         """Write through the owning mount (refused on a read-only mount)."""
-        self._check_writable("write_file")
         fs, rest = self._writable_mount(path, "write_file")
         await fs.write_file(
             rest, content, recursive=recursive, overwrite=overwrite, mime_type=mime_type,
@@ -170,19 +176,16 @@ class CompositeFilesystem(WorkspaceFilesystem):
 
     async def append_file(self, path: str, content: str | bytes) -> None:
         """Append through the owning mount."""
-        self._check_writable("append_file")
         fs, rest = self._writable_mount(path, "append_file")
         await fs.append_file(rest, content)
 
     async def delete_file(self, path: str, *, force: bool = False) -> None:
         """Delete through the owning mount."""
-        self._check_writable("delete_file")
         fs, rest = self._writable_mount(path, "delete_file")
         await fs.delete_file(rest, force=force)
 
     async def mkdir(self, path: str, *, recursive: bool = True) -> None:
         """Create a directory in the owning mount; synthetic directories already exist."""
-        self._check_writable("mkdir")
         if self._resolve(path) is None and self._virtual_children(path) is not None:
             return
         fs, rest = self._writable_mount(path, "mkdir")
@@ -190,7 +193,6 @@ class CompositeFilesystem(WorkspaceFilesystem):
 
     async def rmdir(self, path: str, *, recursive: bool = False, force: bool = False) -> None:
         """Remove a directory in the owning mount; mount points cannot be removed."""
-        self._check_writable("rmdir")
         _, fs, rest = self._route(path)
         if not rest:
             raise PermissionDenied(path, "rmdir (a mount point cannot be removed)")
@@ -202,7 +204,6 @@ class CompositeFilesystem(WorkspaceFilesystem):
         self, src: str, dest: str, *, overwrite: bool = True, recursive: bool = False
     ) -> None:
         """Copy within a mount natively, or across mounts by reading and writing."""
-        self._check_writable("copy_file")
         _, sfs, srest = self._route(src, "source")
         dfs, drest = self._writable_mount(dest, "copy_file", "dest")
         if sfs is dfs:
@@ -218,7 +219,6 @@ class CompositeFilesystem(WorkspaceFilesystem):
 
     async def move_file(self, src: str, dest: str, *, overwrite: bool = True) -> None:
         """Move within a mount natively, or across mounts as copy then delete."""
-        self._check_writable("move_file")
         _, sfs, srest = self._route(src, "source")
         if sfs.read_only:
             raise PermissionDenied(src, "move_file (filesystem is read-only)")
@@ -228,7 +228,11 @@ class CompositeFilesystem(WorkspaceFilesystem):
             return
         info = await sfs.stat(srest)
         if info.type == "directory":
-            await self.copy_file(src, dest, overwrite=overwrite, recursive=True)
+            # A tree copy without overwrite skips existing files; deleting the source after
+            # it would lose them, so an existing destination is refused first.
+            if not overwrite and await dfs.exists(drest):
+                raise FileExists(dest)
+            await self.copy_file(src, dest, overwrite=True, recursive=True)
             await sfs.rmdir(srest, recursive=True)
             return
         await dfs.write_file(drest, await sfs.read_file(srest), overwrite=overwrite)
@@ -275,9 +279,7 @@ class CompositeFilesystem(WorkspaceFilesystem):
         if found is not None and isinstance(found[1], SupportsWalk):
             return await found[1].walk(found[2], max_depth=max_depth, include_hidden=include_hidden)
         entries = await self.readdir(path, recursive=True, max_depth=max_depth)
-        if include_hidden:
-            return entries
-        return [e for e in entries if not any(s.startswith(".") for s in e.name.split("/"))]
+        return entries if include_hidden else drop_hidden(entries)
 
     async def grep(
         self,

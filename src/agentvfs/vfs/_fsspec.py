@@ -7,6 +7,7 @@ import errno as _errno
 import os
 import posixpath
 import secrets
+import stat as stat_module
 import threading
 import time
 from collections import OrderedDict
@@ -34,6 +35,7 @@ from ..errors import (
 from . import _paths
 from ._base import (
     WorkspaceFilesystem,
+    drop_hidden,
     filter_extension,
     new_id,
     order_tree,
@@ -115,13 +117,15 @@ class _Listings:
                 rel, kind = parent, "directory"
 
     def forget(self, rel: str | None = None) -> None:
-        """Drop what is known about ``rel``'s parent (or everything)."""
+        """Drop what is known about ``rel``, its parent and everything below it (or all)."""
         with self._lock:
             if rel is None:
                 self._dirs.clear()
-            else:
-                self._dirs.pop(_paths.dirname(rel), None)
-                self._dirs.pop(rel, None)
+                return
+            self._dirs.pop(_paths.dirname(rel), None)
+            below = rel + "/"
+            for key in [k for k in self._dirs if k == rel or k.startswith(below)]:
+                del self._dirs[key]
 
 
 def _as_bytes(content: str | bytes | bytearray | memoryview, name: str = "content") -> bytes:
@@ -524,9 +528,7 @@ class FsspecFilesystem(WorkspaceFilesystem):
         everything below hidden directories are dropped unless ``include_hidden``.
         """
         entries = await self.readdir(path, recursive=True, max_depth=max_depth)
-        if include_hidden:
-            return entries
-        return [e for e in entries if not any(s.startswith(".") for s in e.name.split("/"))]
+        return entries if include_hidden else drop_hidden(entries)
 
     def _entry(self, name: str, info: dict[str, Any]) -> FileEntry:
         kind: FileType = "directory" if info.get("type") == "directory" else "file"
@@ -687,7 +689,7 @@ class FsspecFilesystem(WorkspaceFilesystem):
             raise DirectoryNotFound(display) if not os.path.lexists(top) else NotDirectory(display)
         out: list[FileEntry] = []
 
-        def visit(directory: str, prefix: str, depth: int) -> None:
+        def visit(directory: str, prefix: str, depth: int, seen: frozenset[tuple[int, int]]) -> None:
             try:
                 with os.scandir(directory) as it:
                     items = sorted(it, key=lambda d: d.name)
@@ -702,11 +704,19 @@ class FsspecFilesystem(WorkspaceFilesystem):
                 target = os.readlink(item.path) if link else None
                 size = item.stat().st_size if not is_dir and not link else None
                 out.append(FileEntry(sub, "directory" if is_dir else "file", size, link, target))
-                # Symlinked directories are followed only while they stay inside the root.
+                # Symlinked directories are followed only while they stay inside the root, and
+                # never into a directory already on the way down (a link cycle).
                 if is_dir and depth < max_depth and (not link or self._contained_real(item.path)):
-                    visit(item.path, sub + "/", depth + 1)
+                    try:
+                        info = os.stat(item.path)
+                    except OSError:
+                        continue
+                    key = (info.st_dev, info.st_ino)
+                    if key not in seen:
+                        visit(item.path, sub + "/", depth + 1, seen | {key})
 
-        visit(top, "", 1)
+        top_info = os.stat(top)
+        visit(top, "", 1, frozenset({(top_info.st_dev, top_info.st_ino)}))
         return out
 
     # -- write side ---------------------------------------------------------------------------------
@@ -727,7 +737,7 @@ class FsspecFilesystem(WorkspaceFilesystem):
         if self.status != "ready":
             await self.ensure_ready()
         rel = self._rel(path)
-        await self._call_write(self._write_sync, rel, path, data, recursive, overwrite, expected_mtime)
+        await self._call_write(self._write_sync, rel, path, data, recursive, overwrite, expected_mtime, mime_type)
 
     def _write_sync(
         self,
@@ -737,11 +747,15 @@ class FsspecFilesystem(WorkspaceFilesystem):
         recursive: bool,
         overwrite: bool,
         expected: datetime | FileStat | None,
+        mime_type: str | None,
         cancel: threading.Event,
     ) -> None:
         if not rel:
             raise IsDirectory(display)
         extra: dict[str, Any] = {}
+        if mime_type and self._object:
+            # Object stores keep a content type per object; other backends have nowhere to.
+            extra["ContentType" if self.provider == "s3" else "content_type"] = mime_type
         if expected is not None:
             with self._versions_lock:
                 known = self._versions.get(rel)
@@ -768,7 +782,7 @@ class FsspecFilesystem(WorkspaceFilesystem):
         except FilesystemError:
             raise
         except OSError as exc:
-            if extra and exc.errno == _errno.EINVAL and "pre-condition" in str(exc):
+            if "IfMatch" in extra and exc.errno == _errno.EINVAL and "pre-condition" in str(exc):
                 # Changed between our check and the PUT: the time it changed to is unknown.
                 seen = expected.modified_at if isinstance(expected, FileStat) else expected
                 raise StaleFileError(display, seen, None) from exc
@@ -797,15 +811,38 @@ class FsspecFilesystem(WorkspaceFilesystem):
             try:
                 self._fs.pipe_file(bpath, data, mode=mode, **extra)
             except FileExistsError:
-                if extra:
+                if "IfMatch" in extra:
                     raise
                 raise FileExists(display) from None
             return
-        if self._local and os.path.isdir(bpath):
-            raise IsDirectory(display)
-        tmp = self._tmp_path(rel)
+        self._publish(rel, display, lambda tmp: self._fs.pipe_file(tmp, data), overwrite, cancel)
+
+    def _publish(
+        self,
+        rel: str,
+        display: str,
+        stage: Callable[[str], object],
+        overwrite: bool,
+        cancel: threading.Event,
+    ) -> None:
+        """Stage new content in a hidden sibling with ``stage(tmp)``, then move it into place in
+        one step: a rename, or without ``overwrite`` an exclusive hard link.
+
+        On local disk a symlink is written through to its (contained) target and an existing
+        file keeps its permission bits, as an in-place write would.
+        """
+        bpath = self._bpath(rel)
+        if self._local:
+            if os.path.islink(bpath):
+                bpath = os.path.realpath(bpath)
+            if os.path.isdir(bpath):
+                raise IsDirectory(display)
+        tmp = self._tmp_path(bpath)
         try:
-            self._fs.pipe_file(tmp, data)
+            stage(tmp)
+            if self._local:
+                with contextlib.suppress(FileNotFoundError):
+                    os.chmod(tmp, stat_module.S_IMODE(os.stat(bpath).st_mode))
             if cancel.is_set():
                 raise _Cancelled
             if not overwrite:
@@ -839,11 +876,12 @@ class FsspecFilesystem(WorkspaceFilesystem):
             raise FileExists(display)
         self._fs.mv(tmp, bpath)
 
-    def _tmp_path(self, rel: str) -> str:
-        parent, name = _paths.dirname(rel), _paths.basename(rel)
+    @staticmethod
+    def _tmp_path(bpath: str) -> str:
+        parent, _, name = bpath.rpartition("/")
         # Keep the staged name within 255 bytes however long the real name is.
         short = name.encode()[:120].decode("utf-8", "ignore")
-        return self._bpath(_paths.join(parent, f".{short}{_TMP_MARK}{secrets.token_hex(6)}"))
+        return f"{parent}/.{short}{_TMP_MARK}{secrets.token_hex(6)}"
 
     def _prepare_parent(self, rel: str, display: str, recursive: bool) -> None:
         """Make sure the parent directory exists (real-directory backends)."""
@@ -961,16 +999,23 @@ class FsspecFilesystem(WorkspaceFilesystem):
         self._prepare_parent(rel, display, True)
         bpath = self._bpath(rel)
         try:
-            with open(bpath, "ab") as handle:
-                size = handle.tell()
-                try:
-                    handle.write(data)
-                    handle.flush()
-                except BaseException:
-                    handle.truncate(size)
-                    raise
+            fd = os.open(bpath, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
         except OSError as exc:
             raise self._translate(exc, display, "append_file") from exc
+        try:
+            size = os.fstat(fd).st_size
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+            except BaseException:
+                # Unbuffered, so cutting back cannot trip over data still waiting to be flushed.
+                os.ftruncate(fd, size)
+                raise
+        except OSError as exc:
+            raise self._translate(exc, display, "append_file") from exc
+        finally:
+            os.close(fd)
 
     async def delete_file(self, path: str, *, force: bool = False) -> None:
         """Delete a file; see :meth:`WorkspaceFilesystem.delete_file`."""
@@ -1118,19 +1163,7 @@ class FsspecFilesystem(WorkspaceFilesystem):
             if self._object or self._memory:
                 self._fs.cp_file(bsrc, bdest)
             else:
-                tmp = self._tmp_path(dest_rel)
-                try:
-                    self._fs.cp_file(bsrc, tmp)
-                    if cancel.is_set():
-                        raise _Cancelled
-                    if self._local:
-                        os.replace(tmp, bdest)
-                    else:
-                        self._fs.mv(tmp, bdest)
-                except BaseException:
-                    with contextlib.suppress(Exception):
-                        self._fs.rm_file(tmp)
-                    raise
+                self._publish(dest_rel, dest, lambda tmp: self._fs.cp_file(bsrc, tmp), overwrite, cancel)
         except _Cancelled:
             return
         except FilesystemError:
@@ -1242,6 +1275,9 @@ class FsspecFilesystem(WorkspaceFilesystem):
         return results
 
     def _cat_many(self, rels: list[str]) -> dict[str, bytes]:
+        if self._local:
+            # A listing shows links; reading follows them, so only contained targets are read.
+            rels = [r for r in rels if self._contained_real(self._bpath(r))]
         if not rels:
             return {}
         paths = {self._bpath(r): r for r in rels}

@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 import anyio
 
-from ._base import SupportsGrep, SupportsWalk, WorkspaceFilesystem
+from ._base import SupportsGrep, SupportsWalk, WorkspaceFilesystem, drop_hidden
 from ._records import FileEntry, FileStat, GrepFileResult
 
 __all__ = ["TimeoutFilesystem", "WrapperFilesystem"]
@@ -132,9 +132,7 @@ class WrapperFilesystem(WorkspaceFilesystem):
                 "walk", lambda: inner.walk(path, max_depth=max_depth, include_hidden=include_hidden)
             )
         entries = await self.readdir(path, recursive=True, max_depth=max_depth)
-        return entries if include_hidden else [
-            e for e in entries if not any(s.startswith(".") for s in e.name.split("/"))
-        ]
+        return entries if include_hidden else drop_hidden(entries)
 
     async def grep(self, pattern: str, path: str = "", **options: Any) -> list[GrepFileResult]:
         inner = self.inner
