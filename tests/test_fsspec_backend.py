@@ -126,22 +126,22 @@ async def test_s3_kept_listings_learn_implied_directories(moto: MotoServer) -> N
 
 
 @pytest.mark.s3
-async def test_s3_if_match_closes_the_race(moto: MotoServer) -> None:
-    root = f"{S3_BUCKET}/{unique('race')}"
-    fs = FsspecFilesystem(moto.s3fs(use_listings_cache=False), root=root)
+async def test_s3_guarded_write_is_one_conditional_put(moto: MotoServer) -> None:
+    root = f"{S3_BUCKET}/{unique('guard')}"
+    raw = moto.s3fs(use_listings_cache=False)
+    raw.connect()
+    sent: list[str] = []
+    raw.s3.meta.events.register("before-call.s3", lambda model, **kw: sent.append(model.name))
+    fs = FsspecFilesystem(raw, root=root)
     await fs.write_file("r.txt", "v1")
     seen = await fs.stat("r.txt")
-    check = fs._info
-
-    def change_right_after_the_check(rel: str) -> dict[str, object] | None:
-        info = check(rel)
-        moto.s3fs().pipe_file(f"{root}/r.txt", b"v2 from elsewhere")
-        return info
-
-    fs._info = change_right_after_the_check  # type: ignore[method-assign]
+    sent.clear()
+    await fs.write_file("r.txt", "v2", expected_mtime=seen)
+    assert sent == ["PutObject"]  # the ETag rides along as If-Match: no HEAD first
+    moto.s3fs().pipe_file(f"{root}/r.txt", b"v3 from elsewhere")
     with pytest.raises(StaleFileError):
         await fs.write_file("r.txt", "mine", expected_mtime=seen)
-    assert moto.s3fs().cat_file(f"{root}/r.txt") == b"v2 from elsewhere"
+    assert moto.s3fs().cat_file(f"{root}/r.txt") == b"v3 from elsewhere"
 
 
 @pytest.mark.s3

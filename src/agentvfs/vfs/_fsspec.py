@@ -116,6 +116,26 @@ class _Listings:
                     item[1][name] = kind
                 rel, kind = parent, "directory"
 
+    def discard(self, rel: str) -> None:
+        """Record that ``rel`` (and everything below it) is gone."""
+        parent, name = _paths.dirname(rel), _paths.basename(rel)
+        with self._lock:
+            item = self._dirs.get(parent)
+            if item is not None and item[1] is not None:
+                item[1].pop(name, None)
+            below = rel + "/"
+            for key in [k for k in self._dirs if k == rel or k.startswith(below)]:
+                del self._dirs[key]
+
+    def has_others(self, rel: str) -> bool:
+        """Tell whether the kept listing of ``rel``'s parent shows entries besides ``rel``."""
+        parent, name = _paths.dirname(rel), _paths.basename(rel)
+        with self._lock:
+            item = self._dirs.get(parent)
+            if item is None or item[0] < time.monotonic() or item[1] is None:
+                return False
+            return any(n != name for n in item[1])
+
     def forget(self, rel: str | None = None) -> None:
         """Drop what is known about ``rel``, its parent and everything below it (or all)."""
         with self._lock:
@@ -756,7 +776,15 @@ class FsspecFilesystem(WorkspaceFilesystem):
         if mime_type and self._object:
             # Object stores keep a content type per object; other backends have nowhere to.
             extra["ContentType" if self.provider == "s3" else "content_type"] = mime_type
-        if expected is not None:
+        guarded = (
+            self.provider == "s3" and isinstance(expected, FileStat) and expected.etag is not None
+        )
+        if guarded:
+            # The ETag the caller saw travels with the PUT (If-Match): one request instead of a
+            # HEAD then a PUT, and S3 itself refuses the write if the object changed.
+            assert isinstance(expected, FileStat)
+            extra["IfMatch"] = f'"{expected.etag}"'
+        elif expected is not None:
             with self._versions_lock:
                 known = self._versions.get(rel)
             info = self._info(rel)
@@ -781,14 +809,36 @@ class FsspecFilesystem(WorkspaceFilesystem):
             return
         except FilesystemError:
             raise
-        except OSError as exc:
-            if "IfMatch" in extra and exc.errno == _errno.EINVAL and "pre-condition" in str(exc):
-                # Changed between our check and the PUT: the time it changed to is unknown.
-                seen = expected.modified_at if isinstance(expected, FileStat) else expected
-                raise StaleFileError(display, seen, None) from exc
+        except (OSError, FileNotFoundError) as exc:
+            if "IfMatch" in extra and (isinstance(exc, FileNotFoundError) or "pre-condition" in str(exc)):
+                self._refused_guarded_write(rel, display, data, expected, overwrite, cancel, extra)
+                return
             raise self._translate(exc, display, "write_file") from exc
         if self._object:
             self._listings.add(rel, "file")
+
+    def _refused_guarded_write(
+        self,
+        rel: str,
+        display: str,
+        data: bytes,
+        expected: datetime | FileStat | None,
+        overwrite: bool,
+        cancel: threading.Event,
+        extra: dict[str, Any],
+    ) -> None:
+        """S3 refused an If-Match PUT: a file that is gone may be written (the contract lets a
+        missing file proceed); one that changed is stale, reported with its new time."""
+        seen = expected.modified_at if isinstance(expected, FileStat) else expected
+        info = self._info(rel)
+        if info is None:
+            retry = {k: v for k, v in extra.items() if k != "IfMatch"}
+            self._commit(rel, display, data, overwrite, cancel, retry)
+            self._listings.add(rel, "file")
+            return
+        if info.get("type") == "directory":
+            raise IsDirectory(display)
+        raise StaleFileError(display, seen, self._stat_from_info(rel, info).modified_at)
 
     def _commit(
         self,
@@ -973,7 +1023,7 @@ class FsspecFilesystem(WorkspaceFilesystem):
         # Object stores drop a prefix with its last key; a marker keeps the directory that
         # the agent saw (deleting a file never deletes its directory on a real disk either).
         parent = _paths.dirname(rel)
-        if self._object and parent:
+        if self._object and parent and not self._listings.has_others(rel):
             self._fs.pipe_file(self._bpath(parent) + "/", b"")
 
     async def append_file(self, path: str, content: str | bytes) -> None:
@@ -1039,9 +1089,9 @@ class FsspecFilesystem(WorkspaceFilesystem):
             self._fs.rm_file(self._bpath(rel))
             self._keep_parent(rel)
         except Exception as exc:
-            raise self._translate(exc, display, "delete_file") from exc
-        finally:
             self._listings.forget(rel)
+            raise self._translate(exc, display, "delete_file") from exc
+        self._listings.discard(rel)
 
     async def mkdir(self, path: str, *, recursive: bool = True) -> None:
         """Create a directory; see :meth:`WorkspaceFilesystem.mkdir`."""
