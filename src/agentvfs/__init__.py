@@ -28,6 +28,9 @@ from .errors import StaleFileError as StaleFileError
 from .errors import WorkspaceError as WorkspaceError
 from .errors import WorkspaceNotReadyError as WorkspaceNotReadyError
 from .errors import WorkspaceReadOnlyError as WorkspaceReadOnlyError
+from .tools import WORKSPACE_TOOLS as WORKSPACE_TOOLS
+from .tools import ToolMedia as ToolMedia
+from .tools import WorkspaceTool as WorkspaceTool
 from .vfs import CompositeFilesystem as CompositeFilesystem
 from .vfs import FileEntry as FileEntry
 from .vfs import FileStat as FileStat
@@ -39,6 +42,7 @@ from .workspace import Workspace as Workspace
 __version__ = "0.1.0"
 
 __all__ = [
+    "WORKSPACE_TOOLS",
     "CompositeFilesystem",
     "DirectoryNotEmpty",
     "DirectoryNotFound",
@@ -65,11 +69,13 @@ __all__ = [
     "SandboxTimeoutError",
     "SearchNotAvailableError",
     "StaleFileError",
+    "ToolMedia",
     "Workspace",
     "WorkspaceError",
     "WorkspaceFilesystem",
     "WorkspaceNotReadyError",
     "WorkspaceReadOnlyError",
+    "WorkspaceTool",
 ]
 
 RequestContext.__module__ = __name__

@@ -25,6 +25,7 @@ from .vfs._wrapper import TimeoutFilesystem
 
 if TYPE_CHECKING:
     from ._blocking import BlockingWorkspace
+    from .tools import WorkspaceTool
 
 __all__ = ["Workspace", "WorkspaceStatus"]
 
@@ -430,6 +431,20 @@ class Workspace:
     def set_tools_config(self, config: dict[str, Any] | None) -> None:
         """Replace the tools configuration wholesale; takes effect at the next ``create_tools``."""
         self._tools_config = config
+
+    async def create_tools(self, *, request_context: RequestContext | None = None) -> dict[str, WorkspaceTool]:
+        """Build the agent tools for this workspace, keyed by exposed name, in the reference's
+        registration order, with the tools configuration applied (see ``set_tools_config``).
+
+        Raises
+        ------
+        ValueError
+            Two tools were configured with the same exposed name.
+        """
+        from .tools._core import build_tools
+        from .tools._registry import workspace_tool_specs
+
+        return await build_tools(self, workspace_tool_specs(self), request_context)
 
     # -- lifecycle -----------------------------------------------------------------------------------------------
 

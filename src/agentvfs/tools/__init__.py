@@ -1,8 +1,16 @@
-"""Agent tools over a workspace.
+"""Agent tools over a workspace (``await workspace.create_tools()``).
 
-The helpers the tools are built from (output limits counted with tiktoken's offline
-``cl100k_base`` encoding, line ranges, literal replacement, globs) live in private modules;
-the tools themselves are exposed here as they land.
+Each tool validates its input against a JSON Schema, runs through the reference's wrappers
+(per-file write lock, hooks, read tracking) and returns the reference's output strings.
+Output is limited with tiktoken's offline ``cl100k_base`` encoding.
 """
 
-__all__: list[str] = []
+from ._core import ToolMedia as ToolMedia
+from ._core import WorkspaceTool as WorkspaceTool
+from ._names import WORKSPACE_TOOLS as WORKSPACE_TOOLS
+
+__all__ = ["WORKSPACE_TOOLS", "ToolMedia", "WorkspaceTool"]
+
+for _name in ("ToolMedia", "WorkspaceTool"):
+    globals()[_name].__module__ = __name__
+del _name

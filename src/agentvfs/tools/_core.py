@@ -1,0 +1,299 @@
+"""``WorkspaceTool`` and ``create_tools``: registration, configuration and the execution
+wrappers of the reference (§12), in its order: write lock, hooks, read tracking, the tool."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+import anyio
+
+from .._context import RequestContext
+from ..errors import FilesystemNotAvailableError, WorkspaceReadOnlyError
+from ..vfs import FileStat, WorkspaceFilesystem
+from ._schema import validate_input
+from ._tracking import ReadTracker, WriteLocks
+
+if TYPE_CHECKING:
+    from ..workspace import Workspace
+
+__all__ = ["ToolCall", "ToolMedia", "ToolSpec", "WorkspaceTool", "build_tools"]
+
+logger = logging.getLogger("agentvfs")
+
+DEFAULT_WRITE_LOCK_TIMEOUT_MS = 30_000
+
+
+@dataclass(frozen=True, slots=True)
+class ToolMedia:
+    """A tool result carrying media (an image or PDF): a caption plus base64 data."""
+
+    text: str
+    media_type: str
+    data: str
+
+    def to_model_output(self) -> list[dict[str, str]]:
+        """The parts a model receives: the caption, then the media."""
+        return [
+            {"type": "text", "text": self.text},
+            {"type": "media", "data": self.data, "media_type": self.media_type},
+        ]
+
+
+@dataclass
+class ToolCall:
+    """What a tool implementation receives for one call."""
+
+    fs: WorkspaceFilesystem
+    args: dict[str, Any]
+    options: dict[str, Any]
+    workspace: Workspace
+    request_context: RequestContext
+    #: For write tools: the stat of the file when this agent last read it (optimistic
+    #: concurrency: the write fails with StaleFileError if the file changed since).
+    expected: FileStat | None = None
+    #: Set by read tools to the stat they read, so the tracker need not stat again.
+    seen: FileStat | None = None
+
+
+ToolResult = str | ToolMedia
+Implementation = Callable[[ToolCall], Awaitable[ToolResult]]
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """A tool's definition: default name, description, input schema and implementation."""
+
+    name: str
+    description: str
+    schema: dict[str, Any]
+    run: Implementation
+    #: ``read`` records what was read; ``write`` checks and consumes read records.
+    tracking: Literal["read", "write"] | None = None
+    #: Serialise calls per ``path`` (write_file, edit_file, delete).
+    locked: bool = False
+    #: The operation name a read-only filesystem reports (``write_file``, ``delete``...).
+    writes: str | None = None
+    needs: Literal["filesystem"] = "filesystem"
+    defaults: dict[str, Any] = field(default_factory=dict)
+
+
+async def _maybe_await(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
+
+
+def _scope(fs: WorkspaceFilesystem) -> str:
+    base = getattr(fs, "base_path", None) or getattr(fs, "root", None)
+    return f"{fs.provider}:{base}" if base else fs.provider
+
+
+class WorkspaceTool:
+    """An agent tool bound to a workspace.
+
+    Attributes
+    ----------
+    name : str
+        The exposed name (after renaming).
+    workspace_tool_name : str
+        The default name, e.g. ``mastra_workspace_read_file``.
+    description : str
+        What the model is told.
+    input_schema : dict
+        JSON Schema of the input (closed objects).
+    require_approval : bool
+        Whether a caller must ask before running it (see :meth:`needs_approval`).
+    """
+
+    def __init__(
+        self,
+        spec: ToolSpec,
+        *,
+        name: str,
+        workspace: Workspace,
+        options: dict[str, Any],
+        require_approval: bool | Callable[[dict[str, Any]], Any],
+        hooks: Mapping[str, Callable[[dict[str, Any]], Any]],
+        locks: WriteLocks,
+        tracker: ReadTracker,
+        write_lock_timeout_ms: float,
+    ) -> None:
+        self.spec = spec
+        self.name = name
+        self.workspace_tool_name = spec.name
+        self.description = spec.description
+        self.input_schema = spec.schema
+        self._approval = require_approval
+        self.require_approval = bool(require_approval) if not callable(require_approval) else True
+        self._workspace = workspace
+        self._options = options
+        self._hooks = hooks
+        self._locks = locks
+        self._tracker = tracker
+        self._lock_timeout_ms = write_lock_timeout_ms
+
+    @property
+    def id(self) -> str:
+        """The tool id (the exposed name)."""
+        return self.name
+
+    async def needs_approval(self, input: dict[str, Any], request_context: RequestContext | None = None) -> bool:
+        """Tell whether this call needs approval (a function that fails says yes)."""
+        if not callable(self._approval):
+            return bool(self._approval)
+        try:
+            return bool(
+                await _maybe_await(
+                    self._approval(
+                        {"args": input, "request_context": request_context or RequestContext(), "workspace": self._workspace}
+                    )
+                )
+            )
+        except Exception:
+            logger.warning("[Workspace Tools] require_approval function threw; asking for approval", exc_info=True)
+            return True
+
+    async def execute(
+        self,
+        input: dict[str, Any],
+        *,
+        request_context: RequestContext | None = None,
+        tool_call_id: str | None = None,
+    ) -> ToolResult:
+        """Validate ``input`` and run the tool through its wrappers.
+
+        Raises
+        ------
+        ValueError
+            The input does not match the schema (the message names the field).
+        TimeoutError
+            A write tool held its file's lock past ``write_lock_timeout_ms``.
+        """
+        args = validate_input(self.name, self.input_schema, input)
+        ctx = request_context if request_context is not None else RequestContext()
+        self._workspace.touch()
+        if not self.spec.locked:
+            return await self._hooked(args, input, ctx)
+        path = args["path"]
+        async with self._locks.hold(path):
+            with anyio.move_on_after(self._lock_timeout_ms / 1000) as scope:
+                return await self._hooked(args, input, ctx)
+        if scope.cancelled_caught:
+            raise TimeoutError(f'write-lock timeout on "{path}" after {self._lock_timeout_ms:g}ms')
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _hooked(self, args: dict[str, Any], raw: dict[str, Any], ctx: RequestContext) -> ToolResult:
+        info = {"tool_name": self.name, "workspace_tool_name": self.spec.name, "input": raw, "context": ctx}
+        before = self._hooks.get("before_tool_call")
+        if before is not None:
+            decision = await _maybe_await(before(dict(info)))
+            if isinstance(decision, Mapping) and decision.get("proceed") is False:
+                return decision.get("output")  # type: ignore[return-value]
+        after = self._hooks.get("after_tool_call")
+        try:
+            output = await self._tracked(args, ctx)
+        except BaseException as exc:
+            if after is not None and isinstance(exc, Exception):
+                await _maybe_await(after({**info, "output": None, "error": exc}))
+            raise
+        if after is not None:
+            await _maybe_await(after({**info, "output": output, "error": None}))
+        return output
+
+    async def _tracked(self, args: dict[str, Any], ctx: RequestContext) -> ToolResult:
+        fs = await self._workspace.resolve_filesystem(request_context=ctx)
+        if fs is None:
+            raise FilesystemNotAvailableError()
+        if self.spec.writes and fs.read_only:
+            raise WorkspaceReadOnlyError(self.spec.writes)
+        call = ToolCall(fs=fs, args=args, options=self._options, workspace=self._workspace, request_context=ctx)
+        if self.spec.tracking != "write":
+            result = await self.spec.run(call)
+            if self.spec.tracking == "read" and call.seen is not None:
+                self._tracker.record_read(args["path"], call.seen, _scope(fs))
+            return result
+        path = args["path"]
+        scope = _scope(fs)
+        record = self._tracker.get(path, scope)
+        call.expected = record.stat if record is not None else None
+        policy = self._options.get("require_read_before_write")
+        if policy:
+            try:
+                current: FileStat | None = await fs.stat(path)
+            except FileNotFoundError:
+                current = None  # a new file can always be written
+            if current is not None and await self._policy_applies(policy, args, ctx):
+                self._tracker.require_fresh_read(path, current, scope)
+        result = await self.spec.run(call)
+        # A write consumes the read: editing again needs a fresh read under the policy.
+        self._tracker.clear(path)
+        return result
+
+    async def _policy_applies(self, policy: Any, args: dict[str, Any], ctx: RequestContext) -> bool:
+        if not callable(policy):
+            return bool(policy)
+        try:
+            return bool(await _maybe_await(policy({"args": args, "request_context": ctx, "workspace": self._workspace})))
+        except Exception:
+            logger.warning("[Workspace Tools] require_read_before_write function threw; requiring a read", exc_info=True)
+            return True
+
+    def __repr__(self) -> str:
+        return f"WorkspaceTool(name={self.name!r}, workspace_tool_name={self.spec.name!r})"
+
+
+async def _enabled(value: Any, ctx: dict[str, Any]) -> bool:
+    if not callable(value):
+        return bool(value)
+    try:
+        return bool(await _maybe_await(value(ctx)))
+    except Exception:
+        # Fail closed: a tool whose availability cannot be decided is not offered.
+        logger.warning("[Workspace Tools] Dynamic config function threw, using safe default:", exc_info=True)
+        return False
+
+
+async def build_tools(
+    workspace: Workspace, specs: list[ToolSpec], request_context: RequestContext | None
+) -> dict[str, WorkspaceTool]:
+    """Apply the tools configuration to ``specs`` (already in registration order).
+
+    Raises
+    ------
+    ValueError
+        Two tools end up with the same exposed name.
+    """
+    config = workspace.get_tools_config() or {}
+    ctx = request_context if request_context is not None else RequestContext()
+    enabled_ctx = {"request_context": dict(ctx), "workspace": workspace}
+    hooks = config.get("hooks") or {}
+    locks, tracker = WriteLocks(), ReadTracker()
+    timeout = config.get("write_lock_timeout_ms", DEFAULT_WRITE_LOCK_TIMEOUT_MS)
+    tools: dict[str, WorkspaceTool] = {}
+    for spec in specs:
+        own = config.get(spec.name) or {}
+        enabled = own.get("enabled", config.get("enabled", True))
+        if not await _enabled(enabled, enabled_ctx):
+            continue
+        approval = own.get("require_approval", config.get("require_approval", False))
+        name = own.get("name") or spec.name
+        if name in tools:
+            raise ValueError(
+                f'Duplicate workspace tool name "{name}": tool "{spec.name}" conflicts with an '
+                'already-registered tool. Check your tools config for duplicate "name" values.'
+            )
+        options = {**spec.defaults, **{k: v for k, v in own.items() if k not in ("enabled", "require_approval", "name")}}
+        tools[name] = WorkspaceTool(
+            spec,
+            name=name,
+            workspace=workspace,
+            options=options,
+            require_approval=approval,
+            hooks=hooks,
+            locks=locks,
+            tracker=tracker,
+            write_lock_timeout_ms=timeout,
+        )
+    return tools

@@ -1,0 +1,267 @@
+"""The filesystem tools: read_file, write_file, edit_file, delete, file_stat, mkdir (§13)."""
+
+from __future__ import annotations
+
+import base64
+import fnmatch
+import re
+from collections.abc import Callable
+from datetime import UTC
+from typing import Any
+
+from ..vfs import FileStat
+from ._core import ToolCall, ToolMedia, ToolResult, ToolSpec
+from ._lines import (
+    NOT_FOUND_MESSAGE,
+    StringNotFoundError,
+    StringNotUniqueError,
+    extract_lines,
+    format_with_line_numbers,
+    replace_string,
+)
+from ._names import WORKSPACE_TOOLS
+from ._output import DEFAULT_MAX_OUTPUT_TOKENS, apply_token_limit
+from ._schema import field, object_schema
+
+__all__ = ["FILESYSTEM_TOOLS"]
+
+FS = WORKSPACE_TOOLS.FILESYSTEM
+DEFAULT_MEDIA_TYPES = ("image/png", "image/jpeg", "image/webp", "application/pdf")
+DEFAULT_MAX_MEDIA_BYTES = 10 * 1024 * 1024
+_TEXT_LIKE = frozenset(
+    {
+        "application/octet-stream", "application/json", "application/javascript", "application/typescript",
+        "application/xml", "application/graphql", "application/x-sh", "application/x-yaml",
+        "application/yaml", "application/ld+json", "application/sql", "application/jsonl",
+    }
+)  # fmt: skip
+_MEDIA_PATTERN = re.compile(r"^(\*|\*/\*|[\w.+-]+/\*|[\w.+-]+/[\w.+-]+)$")
+
+
+def _iso_ms(stat: FileStat) -> str:
+    when = stat.modified_at.astimezone(UTC)
+    return when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{when.microsecond // 1000:03d}Z"
+
+
+def _text_like(mime: str | None) -> bool:
+    if not mime or mime.startswith("text/") or mime in _TEXT_LIKE:
+        return True
+    return mime.endswith("+json") or mime.endswith("+xml")
+
+
+def media_matcher(setting: Any) -> Callable[[str], bool]:
+    """Turn the ``media_types`` option into a predicate on MIME types.
+
+    ``False`` disables media parts; a function is used as it is; otherwise a list of
+    patterns ``*``, ``*/*``, ``type/*`` or exact types.
+
+    Raises
+    ------
+    ValueError
+        A pattern is none of those forms.
+    """
+    if setting is False:
+        return lambda mime: False
+    if callable(setting):
+        return lambda mime: bool(setting(mime))
+    patterns = list(DEFAULT_MEDIA_TYPES if setting in (None, True) else setting)
+    for pattern in patterns:
+        if not isinstance(pattern, str) or not _MEDIA_PATTERN.match(pattern):
+            raise ValueError(f"Invalid `media_types` pattern: {pattern!r}")
+    return lambda mime: any(fnmatch.fnmatchcase(mime, p if p != "*" else "*/*") for p in patterns)
+
+
+async def read_file(call: ToolCall) -> ToolResult:
+    """``mastra_workspace_read_file``."""
+    path: str = call.args["path"]
+    stat = await call.fs.stat(path)
+    mime = stat.mime_type
+    encoding: str | None = call.args.get("encoding")
+    limit = call.options.get("max_output_tokens", DEFAULT_MAX_OUTPUT_TOKENS)
+    if stat.type == "file" and mime and media_matcher(call.options.get("media_types"))(mime):
+        cap = call.options.get("max_media_bytes", DEFAULT_MAX_MEDIA_BYTES)
+        if stat.size <= cap:
+            data = await call.fs.read_file(path)
+            assert isinstance(data, bytes)
+            call.seen = stat
+            return ToolMedia(f"{stat.path} ({stat.size} bytes, {mime})", mime, base64.b64encode(data).decode())
+        if encoding is None:
+            return (
+                f"{path} ({stat.size} bytes, {mime}) — exceeds max_media_bytes ({cap}). Returning metadata only; "
+                "configure `max_media_bytes` on the read_file tool to raise this cap."
+            )
+    if encoding is None and stat.type == "file" and not _text_like(mime):
+        return (
+            f"{path} ({stat.size} bytes, {mime}) — binary file not readable as text. Pass an explicit "
+            "`encoding` (e.g. `base64`) to read the raw bytes, or configure `media_types` on the read_file "
+            "tool to surface it as a media part."
+        )
+    raw = await call.fs.read_file(path)
+    assert isinstance(raw, bytes)
+    call.seen = stat
+    if encoding in ("base64", "hex", "binary"):
+        encoded = (
+            base64.b64encode(raw).decode() if encoding == "base64" else raw.hex() if encoding == "hex" else raw.decode("latin-1")
+        )
+        return apply_token_limit(f"{path} ({stat.size} bytes, {encoding})\n{encoded}", limit, "end")
+    # Like the reference, invalid UTF-8 becomes U+FFFD rather than failing the read.
+    content = raw.decode("utf-8", errors="replace")
+    offset, count = call.args.get("offset"), call.args.get("limit")
+    lines = extract_lines(content, offset, count)
+    numbered = call.args.get("showLineNumbers", True)
+    body = format_with_line_numbers(lines.lines, lines.start) if numbered and lines.lines else "\n".join(lines.lines)
+    if offset is not None or count is not None:
+        header = f"{stat.path} (lines {lines.start}-{lines.end} of {lines.total}, {stat.size} bytes)"
+    else:
+        header = f"{stat.path} ({stat.size} bytes)"
+    return apply_token_limit(f"{header}\n{body}", limit, "end")
+
+
+async def write_file(call: ToolCall) -> ToolResult:
+    """``mastra_workspace_write_file``."""
+    path, content = call.args["path"], call.args["content"]
+    await call.fs.write_file(path, content, overwrite=call.args["overwrite"], expected_mtime=call.expected)
+    return f"Wrote {len(content.encode('utf-8'))} bytes to {path}"
+
+
+def _line_of(content: str, offset: int) -> int:
+    return content.count("\n", 0, offset) + 1
+
+
+async def edit_file(call: ToolCall) -> ToolResult:
+    """``mastra_workspace_edit_file``: literal, unique (or all) replacement."""
+    path = call.args["path"]
+    old, new, every = call.args["old_string"], call.args["new_string"], call.args["replace_all"]
+    raw = await call.fs.read_file(path)
+    assert isinstance(raw, bytes)
+    content = raw.decode("utf-8", errors="replace")
+    try:
+        updated, positions = replace_string(content, old, new, replace_all=every)
+    except StringNotFoundError:
+        return NOT_FOUND_MESSAGE
+    except StringNotUniqueError as exc:
+        return str(exc)
+    await call.fs.write_file(path, updated, expected_mtime=call.expected)
+    span = max(new.count("\n"), old.count("\n"))
+    ranges = []
+    for at in positions:
+        start = _line_of(content, at)
+        ranges.append(f"{start}-{start + span}" if span else str(start))
+    count = len(positions)
+    return f"Replaced {count} occurrence{'s' if count != 1 else ''} in {path} (lines {', '.join(ranges)})"
+
+
+async def delete(call: ToolCall) -> ToolResult:
+    """``mastra_workspace_delete``."""
+    path, recursive = call.args["path"], call.args["recursive"]
+    stat = await call.fs.stat(path)
+    if stat.type == "directory":
+        await call.fs.rmdir(path, recursive=recursive, force=recursive)
+    else:
+        await call.fs.delete_file(path)
+    return f"Deleted {path}"
+
+
+async def file_stat(call: ToolCall) -> ToolResult:
+    """``mastra_workspace_file_stat``."""
+    path = call.args["path"]
+    try:
+        stat = await call.fs.stat(path)
+    except FileNotFoundError:
+        return f"{path}: not found"
+    return f"{path} Type: {stat.type} Size: {stat.size} bytes Modified: {_iso_ms(stat)}"
+
+
+async def mkdir(call: ToolCall) -> ToolResult:
+    """``mastra_workspace_mkdir``."""
+    path = call.args["path"]
+    await call.fs.mkdir(path, recursive=call.args["recursive"])
+    return f"Created directory {path}"
+
+
+_PATH = field("string", 'Path relative to the workspace root, e.g. "data/config.json"')
+
+FILESYSTEM_TOOLS: dict[str, ToolSpec] = {
+    FS.READ_FILE: ToolSpec(
+        FS.READ_FILE,
+        "Read a file from the workspace. Text comes back with line numbers; use offset and limit "
+        "to read part of a large file. Images and PDFs come back as media.",
+        object_schema(
+            {
+                "path": _PATH,
+                "offset": field("integer", "Line number to start reading from (1-based)", minimum=1),
+                "limit": field("integer", "Maximum number of lines to read", minimum=1),
+                "showLineNumbers": field("boolean", "Prefix each line with its number", default=True),
+                "encoding": field(
+                    "string", "Read raw bytes in this encoding instead of text",
+                    enum=["utf-8", "utf8", "base64", "hex", "binary"],
+                ),
+            },
+            ["path"],
+        ),
+        read_file,
+        tracking="read",
+    ),
+    FS.WRITE_FILE: ToolSpec(
+        FS.WRITE_FILE,
+        "Write a file in the workspace, creating parent directories. Replaces an existing file "
+        "unless overwrite is false.",
+        object_schema(
+            {
+                "path": _PATH,
+                "content": field("string", "The full content to write"),
+                "overwrite": field("boolean", "Replace the file if it exists", default=True),
+            },
+            ["path", "content"],
+        ),
+        write_file,
+        tracking="write",
+        locked=True,
+        writes="write_file",
+    ),
+    FS.EDIT_FILE: ToolSpec(
+        FS.EDIT_FILE,
+        "Replace an exact string in a file. old_string must match exactly once unless replace_all "
+        "is true; include surrounding lines to make it unique.",
+        object_schema(
+            {
+                "path": _PATH,
+                "old_string": field("string", "The exact text to replace"),
+                "new_string": field("string", "The replacement text"),
+                "replace_all": field("boolean", "Replace every occurrence", default=False),
+            },
+            ["path", "old_string", "new_string"],
+        ),
+        edit_file,
+        tracking="write",
+        locked=True,
+        writes="edit_file",
+    ),
+    FS.DELETE: ToolSpec(
+        FS.DELETE,
+        "Delete a file, or a directory (recursive deletes a non-empty one).",
+        object_schema(
+            {"path": _PATH, "recursive": field("boolean", "Delete a directory and everything in it", default=False)},
+            ["path"],
+        ),
+        delete,
+        locked=True,
+        writes="delete",
+    ),
+    FS.FILE_STAT: ToolSpec(
+        FS.FILE_STAT,
+        "Show a file's or directory's type, size and modification time.",
+        object_schema({"path": _PATH}, ["path"]),
+        file_stat,
+    ),
+    FS.MKDIR: ToolSpec(
+        FS.MKDIR,
+        "Create a directory (and its parents unless recursive is false).",
+        object_schema(
+            {"path": _PATH, "recursive": field("boolean", "Create missing parent directories", default=True)},
+            ["path"],
+        ),
+        mkdir,
+        writes="mkdir",
+    ),
+}
