@@ -112,3 +112,5 @@ def test_demo_command(storage: str) -> None:
     assert "grep TODO: src/app.py:2:23:" in out
     assert "read-only write -> WorkspaceReadOnlyError: Workspace is in read-only mode. Cannot perform: write_file" in out
     assert "workspace destroyed: status=destroyed" in out
+    assert "Replaced 1 occurrence in src/app.py (lines 2)" in out
+    assert "src/app.py (lines 2-2 of 3, 61 bytes)" in out

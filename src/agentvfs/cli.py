@@ -78,6 +78,20 @@ async def _demo(storage: str, out: list[str]) -> None:
             await files.delete_file("backup/app.py")
             await files.rmdir("backup")
             say("delete_file backup/app.py; rmdir backup")
+            say("agent tool calls:")
+            tools = await ws.create_tools()
+            say(f"  tools: {', '.join(tools)}")
+            for name, args in (
+                ("mastra_workspace_read_file", {"path": "src/app.py"}),
+                ("mastra_workspace_edit_file", {"path": "src/app.py", "old_string": "'hello'", "new_string": "'hello, agent'"}),
+                ("mastra_workspace_read_file", {"path": "src/app.py", "offset": 2, "limit": 1}),
+                ("mastra_workspace_file_stat", {"path": "src/app.py"}),
+                ("mastra_workspace_write_file", {"path": "notes/plan.md", "content": "1. read\n2. edit\n"}),
+            ):
+                result = await tools[name].execute(args)
+                say(f"  {name} {args}")
+                for line in str(result).splitlines():
+                    say(f"    {line}")
             info = await ws.get_info(include_file_count=True)
             say(f"get_info: status={info['status']} provider={info['filesystem']['provider']} total_files={info['filesystem']['total_files']}")
         say(f"workspace destroyed: status={ws.status}")
