@@ -19,6 +19,7 @@ from ._lines import (
     format_with_line_numbers,
     replace_string,
 )
+from ._listing import list_files
 from ._names import WORKSPACE_TOOLS
 from ._output import DEFAULT_MAX_OUTPUT_TOKENS, apply_token_limit
 from ._schema import field, object_schema
@@ -236,6 +237,28 @@ FILESYSTEM_TOOLS: dict[str, ToolSpec] = {
         tracking="write",
         locked=True,
         writes="edit_file",
+    ),
+    FS.LIST_FILES: ToolSpec(
+        FS.LIST_FILES,
+        "List files and directories as a tree (directories first). Hidden entries and .gitignore "
+        "matches are left out unless asked for; use pattern, extension and exclude to narrow it.",
+        object_schema(
+            {
+                "path": field("string", 'Directory to list, relative to the workspace root (".")', default="."),
+                "maxDepth": field("integer", "How many levels to show", default=2, minimum=1),
+                "showHidden": field("boolean", "Include names starting with a dot", default=False),
+                "dirsOnly": field("boolean", "Show directories only", default=False),
+                "exclude": field("string", "Substrings of names to leave out, separated by |"),
+                "extension": field("string", 'Only files with this extension (".ts" or "ts")'),
+                "pattern": field(
+                    ["string", "array"], "Glob(s) files must match, relative to the listed directory",
+                    items={"type": "string"},
+                ),
+                "respectGitignore": field("boolean", "Leave out what the root .gitignore ignores", default=True),
+            },
+            [],
+        ),
+        list_files,
     ),
     FS.DELETE: ToolSpec(
         FS.DELETE,

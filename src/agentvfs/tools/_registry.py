@@ -15,8 +15,8 @@ __all__ = ["workspace_tool_specs"]
 
 FS = WORKSPACE_TOOLS.FILESYSTEM
 # The reference registers read_file, write_file, edit_file, list_files, delete, file_stat,
-# mkdir, grep; list_files and grep join this order when they land.
-_FILESYSTEM_ORDER = (FS.READ_FILE, FS.WRITE_FILE, FS.EDIT_FILE, FS.DELETE, FS.FILE_STAT, FS.MKDIR)
+# mkdir, grep; grep joins this order when it lands.
+_FILESYSTEM_ORDER = (FS.READ_FILE, FS.WRITE_FILE, FS.EDIT_FILE, FS.LIST_FILES, FS.DELETE, FS.FILE_STAT, FS.MKDIR)
 
 
 def workspace_tool_specs(workspace: Workspace) -> list[ToolSpec]:

@@ -1,0 +1,129 @@
+"""``mastra_workspace_list_files``: a tab-indented tree with the reference's filters (§13.4)."""
+
+from __future__ import annotations
+
+import posixpath
+from dataclasses import dataclass, field
+
+import pathspec
+
+from ..vfs import FileEntry, SupportsWalk, WorkspaceFilesystem
+from ._core import ToolCall, ToolResult
+from ._glob import create_glob_matcher
+from ._output import LIST_FILES_MAX_OUTPUT_TOKENS, apply_token_limit
+
+__all__ = ["list_files", "load_gitignore"]
+
+
+async def load_gitignore(fs: WorkspaceFilesystem) -> pathspec.GitIgnoreSpec | None:
+    """The root ``.gitignore`` as a matcher, or None when it is missing or empty."""
+    try:
+        raw = await fs.read_file(".gitignore")
+    except (FileNotFoundError, IsADirectoryError, PermissionError):
+        return None
+    assert isinstance(raw, bytes)
+    lines = raw.decode("utf-8", errors="replace").splitlines()
+    if not any(line.strip() and not line.startswith("#") for line in lines):
+        return None
+    return pathspec.GitIgnoreSpec.from_lines(lines)
+
+
+def _root_relative(path: str) -> str:
+    """The listed path as a root-relative prefix for gitignore matching (``.`` -> ``""``)."""
+    norm = posixpath.normpath(path.strip() or ".").lstrip("/")
+    return "" if norm == "." else norm
+
+
+@dataclass
+class _Node:
+    entry: FileEntry
+    children: dict[str, _Node] = field(default_factory=dict)
+
+
+async def _walk(fs: WorkspaceFilesystem, path: str, depth: int, hidden: bool) -> list[FileEntry]:
+    if isinstance(fs, SupportsWalk):
+        # One paginated listing on object stores instead of a request per directory.
+        return await fs.walk(path, max_depth=depth, include_hidden=hidden)
+    return await fs.readdir(path, recursive=True, max_depth=depth)
+
+
+async def list_files(call: ToolCall) -> ToolResult:
+    """List a directory as a tree: directories first, names in code-unit order."""
+    args = call.args
+    path: str = args["path"]
+    max_depth: int = args["maxDepth"]
+    show_hidden: bool = args["showHidden"]
+    excludes = [part for part in (args.get("exclude") or "").split("|") if part]
+    extension = args.get("extension")
+    wanted = ("." + extension.lstrip(".")) if extension else None
+    patterns = args.get("pattern")
+    if isinstance(patterns, str):
+        patterns = [patterns] if patterns.strip() else []
+    matcher = create_glob_matcher(patterns, dot=show_hidden) if patterns else None
+    ignore = await load_gitignore(call.fs) if args["respectGitignore"] else None
+    base = _root_relative(path)
+    if ignore is not None and base and ignore.match_file(base + "/"):
+        ignore = None  # asking for an ignored directory by name lists it
+
+    entries = await _walk(call.fs, path, max(max_depth, 1), show_hidden)
+    root = _Node(FileEntry(".", "directory"))
+    truncated = False
+    for entry in entries:
+        parts = entry.name.split("/")
+        if len(parts) > max_depth:
+            continue
+        if ".git" in parts[:-1] or (parts[-1] == ".git" and entry.type == "directory"):
+            continue
+        if not show_hidden and any(p.startswith(".") for p in parts):
+            continue
+        if any(sub in part for part in parts for sub in excludes):
+            continue
+        if ignore is not None:
+            # Root-relative, directories with a trailing slash; entries below an ignored
+            # directory never find their parent in the tree and drop out below.
+            rel = posixpath.join(base, entry.name) if base else entry.name
+            if ignore.match_file(rel + ("/" if entry.type == "directory" else "")):
+                continue
+        node = root
+        for part in parts[:-1]:
+            child = node.children.get(part)
+            if child is None:
+                break  # a parent was filtered out
+            node = child
+        else:
+            if entry.type == "directory" and not entry.is_symlink and len(parts) == max_depth:
+                truncated = True  # shown, not expanded
+            node.children[parts[-1]] = _Node(entry)
+
+    lines = ["."]
+    counts = {"directory": 0, "file": 0}
+
+    def keep(node: _Node, rel: str) -> bool:
+        entry = node.entry
+        if entry.type == "directory":
+            return True
+        if args["dirsOnly"]:
+            return False
+        if wanted and not entry.name.lower().endswith(wanted.lower()):
+            return False
+        return matcher is None or matcher(rel)
+
+    def render(node: _Node, depth: int, prefix: str) -> None:
+        ordered = sorted(node.children.items(), key=lambda kv: (kv[1].entry.type != "directory", kv[0]))
+        for name, child in ordered:
+            rel = f"{prefix}{name}"
+            if not keep(child, rel):
+                continue
+            counts[child.entry.type] += 1
+            link = f" -> {child.entry.symlink_target}" if child.entry.is_symlink and child.entry.symlink_target else ""
+            lines.append("\t" * depth + name + link)
+            if child.entry.type == "directory" and not child.entry.is_symlink:
+                render(child, depth + 1, rel + "/")
+
+    render(root, 0, "")
+    dirs, files = counts["directory"], counts["file"]
+    summary = f"{dirs} director{'y' if dirs == 1 else 'ies'}, {files} file{'' if files == 1 else 's'}"
+    if truncated:
+        summary += f" (truncated at depth {max_depth})"
+    limit = call.options.get("max_output_tokens", LIST_FILES_MAX_OUTPUT_TOKENS)
+    return apply_token_limit("\n".join(lines) + "\n\n" + summary, limit, "end")

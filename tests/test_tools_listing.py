@@ -1,0 +1,109 @@
+"""list_files against the reference's golden trees (fixture B), on every backend."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentvfs import WORKSPACE_TOOLS, Workspace, WorkspaceTool
+from agentvfs.testing import Harness
+from conftest import gcs_harness, local_harness, memory_harness, s3_harness
+
+pytestmark = pytest.mark.anyio
+LIST = WORKSPACE_TOOLS.FILESYSTEM.LIST_FILES
+
+FIXTURE_B = {
+    "src/index.ts": b'import { a } from "./a";\n// TODO: fix\nexport const x = 1;\n',
+    "src/a.ts": b"export const a = 1;\n// todo lower\nfunction foo() {}\n",
+    "src/util/helpers.ts": b'export function helper() { return "TODO"; }\n',
+    "src/util/deep/deeper/z.ts": b"TODO deep\n",
+    "src/App.tsx": b"const App = () => null; // TODO\n",
+    "README.md": b"# Title\nSome TODO text\n",
+    ".env": b"SECRET=1\n",
+    ".hidden/h.txt": b"TODO in hidden\n",
+    "dist/out.js": b"TODO dist\n",
+    "node_modules/pkg/index.js": b"TODO module\n",
+    ".gitignore": b"dist/\nnode_modules\n",
+    ".git/config": b"[core]\n",
+    "img.png": b"TODO png",
+    "ctx.txt": "".join(
+        f"MATCH {'abc'[[3, 8, 14].index(i)]}\n" if i in (3, 8, 14) else f"l{i}\n" for i in range(1, 16)
+    ).encode(),
+}
+
+
+@pytest.fixture(params=["local", "memory", pytest.param("s3", marks=pytest.mark.s3), pytest.param("gcs", marks=pytest.mark.gcs)])
+async def tools(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, WorkspaceTool]:
+    harness: Harness
+    if request.param == "local":
+        base = tmp_path / "base"
+        base.mkdir()
+        harness = local_harness(os.fspath(base))
+    elif request.param == "memory":
+        harness = memory_harness()
+    elif request.param == "s3":
+        harness = s3_harness(request.getfixturevalue("moto"))
+    else:
+        harness = gcs_harness(request.getfixturevalue("fake_gcs"))
+    for name, data in FIXTURE_B.items():
+        harness.put(name, data)
+    return await Workspace(filesystem=harness.fs).create_tools()
+
+
+async def ls(tools: dict[str, WorkspaceTool], **args: Any) -> str:
+    return str(await tools[LIST].execute(args))
+
+
+async def test_default_tree(tools: dict[str, WorkspaceTool]) -> None:
+    assert await ls(tools) == (
+        ".\nsrc\n\tutil\n\tApp.tsx\n\ta.ts\n\tindex.ts\nREADME.md\nctx.txt\nimg.png\n\n"
+        "2 directories, 6 files (truncated at depth 2)"
+    )
+
+
+async def test_depth_dirs_only_and_patterns(tools: dict[str, WorkspaceTool]) -> None:
+    assert await ls(tools, path="src", maxDepth=5) == (
+        ".\nutil\n\tdeep\n\t\tdeeper\n\t\t\tz.ts\n\thelpers.ts\nApp.tsx\na.ts\nindex.ts\n\n3 directories, 5 files"
+    )
+    assert await ls(tools, path=".", dirsOnly=True, maxDepth=5) == (
+        ".\nsrc\n\tutil\n\t\tdeep\n\t\t\tdeeper\n\n4 directories, 0 files"
+    )
+    flat = await ls(tools, path="src", pattern="*.ts", maxDepth=5)
+    assert flat.endswith("\n\n3 directories, 2 files") and "\na.ts" in flat and "helpers.ts" not in flat
+    assert (await ls(tools, path="src", pattern="**/*.ts", maxDepth=5)).endswith("3 directories, 4 files")
+    assert (await ls(tools, path="src", pattern=["**/*.tsx", "a.ts"], maxDepth=5)).endswith("3 directories, 2 files")
+    assert (await ls(tools, path="src", pattern="  ", maxDepth=5)).endswith("3 directories, 5 files")
+    assert (await ls(tools, path="src", extension="tsx", maxDepth=5)).endswith("3 directories, 1 file")
+    assert (await ls(tools, path="src", exclude="util|App", maxDepth=5)) == ".\na.ts\nindex.ts\n\n0 directories, 2 files"
+
+
+async def test_hidden_and_gitignore(tools: dict[str, WorkspaceTool]) -> None:
+    hidden = await ls(tools, path=".", showHidden=True)
+    assert hidden.endswith("3 directories, 9 files (truncated at depth 2)")
+    assert "\n.hidden\n" in hidden and "\n.env\n" in hidden and "\n.gitignore\n" in hidden
+    assert ".git\n" not in hidden.replace(".gitignore", "")
+    unfiltered = await ls(tools, path=".", respectGitignore=False, maxDepth=1)
+    assert "\ndist\n" in unfiltered and "\nnode_modules\n" in unfiltered
+    assert await ls(tools, path="dist") == ".\nout.js\n\n0 directories, 1 file"
+
+
+async def test_errors(tools: dict[str, WorkspaceTool]) -> None:
+    with pytest.raises(FileNotFoundError):
+        await ls(tools, path="nope")
+    with pytest.raises(NotADirectoryError):
+        await ls(tools, path="README.md")
+    with pytest.raises(ValueError, match="field 'maxDepth' must be at least 1"):
+        await ls(tools, maxDepth=0)
+
+
+async def test_token_limit(tmp_path: Path) -> None:
+    for i in range(400):
+        (tmp_path / f"file-with-a-long-descriptive-name-{i:04d}.txt").write_text("x")
+    from agentvfs import LocalFilesystem
+
+    tools = await Workspace(filesystem=LocalFilesystem(tmp_path)).create_tools()
+    out = await ls(tools)
+    assert "\n[output truncated: showing first ~1000 of ~" in out and out.startswith(".\nfile-with")
