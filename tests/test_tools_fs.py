@@ -70,7 +70,7 @@ async def run(tools: dict[str, WorkspaceTool], name: str, **args: Any) -> Any:
 
 async def test_registration_order(harness: Harness) -> None:
     tools = await tools_for(harness)
-    assert list(tools) == [FS.READ_FILE, FS.WRITE_FILE, FS.EDIT_FILE, FS.LIST_FILES, FS.DELETE, FS.FILE_STAT, FS.MKDIR]
+    assert list(tools) == [FS.READ_FILE, FS.WRITE_FILE, FS.EDIT_FILE, FS.LIST_FILES, FS.DELETE, FS.FILE_STAT, FS.MKDIR, FS.GREP]
     assert all(t.workspace_tool_name == n and t.name == n for n, t in tools.items())
     assert tools[FS.READ_FILE].input_schema["required"] == ["path"]
 
@@ -158,7 +158,7 @@ async def test_write_edit_stat_mkdir_delete(harness: Harness) -> None:
 async def test_read_only_tool_set(harness: Harness) -> None:
     ro = harness.reopen(read_only=True)
     tools = await Workspace(filesystem=ro).create_tools()
-    assert list(tools) == [FS.READ_FILE, FS.LIST_FILES, FS.FILE_STAT]
+    assert list(tools) == [FS.READ_FILE, FS.LIST_FILES, FS.FILE_STAT, FS.GREP]
     with pytest.raises(WorkspaceReadOnlyError, match=exact("Workspace is in read-only mode. Cannot perform: write_file")):
         await ro.write_file("a.txt", "x")
 

@@ -107,3 +107,83 @@ async def test_token_limit(tmp_path: Path) -> None:
     tools = await Workspace(filesystem=LocalFilesystem(tmp_path)).create_tools()
     out = await ls(tools)
     assert "\n[output truncated: showing first ~1000 of ~" in out and out.startswith(".\nfile-with")
+
+
+GREP = WORKSPACE_TOOLS.FILESYSTEM.GREP
+
+
+async def grep(tools: dict[str, WorkspaceTool], **args: Any) -> str:
+    return str(await tools[GREP].execute(args))
+
+
+async def test_grep_goldens(tools: dict[str, WorkspaceTool]) -> None:
+    assert await grep(tools, pattern="TODO") == (
+        "5 matches across 5 files\n---\n"
+        "./README.md:2:6: Some TODO text\n"
+        "./src/App.tsx:1:28: const App = () => null; // TODO\n"
+        "./src/index.ts:2:4: // TODO: fix\n"
+        "./src/util/deep/deeper/z.ts:1:1: TODO deep\n"
+        './src/util/helpers.ts:1:36: export function helper() { return "TODO"; }'
+    )
+    lower = await grep(tools, pattern="todo", caseSensitive=False, path="src")
+    assert lower.startswith("5 matches across 5 files\n---\n") and "src/a.ts:2:4: // todo lower" in lower
+    hidden = await grep(tools, pattern="TODO", includeHidden=True)
+    assert hidden.startswith("6 matches across 6 files\n---\n./.hidden/h.txt:1:1: TODO in hidden\n")
+    assert await grep(tools, pattern="TODO", path="src/**/*.tsx") == (
+        "1 match across 1 file\n---\nsrc/App.tsx:1:28: const App = () => null; // TODO"
+    )
+    assert await grep(tools, pattern="MATCH", path="ctx.txt", maxCount=1) == "1 match across 1 file\n---\nctx.txt:3:1: MATCH a"
+
+
+async def test_grep_context_hunks(tools: dict[str, WorkspaceTool]) -> None:
+    out = await grep(tools, pattern="MATCH", path="ctx.txt", contextLines=2)
+    lines = out.split("\n")
+    assert lines[:3] == ["3 matches across 1 file", "---", "ctx.txt:1- l1"]
+    assert "ctx.txt:3:1: MATCH a" in lines and "ctx.txt:8:1: MATCH b" in lines and "ctx.txt:14:1: MATCH c" in lines
+    gap = lines.index("--")
+    assert lines[gap - 1] == "ctx.txt:10- l10" and lines[gap + 1] == "ctx.txt:12- l12"
+    assert lines[-1] == "ctx.txt:16- "
+
+
+async def test_grep_errors_and_summaries(tools: dict[str, WorkspaceTool]) -> None:
+    assert (await grep(tools, pattern="(")).startswith("Error: Invalid regex pattern:")
+    assert await grep(tools, pattern="x" * 1001) == "Error: Pattern too long (1001 chars, max 1000). Use a shorter pattern."
+    assert await grep(tools, pattern="TODO", path="nope") == "0 matches across 0 files (target path not found: nothing searched)\n---"
+    assert await grep(tools, pattern="TODO", path="img.png") == "0 matches across 0 files (1 file skipped: unsupported extension)\n---"
+    assert await grep(tools, pattern="no such text anywhere") == "0 matches across 0 files\n---"
+    assert (await grep(tools, pattern="TODO", path="dist")).startswith("1 match across 1 file\n---\ndist/out.js:1:1:")
+    assert await grep(tools, pattern=r"(?<word>TO)DO deep\k<word>?") != ""  # JavaScript named groups work
+
+
+async def test_grep_total_cap(tmp_path: Path) -> None:
+    from agentvfs import LocalFilesystem
+
+    (tmp_path / "many.txt").write_text("hit\n" * 1200)
+    tools = await Workspace(filesystem=LocalFilesystem(tmp_path), tools={GREP: {"max_output_tokens": 100000}}).create_tools()
+    out = await grep(tools, pattern="hit")
+    assert out.startswith("1000 matches across 1 file (truncated at 1000)\n---\n")
+
+
+@pytest.mark.s3
+async def test_grep_and_list_requests_on_s3(moto: Any) -> None:
+    from collections import Counter
+
+    from agentvfs import FsspecFilesystem
+    from conftest import S3_BUCKET, unique
+
+    root = f"{S3_BUCKET}/{unique('reqs')}"
+    moto.s3fs().pipe({f"{root}/d{i}/sub/f{j}.ts": f"line\nTODO {i}.{j}\n".encode() for i in range(10) for j in range(10)})
+    raw = moto.s3fs(use_listings_cache=False)
+    raw.connect()
+    sent: Counter[str] = Counter()
+    raw.s3.meta.events.register("before-call.s3", lambda model, **kw: sent.update([model.name]))
+    tools = await Workspace(filesystem=FsspecFilesystem(raw, root=root)).create_tools()
+    out = await grep(tools, pattern="TODO")
+    assert out.startswith("100 matches across 100 files")
+    # the tree in one listing, one GET per candidate file (no HEAD per file), and a constant
+    # few for the target's stat and the .gitignore lookup, whatever the number of files
+    assert sent["GetObject"] == 100 and sent["ListObjectsV2"] <= 4 and sent["HeadObject"] <= 4, sent
+    sent.clear()
+    listing = await ls(tools, maxDepth=3)
+    assert listing.endswith("20 directories, 100 files")
+    assert sent["ListObjectsV2"] <= 3 and sent["HeadObject"] <= 3 and sent["GetObject"] <= 1, sent

@@ -23,6 +23,7 @@ from ._listing import list_files
 from ._names import WORKSPACE_TOOLS
 from ._output import DEFAULT_MAX_OUTPUT_TOKENS, apply_token_limit
 from ._schema import field, object_schema
+from ._search_files import grep
 
 __all__ = ["FILESYSTEM_TOOLS"]
 
@@ -286,5 +287,22 @@ FILESYSTEM_TOOLS: dict[str, ToolSpec] = {
         ),
         mkdir,
         writes="mkdir",
+    ),
+    FS.GREP: ToolSpec(
+        FS.GREP,
+        "Search file contents for a regular expression (JavaScript syntax). path may be a file, "
+        "a directory or a glob such as src/**/*.ts; results show path:line:column: text.",
+        object_schema(
+            {
+                "pattern": field("string", "The regular expression to search for"),
+                "path": field("string", "File, directory or glob to search", default="."),
+                "contextLines": field("integer", "Lines of context around each match", default=0, minimum=0),
+                "maxCount": field("integer", "Stop after this many matches per file", minimum=1),
+                "caseSensitive": field("boolean", "Match case exactly", default=True),
+                "includeHidden": field("boolean", "Also search hidden files and directories", default=False),
+            },
+            ["pattern"],
+        ),
+        grep,
     ),
 }

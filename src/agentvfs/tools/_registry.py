@@ -14,9 +14,9 @@ if TYPE_CHECKING:
 __all__ = ["workspace_tool_specs"]
 
 FS = WORKSPACE_TOOLS.FILESYSTEM
-# The reference registers read_file, write_file, edit_file, list_files, delete, file_stat,
-# mkdir, grep; grep joins this order when it lands.
-_FILESYSTEM_ORDER = (FS.READ_FILE, FS.WRITE_FILE, FS.EDIT_FILE, FS.LIST_FILES, FS.DELETE, FS.FILE_STAT, FS.MKDIR)
+_FILESYSTEM_ORDER = (
+    FS.READ_FILE, FS.WRITE_FILE, FS.EDIT_FILE, FS.LIST_FILES, FS.DELETE, FS.FILE_STAT, FS.MKDIR, FS.GREP,
+)  # fmt: skip
 
 
 def workspace_tool_specs(workspace: Workspace) -> list[ToolSpec]:

@@ -6,8 +6,10 @@ directories of one tree.
 """
 
 from ._base import SupportsGrep as SupportsGrep
+from ._base import SupportsReadMany as SupportsReadMany
 from ._base import SupportsWalk as SupportsWalk
 from ._base import WorkspaceFilesystem as WorkspaceFilesystem
+from ._base import read_many as read_many
 from ._composite import CompositeFilesystem as CompositeFilesystem
 from ._fsspec import FsspecFilesystem as FsspecFilesystem
 from ._local import LocalFilesystem as LocalFilesystem
@@ -33,10 +35,12 @@ __all__ = [
     "LocalFilesystem",
     "MountInfo",
     "SupportsGrep",
+    "SupportsReadMany",
     "SupportsWalk",
     "WorkspaceFilesystem",
     "get_mime_type",
     "is_text_file",
+    "read_many",
 ]
 
 for _name in __all__:

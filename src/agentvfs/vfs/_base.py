@@ -5,7 +5,7 @@ from __future__ import annotations
 import secrets
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
@@ -29,12 +29,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SupportsGrep",
+    "SupportsReadMany",
     "SupportsWalk",
     "WorkspaceFilesystem",
     "drop_hidden",
     "filter_extension",
     "new_id",
     "order_tree",
+    "read_many",
     "run_sync",
 ]
 
@@ -77,6 +79,37 @@ class SupportsWalk(Protocol):
     ) -> list[FileEntry]:
         """List everything below ``path``; names are relative to it (``dir/child``)."""
         ...
+
+
+@runtime_checkable
+class SupportsReadMany(Protocol):
+    """A filesystem that fetches many files in concurrent batches (one GET each, no HEAD)."""
+
+    async def read_many(self, paths: Sequence[str]) -> dict[str, bytes | OSError]:
+        """Read whole files; each path maps to its bytes or to the error reading it raised."""
+        ...
+
+
+async def read_many(fs: WorkspaceFilesystem, paths: Sequence[str], *, concurrency: int = 8) -> dict[str, bytes | OSError]:
+    """Read many files: natively in batches where the filesystem can, else ``concurrency``
+    reads at a time. Each path maps to its bytes or to its error."""
+    if isinstance(fs, SupportsReadMany):
+        return await fs.read_many(paths)
+    out: dict[str, bytes | OSError] = {}
+    limiter = anyio.Semaphore(concurrency)
+
+    async def one(path: str) -> None:
+        async with limiter:
+            try:
+                data = await fs.read_file(path)
+                out[path] = data if isinstance(data, bytes) else data.encode()
+            except OSError as exc:
+                out[path] = exc
+
+    async with anyio.create_task_group() as tg:
+        for path in paths:
+            tg.start_soon(one, path)
+    return out
 
 
 @runtime_checkable

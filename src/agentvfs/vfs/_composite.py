@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import posixpath
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -17,6 +17,7 @@ from ._base import (
     drop_hidden,
     filter_extension,
     new_id,
+    read_many,
 )
 from ._records import FileEntry, FileStat, GrepFileResult, MountInfo
 
@@ -320,6 +321,22 @@ class CompositeFilesystem(WorkspaceFilesystem):
             if budget is not None and budget <= 0:
                 break
         return results
+
+    async def read_many(self, paths: Sequence[str]) -> dict[str, bytes | OSError]:
+        """Read many files, each mount's share in one batch."""
+        groups: dict[int, tuple[WorkspaceFilesystem, dict[str, str]]] = {}
+        out: dict[str, bytes | OSError] = {}
+        for path in paths:
+            found = self._resolve(path)
+            if found is None:
+                out[path] = NoMountError(path)
+                continue
+            groups.setdefault(id(found[1]), (found[1], {}))[1][path] = found[2]
+        for fs, members in groups.values():
+            got = await read_many(fs, list(members.values()))
+            for path, rest in members.items():
+                out[path] = got[rest]
+        return out
 
     async def exists(self, path: str) -> bool:
         """Synthetic directories and mount points always exist."""

@@ -11,7 +11,7 @@ import stat as stat_module
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -1324,6 +1324,27 @@ class FsspecFilesystem(WorkspaceFilesystem):
                     break
         return results
 
+    async def read_many(self, paths: Sequence[str]) -> dict[str, bytes | OSError]:
+        """Read many files in concurrent batches (on object stores one GET each, no HEAD).
+
+        Each path maps to its bytes, or to the error it raised (outside the root, missing,
+        a directory, or a link on local disk that leads out).
+        """
+        if self.status != "ready":
+            await self.ensure_ready()
+        out: dict[str, bytes | OSError] = {}
+        rels: dict[str, str] = {}
+        for path in paths:
+            try:
+                rels[path] = self._rel(path)
+            except OSError as exc:
+                out[path] = exc
+        got = await self._call(self._cat_many, list(set(rels.values())))
+        for path, rel in rels.items():
+            data = got.get(rel)
+            out[path] = data if data is not None else FileNotFound(path)
+        return out
+
     def _cat_many(self, rels: list[str]) -> dict[str, bytes]:
         if self._local:
             # A listing shows links; reading follows them, so only contained targets are read.
@@ -1331,7 +1352,10 @@ class FsspecFilesystem(WorkspaceFilesystem):
         if not rels:
             return {}
         paths = {self._bpath(r): r for r in rels}
-        got = self._fs.cat(list(paths), on_error="return")
+        # s3fs sizes each object with a HEAD first, to split big ones into parallel ranges;
+        # for a batch of files one plain GET each is cheaper.
+        extra = {"max_concurrency": 1} if self.provider == "s3" else {}
+        got = self._fs.cat(list(paths), on_error="return", **extra)
         if not isinstance(got, dict):
             got = {next(iter(paths)): got}
         return {paths[k]: v for k, v in got.items() if k in paths and isinstance(v, bytes)}

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
 import anyio
 
-from ._base import SupportsGrep, SupportsWalk, WorkspaceFilesystem, drop_hidden
+from ._base import SupportsGrep, SupportsWalk, WorkspaceFilesystem, drop_hidden, read_many
 from ._records import FileEntry, FileStat, GrepFileResult
 
 __all__ = ["TimeoutFilesystem", "WrapperFilesystem"]
@@ -139,6 +139,9 @@ class WrapperFilesystem(WorkspaceFilesystem):
         if not isinstance(inner, SupportsGrep):
             raise NotImplementedError(f"{inner.name} has no native grep")
         return await self._wrap("grep", lambda: inner.grep(pattern, path, **options))
+
+    async def read_many(self, paths: Sequence[str]) -> dict[str, bytes | OSError]:
+        return await self._wrap("read_many", lambda: read_many(self.inner, paths))
 
     def get_instructions(self, **kwargs: Any) -> str:
         return self.inner.get_instructions(**kwargs)
