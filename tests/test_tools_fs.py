@@ -298,3 +298,46 @@ async def test_symlink_escape_through_tools(tmp_path: Path) -> None:
         await run(t, FS.READ_FILE, path="/etc/passwd")
     assert sorted(os.listdir(outside)) == ["existing.txt"]
 
+
+
+async def test_large_file_reads_in_chunks(tmp_path: Path) -> None:
+    import tracemalloc
+
+    line = b"0123456789 abcdefghij klmnopqrst uvwxyz ABCDEFGHIJ KLMNOPQRST\n"  # 64 bytes
+    count = (48 * 1024 * 1024) // len(line) // 4096 * 4096  # a 48 MiB file
+    (tmp_path / "big.log").write_bytes(line * count)
+    tools = await Workspace(filesystem=LocalFilesystem(tmp_path)).create_tools()
+    await run(tools, FS.READ_FILE, path="big.log", limit=1)  # loads tiktoken's tables (~20 MB, once)
+    tracemalloc.start()
+    try:
+        out = await run(tools, FS.READ_FILE, path="big.log", offset=1_000, limit=50)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 12 * 1024 * 1024, peak  # a few 2 MiB chunks, never the whole 48 MiB
+    lines = out.split("\n")
+    assert lines[0] == f"big.log (lines 1000-1049 of {count + 1}, {count * len(line)} bytes)"
+    assert lines[1] == "  1000→" + line.decode().rstrip("\n") and len(lines) == 51
+    head = await run(tools, FS.READ_FILE, path="big.log")
+    assert head.startswith(f"big.log ({count * len(line)} bytes)\n     1→0123456789")
+    assert re.search(r"\[output truncated: showing first ~2000 of ~\d+ tokens\]$", head)
+    estimated = int(re.findall(r"of ~(\d+) tokens", head)[0])
+    assert estimated > 10 * 2000  # scaled from the prefix read to the whole file
+
+
+async def test_chunked_reads_match_whole_reads(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    from agentvfs.tools import _filesystem
+
+    t = await tools_for(harness)
+    harness.put("lines.txt", "".join(f"line {i}\n" for i in range(1, 40)).encode())
+    cases: list[dict[str, Any]] = [
+        {"path": "a.txt"}, {"path": "five.txt", "offset": 2, "limit": 2, "showLineNumbers": False},
+        {"path": "five.txt", "offset": 4}, {"path": "five.txt", "offset": 10}, {"path": "lines.txt", "offset": 7, "limit": 9},
+        {"path": "lines.txt", "limit": 1}, {"path": "lines.txt", "offset": 39},
+    ]
+    whole = [await run(t, FS.READ_FILE, **case) for case in cases]
+    # Tiny chunks that split lines everywhere, on every backend's ranged reads.
+    monkeypatch.setattr(_filesystem, "STREAM_THRESHOLD", 0)
+    monkeypatch.setattr(_filesystem, "STREAM_CHUNK", 7)
+    chunked = [await run(t, FS.READ_FILE, **case) for case in cases]
+    assert chunked == whole

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from datetime import UTC
 from typing import Any
 
-from ..vfs import FileStat
+from ..vfs import FileStat, read_range
 from ._core import ToolCall, ToolMedia, ToolResult, ToolSpec
 from ._lines import (
     NOT_FOUND_MESSAGE,
@@ -30,6 +30,11 @@ __all__ = ["FILESYSTEM_TOOLS"]
 FS = WORKSPACE_TOOLS.FILESYSTEM
 DEFAULT_MEDIA_TYPES = ("image/png", "image/jpeg", "image/webp", "application/pdf")
 DEFAULT_MAX_MEDIA_BYTES = 10 * 1024 * 1024
+# Text files larger than this are read in ranged chunks instead of whole.
+STREAM_THRESHOLD = 8 * 1024 * 1024
+STREAM_CHUNK = 2 * 1024 * 1024
+STREAM_KEEP = 8 * 1024 * 1024  # at most this much of the lines asked for is kept
+STREAM_PREFIX = 256 * 1024  # without offset/limit, more than 2,000 tokens of text
 _TEXT_LIKE = frozenset(
     {
         "application/octet-stream", "application/json", "application/javascript", "application/typescript",
@@ -98,6 +103,9 @@ async def read_file(call: ToolCall) -> ToolResult:
             "`encoding` (e.g. `base64`) to read the raw bytes, or configure `media_types` on the read_file "
             "tool to surface it as a media part."
         )
+    if encoding not in ("base64", "hex", "binary") and stat.size > STREAM_THRESHOLD:
+        call.seen = stat
+        return await _read_large_text(call, stat, limit)
     raw = await call.fs.read_file(path)
     assert isinstance(raw, bytes)
     call.seen = stat
@@ -117,6 +125,71 @@ async def read_file(call: ToolCall) -> ToolResult:
     else:
         header = f"{stat.path} ({stat.size} bytes)"
     return apply_token_limit(f"{header}\n{body}", limit, "end")
+
+
+async def _read_large_text(call: ToolCall, stat: FileStat, limit: int) -> str:
+    """Read a large text file in ranged chunks, keeping only the lines shown.
+
+    Memory stays at a chunk plus the lines kept, whatever the file's size. With ``offset`` or
+    ``limit`` the whole file is scanned once to count its lines (the header names the total);
+    without them only a prefix is read, enough to fill the token budget.
+    """
+    path = call.args["path"]
+    offset, count = call.args.get("offset"), call.args.get("limit")
+    ranged = offset is not None or count is not None
+    first = max(1, offset or 1)
+    last = first + count - 1 if count is not None else None
+    kept: list[bytes] = []
+    kept_bytes = 0
+    number = 1
+    tail = b""
+    position = 0
+    while position < stat.size:
+        chunk = await read_range(call.fs, path, position, min(position + STREAM_CHUNK, stat.size))
+        if not chunk:
+            break
+        position += len(chunk)
+        data = tail + chunk
+        newlines = data.count(b"\n")
+        if newlines:
+            cut = data.rfind(b"\n")
+            # Split into lines only where the chunk holds lines asked for; elsewhere count.
+            if number + newlines > first and (last is None or last >= number) and kept_bytes < STREAM_KEEP:
+                pieces = data[:cut].split(b"\n")
+                low = max(first - number, 0)
+                high = len(pieces) if last is None else min(len(pieces), last - number + 1)
+                for piece in pieces[low:high]:
+                    if kept_bytes >= STREAM_KEEP:
+                        break
+                    kept.append(piece)
+                    kept_bytes += len(piece)
+                del pieces
+            number += newlines
+            tail = data[cut + 1 :]
+        else:
+            tail = data
+        del data
+        if len(tail) > STREAM_KEEP:
+            tail = tail[:STREAM_KEEP]  # a giant line is shown cut; the rest still counts
+        if not ranged and kept_bytes >= STREAM_PREFIX:
+            break  # enough to fill the token budget; the rest is never fetched
+    complete = position >= stat.size
+    if complete and number >= first and (last is None or number <= last) and kept_bytes < STREAM_KEEP:
+        kept.append(tail)
+    total = number if complete else None
+    lines = [piece.decode("utf-8", errors="replace") for piece in kept]
+    numbered = call.args.get("showLineNumbers", True)
+    shown_first = first if lines else 0
+    shown_last = first + len(lines) - 1 if lines else 0
+    body = format_with_line_numbers(lines, first) if numbered and lines else "\n".join(lines)
+    if ranged:
+        header = f"{stat.path} (lines {shown_first}-{shown_last} of {total}, {stat.size} bytes)"
+    else:
+        header = f"{stat.path} ({stat.size} bytes)"
+    text = f"{header}\n{body}"
+    # The budget's "of ~T tokens" is estimated from the part read when the rest was not.
+    scale = stat.size / position if position else 1.0
+    return apply_token_limit(text, limit, "end", total_scale=scale if not complete else 1.0)
 
 
 async def write_file(call: ToolCall) -> ToolResult:

@@ -67,19 +67,25 @@ def apply_tail(text: str, n: int | float | None = 200) -> str:
 
 
 def apply_token_limit(
-    text: str, limit: int = DEFAULT_MAX_OUTPUT_TOKENS, keep: Literal["start", "end"] = "end"
+    text: str,
+    limit: int = DEFAULT_MAX_OUTPUT_TOKENS,
+    keep: Literal["start", "end"] = "end",
+    *,
+    total_scale: float = 1.0,
 ) -> str:
     """Cut ``text`` to ``limit`` tokens with the reference's marker.
 
     ``keep="end"`` keeps the first tokens (the *end* is cut) and appends
     ``\\n[output truncated: showing first ~L of ~T tokens]``; ``keep="start"`` keeps the last
-    tokens and prefixes ``[output truncated: showing last ~L of ~T tokens]\\n``.
+    tokens and prefixes ``[output truncated: showing last ~L of ~T tokens]\\n``. When ``text``
+    is only the start of the real output, ``total_scale`` scales its count to estimate ``T``.
     """
     encoding = _encoding()
     tokens = encoding.encode(text, disallowed_special=())
-    total = len(tokens)
-    if total <= limit:
+    if len(tokens) <= limit:
         return text
+    # ``text`` may be a prefix of the real output (a large file read in part): scale the count.
+    total = round(len(tokens) * total_scale)
     if keep == "end":
         return f"{encoding.decode(tokens[:limit])}\n[output truncated: showing first ~{limit} of ~{total} tokens]"
     return f"[output truncated: showing last ~{limit} of ~{total} tokens]\n{encoding.decode(tokens[total - limit :])}"

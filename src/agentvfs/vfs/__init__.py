@@ -6,10 +6,12 @@ directories of one tree.
 """
 
 from ._base import SupportsGrep as SupportsGrep
+from ._base import SupportsRangedRead as SupportsRangedRead
 from ._base import SupportsReadMany as SupportsReadMany
 from ._base import SupportsWalk as SupportsWalk
 from ._base import WorkspaceFilesystem as WorkspaceFilesystem
 from ._base import read_many as read_many
+from ._base import read_range as read_range
 from ._composite import CompositeFilesystem as CompositeFilesystem
 from ._fsspec import FsspecFilesystem as FsspecFilesystem
 from ._local import LocalFilesystem as LocalFilesystem
@@ -35,12 +37,14 @@ __all__ = [
     "LocalFilesystem",
     "MountInfo",
     "SupportsGrep",
+    "SupportsRangedRead",
     "SupportsReadMany",
     "SupportsWalk",
     "WorkspaceFilesystem",
     "get_mime_type",
     "is_text_file",
     "read_many",
+    "read_range",
 ]
 
 for _name in __all__:

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SupportsGrep",
+    "SupportsRangedRead",
     "SupportsReadMany",
     "SupportsWalk",
     "WorkspaceFilesystem",
@@ -37,6 +38,7 @@ __all__ = [
     "new_id",
     "order_tree",
     "read_many",
+    "read_range",
     "run_sync",
 ]
 
@@ -82,12 +84,30 @@ class SupportsWalk(Protocol):
 
 
 @runtime_checkable
+class SupportsRangedRead(Protocol):
+    """A filesystem that reads part of a file without fetching the rest (a ranged GET)."""
+
+    async def read_range(self, path: str, start: int, end: int) -> bytes:
+        """Return bytes ``start`` (inclusive) to ``end`` (exclusive) of a file."""
+        ...
+
+
+@runtime_checkable
 class SupportsReadMany(Protocol):
     """A filesystem that fetches many files in concurrent batches (one GET each, no HEAD)."""
 
     async def read_many(self, paths: Sequence[str]) -> dict[str, bytes | OSError]:
         """Read whole files; each path maps to its bytes or to the error reading it raised."""
         ...
+
+
+async def read_range(fs: WorkspaceFilesystem, path: str, start: int, end: int) -> bytes:
+    """Read bytes ``start`` to ``end`` of a file: natively where the filesystem can, else by
+    reading it whole and slicing."""
+    if isinstance(fs, SupportsRangedRead):
+        return await fs.read_range(path, start, end)
+    data = await fs.read_file(path)
+    return (data if isinstance(data, bytes) else data.encode())[start:end]
 
 
 async def read_many(fs: WorkspaceFilesystem, paths: Sequence[str], *, concurrency: int = 8) -> dict[str, bytes | OSError]:

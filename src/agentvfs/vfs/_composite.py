@@ -18,6 +18,7 @@ from ._base import (
     filter_extension,
     new_id,
     read_many,
+    read_range,
 )
 from ._records import FileEntry, FileStat, GrepFileResult, MountInfo
 
@@ -321,6 +322,11 @@ class CompositeFilesystem(WorkspaceFilesystem):
             if budget is not None and budget <= 0:
                 break
         return results
+
+    async def read_range(self, path: str, start: int, end: int) -> bytes:
+        """Read part of a file through the owning mount (whole-file read where it cannot)."""
+        _, fs, rest = self._route(path)
+        return await read_range(fs, rest, start, end)
 
     async def read_many(self, paths: Sequence[str]) -> dict[str, bytes | OSError]:
         """Read many files, each mount's share in one batch."""

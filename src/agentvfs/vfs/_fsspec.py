@@ -1324,6 +1324,36 @@ class FsspecFilesystem(WorkspaceFilesystem):
                     break
         return results
 
+    async def read_range(self, path: str, start: int, end: int) -> bytes:
+        """Read bytes ``start`` to ``end`` (exclusive) of a file: one ranged request on object
+        stores, a seek and read elsewhere.
+
+        Raises
+        ------
+        FileNotFound, IsDirectory, PermissionDenied
+            As :meth:`read_file`.
+        """
+        if self.status != "ready":
+            await self.ensure_ready()
+        rel = self._rel(path)
+        if start >= end:
+            return b""
+        return await self._call(self._read_range_sync, rel, path, start, end)
+
+    def _read_range_sync(self, rel: str, display: str, start: int, end: int) -> bytes:
+        if not rel:
+            raise IsDirectory(display)
+        try:
+            data: bytes = self._fs.cat_file(self._bpath(rel), start=start, end=end)
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            info = self._info(rel)
+            if info is not None and info.get("type") == "directory":
+                raise IsDirectory(display) from None
+            raise FileNotFound(display) from None
+        except Exception as exc:
+            raise self._translate(exc, display, "read_range") from exc
+        return data
+
     async def read_many(self, paths: Sequence[str]) -> dict[str, bytes | OSError]:
         """Read many files in concurrent batches (on object stores one GET each, no HEAD).
 

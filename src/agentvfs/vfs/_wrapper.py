@@ -8,7 +8,14 @@ from typing import Any, TypeVar
 
 import anyio
 
-from ._base import SupportsGrep, SupportsWalk, WorkspaceFilesystem, drop_hidden, read_many
+from ._base import (
+    SupportsGrep,
+    SupportsWalk,
+    WorkspaceFilesystem,
+    drop_hidden,
+    read_many,
+    read_range,
+)
 from ._records import FileEntry, FileStat, GrepFileResult
 
 __all__ = ["TimeoutFilesystem", "WrapperFilesystem"]
@@ -139,6 +146,9 @@ class WrapperFilesystem(WorkspaceFilesystem):
         if not isinstance(inner, SupportsGrep):
             raise NotImplementedError(f"{inner.name} has no native grep")
         return await self._wrap("grep", lambda: inner.grep(pattern, path, **options))
+
+    async def read_range(self, path: str, start: int, end: int) -> bytes:
+        return await self._wrap("read_range", lambda: read_range(self.inner, path, start, end))
 
     async def read_many(self, paths: Sequence[str]) -> dict[str, bytes | OSError]:
         return await self._wrap("read_many", lambda: read_many(self.inner, paths))
