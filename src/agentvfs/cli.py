@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 from collections.abc import Sequence
+from typing import Any
 
 import anyio
 
@@ -109,14 +111,60 @@ async def _demo(storage: str, out: list[str]) -> None:
             tmp.cleanup()
 
 
+def _storage_option(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected key=value, got {text!r}")
+    try:
+        return key, json.loads(value)  # true, 3, {"a": 1}, "quoted string"
+    except ValueError:
+        return key, value
+
+
+def _mcp(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    from .tools._mcp import load_config, serve_stdio, workspace_from_config
+
+    try:
+        config: dict[str, Any] = load_config(args.config) if args.config else {}
+        if args.root is not None or args.url is not None:
+            config.pop("root", None)
+            config.pop("url", None)
+            if args.root is not None:
+                config.pop("storage_options", None)  # they were for the configured url
+            config["root" if args.root is not None else "url"] = args.root if args.root is not None else args.url
+        if args.read_only:
+            config["read_only"] = True
+        if args.options:
+            config["storage_options"] = {**(config.get("storage_options") or {}), **dict(args.options)}
+        workspace = workspace_from_config(config)
+    except (OSError, ValueError) as exc:
+        parser.error(str(exc))
+    anyio.run(serve_stdio, workspace)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``agentvfs`` command."""
     parser = argparse.ArgumentParser(prog="agentvfs", description="A workspace for AI agents over any fsspec storage.")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="run file operations on a sample workspace and print what happened")
     demo.add_argument("--storage", choices=["memory", "local"], default="memory", help="embedded storage to use (default: memory)")
+    mcp = sub.add_parser(
+        "mcp",
+        help="serve the workspace tools to an MCP client over stdio",
+        description="Serve the workspace tools (read_file, write_file, edit_file, ...) over stdio with the "
+        "Model Context Protocol. Options given here override the configuration file.",
+    )
+    mcp.add_argument("--config", metavar="FILE", help="JSON or TOML file: root or url, read_only, storage_options, tools")
+    where = mcp.add_mutually_exclusive_group()
+    where.add_argument("--root", metavar="DIR", help="a local directory as the workspace")
+    where.add_argument("--url", metavar="URL", help="an fsspec URL as the workspace (s3://bucket/prefix, memory://, ...)")
+    mcp.add_argument("--read-only", action="store_true", help="offer no write tools and refuse writes")
+    mcp.add_argument(
+        "-o", dest="options", action="append", type=_storage_option, default=[], metavar="KEY=VALUE",
+        help="an fsspec storage option for --url; VALUE is read as JSON when it parses (true, 3, {...}), else as a string",
+    )  # fmt: skip
     args = parser.parse_args(argv)
-    commands = {"demo": lambda: anyio.run(_demo, args.storage, [])}
+    commands = {"demo": lambda: anyio.run(_demo, args.storage, []), "mcp": lambda: _mcp(args, mcp)}
     commands[args.command]()
     return 0
 

@@ -1,0 +1,247 @@
+"""An MCP server offering a workspace's tools (``agentvfs mcp``), on the official ``mcp`` SDK.
+
+The SDK is imported here only, so ``import agentvfs`` works without it.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import sys
+import tomllib
+from collections.abc import Mapping
+from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+from ._core import ToolMedia, WorkspaceTool
+from ._names import WORKSPACE_TOOLS
+from ._schema import validate_input
+
+if TYPE_CHECKING:
+    from mcp import types
+    from mcp.server.lowlevel import Server
+    from mcp.server.session import ServerSession
+
+    from ..vfs import WorkspaceFilesystem
+    from ..workspace import Workspace
+
+__all__ = ["NOT_APPROVED", "create_server", "load_config", "serve_stdio", "workspace_from_config"]
+
+logger = logging.getLogger("agentvfs")
+
+#: The tool error when the user declines (or dismisses) the approval request.
+NOT_APPROVED = "Tool call was not approved by the user"
+#: The tool error when approval is needed but the client cannot ask the user.
+NO_ELICITATION = (
+    "Tool {name} requires approval, but this MCP client does not support elicitation, so the "
+    "user cannot be asked; the tool was not run"
+)
+_CONFIG_KEYS = frozenset({"root", "url", "read_only", "storage_options", "tools", "name"})
+_DESTRUCTIVE = frozenset({WORKSPACE_TOOLS.FILESYSTEM.WRITE_FILE, WORKSPACE_TOOLS.FILESYSTEM.EDIT_FILE, WORKSPACE_TOOLS.FILESYSTEM.DELETE})
+
+
+def _package_version() -> str:
+    try:
+        return version("agentvfs")
+    except PackageNotFoundError:  # pragma: no cover - running from a source tree
+        return "0"
+
+
+def load_config(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a server configuration file: TOML when it ends in ``.toml``, JSON otherwise.
+
+    Keys: ``root`` (a local directory) or ``url`` (an fsspec URL), ``read_only``,
+    ``storage_options`` (for ``url``), ``tools`` (the tools config, e.g.
+    ``{"mastra_workspace_delete": {"require_approval": true}}``) and ``name``. A relative
+    ``root`` is taken relative to the file's directory.
+
+    Raises
+    ------
+    ValueError
+        The file is not valid JSON/TOML, not an object, or has an unknown key.
+    """
+    with open(path, "rb") as handle:
+        raw = handle.read()
+    try:
+        if os.fspath(path).endswith(".toml"):
+            config: Any = tomllib.loads(raw.decode("utf-8"))
+        else:
+            config = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{os.fspath(path)}: invalid configuration: {exc}") from exc
+    if not isinstance(config, dict):
+        raise ValueError(f"{os.fspath(path)}: the configuration must be an object")
+    unknown = sorted(set(config) - _CONFIG_KEYS)
+    if unknown:
+        raise ValueError(f"{os.fspath(path)}: unknown configuration key(s): {', '.join(unknown)} (expected: {', '.join(sorted(_CONFIG_KEYS))})")
+    root = config.get("root")
+    if isinstance(root, str):
+        config["root"] = os.path.join(os.path.dirname(os.path.abspath(path)), os.path.expanduser(root))
+    return config
+
+
+def workspace_from_config(config: Mapping[str, Any]) -> Workspace:
+    """Build the (not yet initialised) workspace a configuration describes.
+
+    Raises
+    ------
+    ValueError
+        Neither or both of ``root`` and ``url`` are given, or a value has the wrong type.
+    """
+    from ..vfs import FsspecFilesystem, LocalFilesystem
+    from ..workspace import Workspace
+
+    root, url = config.get("root"), config.get("url")
+    if (root is None) == (url is None):
+        raise ValueError("give exactly one of root (a local directory) or url (an fsspec URL)")
+    read_only = config.get("read_only", False)
+    if not isinstance(read_only, bool):
+        raise ValueError(f"read_only must be true or false, got {read_only!r}")
+    options = config.get("storage_options") or {}
+    if not isinstance(options, dict):
+        raise ValueError("storage_options must be an object")
+    tools = config.get("tools")
+    if tools is not None and not isinstance(tools, dict):
+        raise ValueError("tools must be an object")
+    fs: WorkspaceFilesystem
+    if root is not None:
+        if options:
+            raise ValueError("storage_options apply to url, not to root")
+        fs = LocalFilesystem(os.path.expanduser(str(root)), read_only=read_only)
+    else:
+        fs = FsspecFilesystem(str(url), storage_options=options, read_only=read_only)
+    return Workspace(filesystem=fs, tools=tools, name=config.get("name") or "agentvfs-mcp")
+
+
+def _content(result: Any, args: Mapping[str, Any]) -> list[types.ContentBlock]:
+    from mcp import types
+
+    if isinstance(result, ToolMedia):
+        blocks: list[types.ContentBlock] = [types.TextContent(type="text", text=result.text)]
+        if result.media_type.startswith("image/"):
+            blocks.append(types.ImageContent(type="image", data=result.data, mimeType=result.media_type))
+        elif result.media_type.startswith("audio/"):
+            blocks.append(types.AudioContent(type="audio", data=result.data, mimeType=result.media_type))
+        else:
+            path = str(args.get("path") or "media").lstrip("/")
+            resource = types.BlobResourceContents(
+                uri=f"agentvfs://workspace/{quote(path)}",  # type: ignore[arg-type]  # pydantic coerces
+                mimeType=result.media_type,
+                blob=result.data,
+            )
+            blocks.append(types.EmbeddedResource(type="resource", resource=resource))
+        return blocks
+    if result is None:
+        text = ""
+    elif isinstance(result, str):
+        text = result
+    else:  # a before_tool_call hook may answer anything
+        try:
+            text = json.dumps(result)
+        except (TypeError, ValueError):
+            text = str(result)
+    return [types.TextContent(type="text", text=text)]
+
+
+def _error(message: str) -> types.CallToolResult:
+    from mcp import types
+
+    return types.CallToolResult(content=[types.TextContent(type="text", text=message)], isError=True)
+
+
+def _message(exc: BaseException) -> str:
+    text = str(exc)
+    return text if text else type(exc).__name__
+
+
+async def _approved(session: ServerSession, request_id: Any, tool: WorkspaceTool, args: Mapping[str, Any]) -> str | None:
+    """Ask the user through the client; return None when approved, else the tool error."""
+    client = session.client_params
+    elicitation = client.capabilities.elicitation if client is not None else None
+    # An empty elicitation capability means form mode (the spec before modes existed).
+    if elicitation is None or (elicitation.form is None and elicitation.url is not None):
+        return NO_ELICITATION.format(name=tool.name)
+    message = f"Allow the tool {tool.name} to run with these arguments?\n{json.dumps(dict(args), indent=2, ensure_ascii=False)}"
+    answer = await session.elicit_form(message, {"type": "object", "properties": {}}, related_request_id=request_id)
+    return None if answer.action == "accept" else NOT_APPROVED
+
+
+def create_server(tools: Mapping[str, WorkspaceTool], *, name: str = "agentvfs") -> Server[Any, Any]:
+    """An MCP server (low-level SDK ``Server``) offering ``tools``.
+
+    ``tools/list`` gives each tool's name, description and input schema. ``tools/call`` runs the
+    tool: text results come back as text content, media as text plus image (or audio, or an
+    embedded resource such as a PDF). Any exception from the tool (missing file, invalid input,
+    read-only workspace...) becomes a tool error (``isError``) with its message, and the server
+    goes on serving. A tool that needs approval asks the user with a form elicitation first;
+    declined, cancelled, or a client without elicitation: the tool does not run.
+    """
+    from mcp import types
+    from mcp.server.lowlevel import Server
+
+    server: Server[Any, Any] = Server(
+        name,
+        version=_package_version(),
+        instructions="Tools to read, write, edit, list, search and delete the files of an agentvfs workspace.",
+    )
+    listing = [
+        types.Tool(
+            name=tool.name,
+            description=tool.description,
+            inputSchema=tool.input_schema,
+            annotations=types.ToolAnnotations(
+                readOnlyHint=not tool.spec.writes,
+                destructiveHint=tool.workspace_tool_name in _DESTRUCTIVE if tool.spec.writes else None,
+            ),
+        )
+        for tool in tools.values()
+    ]
+
+    async def list_tools(request: types.ListToolsRequest) -> types.ServerResult:
+        return types.ServerResult(types.ListToolsResult(tools=listing))
+
+    async def call_tool(request: types.CallToolRequest) -> types.ServerResult:
+        return types.ServerResult(await _call(request.params.name, request.params.arguments or {}))
+
+    async def _call(tool_name: str, args: dict[str, Any]) -> types.CallToolResult:
+        tool = tools.get(tool_name)
+        if tool is None:
+            return _error(f"Unknown tool: {tool_name}")
+        try:
+            # Bad input is reported before the user is asked to approve anything.
+            validate_input(tool.name, tool.input_schema, args)
+            if await tool.needs_approval(args):
+                context = server.request_context
+                refusal = await _approved(context.session, context.request_id, tool, args)
+                if refusal is not None:
+                    return _error(refusal)
+            result = await tool.execute(args)
+        except Exception as exc:
+            logger.debug("MCP tool %s failed", tool_name, exc_info=True)
+            return _error(_message(exc))
+        return types.CallToolResult(content=_content(result, args), isError=False)
+
+    server.request_handlers[types.ListToolsRequest] = list_tools
+    server.request_handlers[types.CallToolRequest] = call_tool
+    return server
+
+
+async def serve_stdio(workspace: Workspace) -> None:
+    """Initialise ``workspace``, serve its tools over stdin/stdout until the client closes
+    stdin, then destroy the workspace."""
+    import anyio
+    from mcp.server.stdio import stdio_server
+
+    # The protocol owns stdout: anything else printed in this process goes to stderr.
+    protocol_out = anyio.wrap_file(io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8"))
+    saved, sys.stdout = sys.stdout, sys.stderr
+    try:
+        async with workspace:
+            server = create_server(await workspace.create_tools())
+            async with stdio_server(stdout=protocol_out) as (read_stream, write_stream):
+                await server.run(read_stream, write_stream, server.create_initialization_options())
+    finally:
+        sys.stdout = saved

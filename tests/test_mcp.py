@@ -1,0 +1,284 @@
+"""``agentvfs mcp``: the official MCP client SDK talking to the server as a real subprocess over stdio."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import sys
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, TextIO
+
+import anyio
+import pytest
+from mcp import ClientSession, StdioServerParameters, types
+from mcp.client.session import ElicitationFnT
+from mcp.client.stdio import stdio_client
+
+from agentvfs import WORKSPACE_TOOLS, LocalFilesystem, Workspace
+from agentvfs.cli import main
+from agentvfs.tools._mcp import NOT_APPROVED, load_config, workspace_from_config
+
+pytestmark = pytest.mark.anyio
+FS = WORKSPACE_TOOLS.FILESYSTEM
+ALL_TOOLS = [FS.READ_FILE, FS.WRITE_FILE, FS.EDIT_FILE, FS.LIST_FILES, FS.DELETE, FS.FILE_STAT, FS.MKDIR, FS.GREP]
+TIMEOUT = 20  # seconds for one whole session: start, calls, shutdown
+PNG = bytes.fromhex("89504E470D0A1A0A0000000D49484452")
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    base = tmp_path / "ws"
+    base.mkdir()
+    (base / "a.txt").write_bytes(b"Hello World\nsecond line\n")
+    return base
+
+
+@pytest.fixture
+def errlog(tmp_path: Path) -> Iterator[TextIO]:
+    """The server's stderr, kept in a file (pytest's captured stderr has no file descriptor)."""
+    with open(tmp_path / "server-stderr.log", "w+") as handle:
+        yield handle
+
+
+@asynccontextmanager
+async def session(
+    errlog: TextIO, *args: str, elicit: ElicitationFnT | None = None
+) -> AsyncIterator[ClientSession]:
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "agentvfs.cli", "mcp", *args],
+        env={"PATH": os.environ.get("PATH", "")},
+    )
+    async with (
+        stdio_client(params, errlog=errlog) as (read, write),
+        ClientSession(read, write, read_timeout_seconds=timedelta(seconds=10), elicitation_callback=elicit) as client,
+    ):
+        await client.initialize()
+        yield client
+
+
+def text(result: types.CallToolResult) -> str:
+    assert len(result.content) == 1, result.content
+    block = result.content[0]
+    assert isinstance(block, types.TextContent)
+    return block.text
+
+
+async def ok(client: ClientSession, name: str, **args: Any) -> str:
+    result = await client.call_tool(name, args)
+    assert result.isError is False, result.content
+    return text(result)
+
+
+async def failed(client: ClientSession, name: str, **args: Any) -> str:
+    result = await client.call_tool(name, args)
+    assert result.isError is True, result.content
+    return text(result)
+
+
+async def test_lists_the_filesystem_tools(root: Path, errlog: TextIO) -> None:
+    expected = await Workspace(filesystem=LocalFilesystem(root)).create_tools()
+    with anyio.fail_after(TIMEOUT):
+        async with session(errlog, "--root", str(root)) as client:
+            listed = (await client.list_tools()).tools
+    assert [tool.name for tool in listed] == ALL_TOOLS
+    for tool in listed:
+        assert tool.description == expected[tool.name].description
+        assert tool.inputSchema == expected[tool.name].input_schema
+        assert tool.annotations is not None
+        assert tool.annotations.readOnlyHint is (tool.name in (FS.READ_FILE, FS.LIST_FILES, FS.FILE_STAT, FS.GREP))
+    assert {t.name for t in listed if t.annotations and t.annotations.destructiveHint} == {FS.WRITE_FILE, FS.EDIT_FILE, FS.DELETE}
+
+
+async def test_calls_return_the_tool_outputs_and_errors_keep_the_server_serving(root: Path, errlog: TextIO) -> None:
+    (root / "img.png").write_bytes(PNG)
+    (root / "doc.pdf").write_bytes(b"%PDF-1.4\n%%EOF\n")
+    with anyio.fail_after(TIMEOUT):
+        async with session(errlog, "--root", str(root)) as client:
+            assert await ok(client, FS.READ_FILE, path="a.txt") == "a.txt (24 bytes)\n     1→Hello World\n     2→second line\n     3→"
+            # A missing file is a tool error, and the next call works.
+            assert await failed(client, FS.READ_FILE, path="missing.txt") == "File not found: missing.txt"
+            assert await ok(client, FS.WRITE_FILE, path="notes/b.txt", content="alpha\nbeta\n") == "Wrote 11 bytes to notes/b.txt"
+            assert (root / "notes" / "b.txt").read_text() == "alpha\nbeta\n"
+            assert await ok(client, FS.EDIT_FILE, path="notes/b.txt", old_string="beta", new_string="gamma") == (
+                "Replaced 1 occurrence in notes/b.txt (lines 2)"
+            )
+            assert (root / "notes" / "b.txt").read_text() == "alpha\ngamma\n"
+            not_found = await ok(client, FS.EDIT_FILE, path="notes/b.txt", old_string="nope", new_string="x")
+            assert not_found.startswith("The specified text was not found")
+            assert await ok(client, FS.GREP, pattern="o") == (
+                "2 matches across 1 file\n---\n./a.txt:1:5: Hello World\n./a.txt:2:4: second line"
+            )
+            assert await ok(client, FS.READ_FILE, path="a.txt", offset=2, limit=1) == (
+                "a.txt (lines 2-2 of 3, 24 bytes)\n     2→second line"
+            )
+            # Nulls for optional fields mean "not given".
+            assert await ok(client, FS.READ_FILE, path="a.txt", offset=None, limit=None, showLineNumbers=None) == (
+                "a.txt (24 bytes)\n     1→Hello World\n     2→second line\n     3→"
+            )
+            # Invalid input: unknown field, missing field, wrong type, unknown tool.
+            assert await failed(client, FS.READ_FILE, path="a.txt", bogus=1) == (
+                "mastra_workspace_read_file: unknown field 'bogus' (expected one of: path, offset, limit, showLineNumbers, encoding)"
+            )
+            assert await failed(client, FS.WRITE_FILE, path="x.txt") == "mastra_workspace_write_file: missing required field 'content'"
+            assert await failed(client, FS.READ_FILE, path=3) == "mastra_workspace_read_file: field 'path' must be string, got int"
+            assert await failed(client, "no_such_tool") == "Unknown tool: no_such_tool"
+            assert await failed(client, FS.READ_FILE, path="../outside.txt") != ""
+            # Media: caption plus an image, or plus an embedded resource for a PDF.
+            image = await client.call_tool(FS.READ_FILE, {"path": "img.png"})
+            assert image.isError is False
+            caption, picture = image.content
+            assert isinstance(caption, types.TextContent) and caption.text == "img.png (16 bytes, image/png)"
+            assert isinstance(picture, types.ImageContent) and picture.mimeType == "image/png"
+            assert base64.b64decode(picture.data) == PNG
+            pdf = await client.call_tool(FS.READ_FILE, {"path": "doc.pdf"})
+            caption, embedded = pdf.content
+            assert isinstance(caption, types.TextContent) and caption.text == "doc.pdf (15 bytes, application/pdf)"
+            assert isinstance(embedded, types.EmbeddedResource)
+            assert isinstance(embedded.resource, types.BlobResourceContents)
+            assert embedded.resource.mimeType == "application/pdf" and str(embedded.resource.uri) == "agentvfs://workspace/doc.pdf"
+            assert base64.b64decode(embedded.resource.blob) == b"%PDF-1.4\n%%EOF\n"
+            assert await ok(client, FS.FILE_STAT, path="missing.txt") == "missing.txt: not found"
+            assert await ok(client, FS.DELETE, path="notes", recursive=True) == "Deleted notes"
+    assert not (root / "notes").exists()
+    errlog.seek(0)
+    assert "Traceback" not in errlog.read()
+
+
+async def test_read_only_offers_no_write_tools(root: Path, errlog: TextIO) -> None:
+    with anyio.fail_after(TIMEOUT):
+        async with session(errlog, "--root", str(root), "--read-only") as client:
+            names = [tool.name for tool in (await client.list_tools()).tools]
+            assert names == [FS.READ_FILE, FS.LIST_FILES, FS.FILE_STAT, FS.GREP]
+            assert (await ok(client, FS.READ_FILE, path="a.txt")).startswith("a.txt (24 bytes)")
+            assert await failed(client, FS.WRITE_FILE, path="x.txt", content="x") == f"Unknown tool: {FS.WRITE_FILE}"
+    assert not (root / "x.txt").exists()
+
+
+def approval_config(tmp_path: Path, root: Path) -> Path:
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"root": str(root), "tools": {FS.DELETE: {"require_approval": True}}}))
+    return config
+
+
+async def test_approval_is_asked_by_elicitation(tmp_path: Path, root: Path, errlog: TextIO) -> None:
+    (root / "b.txt").write_text("b")
+    (root / "c.txt").write_text("c")
+    answers: list[types.ElicitResult] = [
+        types.ElicitResult(action="decline"),
+        types.ElicitResult(action="cancel"),
+        types.ElicitResult(action="accept", content={}),
+    ]
+    asked: list[types.ElicitRequestParams] = []
+
+    async def elicit(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        asked.append(params)
+        return answers.pop(0)
+
+    with anyio.fail_after(TIMEOUT):
+        async with session(errlog, "--config", str(approval_config(tmp_path, root)), elicit=elicit) as client:
+            assert await failed(client, FS.DELETE, path="a.txt") == NOT_APPROVED
+            assert (root / "a.txt").exists()
+            assert await failed(client, FS.DELETE, path="a.txt") == NOT_APPROVED
+            assert (root / "a.txt").exists()
+            assert await ok(client, FS.DELETE, path="a.txt") == "Deleted a.txt"
+            assert not (root / "a.txt").exists()
+            # Tools without require_approval run without asking; bad input is refused before asking.
+            assert await ok(client, FS.WRITE_FILE, path="b.txt", content="bb") == "Wrote 2 bytes to b.txt"
+            assert (await failed(client, FS.DELETE, path="c.txt", bogus=True)).startswith("mastra_workspace_delete: unknown field 'bogus'")
+    assert len(asked) == 3
+    assert isinstance(asked[0], types.ElicitRequestFormParams)
+    assert FS.DELETE in asked[0].message and '"path": "a.txt"' in asked[0].message
+    assert (root / "c.txt").exists()
+
+
+async def test_approval_without_elicitation_support_refuses(tmp_path: Path, root: Path, errlog: TextIO) -> None:
+    with anyio.fail_after(TIMEOUT):
+        async with session(errlog, "--config", str(approval_config(tmp_path, root))) as client:
+            message = await failed(client, FS.DELETE, path="a.txt")
+            assert message.startswith(f"Tool {FS.DELETE} requires approval, but this MCP client does not support elicitation")
+            assert await ok(client, FS.FILE_STAT, path="a.txt") != "a.txt: not found"
+    assert (root / "a.txt").exists()
+
+
+async def test_toml_config_with_an_fsspec_url(tmp_path: Path, root: Path, errlog: TextIO) -> None:
+    config = tmp_path / "mcp.toml"
+    config.write_text(f'url = "file://{root}"\nread_only = false\n\n[storage_options]\nauto_mkdir = true\n')
+    with anyio.fail_after(TIMEOUT):
+        async with session(errlog, "--config", str(config)) as client:
+            assert len((await client.list_tools()).tools) == 8
+            assert await ok(client, FS.WRITE_FILE, path="deep/new.txt", content="hi") == "Wrote 2 bytes to deep/new.txt"
+            assert (await ok(client, FS.READ_FILE, path="a.txt")).startswith("a.txt (24 bytes)")
+    assert (root / "deep" / "new.txt").read_text() == "hi"
+
+
+# -- configuration, in process ---------------------------------------------------------------------
+
+
+def test_config_files(tmp_path: Path) -> None:
+    (tmp_path / "c.json").write_text('{"root": "ws", "read_only": true, "tools": {"mastra_workspace_delete": {"enabled": false}}}')
+    config = load_config(tmp_path / "c.json")
+    assert config["root"] == os.path.join(str(tmp_path), "ws")  # relative to the file
+    assert config["read_only"] is True
+    (tmp_path / "bad.json").write_text('{"rot": "ws"}')
+    with pytest.raises(ValueError, match="unknown configuration key"):
+        load_config(tmp_path / "bad.json")
+    (tmp_path / "bad.toml").write_text("root = [")
+    with pytest.raises(ValueError, match="invalid configuration"):
+        load_config(tmp_path / "bad.toml")
+    with pytest.raises(ValueError, match="exactly one of root"):
+        workspace_from_config({})
+    with pytest.raises(ValueError, match="exactly one of root"):
+        workspace_from_config({"root": str(tmp_path), "url": "memory://"})
+    with pytest.raises(ValueError, match="storage_options apply to url"):
+        workspace_from_config({"root": str(tmp_path), "storage_options": {"a": 1}})
+    ws = workspace_from_config({"url": "memory://x", "read_only": True})
+    assert ws.filesystem is not None and ws.filesystem.read_only
+
+
+def test_cli_usage_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["mcp"])
+    assert exit_info.value.code == 2
+    assert "give exactly one of root" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["mcp", "--root", str(tmp_path), "--url", "memory://"])
+    assert "not allowed with argument" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["mcp", "--url", "memory://", "-o", "novalue"])
+    assert "expected key=value" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["mcp", "--config", str(tmp_path / "absent.json")])
+    assert "absent.json" in capsys.readouterr().err
+
+
+def test_cli_builds_the_configuration(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import agentvfs.tools._mcp as server_module
+
+    seen: list[dict[str, Any]] = []
+
+    def capture(config: dict[str, Any]) -> Workspace:
+        seen.append(dict(config))
+        return workspace_from_config(config)
+
+    async def serve(workspace: Workspace) -> None:
+        seen.append({"filesystem": workspace.filesystem})
+
+    monkeypatch.setattr(server_module, "workspace_from_config", capture)
+    monkeypatch.setattr(server_module, "serve_stdio", serve)
+    assert main(["mcp", "--url", "memory://x", "-o", "a=1", "-o", "b=text", "-o", 'c="2"', "-o", "d=true", "--read-only"]) == 0
+    assert seen[0] == {"url": "memory://x", "read_only": True, "storage_options": {"a": 1, "b": "text", "c": "2", "d": True}}
+    fs = seen[1]["filesystem"]
+    assert fs is not None and fs.read_only
+    seen.clear()
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps({"url": "memory://y", "storage_options": {"a": 1}, "tools": {"x": {}}}))
+    assert main(["mcp", "--config", str(config), "-o", "b=2"]) == 0
+    assert seen[0] == {"url": "memory://y", "storage_options": {"a": 1, "b": 2}, "tools": {"x": {}}}
+    seen.clear()
+    assert main(["mcp", "--config", str(config), "--root", str(tmp_path)]) == 0  # the url's options go too
+    assert seen[0] == {"root": str(tmp_path), "tools": {"x": {}}}
