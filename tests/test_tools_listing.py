@@ -187,3 +187,14 @@ async def test_grep_and_list_requests_on_s3(moto: Any) -> None:
     listing = await ls(tools, maxDepth=3)
     assert listing.endswith("20 directories, 100 files")
     assert sent["ListObjectsV2"] <= 3 and sent["HeadObject"] <= 3 and sent["GetObject"] <= 1, sent
+
+
+async def test_local_root_slash_is_outside(tmp_path: Path) -> None:
+    from agentvfs import LocalFilesystem
+
+    tools = await Workspace(filesystem=LocalFilesystem(tmp_path)).create_tools()
+    with pytest.raises(PermissionError, match="Permission denied: access on /"):
+        await ls(tools, path="/")
+    (tmp_path / "f.txt").write_text("one\ntwo\n")
+    huge = await tools[WORKSPACE_TOOLS.FILESYSTEM.READ_FILE].execute({"path": "f.txt", "limit": 10**12})
+    assert huge == "f.txt (lines 1-3 of 3, 8 bytes)\n     1→one\n     2→two\n     3→"

@@ -84,6 +84,8 @@ async def _demo(storage: str, out: list[str]) -> None:
             tools = await ws.create_tools()
             say(f"  tools: {', '.join(tools)}")
             for name, args in (
+                ("mastra_workspace_list_files", {"path": "."}),
+                ("mastra_workspace_grep", {"pattern": "TODO", "path": "src"}),
                 ("mastra_workspace_read_file", {"path": "src/app.py"}),
                 ("mastra_workspace_edit_file", {"path": "src/app.py", "old_string": "'hello'", "new_string": "'hello, agent'"}),
                 ("mastra_workspace_read_file", {"path": "src/app.py", "offset": 2, "limit": 1}),
