@@ -341,3 +341,19 @@ async def test_chunked_reads_match_whole_reads(harness: Harness, monkeypatch: py
     monkeypatch.setattr(_filesystem, "STREAM_CHUNK", 7)
     chunked = [await run(t, FS.READ_FILE, **case) for case in cases]
     assert chunked == whole
+
+
+async def test_media_options(harness: Harness) -> None:
+    small = await tools_for(harness, {FS.READ_FILE: {"max_media_bytes": 4}})
+    assert await run(small, FS.READ_FILE, path="img.png") == (
+        "img.png (8 bytes, image/png) — exceeds max_media_bytes (4). Returning metadata only; "
+        "configure `max_media_bytes` on the read_file tool to raise this cap."
+    )
+    off = await tools_for(harness, {FS.READ_FILE: {"media_types": False}})
+    assert (await run(off, FS.READ_FILE, path="img.png")).startswith("img.png (8 bytes, image/png) — binary file not readable as text.")
+    images = await tools_for(harness, {FS.READ_FILE: {"media_types": ["image/*"]}})
+    assert isinstance(await run(images, FS.READ_FILE, path="img.png"), ToolMedia)
+    bad = await tools_for(harness, {FS.READ_FILE: {"media_types": ["not a type"]}})
+    with pytest.raises(ValueError, match=re.escape("Invalid `media_types` pattern: 'not a type'")):
+        await run(bad, FS.READ_FILE, path="img.png")
+    assert await run(await tools_for(harness), FS.READ_FILE, path="data.zip", encoding="binary") == "data.zip (3 bytes, binary)\n\x01\x02\x03"
