@@ -65,6 +65,23 @@ def file_harness(tmp_path: object) -> Harness:
     return fsspec_harness(LocalFileSystem(), root, name="file")
 
 
+def harness_for(backend: str, request: pytest.FixtureRequest, tmp_path: object) -> Harness:
+    """A fresh harness on ``backend`` (``local``, ``memory``, ``s3`` or ``gcs``)."""
+    if backend == "local":
+        base = os.path.join(str(tmp_path), "base")
+        os.makedirs(base)
+        return local_harness(base)
+    if backend == "memory":
+        return memory_harness()
+    if backend == "s3":
+        return s3_harness(request.getfixturevalue("moto"))
+    return gcs_harness(request.getfixturevalue("fake_gcs"))
+
+
+#: Parameters for fixtures that run a test on every backend.
+BACKENDS = ["local", "memory", pytest.param("s3", marks=pytest.mark.s3), pytest.param("gcs", marks=pytest.mark.gcs)]
+
+
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"

@@ -23,7 +23,7 @@ from agentvfs import (
     WorkspaceTool,
 )
 from agentvfs.testing import Harness
-from conftest import gcs_harness, local_harness, memory_harness, s3_harness
+from conftest import BACKENDS, harness_for
 
 pytestmark = pytest.mark.anyio
 FS = WORKSPACE_TOOLS.FILESYSTEM
@@ -42,18 +42,9 @@ FIXTURE_A = {
 }
 
 
-@pytest.fixture(params=["local", "memory", pytest.param("s3", marks=pytest.mark.s3), pytest.param("gcs", marks=pytest.mark.gcs)])
+@pytest.fixture(params=BACKENDS)
 def harness(request: pytest.FixtureRequest, tmp_path: Path) -> Harness:
-    if request.param == "local":
-        base = tmp_path / "base"
-        base.mkdir()
-        h = local_harness(os.fspath(base))
-    elif request.param == "memory":
-        h = memory_harness()
-    elif request.param == "s3":
-        h = s3_harness(request.getfixturevalue("moto"))
-    else:
-        h = gcs_harness(request.getfixturevalue("fake_gcs"))
+    h = harness_for(request.param, request, tmp_path)
     for name, data in FIXTURE_A.items():
         h.put(name, data)
     return h

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from agentvfs import WORKSPACE_TOOLS, Workspace, WorkspaceTool
-from agentvfs.testing import Harness
-from conftest import gcs_harness, local_harness, memory_harness, s3_harness
+from conftest import BACKENDS, harness_for
 
 pytestmark = pytest.mark.anyio
 LIST = WORKSPACE_TOOLS.FILESYSTEM.LIST_FILES
@@ -35,19 +33,9 @@ FIXTURE_B = {
 }
 
 
-@pytest.fixture(params=["local", "memory", pytest.param("s3", marks=pytest.mark.s3), pytest.param("gcs", marks=pytest.mark.gcs)])
+@pytest.fixture(params=BACKENDS)
 async def tools(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, WorkspaceTool]:
-    harness: Harness
-    if request.param == "local":
-        base = tmp_path / "base"
-        base.mkdir()
-        harness = local_harness(os.fspath(base))
-    elif request.param == "memory":
-        harness = memory_harness()
-    elif request.param == "s3":
-        harness = s3_harness(request.getfixturevalue("moto"))
-    else:
-        harness = gcs_harness(request.getfixturevalue("fake_gcs"))
+    harness = harness_for(request.param, request, tmp_path)
     for name, data in FIXTURE_B.items():
         harness.put(name, data)
     return await Workspace(filesystem=harness.fs).create_tools()

@@ -476,11 +476,11 @@ class FsspecFilesystem(WorkspaceFilesystem):
         except UnicodeDecodeError as exc:
             raise FileDecodeError(path, encoding, f"byte 0x{data[exc.start]:02x} at offset {exc.start}") from None
 
-    def _read_sync(self, rel: str, display: str) -> bytes:
+    def _read_sync(self, rel: str, display: str, start: int | None = None, end: int | None = None) -> bytes:
         if not rel:
             raise IsDirectory(display)
         try:
-            data: bytes = self._fs.cat_file(self._bpath(rel))
+            data: bytes = self._fs.cat_file(self._bpath(rel), start=start, end=end)
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             info = self._info(rel)
             if info is not None and info.get("type") == "directory":
@@ -1338,21 +1338,7 @@ class FsspecFilesystem(WorkspaceFilesystem):
         rel = self._rel(path)
         if start >= end:
             return b""
-        return await self._call(self._read_range_sync, rel, path, start, end)
-
-    def _read_range_sync(self, rel: str, display: str, start: int, end: int) -> bytes:
-        if not rel:
-            raise IsDirectory(display)
-        try:
-            data: bytes = self._fs.cat_file(self._bpath(rel), start=start, end=end)
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-            info = self._info(rel)
-            if info is not None and info.get("type") == "directory":
-                raise IsDirectory(display) from None
-            raise FileNotFound(display) from None
-        except Exception as exc:
-            raise self._translate(exc, display, "read_range") from exc
-        return data
+        return await self._call(self._read_sync, rel, path, start, end)
 
     async def read_many(self, paths: Sequence[str]) -> dict[str, bytes | OSError]:
         """Read many files in concurrent batches (on object stores one GET each, no HEAD).
