@@ -348,3 +348,37 @@ async def test_media_options(harness: Harness) -> None:
     with pytest.raises(ValueError, match=re.escape("Invalid `media_types` pattern: 'not a type'")):
         await run(bad, FS.READ_FILE, path="img.png")
     assert await run(await tools_for(harness), FS.READ_FILE, path="data.zip", encoding="binary") == "data.zip (3 bytes, binary)\n\x01\x02\x03"
+
+
+async def test_tools_config_is_checked(tmp_path: Path) -> None:
+    fs = LocalFilesystem(tmp_path)
+    for config, message in (
+        ({FS.DELETE: {"requireApproval": True}}, "unknown option 'requireApproval' for mastra_workspace_delete (did you mean 'require_approval'?)"),
+        ({"mastra_workspace_delete_file": {}}, "unknown key 'mastra_workspace_delete_file'"),
+        ({"writeLockTimeoutMs": 5}, "unknown key 'writeLockTimeoutMs' (did you mean 'write_lock_timeout_ms'?)"),
+        ({FS.DELETE: {"enabled": "false"}}, "mastra_workspace_delete.enabled must be a bool or a function"),
+        ({"write_lock_timeout_ms": 0}, "write_lock_timeout_ms must be a positive number"),
+        ({FS.DELETE: True}, "mastra_workspace_delete must be a mapping of options"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            await Workspace(filesystem=fs, tools=config).create_tools()
+
+
+async def test_edit_refuses_to_corrupt_non_utf8(tmp_path: Path) -> None:
+    (tmp_path / "latin.txt").write_bytes("café TODO\n".encode("latin-1"))
+    tools = await Workspace(filesystem=LocalFilesystem(tmp_path)).create_tools()
+    with pytest.raises(ValueError, match="is not valid UTF-8 text"):
+        await run(tools, FS.EDIT_FILE, path="latin.txt", old_string="TODO", new_string="DONE")
+    assert (tmp_path / "latin.txt").read_bytes() == "café TODO\n".encode("latin-1")
+
+
+async def test_binary_answers_count_as_reads(harness: Harness) -> None:
+    t = await tools_for(harness, {FS.WRITE_FILE: {"require_read_before_write": True}})
+    assert "binary file not readable as text" in await run(t, FS.READ_FILE, path="bin.bin")
+    assert await run(t, FS.WRITE_FILE, path="bin.bin", content="text now") == "Wrote 8 bytes to bin.bin"
+
+
+async def test_grep_root_slash_on_local_is_outside(tmp_path: Path) -> None:
+    tools = await Workspace(filesystem=LocalFilesystem(tmp_path)).create_tools()
+    with pytest.raises(PermissionError):
+        await run(tools, FS.GREP, pattern="x", path="/")

@@ -181,7 +181,7 @@ class WorkspaceTool:
             with anyio.move_on_after(self._lock_timeout_ms / 1000) as scope:
                 return await self._hooked(args, input, ctx)
         if scope.cancelled_caught:
-            raise TimeoutError(f'write-lock timeout on "{path}" after {self._lock_timeout_ms:g}ms')
+            raise TimeoutError(f'write-lock timeout on "{path}" after {round(self._lock_timeout_ms)}ms')
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _hooked(self, args: dict[str, Any], raw: dict[str, Any], ctx: RequestContext) -> ToolResult:
@@ -255,6 +255,60 @@ async def _enabled(value: Any, ctx: dict[str, Any]) -> bool:
         return False
 
 
+_TOP_KEYS = frozenset({"enabled", "require_approval", "hooks", "write_lock_timeout_ms"})
+_TOOL_KEYS = frozenset(
+    {
+        "enabled", "require_approval", "name", "require_read_before_write", "max_output_tokens",
+        "media_types", "max_media_bytes", "strict", "background", "background_processes",
+    }
+)  # fmt: skip
+_SWITCHES = ("enabled", "require_approval", "require_read_before_write")
+
+
+def _snake(key: str) -> str:
+    return "".join(f"_{c.lower()}" if c.isupper() else c for c in key)
+
+
+def _check_switches(where: str, options: Mapping[str, Any]) -> None:
+    for key in _SWITCHES:
+        if key in options and not (isinstance(options[key], bool) or callable(options[key])):
+            raise ValueError(f"tools config: {where}{key} must be a bool or a function, got {options[key]!r}")
+
+
+def validate_tools_config(config: Mapping[str, Any]) -> float:
+    """Check a tools configuration; return the write-lock timeout in milliseconds.
+
+    Unknown keys are errors rather than silently ignored (a misspelt ``require_approval``
+    would otherwise let a tool run unapproved).
+
+    Raises
+    ------
+    ValueError
+        An unknown key or tool name, a switch that is neither bool nor function, or a
+        timeout that is not a positive number.
+    """
+    from ._names import ALL_TOOL_NAMES
+
+    for key, value in config.items():
+        if key in _TOP_KEYS:
+            continue
+        if key not in ALL_TOOL_NAMES:
+            hint = f" (did you mean {_snake(key)!r}?)" if _snake(key) in _TOP_KEYS else ""
+            raise ValueError(f"tools config: unknown key {key!r}{hint}")
+        if not isinstance(value, Mapping):
+            raise ValueError(f"tools config: {key} must be a mapping of options, got {type(value).__name__}")
+        for option in value:
+            if option not in _TOOL_KEYS:
+                hint = f" (did you mean {_snake(option)!r}?)" if _snake(option) in _TOOL_KEYS else ""
+                raise ValueError(f"tools config: unknown option {option!r} for {key}{hint}")
+        _check_switches(f"{key}.", value)
+    _check_switches("", config)
+    timeout = config.get("write_lock_timeout_ms", DEFAULT_WRITE_LOCK_TIMEOUT_MS)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise ValueError(f"tools config: write_lock_timeout_ms must be a positive number, got {timeout!r}")
+    return float(timeout)
+
+
 async def build_tools(
     workspace: Workspace, specs: list[ToolSpec], request_context: RequestContext | None
 ) -> dict[str, WorkspaceTool]:
@@ -263,14 +317,15 @@ async def build_tools(
     Raises
     ------
     ValueError
-        Two tools end up with the same exposed name.
+        The configuration has an unknown key or a bad value, or two tools end up with the
+        same exposed name.
     """
     config = workspace.get_tools_config() or {}
+    timeout = validate_tools_config(config)
     ctx = request_context if request_context is not None else RequestContext()
     enabled_ctx = {"request_context": dict(ctx), "workspace": workspace}
     hooks = config.get("hooks") or {}
     locks, tracker = WriteLocks(), ReadTracker()
-    timeout = config.get("write_lock_timeout_ms", DEFAULT_WRITE_LOCK_TIMEOUT_MS)
     tools: dict[str, WorkspaceTool] = {}
     for spec in specs:
         own = config.get(spec.name) or {}

@@ -6,7 +6,6 @@ import base64
 import fnmatch
 import re
 from collections.abc import Callable
-from datetime import UTC
 from typing import Any
 
 from ..vfs import FileStat, read_range
@@ -24,6 +23,7 @@ from ._names import WORKSPACE_TOOLS
 from ._output import DEFAULT_MAX_OUTPUT_TOKENS, apply_token_limit
 from ._schema import field, object_schema
 from ._search_files import grep
+from ._tracking import iso_ms
 
 __all__ = ["FILESYSTEM_TOOLS"]
 
@@ -43,11 +43,6 @@ _TEXT_LIKE = frozenset(
     }
 )  # fmt: skip
 _MEDIA_PATTERN = re.compile(r"^(\*|\*/\*|[\w.+-]+/\*|[\w.+-]+/[\w.+-]+)$")
-
-
-def _iso_ms(stat: FileStat) -> str:
-    when = stat.modified_at.astimezone(UTC)
-    return when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{when.microsecond // 1000:03d}Z"
 
 
 def _text_like(mime: str | None) -> bool:
@@ -82,6 +77,8 @@ async def read_file(call: ToolCall) -> ToolResult:
     """``mastra_workspace_read_file``."""
     path: str = call.args["path"]
     stat = await call.fs.stat(path)
+    # Any read that returns counts as a read (also a binary or oversized-media answer).
+    call.seen = stat
     mime = stat.mime_type
     encoding: str | None = call.args.get("encoding")
     limit = call.options.get("max_output_tokens", DEFAULT_MAX_OUTPUT_TOKENS)
@@ -209,7 +206,14 @@ async def edit_file(call: ToolCall) -> ToolResult:
     old, new, every = call.args["old_string"], call.args["new_string"], call.args["replace_all"]
     raw = await call.fs.read_file(path)
     assert isinstance(raw, bytes)
-    content = raw.decode("utf-8", errors="replace")
+    try:
+        content = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        # Writing back a lossy decoding would replace every invalid byte in the file.
+        raise ValueError(
+            f"{path} is not valid UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}); "
+            "edit_file would corrupt it, so nothing was changed"
+        ) from None
     try:
         updated, positions = replace_string(content, old, new, replace_all=every)
     except StringNotFoundError:
@@ -244,7 +248,7 @@ async def file_stat(call: ToolCall) -> ToolResult:
         stat = await call.fs.stat(path)
     except FileNotFoundError:
         return f"{path}: not found"
-    return f"{path} Type: {stat.type} Size: {stat.size} bytes Modified: {_iso_ms(stat)}"
+    return f"{path} Type: {stat.type} Size: {stat.size} bytes Modified: {iso_ms(stat)}"
 
 
 async def mkdir(call: ToolCall) -> ToolResult:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-__all__ = ["WORKSPACE_TOOLS", "WORKSPACE_TOOLS_PREFIX", "WRITE_TOOLS"]
+__all__ = ["ALL_TOOL_NAMES", "WORKSPACE_TOOLS", "WORKSPACE_TOOLS_PREFIX"]
 
 WORKSPACE_TOOLS_PREFIX = "mastra_workspace"
 
@@ -32,13 +32,7 @@ WORKSPACE_TOOLS = SimpleNamespace(
     SEARCH=_names(SEARCH="search", INDEX="index"),
 )
 
-# Tools that change files: dropped on a read-only static filesystem, serialised per path.
-WRITE_TOOLS = frozenset(
-    {
-        WORKSPACE_TOOLS.FILESYSTEM.WRITE_FILE,
-        WORKSPACE_TOOLS.FILESYSTEM.EDIT_FILE,
-        WORKSPACE_TOOLS.FILESYSTEM.DELETE,
-        WORKSPACE_TOOLS.FILESYSTEM.MKDIR,
-        WORKSPACE_TOOLS.SEARCH.INDEX,
-    }
-)
+#: Every tool name a tools configuration may name (workspace tools and skill tools).
+ALL_TOOL_NAMES = frozenset(
+    name for group in vars(WORKSPACE_TOOLS).values() for name in vars(group).values()
+) | {"skill", "skill_search", "skill_read"}

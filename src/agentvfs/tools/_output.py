@@ -88,7 +88,7 @@ def apply_token_limit(
     total = round(len(tokens) * total_scale)
     if keep == "end":
         return f"{encoding.decode(tokens[:limit])}\n[output truncated: showing first ~{limit} of ~{total} tokens]"
-    return f"[output truncated: showing last ~{limit} of ~{total} tokens]\n{encoding.decode(tokens[total - limit :])}"
+    return f"[output truncated: showing last ~{limit} of ~{total} tokens]\n{encoding.decode(tokens[-limit:])}"
 
 
 def apply_token_limit_sandwich(text: str, limit: int = DEFAULT_MAX_OUTPUT_TOKENS, head_ratio: float = 0.1) -> str:

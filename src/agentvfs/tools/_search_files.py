@@ -64,7 +64,7 @@ async def grep(call: ToolCall) -> ToolResult:
     strict = bool(call.options.get("strict", False))
     fs = call.fs
     glob = is_glob_pattern(target)
-    root = extract_glob_base(target) if glob else target.rstrip("/") or "."
+    root = extract_glob_base(target) if glob else target.rstrip("/") or target
     matcher = create_glob_matcher(target, dot=hidden) if glob else None
 
     files: list[str] = []

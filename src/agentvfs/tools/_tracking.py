@@ -13,7 +13,7 @@ import anyio
 from ..errors import FileReadRequiredError
 from ..vfs import FileStat
 
-__all__ = ["ReadRecord", "ReadTracker", "WriteLocks", "path_key"]
+__all__ = ["ReadRecord", "ReadTracker", "WriteLocks", "iso_ms", "path_key"]
 
 
 def path_key(path: str) -> str:
@@ -63,7 +63,8 @@ class ReadRecord:
     scope: str
 
 
-def _iso(stat: FileStat) -> str:
+def iso_ms(stat: FileStat) -> str:
+    """A stat's modification time as JavaScript's ``toISOString`` writes it (ms, ``Z``)."""
     when = stat.modified_at.astimezone(UTC)
     return when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{when.microsecond // 1000:03d}Z"
 
@@ -111,6 +112,6 @@ class ReadTracker:
         if changed:
             raise FileReadRequiredError(
                 path,
-                f'File "{path}" was modified since last read (read at: {_iso(seen)}, current: {_iso(current)}). '
+                f'File "{path}" was modified since last read (read at: {iso_ms(seen)}, current: {iso_ms(current)}). '
                 "Please re-read the file to get the latest contents.",
             )
