@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import pathspec
 
-from ..vfs import FileEntry, SupportsWalk, WorkspaceFilesystem
+from ..vfs import FileEntry, WorkspaceFilesystem, walk
 from ._core import ToolCall, ToolResult
 from ._glob import create_glob_matcher
 from ._output import LIST_FILES_MAX_OUTPUT_TOKENS, apply_token_limit
@@ -28,23 +28,24 @@ async def load_gitignore(fs: WorkspaceFilesystem) -> pathspec.GitIgnoreSpec | No
     return pathspec.GitIgnoreSpec.from_lines(lines)
 
 
-def _root_relative(path: str) -> str:
-    """The listed path as a root-relative prefix for gitignore matching (``.`` -> ``""``)."""
+async def gitignore_for(fs: WorkspaceFilesystem, path: str) -> tuple[pathspec.GitIgnoreSpec | None, str]:
+    """The root ``.gitignore`` for a listing or search of ``path``, and ``path`` as the
+    root-relative prefix entries are matched under (``.`` -> ``""``).
+
+    Asking for an ignored directory by name lists or searches it: then no matcher is given.
+    """
     norm = posixpath.normpath(path.strip() or ".").lstrip("/")
-    return "" if norm == "." else norm
+    base = "" if norm == "." else norm
+    ignore = await load_gitignore(fs)
+    if ignore is not None and base and ignore.match_file(base + "/"):
+        ignore = None
+    return ignore, base
 
 
 @dataclass
 class _Node:
     entry: FileEntry
     children: dict[str, _Node] = field(default_factory=dict)
-
-
-async def _walk(fs: WorkspaceFilesystem, path: str, depth: int, hidden: bool) -> list[FileEntry]:
-    if isinstance(fs, SupportsWalk):
-        # One paginated listing on object stores instead of a request per directory.
-        return await fs.walk(path, max_depth=depth, include_hidden=hidden)
-    return await fs.readdir(path, recursive=True, max_depth=depth)
 
 
 async def list_files(call: ToolCall) -> ToolResult:
@@ -60,12 +61,11 @@ async def list_files(call: ToolCall) -> ToolResult:
     if isinstance(patterns, str):
         patterns = [patterns] if patterns.strip() else []
     matcher = create_glob_matcher(patterns, dot=show_hidden) if patterns else None
-    ignore = await load_gitignore(call.fs) if args["respectGitignore"] else None
-    base = _root_relative(path)
-    if ignore is not None and base and ignore.match_file(base + "/"):
-        ignore = None  # asking for an ignored directory by name lists it
+    ignore, base = await gitignore_for(call.fs, path)
+    if not args["respectGitignore"]:
+        ignore = None
 
-    entries = await _walk(call.fs, path, max(max_depth, 1), show_hidden)
+    entries = await walk(call.fs, path, max_depth=max_depth, include_hidden=show_hidden)
     root = _Node(FileEntry(".", "directory"))
     truncated = False
     for entry in entries:

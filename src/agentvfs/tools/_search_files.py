@@ -11,10 +11,10 @@ from __future__ import annotations
 import posixpath
 import re
 
-from ..vfs import FileEntry, SupportsWalk, WorkspaceFilesystem, is_text_file, read_many
+from ..vfs import is_text_file, read_many, walk
 from ._core import ToolCall, ToolResult
 from ._glob import create_glob_matcher, extract_glob_base, is_glob_pattern
-from ._listing import load_gitignore
+from ._listing import gitignore_for
 from ._output import DEFAULT_MAX_OUTPUT_TOKENS, apply_token_limit
 
 __all__ = ["grep", "translate_js_regex"]
@@ -38,13 +38,6 @@ def _plural(count: int, one: str, many: str) -> str:
 
 def _cut(text: str) -> str:
     return text if len(text) <= MAX_LINE_LENGTH else text[:MAX_LINE_LENGTH] + "..."
-
-
-async def _candidates(fs: WorkspaceFilesystem, root: str, hidden: bool) -> list[FileEntry]:
-    if isinstance(fs, SupportsWalk):
-        return await fs.walk(root, include_hidden=hidden)
-    entries = await fs.readdir(root, recursive=True)
-    return entries if hidden else [e for e in entries if not any(p.startswith(".") for p in e.name.split("/"))]
 
 
 async def grep(call: ToolCall) -> ToolResult:
@@ -131,14 +124,10 @@ async def grep(call: ToolCall) -> ToolResult:
 async def _files_below(call: ToolCall, root: str, hidden: bool, matcher: object) -> list[str]:
     """Text files below ``root``: no ``.git``, no ignored paths, not through symlinked dirs."""
     fs = call.fs
-    ignore = await load_gitignore(fs)
-    base = posixpath.normpath(root).lstrip("/")
-    base = "" if base == "." else base
-    if ignore is not None and base and ignore.match_file(base + "/"):
-        ignore = None  # searching an ignored directory by name searches it
+    ignore, base = await gitignore_for(fs, root)
     linked: list[str] = []
     out: list[str] = []
-    for entry in await _candidates(fs, root, hidden):
+    for entry in await walk(fs, root, include_hidden=hidden):
         parts = entry.name.split("/")
         if ".git" in parts:
             continue

@@ -12,6 +12,7 @@ from ._base import SupportsWalk as SupportsWalk
 from ._base import WorkspaceFilesystem as WorkspaceFilesystem
 from ._base import read_many as read_many
 from ._base import read_range as read_range
+from ._base import walk as walk
 from ._composite import CompositeFilesystem as CompositeFilesystem
 from ._fsspec import FsspecFilesystem as FsspecFilesystem
 from ._local import LocalFilesystem as LocalFilesystem
@@ -45,6 +46,7 @@ __all__ = [
     "is_text_file",
     "read_many",
     "read_range",
+    "walk",
 ]
 
 for _name in __all__:

@@ -40,6 +40,7 @@ __all__ = [
     "read_many",
     "read_range",
     "run_sync",
+    "walk",
 ]
 
 T = TypeVar("T")
@@ -99,6 +100,17 @@ class SupportsReadMany(Protocol):
     async def read_many(self, paths: Sequence[str]) -> dict[str, bytes | OSError]:
         """Read whole files; each path maps to its bytes or to the error reading it raised."""
         ...
+
+
+async def walk(
+    fs: WorkspaceFilesystem, path: str = "", *, max_depth: int | None = None, include_hidden: bool = True
+) -> list[FileEntry]:
+    """List a whole tree: natively (one paginated listing on object stores) where the
+    filesystem can, else by a recursive ``readdir``; hidden entries dropped unless asked for."""
+    if isinstance(fs, SupportsWalk):
+        return await fs.walk(path, max_depth=max_depth, include_hidden=include_hidden)
+    entries = await fs.readdir(path, recursive=True, max_depth=max_depth)
+    return entries if include_hidden else drop_hidden(entries)
 
 
 async def read_range(fs: WorkspaceFilesystem, path: str, start: int, end: int) -> bytes:

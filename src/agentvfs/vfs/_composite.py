@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING, Any
 from ..errors import FileExists, FileNotFound, IsDirectory, NoMountError, PermissionDenied
 from ._base import (
     SupportsGrep,
-    SupportsWalk,
     WorkspaceFilesystem,
     drop_hidden,
     filter_extension,
     new_id,
     read_many,
     read_range,
+    walk,
 )
 from ._records import FileEntry, FileStat, GrepFileResult, MountInfo
 
@@ -278,8 +278,8 @@ class CompositeFilesystem(WorkspaceFilesystem):
     ) -> list[FileEntry]:
         """Walk the mount that owns ``path`` natively, or every mount below a synthetic dir."""
         found = self._resolve(path)
-        if found is not None and isinstance(found[1], SupportsWalk):
-            return await found[1].walk(found[2], max_depth=max_depth, include_hidden=include_hidden)
+        if found is not None:
+            return await walk(found[1], found[2], max_depth=max_depth, include_hidden=include_hidden)
         entries = await self.readdir(path, recursive=True, max_depth=max_depth)
         return entries if include_hidden else drop_hidden(entries)
 

@@ -573,6 +573,12 @@ class FsspecFilesystem(WorkspaceFilesystem):
             return DirectoryNotFound(display)
         return NotDirectory(display)
 
+    def _require_dir(self, rel: str, display: str) -> None:
+        """An empty listing: fine for an empty directory, else the listing's error."""
+        info = self._info(rel)
+        if info is None or info.get("type") != "directory":
+            raise NotDirectory(display) if info is not None else DirectoryNotFound(display)
+
     def _list_raw(self, rel: str, display: str) -> list[dict[str, Any]]:
         bpath = self._bpath(rel)
         try:
@@ -649,11 +655,7 @@ class FsspecFilesystem(WorkspaceFilesystem):
         raw = self._list_raw(rel, display)
         children = self._children(rel, raw, display)
         if not raw and rel:
-            info = self._info(rel)
-            if info is None:
-                raise DirectoryNotFound(display)
-            if info.get("type") != "directory":
-                raise NotDirectory(display)
+            self._require_dir(rel, display)
         return [self._entry(name, children[name]) for name in sorted(children)]
 
     def _walk_sync(self, rel: str, display: str, max_depth: int) -> list[FileEntry]:
@@ -696,11 +698,7 @@ class FsspecFilesystem(WorkspaceFilesystem):
                 entries[parent] = FileEntry(name=parent, type="directory")
                 parent = _paths.dirname(parent)
         if not found and rel:
-            own_info = self._info(rel)
-            if own_info is None:
-                raise DirectoryNotFound(display)
-            if own_info.get("type") != "directory":
-                raise NotDirectory(display)
+            self._require_dir(rel, display)
         return order_tree(entries)
 
     def _walk_local(self, rel: str, display: str, max_depth: int) -> list[FileEntry]:

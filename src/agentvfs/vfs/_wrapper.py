@@ -10,11 +10,10 @@ import anyio
 
 from ._base import (
     SupportsGrep,
-    SupportsWalk,
     WorkspaceFilesystem,
-    drop_hidden,
     read_many,
     read_range,
+    walk,
 )
 from ._records import FileEntry, FileStat, GrepFileResult
 
@@ -133,13 +132,9 @@ class WrapperFilesystem(WorkspaceFilesystem):
     async def walk(
         self, path: str = "", *, max_depth: int | None = None, include_hidden: bool = True
     ) -> list[FileEntry]:
-        inner = self.inner
-        if isinstance(inner, SupportsWalk):
-            return await self._wrap(
-                "walk", lambda: inner.walk(path, max_depth=max_depth, include_hidden=include_hidden)
-            )
-        entries = await self.readdir(path, recursive=True, max_depth=max_depth)
-        return entries if include_hidden else drop_hidden(entries)
+        return await self._wrap(
+            "walk", lambda: walk(self.inner, path, max_depth=max_depth, include_hidden=include_hidden)
+        )
 
     async def grep(self, pattern: str, path: str = "", **options: Any) -> list[GrepFileResult]:
         inner = self.inner
