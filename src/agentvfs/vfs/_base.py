@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextvars
+import functools
+import logging
 import secrets
+import shutil
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -28,20 +32,62 @@ if TYPE_CHECKING:
     from .._context import RequestContext
 
 __all__ = [
+    "ChangeListener",
     "SupportsGrep",
+    "SupportsListStats",
     "SupportsRangedRead",
+    "SupportsTransfer",
     "SupportsReadMany",
     "SupportsWalk",
     "WorkspaceFilesystem",
+    "download_file",
     "drop_hidden",
     "filter_extension",
+    "list_stats",
     "new_id",
     "order_tree",
     "read_many",
     "read_range",
     "run_sync",
+    "upload_file",
     "walk",
 ]
+
+_log = logging.getLogger("agentvfs")
+
+#: A change listener gets the filesystem, the operation name and the paths it changed.
+ChangeListener = Callable[["WorkspaceFilesystem", str, tuple[str, ...]], None]
+
+# The operations that change storage, and which of their arguments are the changed paths.
+_MUTATORS: dict[str, tuple[int, ...]] = {
+    "write_file": (0,),
+    "append_file": (0,),
+    "delete_file": (0,),
+    "mkdir": (0,),
+    "rmdir": (0,),
+    "copy_file": (1,),
+    "move_file": (0, 1),
+    "upload_file": (1,),
+}
+
+#: Set while a caller (a FUSE mount) changes storage on its own behalf, so that its own
+#: changes are not reported back to it.
+change_origin: contextvars.ContextVar[object | None] = contextvars.ContextVar(
+    "agentvfs_change_origin", default=None
+)
+
+
+def _announcing(name: str, method: Callable[..., Any], positions: tuple[int, ...]) -> Callable[..., Any]:
+    @functools.wraps(method)
+    async def wrapper(self: WorkspaceFilesystem, *args: Any, **kwargs: Any) -> Any:
+        result = await method(self, *args, **kwargs)
+        if self._listeners:
+            paths = tuple(str(args[i]) for i in positions if i < len(args))
+            self._announce(name, paths)
+        return result
+
+    wrapper.__announcing__ = True  # type: ignore[attr-defined]
+    return wrapper
 
 T = TypeVar("T")
 
@@ -145,6 +191,77 @@ async def read_many(fs: WorkspaceFilesystem, paths: Sequence[str], *, concurrenc
 
 
 @runtime_checkable
+@runtime_checkable
+class SupportsListStats(Protocol):
+    """Backends that return full metadata of every child in one listing request."""
+
+    async def list_stats(self, path: str = "") -> list[FileStat]:
+        """Metadata of the children of ``path`` (not recursive), in listing order."""
+        ...
+
+
+@runtime_checkable
+class SupportsTransfer(Protocol):
+    """Backends that move whole files between local disk and storage without holding them
+    in memory (multipart uploads, streamed downloads)."""
+
+    async def upload_file(self, local_path: str, path: str) -> None:
+        """Publish the local file as ``path``, atomically, creating parents."""
+        ...
+
+    async def download_file(self, path: str, local_path: str) -> None:
+        """Copy ``path`` into the local file ``local_path``."""
+        ...
+
+
+async def list_stats(fs: WorkspaceFilesystem, path: str = "") -> list[FileStat]:
+    """Metadata of every child of ``path``: one listing where the backend can, else a
+    listing and one ``stat`` per entry."""
+    if isinstance(fs, SupportsListStats):
+        return await fs.list_stats(path)
+    out: list[FileStat] = []
+    for entry in await fs.readdir(path):
+        try:
+            out.append(await fs.stat(_paths.join(_paths.normalize(path), entry.name)))
+        except FileNotFoundError:
+            continue  # removed between the listing and the stat
+    return out
+
+
+async def upload_file(fs: WorkspaceFilesystem, local_path: str, path: str) -> None:
+    """Publish a local file as ``path`` (whole and atomic, like ``write_file``)."""
+    if isinstance(fs, SupportsTransfer):
+        await fs.upload_file(local_path, path)
+        return
+    data = await run_sync(_read_local, local_path)
+    await fs.write_file(path, data)
+
+
+async def download_file(fs: WorkspaceFilesystem, path: str, local_path: str) -> None:
+    """Copy ``path`` into the local file ``local_path`` (replacing its content)."""
+    if isinstance(fs, SupportsTransfer):
+        await fs.download_file(path, local_path)
+        return
+    data = await fs.read_file(path)
+    assert isinstance(data, bytes)
+    await run_sync(_write_local, local_path, data)
+
+
+def _read_local(local_path: str) -> bytes:
+    with open(local_path, "rb") as f:
+        return f.read()
+
+
+def _write_local(local_path: str, data: bytes) -> None:
+    with open(local_path, "wb") as f:
+        f.write(data)
+
+
+def copy_local(src: str, dest: str) -> None:
+    """Copy a local file's bytes (kernel-side where the OS can)."""
+    shutil.copyfile(src, dest)
+
+
 class SupportsGrep(Protocol):
     """A filesystem that searches file contents itself (batched reads, or server side)."""
 
@@ -190,6 +307,16 @@ class WorkspaceFilesystem(ABC):
     name: ClassVar[str] = "WorkspaceFilesystem"
     provider: str = "unknown"
     capabilities: Capabilities = Capabilities()
+    _listeners: tuple[ChangeListener, ...] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # Every implementation of a changing operation announces its paths once it succeeded,
+        # so mounts of this filesystem drop what they cached (one mechanism for every backend).
+        for name, positions in _MUTATORS.items():
+            method = cls.__dict__.get(name)
+            if method is not None and not getattr(method, "__announcing__", False):
+                setattr(cls, name, _announcing(name, method, positions))
 
     def __init__(
         self,
@@ -212,6 +339,29 @@ class WorkspaceFilesystem(ABC):
         self.error: str | None = None
         self._instructions = instructions
         self._init_done: anyio.Event | None = None
+
+    # -- change feed ----------------------------------------------------------------------
+
+    def watch(self, listener: ChangeListener) -> Callable[[], None]:
+        """Call ``listener(fs, operation, paths)`` after every successful change made through
+        this object; returns a function that stops the calls.
+
+        Listeners run synchronously in the changing task; they must be quick and never raise
+        (an exception is logged and ignored).
+        """
+        self._listeners = (*self._listeners, listener)
+
+        def unwatch() -> None:
+            self._listeners = tuple(cb for cb in self._listeners if cb is not listener)
+
+        return unwatch
+
+    def _announce(self, operation: str, paths: tuple[str, ...]) -> None:
+        for listener in self._listeners:
+            try:
+                listener(self, operation, paths)
+            except Exception:
+                _log.exception("change listener failed for %s %s", operation, paths)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -573,6 +723,13 @@ class WorkspaceFilesystem(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(id={self.id!r}, provider={self.provider!r}, read_only={self.read_only})"
+
+
+for _name, _positions in _MUTATORS.items():
+    # The derived operations of the base class announce too (their inner writes already do,
+    # but a listener must not depend on how an operation is composed).
+    if _name in WorkspaceFilesystem.__dict__:
+        setattr(WorkspaceFilesystem, _name, _announcing(_name, WorkspaceFilesystem.__dict__[_name], _positions))
 
 
 def filter_extension(entries: list[FileEntry], extension: str | list[str] | None) -> list[FileEntry]:

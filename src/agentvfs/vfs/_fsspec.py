@@ -7,6 +7,7 @@ import errno as _errno
 import os
 import posixpath
 import secrets
+import shutil
 import stat as stat_module
 import threading
 import time
@@ -397,6 +398,7 @@ class FsspecFilesystem(WorkspaceFilesystem):
             modified_at=modified,
             mime_type=get_mime_type(name) if kind == "file" else None,
             etag=str(etag).strip('"') if etag is not None and kind == "file" else None,
+            mode=stat_module.S_IMODE(info["mode"]) if self._local and "mode" in info else None,
         )
         if stat.etag is not None:
             self._remember_version(rel, stat)
@@ -538,6 +540,89 @@ class FsspecFilesystem(WorkspaceFilesystem):
         else:
             entries = await self._call(self._list_sync, rel, path)
         return filter_extension(entries, extension)
+
+    async def list_stats(self, path: str = "") -> list[FileStat]:
+        """Metadata of every child of ``path`` from one (paginated) listing request."""
+        if self.status != "ready":
+            await self.ensure_ready()
+        rel = self._rel(path)
+        return await self._call(self._list_stats_sync, rel, path)
+
+    def _list_stats_sync(self, rel: str, display: str) -> list[FileStat]:
+        raw = self._list_raw(rel, display)
+        if not raw and rel:
+            self._require_dir(rel, display)
+        children = self._children(rel, raw, display)
+        return [
+            self._stat_from_info(_paths.join(rel, name) if rel else name, info)
+            for name, info in sorted(children.items())
+        ]
+
+    async def upload_file(self, local_path: str, path: str) -> None:
+        """Publish a local file as ``path`` without reading it into memory: a (multipart)
+        upload on object stores, a staged copy and rename on local disk."""
+        self._check_writable("upload_file")
+        if self.status != "ready":
+            await self.ensure_ready()
+        rel = self._rel(path)
+        await self._call_write(self._upload_sync, rel, path, local_path)
+
+    def _upload_sync(self, rel: str, display: str, local_path: str, cancel: threading.Event) -> None:
+        if not rel:
+            raise IsDirectory(display)
+        try:
+            if self._object:
+                self._prepare_object_parent(rel, display, True)
+            else:
+                self._prepare_parent(rel, display, True)
+            if cancel.is_set():
+                raise _Cancelled
+            bpath = self._bpath(rel)
+            if self._object:
+                # One upload (multipart for large files) that appears whole when it completes.
+                self._fs.put_file(local_path, bpath)
+            elif self._memory:
+                if bpath in self._fs.pseudo_dirs:
+                    raise IsDirectory(display)
+                with open(local_path, "rb") as f:
+                    self._fs.pipe_file(bpath, f.read())
+            else:
+                self._publish(rel, display, lambda tmp: shutil.copyfile(local_path, tmp), True, cancel)
+        except _Cancelled:
+            return
+        except FilesystemError:
+            raise
+        except Exception as exc:
+            raise self._translate(exc, display, "upload_file") from exc
+        if self._object:
+            self._listings.add(rel, "file")
+
+    async def download_file(self, path: str, local_path: str) -> None:
+        """Copy ``path`` into the local file ``local_path`` in a streamed transfer."""
+        if self.status != "ready":
+            await self.ensure_ready()
+        rel = self._rel(path)
+        await self._call(self._download_sync, rel, path, local_path)
+
+    def _download_sync(self, rel: str, display: str, local_path: str) -> None:
+        self._guard_local(display, rel)
+        bpath = self._bpath(rel)
+        try:
+            if self._memory or self._local:
+                # get_file of these copies through Python; a plain copy is kernel-side.
+                if self._memory:
+                    with open(local_path, "wb") as f:
+                        f.write(self._fs.cat_file(bpath))
+                else:
+                    shutil.copyfile(bpath, local_path)
+            else:
+                self._fs.get_file(bpath, local_path)
+        except FilesystemError:
+            raise
+        except IsADirectoryError:
+            raise IsDirectory(display) from None
+        except Exception as exc:
+            raise self._translate(exc, display, "download_file") from exc
 
     async def walk(
         self, path: str = "", *, max_depth: int | None = None, include_hidden: bool = True

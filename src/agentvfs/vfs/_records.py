@@ -36,6 +36,8 @@ class FileStat:
     modified_at: datetime
     mime_type: str | None = None
     etag: str | None = None
+    #: POSIX permission bits where the backend keeps them (local disk); not part of ``to_dict``.
+    mode: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Return the record as a JSON-friendly dict (ISO-8601 times)."""

@@ -1,0 +1,134 @@
+"""The mount's view of the tree: one node per inode, with the POSIX metadata the storage lacks."""
+
+from __future__ import annotations
+
+import stat as stat_module
+import time
+
+import trio
+
+__all__ = ["Node", "now_ns"]
+
+
+def now_ns() -> int:
+    return time.time_ns()
+
+
+class Node:
+    """One inode of the mount.
+
+    Regular files and directories mirror storage (``stored``); symlinks, FIFOs, sockets and
+    device nodes, and the mode, owner and times of every node, live here for the life of the
+    mount. A regular file may have several names (hard links): ``links`` lists them as
+    ``(directory node, name)`` pairs and the storage holds a copy under each.
+    """
+
+    __slots__ = (
+        "atime",
+        "checked_at",
+        "children",
+        "ctime",
+        "dirty",
+        "etag",
+        "gid",
+        "ino",
+        "kernel_version",
+        "kind",
+        "links",
+        "listed_at",
+        "lock",
+        "lookups",
+        "mtime",
+        "opens",
+        "perm",
+        "rdev",
+        "size",
+        "stage",
+        "stage_fd",
+        "staged_bytes",
+        "stored",
+        "target",
+        "uid",
+        "version",
+        "write_seq",
+        "writers",
+    )
+
+    def __init__(
+        self,
+        ino: int,
+        kind: int,
+        perm: int,
+        *,
+        uid: int,
+        gid: int,
+        size: int = 0,
+        mtime: int | None = None,
+        stored: bool = False,
+        etag: str | None = None,
+        rdev: int = 0,
+        target: bytes | None = None,
+    ) -> None:
+        t = mtime if mtime is not None else now_ns()
+        self.ino = ino
+        self.kind = kind
+        self.perm = perm & 0o7777
+        self.uid = uid
+        self.gid = gid
+        self.size = size
+        self.atime = t
+        self.mtime = t
+        self.ctime = t
+        self.rdev = rdev
+        self.target = target
+        self.stored = stored
+        self.etag = etag
+        #: ``(directory, name)`` of every name this node has; empty once unlinked.
+        self.links: list[tuple[Node, str]] = []
+        self.children: dict[str, Node] | None = {} if kind == stat_module.S_IFDIR else None
+        self.listed_at = 0.0 if stored else float("inf")
+        self.checked_at = time.monotonic()
+        self.lookups = 0
+        self.opens = 0
+        self.writers = 0
+        #: Staged local copy (path and open descriptor) while written, or while open after
+        #: its last name went away.
+        self.stage: str | None = None
+        self.stage_fd = -1
+        self.staged_bytes = 0
+        self.dirty = False
+        self.write_seq = 0
+        #: Bumped when the storage content changes under the mount; the kernel's page cache
+        #: is kept across opens only while it equals ``kernel_version``.
+        self.version = 0
+        self.kernel_version = -1
+        self.lock = trio.Lock()
+
+    @property
+    def is_dir(self) -> bool:
+        return self.kind == stat_module.S_IFDIR
+
+    @property
+    def is_file(self) -> bool:
+        return self.kind == stat_module.S_IFREG
+
+    @property
+    def nlink(self) -> int:
+        if self.is_dir:
+            if not self.links and self.ino != 1:
+                return 0
+            subdirs = sum(1 for c in (self.children or {}).values() if c.is_dir)
+            return 2 + subdirs
+        return len(self.links)
+
+    def touch(self, *, content: bool = True) -> None:
+        """A change: ``ctime`` always, ``mtime`` too when the content (or entries) changed."""
+        t = now_ns()
+        self.ctime = t
+        if content:
+            self.mtime = t
+
+    def __repr__(self) -> str:
+        kind = stat_module.filemode(self.kind | self.perm)
+        names = [name for _, name in self.links]
+        return f"<Node {self.ino} {kind} {names} size={self.size}>"

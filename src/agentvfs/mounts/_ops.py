@@ -1,0 +1,1127 @@
+"""The FUSE operations: a :class:`WorkspaceFilesystem` served to the kernel through pyfuse3.
+
+Everything here runs on the mount's trio thread. Storage calls are awaited (the filesystem
+sends its blocking work to worker threads), so a slow bucket never stalls other requests;
+staged copies live on local disk and are read and written in place.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import logging
+import os
+import stat as stat_module
+import tempfile
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, TypeVar
+
+import pyfuse3
+import trio
+
+from .. import errors as _errors
+from ..vfs import _paths
+from ..vfs._base import WorkspaceFilesystem, download_file, list_stats, read_range, upload_file
+from ..vfs._records import FileStat
+from ._nodes import Node, now_ns
+from ._options import MountOptions
+
+__all__ = ["MountOperations"]
+
+_log = logging.getLogger("agentvfs.mounts")
+
+F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+
+_S_IFDIR = stat_module.S_IFDIR
+_S_IFREG = stat_module.S_IFREG
+_S_IFLNK = stat_module.S_IFLNK
+_NAME_MAX = 255
+_BLKSIZE = 1024 * 1024
+
+
+def _fuse_errors(fn: F) -> F:
+    """Turn every failure into ``FUSEError``: pyfuse3 accepts nothing else from a handler.
+
+    Storage errors carry their errno (the error tree is made of ``OSError`` subclasses);
+    anything unexpected is logged with its traceback and reported as ``EIO``.
+    """
+
+    @functools.wraps(fn)
+    async def wrapper(self: MountOperations, *args: Any) -> Any:
+        try:
+            return await fn(self, *args)
+        except pyfuse3.FUSEError:
+            raise
+        except _errors.DirectoryNotEmpty:
+            raise pyfuse3.FUSEError(errno.ENOTEMPTY) from None
+        except OSError as exc:
+            code = exc.errno if isinstance(exc.errno, int) and exc.errno > 0 else errno.EIO
+            if code == errno.EIO:
+                _log.error("%s failed: %s", fn.__name__, exc)
+            raise pyfuse3.FUSEError(code) from None
+        except TimeoutError:
+            _log.error("%s timed out", fn.__name__)
+            raise pyfuse3.FUSEError(errno.ETIMEDOUT) from None
+        except Exception:
+            _log.exception("%s failed", fn.__name__)
+            raise pyfuse3.FUSEError(errno.EIO) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _fail(code: int) -> pyfuse3.FUSEError:
+    return pyfuse3.FUSEError(code)
+
+
+class _Part:
+    """One prefetched range of a file."""
+
+    __slots__ = ("data", "done", "error", "size")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.data: bytes | None = None
+        self.error: BaseException | None = None
+        self.done = trio.Event()
+
+
+class _Handle:
+    """An open file: its node, its access mode and its read-ahead state."""
+
+    __slots__ = ("append", "next_offset", "node", "parts", "path", "sequential", "writable")
+
+    def __init__(self, node: Node, *, writable: bool, append: bool) -> None:
+        self.node = node
+        self.writable = writable
+        self.append = append
+        self.parts: dict[int, _Part] = {}
+        self.next_offset = 0
+        self.sequential = 0
+        self.path = ""
+
+
+class MountOperations(pyfuse3.Operations):  # type: ignore[misc]
+    """pyfuse3 operations over a workspace filesystem; see ``docs/mount-semantics.md``."""
+
+    supports_dot_lookup = False
+
+    def __init__(self, filesystem: WorkspaceFilesystem, options: MountOptions, *, read_only: bool) -> None:
+        super().__init__()
+        self.fs = filesystem
+        self.options = options
+        self.read_only = read_only
+        self.enable_writeback_cache = options.writeback_cache and not read_only
+        self._ttl = options.metadata_ttl
+        self._next_ino = pyfuse3.ROOT_INODE + 1
+        self._next_fh = 1
+        root = Node(
+            pyfuse3.ROOT_INODE, _S_IFDIR, options.dir_mode, uid=options.uid, gid=options.gid, stored=True
+        )
+        self.root = root
+        self.inodes: dict[int, Node] = {root.ino: root}
+        self.handles: dict[int, _Handle] = {}
+        self.dir_handles: dict[int, list[tuple[str, Node]]] = {}
+        self._own_staging = options.staging_dir is None
+        self.staging_dir = options.staging_dir or tempfile.mkdtemp(prefix="agentvfs-staging-")
+        os.makedirs(self.staging_dir, exist_ok=True)
+        self.staged_bytes = 0
+        self.read_cache_used = 0
+        self.nursery: trio.Nursery | None = None
+        self.thread_id: int | None = None
+        self._fetch_limit = trio.CapacityLimiter(16)
+        self.failed_uploads: dict[str, str] = {}
+        self.atomic_rename = filesystem.capabilities.atomic_rename
+
+    # -- helpers: paths, nodes, attributes -----------------------------------------------
+
+    def path_of(self, node: Node) -> str:
+        """The storage path of a node (its first name), ``""`` for the root."""
+        parts: list[str] = []
+        current = node
+        while current is not self.root:
+            if not current.links:
+                raise _fail(errno.ENOENT)
+            parent, name = current.links[0]
+            parts.append(name)
+            current = parent
+        return "/".join(reversed(parts))
+
+    def _child_path(self, parent: Node, name: str) -> str:
+        base = self.path_of(parent)
+        return f"{base}/{name}" if base else name
+
+    def _node(self, ino: int) -> Node:
+        node = self.inodes.get(ino)
+        if node is None:
+            raise _fail(errno.ENOENT)
+        return node
+
+    def _new_node(self, kind: int, perm: int, **kwargs: Any) -> Node:
+        node = Node(self._next_ino, kind, perm, **kwargs)
+        self._next_ino += 1
+        self.inodes[node.ino] = node
+        return node
+
+    def _from_stat(self, st: FileStat, parent: Node, name: str) -> Node:
+        is_dir = st.type == "directory"
+        kind = _S_IFDIR if is_dir else _S_IFREG
+        default = self.options.dir_mode if is_dir else self.options.file_mode
+        node = self._new_node(
+            kind,
+            st.mode if st.mode is not None else default,
+            uid=self.options.uid,
+            gid=self.options.gid,
+            size=0 if is_dir else st.size,
+            mtime=int(st.modified_at.timestamp() * 1e9),
+            stored=True,
+            etag=st.etag,
+        )
+        node.links.append((parent, name))
+        return node
+
+    def attrs(self, node: Node) -> pyfuse3.EntryAttributes:
+        entry = pyfuse3.EntryAttributes()
+        entry.st_ino = node.ino
+        entry.generation = 0
+        entry.entry_timeout = self._ttl
+        entry.attr_timeout = self._ttl
+        entry.st_mode = node.kind | node.perm
+        entry.st_nlink = node.nlink
+        entry.st_uid = node.uid
+        entry.st_gid = node.gid
+        entry.st_rdev = node.rdev
+        entry.st_size = node.size
+        entry.st_blksize = _BLKSIZE
+        entry.st_blocks = (node.size + 511) // 512
+        entry.st_atime_ns = node.atime
+        entry.st_mtime_ns = node.mtime
+        entry.st_ctime_ns = node.ctime
+        return entry
+
+    def _entry(self, node: Node) -> pyfuse3.EntryAttributes:
+        """Attributes for a reply that hands the kernel a reference (lookup, create...)."""
+        node.lookups += 1
+        self.inodes[node.ino] = node
+        return self.attrs(node)
+
+    @staticmethod
+    def _name(raw: bytes) -> str:
+        if len(raw) > _NAME_MAX:
+            raise _fail(errno.ENAMETOOLONG)
+        if raw in (b".", b"..") or b"/" in raw or not raw:
+            raise _fail(errno.EINVAL)
+        return os.fsdecode(raw)
+
+    def _check_writable(self) -> None:
+        if self.read_only:
+            raise _fail(errno.EROFS)
+
+    def _owner(self, parent: Node, ctx: pyfuse3.RequestContext) -> tuple[int, int]:
+        # BSD and Linux directories with the set-group-ID bit pass their group on.
+        gid = parent.gid if parent.perm & stat_module.S_ISGID else ctx.gid
+        return ctx.uid, gid
+
+    # -- listings --------------------------------------------------------------------------
+
+    async def _children(self, directory: Node, *, refresh: bool = True) -> dict[str, Node]:
+        """Entries of a directory, from one storage listing at most every ``metadata_ttl``."""
+        if not directory.is_dir:
+            raise _fail(errno.ENOTDIR)
+        children = directory.children
+        assert children is not None
+        if not directory.stored or not refresh:
+            return children
+        if time.monotonic() - directory.listed_at < self._ttl:
+            return children
+        async with directory.lock:
+            if time.monotonic() - directory.listed_at < self._ttl:
+                return directory.children or {}
+            started = time.monotonic()
+            try:
+                stats = await list_stats(self.fs, self.path_of(directory))
+            except FileNotFoundError:
+                # Gone from storage: what is left here is what the mount itself holds.
+                stats = []
+            self._reconcile(directory, stats)
+            directory.listed_at = started
+        return directory.children or {}
+
+    def _reconcile(self, directory: Node, stats: list[FileStat]) -> None:
+        old = directory.children or {}
+        fresh: dict[str, Node] = {}
+        for st in stats:
+            name = st.name
+            node = old.get(name)
+            is_dir = st.type == "directory"
+            if node is not None and (not node.stored or node.dirty):
+                fresh[name] = node  # the mount holds newer state than the listing
+            elif node is not None and node.is_dir == is_dir and node.kind in (_S_IFDIR, _S_IFREG):
+                if not is_dir:
+                    self._refresh_file(node, st)
+                fresh[name] = node
+            else:
+                if node is not None:
+                    self._drop_link(node, directory, name)
+                fresh[name] = self._from_stat(st, directory, name)
+        for name, node in old.items():
+            if name in fresh:
+                continue
+            if node.stored and not node.dirty:
+                # Deleted in storage by someone else.
+                self._drop_link(node, directory, name)
+                self._invalidate_later(directory.ino, name, node.ino)
+            else:
+                fresh[name] = node
+        directory.children = fresh
+
+    def _refresh_file(self, node: Node, st: FileStat) -> None:
+        node.checked_at = time.monotonic()
+        if node.dirty or node.writers:
+            return
+        if node.etag is None and st.size == node.size:
+            node.etag = st.etag  # our own upload, now with the version storage gave it
+            return
+        if st.etag != node.etag or st.size != node.size:
+            node.etag = st.etag
+            node.size = st.size
+            node.mtime = node.ctime = int(st.modified_at.timestamp() * 1e9)
+            node.version += 1
+            self._invalidate_later(None, None, node.ino)
+
+    def _drop_link(self, node: Node, directory: Node, name: str) -> None:
+        node.links = [(d, n) for d, n in node.links if not (d is directory and n == name)]
+        if node.is_dir and node.children is not None and not node.links:
+            node.children = {}
+
+    def _invalidate_later(self, parent: int | None, name: str | None, ino: int | None) -> None:
+        """Tell the kernel to forget a name or a file's cached pages, off this thread: the
+        notification can block while the kernel waits on requests this thread serves."""
+        if self.nursery is None:
+            return
+
+        def notify() -> None:
+            try:
+                if parent is not None and name is not None:
+                    pyfuse3.invalidate_entry(parent, os.fsencode(name))
+                if ino is not None:
+                    pyfuse3.invalidate_inode(ino, attr_only=False)
+            except OSError:
+                pass  # the kernel no longer knows the entry: nothing to forget
+
+        async def run() -> None:
+            await trio.to_thread.run_sync(notify)
+
+        self.nursery.start_soon(run)
+
+    # -- staging ----------------------------------------------------------------------------
+
+    def _reserve(self, node: Node, new_size: int) -> None:
+        grow = new_size - node.staged_bytes
+        if grow <= 0:
+            return
+        if self.staged_bytes + grow > self.options.staging_limit:
+            _log.warning(
+                "staging area full (%d of %d bytes): write to %s refused with ENOSPC",
+                self.staged_bytes, self.options.staging_limit, self._safe_path(node),
+            )
+            raise _fail(errno.ENOSPC)
+        self.staged_bytes += grow
+        node.staged_bytes = new_size
+
+    def _safe_path(self, node: Node) -> str:
+        try:
+            return "/" + self.path_of(node)
+        except pyfuse3.FUSEError:
+            return f"<unlinked inode {node.ino}>"
+
+    async def _materialize(self, node: Node, *, truncate_to: int | None = None) -> None:
+        """Give a file a staged local copy holding its content (or its first
+        ``truncate_to`` bytes), so it can be written anywhere."""
+        if node.stage is not None:
+            return
+        async with node.lock:
+            if node.stage is not None:
+                return
+            fd, path = tempfile.mkstemp(dir=self.staging_dir, prefix="stage-")
+            try:
+                keep = node.size if truncate_to is None else min(truncate_to, node.size)
+                if node.stored and keep > 0:
+                    self._reserve(node, node.size)
+                    await download_file(self.fs, self.path_of(node), path)
+                    if keep < node.size:
+                        os.truncate(path, keep)
+                    got = os.fstat(fd).st_size
+                    node.size = got
+                else:
+                    os.ftruncate(fd, 0)
+                    node.size = 0 if node.stored or truncate_to is not None else node.size
+            except BaseException:
+                os.close(fd)
+                os.unlink(path)
+                self._release_stage_bytes(node)
+                raise
+            node.stage, node.stage_fd = path, fd
+            self._release_stage_bytes(node)
+            self._reserve(node, node.size)
+
+    def _release_stage_bytes(self, node: Node) -> None:
+        self.staged_bytes -= node.staged_bytes
+        node.staged_bytes = 0
+
+    def _drop_stage(self, node: Node) -> None:
+        if node.stage is None:
+            return
+        os.close(node.stage_fd)
+        try:
+            os.unlink(node.stage)
+        except FileNotFoundError:
+            pass
+        node.stage, node.stage_fd = None, -1
+        self._release_stage_bytes(node)
+
+    async def commit(self, node: Node) -> None:
+        """Upload a dirty file to every name it has; ``EIO`` (logged with the path) if storage
+        refuses. The staged copy is kept on failure, so nothing is lost and a later
+        ``fsync``, ``close`` or unmount tries again."""
+        if not node.dirty or node.stage is None:
+            return
+        async with node.lock:
+            if not node.dirty:
+                return
+            if not node.links:
+                node.dirty = False  # unlinked while open: nothing to publish
+                return
+            seq = node.write_seq
+            paths = [self._child_path(parent, name) for parent, name in node.links]
+            for path in paths:
+                try:
+                    await upload_file(self.fs, node.stage, path)
+                except Exception as exc:
+                    self.failed_uploads["/" + path] = str(exc)
+                    _log.error("upload of /%s failed, kept staged at %s: %s", path, node.stage, exc)
+                    raise _fail(errno.EIO) from None
+                self.failed_uploads.pop("/" + path, None)
+            node.stored = True
+            node.etag = None
+            node.checked_at = time.monotonic()
+            if node.write_seq == seq:
+                node.dirty = False
+
+    async def drain(self) -> dict[str, str]:
+        """Upload every dirty file (used before unmounting); returns the failures."""
+        for node in list(self.inodes.values()):
+            if node.dirty:
+                try:
+                    await self.commit(node)
+                except pyfuse3.FUSEError:
+                    pass
+        return dict(self.failed_uploads)
+
+    def close_staging(self) -> None:
+        """Drop staged copies of clean files; remove the staging area if it is ours and empty."""
+        for node in self.inodes.values():
+            if not node.dirty:
+                self._drop_stage(node)
+        if self._own_staging:
+            try:
+                os.rmdir(self.staging_dir)
+            except OSError:
+                pass  # dirty copies remain: never delete data that did not reach storage
+
+    # -- change feed from the same filesystem object ----------------------------------------
+
+    def forget_paths(self, paths: tuple[str, ...]) -> list[tuple[int | None, str | None, int | None]]:
+        """Drop what the mount cached about ``paths`` (changed through the filesystem API) and
+        return the kernel notifications to send."""
+        notes: list[tuple[int | None, str | None, int | None]] = []
+        for raw in paths:
+            try:
+                rel = _paths.normalize(raw).strip("/")
+            except Exception:
+                continue
+            parts = [p for p in rel.split("/") if p]
+            parent: Node = self.root
+            node: Node | None = self.root
+            missing = ""
+            for part in parts:
+                assert node is not None
+                parent = node
+                node = (node.children or {}).get(part) if node.is_dir else None
+                if node is None:
+                    missing = part
+                    break
+            # The directory holding the change lists again at the next lookup.
+            parent.listed_at = 0.0
+            if node is not None and node is not self.root:
+                node.checked_at = 0.0
+                if node.stored:
+                    node.listed_at = 0.0
+                if node.is_file and not node.dirty and not node.writers:
+                    node.version += 1
+                    node.etag = "\0changed"
+                notes.append((parent.ino, parts[-1], node.ino))
+            elif missing:
+                notes.append((parent.ino, missing, None))
+            notes.append((None, None, parent.ino))
+        return notes
+
+    # -- metadata operations -------------------------------------------------------------
+
+    @_fuse_errors
+    async def lookup(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        if len(name) > _NAME_MAX:
+            raise _fail(errno.ENAMETOOLONG)
+        directory = self._node(parent_inode)
+        if name == b".":
+            return self._entry(directory)
+        if name == b"..":
+            return self._entry(directory.links[0][0] if directory.links else self.root)
+        children = await self._children(directory)
+        node = children.get(os.fsdecode(name))
+        if node is None:
+            # A negative entry: the kernel remembers the absence for the same time.
+            entry = pyfuse3.EntryAttributes()
+            entry.st_ino = 0
+            entry.entry_timeout = self._ttl
+            return entry
+        return self._entry(node)
+
+    @_fuse_errors
+    async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        node = self._node(inode)
+        if (
+            node.is_file
+            and node.stored
+            and not node.dirty
+            and not node.writers
+            and node.links
+            and time.monotonic() - node.checked_at >= self._ttl
+        ):
+            await self._check_file(node)
+        return self.attrs(node)
+
+    async def _check_file(self, node: Node) -> None:
+        """One ``stat`` when a file's attributes are older than the TTL: another writer may
+        have replaced it in storage."""
+        parent, name = node.links[0]
+        if time.monotonic() - parent.listed_at < self._ttl:
+            node.checked_at = time.monotonic()
+            return
+        try:
+            st = await self.fs.stat(self.path_of(node))
+        except FileNotFoundError:
+            node.checked_at = time.monotonic()
+            parent.listed_at = 0.0  # the next lookup lists again and drops it
+            return
+        if st.type == "file":
+            self._refresh_file(node, st)
+
+    @_fuse_errors
+    async def setattr(
+        self,
+        inode: int,
+        attr: pyfuse3.EntryAttributes,
+        fields: pyfuse3.SetattrFields,
+        fh: int | None,
+        ctx: pyfuse3.RequestContext,
+    ) -> pyfuse3.EntryAttributes:
+        node = self._node(inode)
+        changes_content = fields.update_size
+        if (changes_content or fields.update_mode or fields.update_uid or fields.update_gid) and self.read_only:
+            raise _fail(errno.EROFS)
+        if fields.update_size:
+            if node.is_dir:
+                raise _fail(errno.EISDIR)
+            if not node.is_file:
+                raise _fail(errno.EINVAL)
+            size = attr.st_size
+            await self._materialize(node, truncate_to=size)
+            self._reserve(node, size)
+            os.ftruncate(node.stage_fd, size)
+            if size != node.size or True:
+                node.size = size
+                node.dirty = True
+                node.write_seq += 1
+                node.touch()
+            if not node.writers:
+                # truncate(2) without an open file: it is done when the call returns.
+                await self.commit(node)
+                if not node.opens:
+                    self._drop_stage(node)
+        if fields.update_mode:
+            node.perm = attr.st_mode & 0o7777
+        if fields.update_uid:
+            node.uid = attr.st_uid
+        if fields.update_gid:
+            node.gid = attr.st_gid
+        if fields.update_atime:
+            node.atime = attr.st_atime_ns
+        if fields.update_mtime:
+            node.mtime = attr.st_mtime_ns
+        if fields.update_mode or fields.update_uid or fields.update_gid or fields.update_atime or fields.update_mtime:
+            node.ctime = now_ns()
+        if fields.update_ctime:
+            node.ctime = attr.st_ctime_ns
+        return self.attrs(node)
+
+    @_fuse_errors
+    async def readlink(self, inode: int, ctx: pyfuse3.RequestContext) -> bytes:
+        node = self._node(inode)
+        if node.kind != _S_IFLNK or node.target is None:
+            raise _fail(errno.EINVAL)
+        return node.target
+
+    @_fuse_errors
+    async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
+        node = self._node(inode)
+        children = await self._children(node)
+        # A snapshot per handle: entries that change during a long listing are neither
+        # skipped nor repeated.
+        fh = self._next_fh
+        self._next_fh += 1
+        self.dir_handles[fh] = sorted(children.items())
+        return fh
+
+    @_fuse_errors
+    async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
+        entries = self.dir_handles.get(fh)
+        if entries is None:
+            raise _fail(errno.EBADF)
+        for index in range(start_id, len(entries)):
+            name, node = entries[index]
+            if not pyfuse3.readdir_reply(token, os.fsencode(name), self.attrs(node), index + 1):
+                break
+            # Each accepted entry is a reference the kernel will forget like a lookup's.
+            node.lookups += 1
+            self.inodes[node.ino] = node
+
+    @_fuse_errors
+    async def releasedir(self, fh: int) -> None:
+        self.dir_handles.pop(fh, None)
+
+    @_fuse_errors
+    async def fsyncdir(self, fh: int, datasync: bool) -> None:
+        return None
+
+    async def forget(self, inode_list: list[tuple[int, int]]) -> None:
+        for ino, count in inode_list:
+            node = self.inodes.get(ino)
+            if node is None or node is self.root:
+                continue
+            node.lookups = max(0, node.lookups - count)
+            if node.lookups == 0 and not node.links and not node.opens:
+                self._drop_stage(node)
+                del self.inodes[ino]
+
+    @_fuse_errors
+    async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
+        out = pyfuse3.StatvfsData()
+        local = os.statvfs(self.staging_dir)
+        out.f_bsize = 4096
+        out.f_frsize = 4096
+        # Storage has no fixed size: report the staging budget still free as the free space,
+        # since that is what bounds a write through the mount.
+        free = max(0, self.options.staging_limit - self.staged_bytes)
+        free = min(free, local.f_bavail * local.f_frsize)
+        out.f_blocks = max(free, 1 << 40) // 4096
+        out.f_bfree = free // 4096
+        out.f_bavail = free // 4096
+        out.f_files = 1 << 32
+        out.f_ffree = (1 << 32) - len(self.inodes)
+        out.f_favail = out.f_ffree
+        out.f_namemax = _NAME_MAX
+        return out
+
+    # -- xattrs: refused loudly, never accepted and lost ----------------------------------
+
+    async def getxattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> bytes:
+        raise _fail(errno.ENOTSUP)
+
+    async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: pyfuse3.RequestContext) -> None:
+        raise _fail(errno.ENOTSUP)
+
+    async def listxattr(self, inode: int, ctx: pyfuse3.RequestContext) -> list[bytes]:
+        raise _fail(errno.ENOTSUP)
+
+    async def removexattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+        raise _fail(errno.ENOTSUP)
+
+    # -- creating and removing names ------------------------------------------------------
+
+    async def _free_name(self, directory: Node, name: str) -> None:
+        children = await self._children(directory)
+        if name in children:
+            raise _fail(errno.EEXIST)
+
+    def _add_link(self, directory: Node, name: str, node: Node) -> None:
+        assert directory.children is not None
+        directory.children[name] = node
+        node.links.append((directory, name))
+        directory.touch()
+
+    @_fuse_errors
+    async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        self._check_writable()
+        directory = self._node(parent_inode)
+        text = self._name(name)
+        await self._free_name(directory, text)
+        path = self._child_path(directory, text)
+        await self.fs.mkdir(path, recursive=False)
+        uid, gid = self._owner(directory, ctx)
+        perm = mode & 0o7777
+        if directory.perm & stat_module.S_ISGID:
+            perm |= stat_module.S_ISGID
+        node = self._new_node(_S_IFDIR, perm, uid=uid, gid=gid, stored=True)
+        node.listed_at = time.monotonic()  # new and empty: nothing to list
+        self._add_link(directory, text, node)
+        return self._entry(node)
+
+    @_fuse_errors
+    async def mknod(
+        self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.EntryAttributes:
+        self._check_writable()
+        directory = self._node(parent_inode)
+        text = self._name(name)
+        await self._free_name(directory, text)
+        kind = stat_module.S_IFMT(mode) or _S_IFREG
+        uid, gid = self._owner(directory, ctx)
+        if kind == _S_IFREG:
+            node = await self._create_file(directory, text, mode, uid, gid)
+            await self.commit(node)
+            self._drop_stage(node)
+            return self._entry(node)
+        # FIFOs, sockets and device nodes exist in the mount only (storage has no such thing).
+        node = self._new_node(kind, mode, uid=uid, gid=gid, rdev=rdev)
+        self._add_link(directory, text, node)
+        return self._entry(node)
+
+    @_fuse_errors
+    async def symlink(
+        self, parent_inode: int, name: bytes, target: bytes, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.EntryAttributes:
+        self._check_writable()
+        directory = self._node(parent_inode)
+        text = self._name(name)
+        await self._free_name(directory, text)
+        uid, gid = self._owner(directory, ctx)
+        node = self._new_node(_S_IFLNK, 0o777, uid=uid, gid=gid, size=len(target), target=bytes(target))
+        self._add_link(directory, text, node)
+        return self._entry(node)
+
+    @_fuse_errors
+    async def link(
+        self, inode: int, new_parent_inode: int, new_name: bytes, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.EntryAttributes:
+        self._check_writable()
+        node = self._node(inode)
+        if node.is_dir:
+            raise _fail(errno.EPERM)
+        directory = self._node(new_parent_inode)
+        text = self._name(new_name)
+        await self._free_name(directory, text)
+        if node.is_file:
+            # Storage keeps a copy under each name; writes through any name update them all.
+            await self.commit(node)
+            target = self._child_path(directory, text)
+            if node.stored and node.links:
+                await self.fs.copy_file(self.path_of(node), target)
+            elif node.stage is not None:
+                await upload_file(self.fs, node.stage, target)
+        self._add_link(directory, text, node)
+        node.touch(content=False)
+        return self._entry(node)
+
+    @_fuse_errors
+    async def unlink(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+        self._check_writable()
+        directory = self._node(parent_inode)
+        text = self._name(name)
+        children = await self._children(directory)
+        node = children.get(text)
+        if node is None:
+            raise _fail(errno.ENOENT)
+        if node.is_dir:
+            raise _fail(errno.EISDIR)
+        await self._remove_name(directory, text, node)
+
+    async def _remove_name(self, directory: Node, name: str, node: Node) -> None:
+        if node.is_file and node.stored:
+            if node.opens and node.stage is None and len(node.links) == 1:
+                # Open descriptors keep working after the last name goes: keep a copy.
+                await self._materialize(node)
+            await self.fs.delete_file(self._child_path(directory, name), force=True)
+        assert directory.children is not None
+        directory.children.pop(name, None)
+        self._drop_link(node, directory, name)
+        directory.touch()
+        node.touch(content=False)
+        if not node.links:
+            node.dirty = False
+            if not node.opens:
+                self._drop_stage(node)
+
+    @_fuse_errors
+    async def rmdir(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+        self._check_writable()
+        directory = self._node(parent_inode)
+        text = self._name(name)
+        children = await self._children(directory)
+        node = children.get(text)
+        if node is None:
+            raise _fail(errno.ENOENT)
+        if not node.is_dir:
+            raise _fail(errno.ENOTDIR)
+        if await self._children(node):
+            raise _fail(errno.ENOTEMPTY)
+        await self._remove_dir(directory, text, node)
+
+    async def _remove_dir(self, directory: Node, name: str, node: Node) -> None:
+        if node.stored:
+            await self.fs.rmdir(self._child_path(directory, name), force=True)
+        assert directory.children is not None
+        directory.children.pop(name, None)
+        self._drop_link(node, directory, name)
+        directory.touch()
+        node.touch(content=False)
+
+    @_fuse_errors
+    async def rename(
+        self,
+        parent_inode_old: int,
+        name_old: bytes,
+        parent_inode_new: int,
+        name_new: bytes,
+        flags: int,
+        ctx: pyfuse3.RequestContext,
+    ) -> None:
+        self._check_writable()
+        if flags & pyfuse3.RENAME_EXCHANGE:
+            raise _fail(errno.EINVAL)
+        old_dir = self._node(parent_inode_old)
+        new_dir = self._node(parent_inode_new)
+        old_name = self._name(name_old)
+        new_name = self._name(name_new)
+        node = (await self._children(old_dir)).get(old_name)
+        if node is None:
+            raise _fail(errno.ENOENT)
+        target = (await self._children(new_dir)).get(new_name)
+        if old_dir is new_dir and old_name == new_name:
+            return
+        if target is node:
+            return  # two names of one file: rename(2) does nothing
+        if target is not None and flags & pyfuse3.RENAME_NOREPLACE:
+            raise _fail(errno.EEXIST)
+        if node.is_dir:
+            ancestor: Node | None = new_dir
+            while ancestor is not None and ancestor is not self.root:
+                if ancestor is node:
+                    raise _fail(errno.EINVAL)
+                ancestor = ancestor.links[0][0] if ancestor.links else None
+            if target is not None:
+                if not target.is_dir:
+                    raise _fail(errno.ENOTDIR)
+                if await self._children(target):
+                    raise _fail(errno.ENOTEMPTY)
+        elif target is not None and target.is_dir:
+            raise _fail(errno.EISDIR)
+        old_path = self._child_path(old_dir, old_name)
+        new_path = self._child_path(new_dir, new_name)
+        if node.is_dir:
+            await self._rename_dir(node, old_path, new_path, target)
+        elif node.is_file:
+            await self._rename_file(node, old_path, new_path, target)
+        elif target is not None and target.is_file and target.stored:
+            # A mount-only node (symlink, FIFO...) replaces a stored file: the file goes.
+            await self.fs.delete_file(new_path, force=True)
+        if target is not None:
+            assert new_dir.children is not None
+            new_dir.children.pop(new_name, None)
+            self._drop_link(target, new_dir, new_name)
+            target.touch(content=False)
+            if not target.links:
+                target.dirty = False
+                if not target.opens:
+                    self._drop_stage(target)
+        assert old_dir.children is not None and new_dir.children is not None
+        old_dir.children.pop(old_name, None)
+        node.links = [
+            (new_dir, new_name) if (d is old_dir and n == old_name) else (d, n) for d, n in node.links
+        ]
+        new_dir.children[new_name] = node
+        old_dir.touch()
+        new_dir.touch()
+        node.touch(content=False)
+
+    async def _rename_file(self, node: Node, old_path: str, new_path: str, target: Node | None) -> None:
+        if target is not None and target.is_file and target.opens and target.stage is None and len(target.links) == 1:
+            await self._materialize(target)  # its open descriptors keep their data
+        if node.dirty and node.stage is not None:
+            # Publish the staged content under the new name, then drop the old one.
+            async with node.lock:
+                await upload_file(self.fs, node.stage, new_path)
+                if node.stored:
+                    await self.fs.delete_file(old_path, force=True)
+            node.stored = True
+            return
+        if node.stored:
+            await self.fs.move_file(old_path, new_path, overwrite=True)
+        elif target is not None and target.stored:
+            await self.fs.delete_file(new_path, force=True)
+
+    async def _rename_dir(self, node: Node, old_path: str, new_path: str, target: Node | None) -> None:
+        if not node.stored:
+            return
+        if not self.atomic_rename:
+            count = await self._count_tree(node, self.options.rename_dir_limit + 1)
+            if count > self.options.rename_dir_limit:
+                _log.warning(
+                    "rename of /%s refused with EXDEV: more than %d entries (rename_dir_limit)",
+                    old_path, self.options.rename_dir_limit,
+                )
+                raise _fail(errno.EXDEV)
+        # Dirty files below keep their staged copies and publish under the new path later;
+        # what storage holds moves now.
+        await self.commit_tree(node)
+        if target is not None and target.stored:
+            await self.fs.rmdir(new_path, force=True)
+        await self.fs.move_file(old_path, new_path, overwrite=False)
+
+    async def commit_tree(self, node: Node) -> None:
+        for child in list((node.children or {}).values()):
+            if child.is_dir:
+                await self.commit_tree(child)
+            elif child.dirty:
+                await self.commit(child)
+
+    async def _count_tree(self, node: Node, limit: int) -> int:
+        total = 0
+        for child in (await self._children(node)).values():
+            total += 1
+            if child.is_dir:
+                total += await self._count_tree(child, limit - total)
+            if total >= limit:
+                break
+        return total
+
+    # -- files ----------------------------------------------------------------------------------
+
+    async def _create_file(self, directory: Node, name: str, mode: int, uid: int, gid: int) -> Node:
+        node = self._new_node(_S_IFREG, mode, uid=uid, gid=gid)
+        self._add_link(directory, name, node)
+        await self._materialize(node, truncate_to=0)
+        node.dirty = True
+        node.write_seq += 1
+        return node
+
+    def _open_handle(self, node: Node, flags: int) -> int:
+        accmode = flags & os.O_ACCMODE
+        writable = accmode in (os.O_WRONLY, os.O_RDWR)
+        handle = _Handle(node, writable=writable, append=bool(flags & os.O_APPEND))
+        fh = self._next_fh
+        self._next_fh += 1
+        self.handles[fh] = handle
+        node.opens += 1
+        if writable:
+            node.writers += 1
+        return fh
+
+    @_fuse_errors
+    async def create(
+        self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: pyfuse3.RequestContext
+    ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
+        self._check_writable()
+        directory = self._node(parent_inode)
+        text = self._name(name)
+        children = await self._children(directory)
+        existing = children.get(text)
+        if existing is not None:
+            if flags & os.O_EXCL:
+                raise _fail(errno.EEXIST)
+            info = await self._open(existing, flags)
+            return info, self._entry(existing)
+        uid, gid = self._owner(directory, ctx)
+        node = await self._create_file(directory, text, mode, uid, gid)
+        fh = self._open_handle(node, flags)
+        info = pyfuse3.FileInfo(fh=fh, keep_cache=True)
+        node.kernel_version = node.version
+        return info, self._entry(node)
+
+    @_fuse_errors
+    async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
+        return await self._open(self._node(inode), flags)
+
+    async def _open(self, node: Node, flags: int) -> pyfuse3.FileInfo:
+        if node.is_dir:
+            raise _fail(errno.EISDIR)
+        accmode = flags & os.O_ACCMODE
+        if accmode != os.O_RDONLY or flags & os.O_TRUNC:
+            self._check_writable()
+        if not node.is_file:
+            raise _fail(errno.ENXIO if node.kind in (stat_module.S_IFIFO, stat_module.S_IFSOCK) else errno.ENODEV)
+        if flags & os.O_TRUNC and accmode != os.O_RDONLY:
+            await self._materialize(node, truncate_to=0)
+            if node.size:
+                os.ftruncate(node.stage_fd, 0)
+                node.size = 0
+            node.dirty = True
+            node.write_seq += 1
+            node.touch()
+        elif node.stored and not node.dirty and not node.writers and node.links:
+            # Close-to-open: a file opened again is checked against storage (one stat when
+            # its attributes are older than the TTL).
+            if time.monotonic() - node.checked_at >= self._ttl:
+                await self._check_file(node)
+        fh = self._open_handle(node, flags)
+        handle = self.handles[fh]
+        handle.path = self._safe_path(node)
+        # Keep the kernel's cached pages only while the content is the one they came from.
+        keep = node.kernel_version == node.version
+        node.kernel_version = node.version
+        return pyfuse3.FileInfo(fh=fh, keep_cache=keep)
+
+    @_fuse_errors
+    async def read(self, fh: int, off: int, size: int) -> bytes:
+        handle = self.handles.get(fh)
+        if handle is None:
+            raise _fail(errno.EBADF)
+        node = handle.node
+        if node.stage is not None:
+            return os.pread(node.stage_fd, size, off)
+        if off >= node.size or size <= 0:
+            return b""
+        end = min(node.size, off + size)
+        return await self._read_remote(handle, off, end)
+
+    async def _read_remote(self, handle: _Handle, off: int, end: int) -> Any:
+        node = handle.node
+        part_size = self.options.part_size
+        sequential = off == handle.next_offset
+        handle.sequential = handle.sequential + 1 if sequential else 0
+        handle.next_offset = end
+        path = self.path_of(node) if node.links else None
+        if path is None:
+            raise _fail(errno.ENOENT)
+        if not sequential and off != 0 and end - off <= part_size:
+            # A random read: exactly the bytes asked for, nothing cached.
+            self._drop_parts(handle, keep_from=None)
+            return await read_range(self.fs, path, off, end)
+        first, last = off // part_size, (end - 1) // part_size
+        ahead = min(self.options.prefetch_parts, 1 + handle.sequential)
+        for index in range(first, last + 1 + ahead):
+            start = index * part_size
+            if start >= node.size:
+                break
+            if index not in handle.parts:
+                if index > last and self.read_cache_used + part_size > self.options.read_cache_bytes:
+                    break  # read-ahead waits for memory; the bytes asked for never do
+                self._start_part(handle, path, index, start, min(node.size, start + part_size))
+        self._drop_parts(handle, keep_from=first)
+        pieces: list[Any] = []
+        for index in range(first, last + 1):
+            part = handle.parts[index]
+            await part.done.wait()
+            if part.error is not None:
+                handle.parts.pop(index, None)
+                raise part.error
+            assert part.data is not None
+            base = index * part_size
+            lo = max(off, base) - base
+            hi = min(end, base + len(part.data)) - base
+            pieces.append(memoryview(part.data)[lo:hi])
+        if len(pieces) == 1:
+            return pieces[0]
+        return b"".join(pieces)
+
+    def _start_part(self, handle: _Handle, path: str, index: int, start: int, end: int) -> None:
+        part = _Part(end - start)
+        handle.parts[index] = part
+        self.read_cache_used += part.size
+        assert self.nursery is not None
+
+        async def fetch() -> None:
+            try:
+                async with self._fetch_limit:
+                    part.data = await read_range(self.fs, path, start, end)
+            except BaseException as exc:  # handed to the reader that waits for this part
+                part.error = exc if isinstance(exc, Exception) else OSError(errno.EIO, "read cancelled")
+                if not isinstance(exc, Exception):
+                    part.done.set()
+                    raise
+            finally:
+                part.done.set()
+
+        self.nursery.start_soon(fetch)
+
+    def _drop_parts(self, handle: _Handle, keep_from: int | None) -> None:
+        for index in list(handle.parts):
+            if keep_from is None or index < keep_from:
+                part = handle.parts.pop(index)
+                self.read_cache_used -= part.size
+
+    @_fuse_errors
+    async def write(self, fh: int, off: int, buf: bytes) -> int:
+        handle = self.handles.get(fh)
+        if handle is None:
+            raise _fail(errno.EBADF)
+        self._check_writable()
+        node = handle.node
+        await self._materialize(node)
+        if handle.append and not self.enable_writeback_cache:
+            off = node.size
+        end = off + len(buf)
+        if end > node.staged_bytes:
+            self._reserve(node, end)
+        written = os.pwrite(node.stage_fd, buf, off)
+        if end > node.size:
+            node.size = end
+        node.dirty = True
+        node.write_seq += 1
+        node.touch()
+        return written
+
+    @_fuse_errors
+    async def flush(self, fh: int) -> None:
+        handle = self.handles.get(fh)
+        if handle is None:
+            raise _fail(errno.EBADF)
+        if handle.node.dirty:
+            await self.commit(handle.node)
+
+    @_fuse_errors
+    async def fsync(self, fh: int, datasync: bool) -> None:
+        handle = self.handles.get(fh)
+        if handle is None:
+            raise _fail(errno.EBADF)
+        if handle.node.dirty:
+            await self.commit(handle.node)
+
+    @_fuse_errors
+    async def release(self, fh: int) -> None:
+        handle = self.handles.pop(fh, None)
+        if handle is None:
+            return
+        node = handle.node
+        self._drop_parts(handle, keep_from=None)
+        node.opens -= 1
+        if handle.writable:
+            node.writers -= 1
+        if node.dirty and not node.writers:
+            try:
+                await self.commit(node)
+            except pyfuse3.FUSEError:
+                return  # logged by commit; the staged copy stays for the next attempt
+        if not node.opens and not node.dirty:
+            self._drop_stage(node)
+            if not node.links and not node.lookups:
+                self.inodes.pop(node.ino, None)
+
+    # -- used by tests and the server ----------------------------------------------------------
+
+    def iter_nodes(self) -> Iterator[Node]:
+        return iter(self.inodes.values())
+
+    def set_thread(self) -> None:
+        self.thread_id = threading.get_ident()

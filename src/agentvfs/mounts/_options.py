@@ -1,0 +1,155 @@
+"""Mount options: one typed record, parsed from a mapping or ``-o key=value`` strings."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import WorkspaceError
+
+__all__ = ["MountOptions", "parse_option_strings"]
+
+_MiB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class MountOptions:
+    """How a mount behaves; every field has a default that suits an agent's workspace.
+
+    Parameters
+    ----------
+    metadata_ttl : float
+        Seconds the kernel and the mount trust cached attributes, directory listings and
+        negative lookups before asking the backend again. Changes made through the mount or
+        through the same filesystem object in this process are seen at once whatever this is;
+        it bounds how long a change made directly in the storage can go unseen.
+    part_size : int
+        Bytes per ranged read of a remote file (the prefetch unit).
+    prefetch_parts : int
+        Parts read ahead (in parallel) once a handle reads sequentially.
+    read_cache_bytes : int
+        Memory shared by all read-ahead buffers of the mount.
+    staging_dir : str or None
+        Directory for staged copies of files being written (default: a private temporary
+        directory, removed at unmount).
+    staging_limit : int
+        Bytes of local disk the staged copies may take together; a write beyond it fails with
+        ``ENOSPC``.
+    rename_dir_limit : int
+        Most entries a directory may hold to be renamed on a backend without atomic rename
+        (copy then delete per file); beyond it rename returns ``EXDEV`` and tools such as
+        ``mv`` fall back to copying.
+    uid, gid : int
+        Owner of files the backend keeps no owner for (default: the mounting process).
+    file_mode, dir_mode : int
+        Permission bits of files and directories the backend keeps none for.
+    allow_other : bool
+        Let other users (a sandbox running as another uid) use the mount.
+    writeback_cache : bool
+        Let the kernel gather small writes into large ones (all writes are staged anyway).
+    read_ahead_kb : int
+        Kernel read-ahead of the mount, set through sysfs when permitted (0 keeps the kernel's).
+    max_background : int
+        Kernel limit of concurrent background requests, set through fusectl when permitted.
+    max_tasks : int
+        Most FUSE requests served concurrently.
+    fsname : str
+        Name shown as the mount's source in ``mount`` and ``df``.
+    debug : bool
+        Log every FUSE request.
+    """
+
+    metadata_ttl: float = 1.0
+    part_size: int = 8 * _MiB
+    prefetch_parts: int = 8
+    read_cache_bytes: int = 256 * _MiB
+    staging_dir: str | None = None
+    staging_limit: int = 8 * 1024 * _MiB
+    rename_dir_limit: int = 1000
+    uid: int = field(default_factory=os.getuid)
+    gid: int = field(default_factory=os.getgid)
+    file_mode: int = 0o644
+    dir_mode: int = 0o755
+    allow_other: bool = True
+    writeback_cache: bool = True
+    read_ahead_kb: int = 1024
+    max_background: int = 64
+    max_tasks: int = 64
+    fsname: str = "agentvfs"
+    debug: bool = False
+
+    @classmethod
+    def from_value(cls, value: MountOptions | Mapping[str, Any] | None) -> MountOptions:
+        """Build options from ``None``, a mapping of field names, or options themselves.
+
+        Raises
+        ------
+        WorkspaceError
+            ``INVALID_CONFIG``: an unknown name or a value of the wrong kind.
+        """
+        if value is None:
+            return cls()
+        if isinstance(value, MountOptions):
+            return value
+        if not isinstance(value, Mapping):
+            raise WorkspaceError(f"mount options must be a mapping, not {type(value).__name__}", "INVALID_CONFIG")
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        kwargs: dict[str, Any] = {}
+        for key, raw in value.items():
+            name = str(key).replace("-", "_")
+            if name not in known:
+                raise WorkspaceError(
+                    f"Unknown mount option {key!r}; known: {', '.join(sorted(known))}", "INVALID_CONFIG"
+                )
+            kwargs[name] = _coerce(name, raw, cls.__dataclass_fields__[name].type)
+        return cls(**kwargs)
+
+
+def _coerce(name: str, raw: Any, annotation: Any) -> Any:
+    kind = str(annotation)
+    try:
+        if kind == "bool":
+            if isinstance(raw, str):
+                lowered = raw.strip().lower()
+                if lowered not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+                    raise ValueError(raw)
+                return lowered in ("1", "true", "yes", "on")
+            if not isinstance(raw, bool):
+                raise ValueError(raw)
+            return raw
+        if kind == "int":
+            if isinstance(raw, bool):
+                raise ValueError(raw)
+            value = int(raw, 0) if isinstance(raw, str) else int(raw)
+            if value < 0:
+                raise ValueError(raw)
+            return value
+        if kind == "float":
+            value_f = float(raw)
+            if value_f < 0:
+                raise ValueError(raw)
+            return value_f
+        if kind == "str | None":
+            return None if raw is None else str(raw)
+        return str(raw)
+    except (TypeError, ValueError):
+        raise WorkspaceError(
+            f"Invalid value {raw!r} for mount option {name!r} (expected {kind}, not negative)", "INVALID_CONFIG"
+        ) from None
+
+
+def parse_option_strings(items: Iterable[str]) -> dict[str, str]:
+    """Turn ``["a=1", "b=x,c=2"]`` (``-o`` arguments) into a mapping; a bare ``flag`` means
+    ``flag=true``."""
+    out: dict[str, str] = {}
+    for item in items:
+        for part in item.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            key, sep, value = part.partition("=")
+            out[key.strip()] = value.strip() if sep else "true"
+    return out

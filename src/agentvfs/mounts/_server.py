@@ -1,0 +1,370 @@
+"""Mounting and unmounting: the FUSE session on its own trio thread, stale-mount cleanup,
+kernel tuning, and the drain of pending uploads before the unmount."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import shutil
+import subprocess
+import threading
+from collections.abc import AsyncIterator, Mapping
+from types import TracebackType
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import pyfuse3
+import trio
+
+from ..errors import MountError
+from ..vfs._base import WorkspaceFilesystem
+from ._ops import MountOperations
+from ._options import MountOptions
+
+__all__ = ["Mount", "cleanup_stale_mount", "fuse_available", "is_mounted", "mount"]
+
+_log = logging.getLogger("agentvfs.mounts")
+
+# pyfuse3 keeps one FUSE session per process (module-level state).
+_session_lock = threading.Lock()
+
+
+def fuse_available() -> str | None:
+    """``None`` when FUSE mounts can work here, else the reason they cannot."""
+    if not os.path.exists("/dev/fuse"):
+        return "/dev/fuse is missing"
+    if not os.access("/dev/fuse", os.R_OK | os.W_OK):
+        return "/dev/fuse is not accessible"
+    if shutil.which("fusermount3") is None and shutil.which("fusermount") is None:
+        return "fusermount3 is not installed (Debian package fuse3)"
+    return None
+
+
+def _mount_table() -> dict[str, str]:
+    """Mount point -> filesystem type, from ``/proc/self/mountinfo``."""
+    table: dict[str, str] = {}
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
+            for line in f:
+                fields = line.split()
+                sep = fields.index("-")
+                point = fields[4].encode().decode("unicode_escape")
+                table[point] = fields[sep + 1]
+    except OSError:
+        pass
+    return table
+
+
+def is_mounted(path: str) -> bool:
+    """Whether ``path`` is a mount point (a dead FUSE mount counts)."""
+    return os.path.realpath(path) in _mount_table() or os.path.abspath(path) in _mount_table()
+
+
+def _fusermount(*args: str) -> bool:
+    exe = shutil.which("fusermount3") or shutil.which("fusermount")
+    if exe is not None:
+        done = subprocess.run([exe, *args], capture_output=True, check=False)
+        if done.returncode == 0:
+            return True
+    umount = shutil.which("umount")
+    if umount is None:
+        return False
+    lazy = ["-l"] if "-z" in args else []
+    return subprocess.run([umount, *lazy, args[-1]], capture_output=True, check=False).returncode == 0
+
+
+def cleanup_stale_mount(path: str) -> bool:
+    """Unmount a dead FUSE mount left at ``path`` by a process that died (its requests fail
+    with ``ENOTCONN``); returns True if one was removed.
+
+    Raises
+    ------
+    MountError
+        A live filesystem is mounted there.
+    """
+    point = os.path.abspath(path)
+    if not is_mounted(point):
+        return False
+    try:
+        os.stat(point)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTCONN, errno.ECONNABORTED, errno.EIO):
+            raise
+        _log.warning("removing a stale mount at %s (%s)", point, exc.strerror)
+        if not _fusermount("-u", point):
+            _fusermount("-uz", point)
+        if is_mounted(point):
+            raise MountError(f"Stale mount at {point} could not be removed") from None
+        return True
+    raise MountError(f"Mount point {point} is already in use by another mount")
+
+
+def _tune(mountpoint: str, options: MountOptions) -> None:
+    """Raise the kernel's read-ahead and background-request limits of this FUSE connection
+    (root only; silently kept as they are elsewhere)."""
+    try:
+        dev = os.stat(mountpoint).st_dev
+    except OSError:
+        return
+    major, minor = os.major(dev), os.minor(dev)
+    if options.read_ahead_kb:
+        with contextlib.suppress(OSError):
+            with open(f"/sys/class/bdi/{major}:{minor}/read_ahead_kb", "w") as f:
+                f.write(str(options.read_ahead_kb))
+    if options.max_background:
+        conn = f"/sys/fs/fuse/connections/{minor}"
+        if not os.path.isdir(conn) and os.geteuid() == 0:
+            subprocess.run(
+                ["mount", "-t", "fusectl", "none", "/sys/fs/fuse/connections"],
+                capture_output=True,
+                check=False,
+            )
+        with contextlib.suppress(OSError):
+            with open(f"{conn}/max_background", "w") as f:
+                f.write(str(options.max_background))
+            with open(f"{conn}/congestion_threshold", "w") as f:
+                f.write(str(max(1, options.max_background * 3 // 4)))
+
+
+class Mount:
+    """A workspace filesystem FUSE-mounted at a directory, served by a thread of this process.
+
+    ``start()`` returns once the mount answers; ``close()`` uploads what is pending, then
+    unmounts. Used as a context manager it does both. Only one mount can be served per
+    process (a limit of pyfuse3).
+
+    Parameters
+    ----------
+    filesystem : WorkspaceFilesystem
+        What to mount.
+    mountpoint : str
+        An existing directory. A dead mount left there by a killed process is cleaned first.
+    read_only : bool, optional
+        Mount read-only (``ro``): every write fails with ``EROFS`` and nothing reaches
+        storage. Defaults to the filesystem's own ``read_only``.
+    options : MountOptions or mapping, optional
+        See :class:`MountOptions`.
+
+    Raises
+    ------
+    MountError
+        FUSE is unavailable, the mount point is busy or missing, or another mount is served
+        by this process.
+    """
+
+    def __init__(
+        self,
+        filesystem: WorkspaceFilesystem,
+        mountpoint: str | os.PathLike[str],
+        *,
+        read_only: bool | None = None,
+        options: MountOptions | Mapping[str, Any] | None = None,
+    ) -> None:
+        if not isinstance(filesystem, WorkspaceFilesystem):
+            raise TypeError(f"filesystem must be a WorkspaceFilesystem, not {type(filesystem).__name__}")
+        if read_only is False and filesystem.read_only:
+            raise MountError(f"Filesystem {filesystem.id} is read-only and cannot be mounted read-write")
+        self.filesystem = filesystem
+        self.mountpoint = os.path.abspath(os.fspath(mountpoint))
+        self.read_only = filesystem.read_only if read_only is None else bool(read_only)
+        self.options = MountOptions.from_value(options)
+        self.operations: MountOperations | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._unwatch: Any = None
+        self._holds_session = False
+        self.pending_failures: dict[str, str] = {}
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    @property
+    def mounted(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self._ready.is_set()
+
+    def start(self) -> Mount:
+        """Mount and return once the mount point answers.
+
+        Raises
+        ------
+        MountError
+            See the class.
+        """
+        reason = fuse_available()
+        if reason is not None:
+            raise MountError(f"FUSE is not available: {reason}")
+        if not os.path.isdir(self.mountpoint):
+            cleanup_stale_mount(self.mountpoint)
+            if not os.path.isdir(self.mountpoint):
+                raise MountError(f"Mount point {self.mountpoint} is not a directory")
+        cleanup_stale_mount(self.mountpoint)
+        if not _session_lock.acquire(blocking=False):
+            raise MountError("Another mount is already served by this process (one FUSE session per process)")
+        self._holds_session = True
+        try:
+            self.operations = MountOperations(self.filesystem, self.options, read_only=self.read_only)
+            self._thread = threading.Thread(target=self._serve, name=f"agentvfs-mount {self.mountpoint}", daemon=True)
+            self._thread.start()
+            self._ready.wait()
+            if self._error is not None:
+                raise MountError(f"Mounting at {self.mountpoint} failed: {self._error}") from self._error
+            self._unwatch = self.filesystem.watch(self._on_change)
+            _tune(self.mountpoint, self.options)
+        except BaseException:
+            self._stop_thread()
+            self._release_session()
+            raise
+        return self
+
+    def _serve(self) -> None:
+        try:
+            trio.run(self._main)
+        except BaseException as exc:
+            if not self._ready.is_set():
+                self._error = exc
+                self._ready.set()
+            else:
+                _log.exception("FUSE server for %s stopped with an error", self.mountpoint)
+
+    async def _main(self) -> None:
+        ops = self.operations
+        assert ops is not None
+        await self.filesystem.ensure_ready()
+        flags = {
+            "fsname=" + self.options.fsname,
+            "subtype=agentvfs",
+            "default_permissions",
+            "nodev",
+            # With auto_unmount, fusermount3 unmounts when this process dies (even by kill -9),
+            # so no dead mount is left behind.
+            "auto_unmount",
+        }
+        if self.options.allow_other:
+            flags.add("allow_other")
+        if self.read_only:
+            flags.add("ro")
+        if self.options.debug:
+            flags.add("debug")
+        pyfuse3.init(ops, self.mountpoint, flags)
+        try:
+            self._token = trio.lowlevel.current_trio_token()
+            ops.set_thread()
+            async with trio.open_nursery() as nursery:
+                ops.nursery = nursery
+                self._ready.set()
+                await pyfuse3.main(min_tasks=1, max_tasks=self.options.max_tasks)
+                nursery.cancel_scope.cancel()
+        finally:
+            ops.nursery = None
+            pyfuse3.close(unmount=True)
+
+    def _on_change(self, fs: WorkspaceFilesystem, operation: str, paths: tuple[str, ...]) -> None:
+        """A change made through the filesystem object (by the Workspace API in this process):
+        drop what the mount and the kernel cached about those paths before the call returns."""
+        ops = self.operations
+        token = self._token
+        if ops is None or token is None or threading.get_ident() == ops.thread_id:
+            return  # the mount's own change: it updated its state itself
+        try:
+            notes = trio.from_thread.run_sync(ops.forget_paths, paths, trio_token=token)
+        except (trio.RunFinishedError, RuntimeError):
+            return
+        for parent, name, ino in notes:
+            with contextlib.suppress(OSError):
+                if parent is not None and name is not None:
+                    pyfuse3.invalidate_entry(parent, os.fsencode(name))
+                if ino is not None:
+                    pyfuse3.invalidate_inode(ino, attr_only=False)
+
+    def close(self) -> None:
+        """Upload pending writes, then unmount.
+
+        Raises
+        ------
+        MountError
+            Some files could not be uploaded (their staged copies are kept and named).
+        """
+        if self._thread is None:
+            return
+        if self._unwatch is not None:
+            self._unwatch()
+            self._unwatch = None
+        failures: dict[str, str] = {}
+        ops = self.operations
+        if ops is not None and self._token is not None and self._thread.is_alive():
+            with contextlib.suppress(trio.RunFinishedError):
+                failures = trio.from_thread.run(ops.drain, trio_token=self._token)
+        self._stop_thread()
+        if ops is not None:
+            ops.close_staging()
+        self._release_session()
+        if is_mounted(self.mountpoint):
+            if not _fusermount("-u", self.mountpoint):
+                _fusermount("-uz", self.mountpoint)
+        self.pending_failures = failures
+        if failures:
+            listed = "; ".join(f"{path}: {why}" for path, why in sorted(failures.items()))
+            assert ops is not None
+            raise MountError(
+                f"Unmounted {self.mountpoint} with uploads that failed (kept in {ops.staging_dir}): {listed}",
+                {"failed": failures, "staging_dir": ops.staging_dir},
+            )
+
+    def _stop_thread(self) -> None:
+        thread = self._thread
+        if thread is None:
+            return
+        if thread.is_alive() and self._token is not None:
+            with contextlib.suppress(trio.RunFinishedError):
+                self._token.run_sync_soon(pyfuse3.terminate)
+        thread.join(timeout=30)
+        if thread.is_alive():
+            # A request is stuck in storage: detach the mount so callers are not blocked.
+            _fusermount("-uz", self.mountpoint)
+            thread.join(timeout=30)
+        self._thread = None
+
+    def _release_session(self) -> None:
+        if self._holds_session:
+            self._holds_session = False
+            _session_lock.release()
+
+    def __enter__(self) -> Mount:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "mounted" if self.mounted else "not mounted"
+        mode = "ro" if self.read_only else "rw"
+        return f"<Mount {self.filesystem.id} at {self.mountpoint} ({mode}, {state})>"
+
+
+@contextlib.asynccontextmanager
+async def mount(
+    filesystem: WorkspaceFilesystem,
+    mountpoint: str | os.PathLike[str],
+    *,
+    read_only: bool | None = None,
+    options: MountOptions | Mapping[str, Any] | None = None,
+) -> AsyncIterator[Mount]:
+    """Mount ``filesystem`` at ``mountpoint`` for the body of an ``async with``.
+
+    Returns once the mount is ready; on exit uploads pending writes and unmounts (also when
+    the body raises). Works under asyncio and trio: the FUSE server has its own thread.
+    See :class:`Mount` for the parameters and errors.
+    """
+    handle = Mount(filesystem, mountpoint, read_only=read_only, options=options)
+    await anyio.to_thread.run_sync(handle.start)
+    try:
+        yield handle
+    finally:
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(handle.close)
