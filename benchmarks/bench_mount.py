@@ -234,6 +234,10 @@ class Timeout(Exception):
     """An operation on a mount ran past its watchdog limit."""
 
 
+class MountFailed(RuntimeError):
+    """A layer did not come up as a mount (its process exited or never mounted)."""
+
+
 @dataclass
 class RunningMount:
     """One mount served by a process of ours; stopped by ``stop`` (idempotent)."""
@@ -243,7 +247,7 @@ class RunningMount:
     proc: subprocess.Popen[bytes]
     log_path: Path
     sigterm_first: bool  # our CLI stops on SIGTERM; the peers on fusermount3 -u
-    ready_seconds: float = 0.0
+    ready_seconds: float | None = None  # None: never got mounted
     killed_by_watchdog: bool = False
     problems: list[str] = field(default_factory=list)
 
@@ -261,7 +265,8 @@ class RunningMount:
                 self.proc.wait(10)  # a peer exits on its own once unmounted
             except subprocess.TimeoutExpired:
                 stop_process(self.proc)
-        if self.sigterm_first and not self.killed_by_watchdog and self.proc.returncode not in (0, -signal.SIGTERM):
+        if (self.sigterm_first and self.ready_seconds is not None and not self.killed_by_watchdog
+                and self.proc.returncode not in (0, -signal.SIGTERM)):
             self.problems.append(f"{self.layer}: exit status {self.proc.returncode} after SIGTERM; "
                                  f"log: {_tail(self.log_path)}")
         unmount(self.mountpoint)
@@ -472,6 +477,9 @@ class Harness:
         self.mounts: list[RunningMount] = []
         self.procs: list[subprocess.Popen[bytes]] = []
         self.problems: list[str] = []  # notable misbehaviour of any layer, for the report
+        self.broken: set[str] = set()  # layers that failed to mount once: not retried
+        self.ready_times: dict[str, list[float]] = {}  # "part layer" -> seconds from start to mounted
+        self.part = ""  # "local" or "s3": which part of the benchmark is running
         self._n = 0
 
     def scratch(self, name: str) -> str:
@@ -502,12 +510,15 @@ class Harness:
             if is_mounted(mnt) and os.path.ismount(mnt):
                 break
             if proc.poll() is not None:
-                raise RuntimeError(f"{layer.name} exited with {proc.returncode} before mounting: {_tail(log_path)}")
+                self.broken.add(layer.name)
+                raise MountFailed(f"{layer.name} exited with {proc.returncode} before mounting: {_tail(log_path)}")
             if time.perf_counter() - t0 > MOUNT_READY_TIMEOUT_S:
                 m.kill()
-                raise RuntimeError(f"{layer.name} not mounted after {MOUNT_READY_TIMEOUT_S:.0f} s: {_tail(log_path)}")
+                self.broken.add(layer.name)
+                raise MountFailed(f"{layer.name} not mounted after {MOUNT_READY_TIMEOUT_S:.0f} s: {_tail(log_path)}")
             time.sleep(0.02)
         m.ready_seconds = time.perf_counter() - t0
+        self.ready_times.setdefault(f"{self.part} {layer.name}", []).append(m.ready_seconds)
         return m
 
     @contextlib.contextmanager
@@ -546,13 +557,18 @@ def agentvfs_layer(url: str, options: list[str]) -> Layer | str:
     exe = Path(sys.executable).parent / "agentvfs"
     cli = str(exe) if exe.exists() else shutil.which("agentvfs")
     if cli is not None:
-        probe = subprocess.run([cli, "mount", "--help"], capture_output=True, timeout=60, check=False)
-        if probe.returncode == 0:
+        cli_probe = subprocess.run([cli, "mount", "--help"], capture_output=True, timeout=60, check=False)
+        if cli_probe.returncode == 0:
             opts = [x for o in options for x in ("-o", o)]
             return Layer("agentvfs", lambda mnt, _s: ([cli, "mount", url, mnt, *opts], dict(os.environ)),
                          sigterm_first=True)
-    if importlib.util.find_spec("agentvfs.mounts") is None:
-        return "agentvfs: neither `agentvfs mount` nor agentvfs.mounts is available yet"
+    # A subprocess: the package may be half-written (being developed), and a failed import
+    # here must not leave a broken module cached in this process.
+    probe = subprocess.run([sys.executable, "-c", "from agentvfs.mounts import Mount"],
+                           capture_output=True, text=True, timeout=60, check=False)
+    if probe.returncode != 0:
+        why = (probe.stderr.strip().splitlines() or ["?"])[-1]
+        return f"agentvfs: neither `agentvfs mount` nor agentvfs.mounts.Mount is usable ({why})"
     storage = dict(o.split("=", 1) for o in options)
     code = (
         "import json, signal, sys, threading\n"
@@ -680,6 +696,7 @@ def local_ops(cfg: Config) -> list[Op]:
 
 
 def bench_local(h: Harness, cfg: Config, results: Results) -> None:
+    h.part = "local"
     data = h.scratch("local-data")
     entries_dir = os.path.join(data, "entries")
     os.makedirs(entries_dir)
@@ -738,22 +755,21 @@ def bench_local(h: Harness, cfg: Config, results: Results) -> None:
     for i in range(cfg.repeat_big):
         log(f"local: big-file round {i + 1}/{cfg.repeat_big}")
         big_round(data, None, "direct", i)
-        if isinstance(ours, Layer):
+        if isinstance(ours, Layer) and ours.name not in h.broken:
             try:
                 with h.mounted(ours) as m:
-                    series(results, "agentvfs", "mount_ready").seconds.append(m.ready_seconds)
                     big_round(m.mountpoint, m, "agentvfs", i)
-            except RuntimeError as exc:
+            except MountFailed as exc:
                 series(results, "agentvfs", "cold_read").errors.append(str(exc))
                 log(f"  ERROR agentvfs mount: {exc}")
     for i in range(cfg.repeat_small):
         log(f"local: directory round {i + 1}/{cfg.repeat_small}")
         small_round(data, None, "direct")
-        if isinstance(ours, Layer):
+        if isinstance(ours, Layer) and ours.name not in h.broken:
             try:
                 with h.mounted(ours) as m:
                     small_round(m.mountpoint, m, "agentvfs")
-            except RuntimeError as exc:
+            except MountFailed as exc:
                 series(results, "agentvfs", "ls_cold").errors.append(str(exc))
                 log(f"  ERROR agentvfs mount: {exc}")
 
@@ -788,8 +804,13 @@ def start_s3rver(h: Harness, exe: str) -> str:
     """Start s3rver with a fresh data dir on a free port; return its endpoint once it answers."""
     data = h.scratch("s3rver-data")
     port = free_port()
+    env = dict(os.environ)
+    # s3rver 3.7.1 signs ListObjectsV2 continuation tokens with DES, which the OpenSSL 3 in
+    # Node >= 17 refuses (ERR_OSSL_EVP_UNSUPPORTED -> HTTP 500 InternalError): without the
+    # legacy provider every truncated listing (more than MaxKeys objects) fails.
+    env["NODE_OPTIONS"] = f"{env.get('NODE_OPTIONS', '')} --openssl-legacy-provider".strip()
     proc = h.spawn([exe, "-d", data, "-p", str(port), "-a", "127.0.0.1", "--silent",
-                    "--configure-bucket", BUCKET], None, Path(data).parent / f"s3rver-{port}.log")
+                    "--configure-bucket", BUCKET], env, Path(data).parent / f"s3rver-{port}.log")
     endpoint = f"http://127.0.0.1:{port}"
     client = s3_client(endpoint)
     deadline = time.monotonic() + 30
@@ -854,6 +875,7 @@ def object_sha256(client: Any, key: str) -> str:
 
 
 def bench_s3(h: Harness, cfg: Config, results: Results, s3rver: str, skipped: list[str]) -> None:
+    h.part = "s3"
     log("s3: starting s3rver")
     endpoint = start_s3rver(h, s3rver)
     client = s3_client(endpoint)
@@ -973,10 +995,11 @@ def bench_s3(h: Harness, cfg: Config, results: Results, s3rver: str, skipped: li
     for mount_layer in layers:
         name = mount_layer.name
         for i in range(cfg.repeat_big):
+            if name in h.broken:
+                break
             log(f"s3: {name}: read/write round {i + 1}/{cfg.repeat_big}")
             try:
                 with h.mounted(mount_layer) as m:
-                    series(results, name, "mount_ready").seconds.append(m.ready_seconds)
                     drop_caches()
                     path = os.path.join(m.mountpoint, "big.bin")
                     with watchdog(m, limit_io, "cold read"):
@@ -1000,7 +1023,7 @@ def bench_s3(h: Harness, cfg: Config, results: Results, s3rver: str, skipped: li
                             and object_sha256(client, key) != write_sha):
                         series(results, name, "write").errors.append("object differs from the data written")
                         log(f"  ERROR {name}: object differs from the data written")
-            except RuntimeError as exc:
+            except MountFailed as exc:
                 series(results, name, "cold_read").errors.append(str(exc))
                 log(f"  ERROR {name} mount: {exc}")
             finally:
@@ -1008,6 +1031,8 @@ def bench_s3(h: Harness, cfg: Config, results: Results, s3rver: str, skipped: li
                 with contextlib.suppress(Exception):
                     client.delete_object(Bucket=BUCKET, Key=f"w-{name}-{i}.bin")
         for i in range(cfg.repeat_small):
+            if name in h.broken:
+                break
             log(f"s3: {name}: listing round {i + 1}/{cfg.repeat_small}")
             try:
                 with h.mounted(mount_layer) as m:
@@ -1017,7 +1042,7 @@ def bench_s3(h: Harness, cfg: Config, results: Results, s3rver: str, skipped: li
                         if not record(series(results, name, op), functools.partial(timed_ls, d, cfg.s3_entries, limit_ls),
                                       f"{name} {op}"):
                             break
-            except RuntimeError as exc:
+            except MountFailed as exc:
                 series(results, name, "ls_cold").errors.append(str(exc))
                 log(f"  ERROR {name} mount: {exc}")
 
@@ -1120,19 +1145,12 @@ def main(argv: list[str] | None = None) -> int:
     if local:
         print("## A. Local directory: direct vs agentvfs mount\n")
         print(local_table(cfg, local))
-        ready = local.get("agentvfs", {}).get("mount_ready")
-        if ready and ready.seconds:
-            print(f"\nagentvfs mount ready in {statistics.median(ready.seconds):.2f} s (median, CLI start to mounted)")
         print()
     if s3:
         print("## B. S3 (s3rver): direct clients vs mounts\n")
         print("Ratios: time / time of the best direct client for that kind of operation "
               "(reads: best GET variant; writes: best PUT variant; listings: best direct listing).\n")
         print(s3_table(cfg, s3))
-        ready_lines = [f"{layer} {statistics.median(d['mount_ready'].seconds):.2f} s"
-                       for layer, d in s3.items() if "mount_ready" in d and d["mount_ready"].seconds]
-        if ready_lines:
-            print(f"\nmount ready (median): {', '.join(ready_lines)}")
         if skipped:
             print("\nskipped: " + "; ".join(skipped))
         print()
@@ -1145,6 +1163,9 @@ def main(argv: list[str] | None = None) -> int:
         for p in h.problems:
             print(f"- {p}")
         print()
+    if h.ready_times:
+        ready = ", ".join(f"{k} {statistics.median(v):.2f} s" for k, v in h.ready_times.items())
+        print(f"Mount start-up (process start to mounted, median): {ready}\n")
     print(f"load average at end: {' / '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if args.json:
         with open(args.json, "w") as f:
@@ -1152,7 +1173,7 @@ def main(argv: list[str] | None = None) -> int:
                 "args": vars(args), "machine": machine, "config": vars(cfg), "interrupted": interrupted,
                 "local": {layer: {op: s.to_json() for op, s in d.items()} for layer, d in local.items()},
                 "s3": {layer: {op: s.to_json() for op, s in d.items()} for layer, d in s3.items()},
-                "problems": h.problems, "skipped": skipped,
+                "problems": h.problems, "skipped": skipped, "mount_ready_seconds": h.ready_times,
             }, f, indent=2)  # fmt: skip
         log(f"wrote {args.json}")
     return 130 if interrupted else 0

@@ -7,6 +7,7 @@ staged copies live on local disk and are read and written in place.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import logging
@@ -15,8 +16,8 @@ import stat as stat_module
 import tempfile
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import Any, TypeVar, cast
 
 import pyfuse3
 import trio
@@ -71,6 +72,14 @@ def _fuse_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def _has_stage(node: Node) -> bool:
+    return node.stage is not None
+
+
+def _is_dirty(node: Node) -> bool:
+    return node.dirty
+
+
 def _fail(code: int) -> pyfuse3.FUSEError:
     return pyfuse3.FUSEError(code)
 
@@ -102,7 +111,7 @@ class _Handle:
         self.path = ""
 
 
-class MountOperations(pyfuse3.Operations):  # type: ignore[misc]
+class MountOperations(pyfuse3.Operations):
     """pyfuse3 operations over a workspace filesystem; see ``docs/mount-semantics.md``."""
 
     supports_dot_lookup = False
@@ -239,11 +248,21 @@ class MountOperations(pyfuse3.Operations):  # type: ignore[misc]
             if time.monotonic() - directory.listed_at < self._ttl:
                 return directory.children or {}
             started = time.monotonic()
+            base = self.path_of(directory)
             try:
-                stats = await list_stats(self.fs, self.path_of(directory))
+                stats = await list_stats(self.fs, base)
             except FileNotFoundError:
                 # Gone from storage: what is left here is what the mount itself holds.
                 stats = []
+            listed = {st.name for st in stats}
+            for name, node in (directory.children or {}).items():
+                if name not in listed and node.stored and not node.dirty:
+                    # Absent from the listing: make sure before forgetting it (listings may
+                    # hide names, such as the backend's own staging names, or lag behind).
+                    try:
+                        stats.append(await self.fs.stat(f"{base}/{name}" if base else name))
+                    except (FileNotFoundError, NotADirectoryError):
+                        continue
             self._reconcile(directory, stats)
             directory.listed_at = started
         return directory.children or {}
@@ -258,9 +277,7 @@ class MountOperations(pyfuse3.Operations):  # type: ignore[misc]
             if node is not None and (not node.stored or node.dirty):
                 fresh[name] = node  # the mount holds newer state than the listing
             elif node is not None and node.is_dir == is_dir and node.kind in (_S_IFDIR, _S_IFREG):
-                if not is_dir:
-                    self._refresh_file(node, st)
-                fresh[name] = node
+                fresh[name] = node if is_dir else self._refresh_file(node, st)
             else:
                 if node is not None:
                     self._drop_link(node, directory, name)
@@ -276,19 +293,36 @@ class MountOperations(pyfuse3.Operations):  # type: ignore[misc]
                 fresh[name] = node
         directory.children = fresh
 
-    def _refresh_file(self, node: Node, st: FileStat) -> None:
+    def _refresh_file(self, node: Node, st: FileStat) -> Node:
+        """Compare a clean file with what storage holds now; returns the node that holds the
+        name afterwards.
+
+        A file replaced in storage gets a new inode: with the writeback cache the kernel
+        trusts its own size and times of an inode it knows, so only a new inode makes it
+        take the new ones (the old inode lives on for descriptors already open).
+        """
         node.checked_at = time.monotonic()
         if node.dirty or node.writers:
-            return
+            return node
         if node.etag is None and st.size == node.size:
             node.etag = st.etag  # our own upload, now with the version storage gave it
-            return
-        if st.etag != node.etag or st.size != node.size:
-            node.etag = st.etag
-            node.size = st.size
+            return node
+        if st.etag == node.etag and st.size == node.size:
+            return node
+        if len(node.links) != 1:
+            node.etag, node.size = st.etag, st.size
             node.mtime = node.ctime = int(st.modified_at.timestamp() * 1e9)
             node.version += 1
             self._invalidate_later(None, None, node.ino)
+            return node
+        parent, name = node.links[0]
+        fresh = self._from_stat(st, parent, name)
+        fresh.perm, fresh.uid, fresh.gid = node.perm, node.uid, node.gid
+        assert parent.children is not None
+        parent.children[name] = fresh
+        node.links = []
+        self._invalidate_later(parent.ino, name, None)
+        return fresh
 
     def _drop_link(self, node: Node, directory: Node, name: str) -> None:
         node.links = [(d, n) for d, n in node.links if not (d is directory and n == name)]
@@ -342,8 +376,8 @@ class MountOperations(pyfuse3.Operations):  # type: ignore[misc]
         if node.stage is not None:
             return
         async with node.lock:
-            if node.stage is not None:
-                return
+            if _has_stage(node):
+                return  # staged by a concurrent request while this one waited
             fd, path = tempfile.mkstemp(dir=self.staging_dir, prefix="stage-")
             try:
                 keep = node.size if truncate_to is None else min(truncate_to, node.size)
@@ -374,10 +408,8 @@ class MountOperations(pyfuse3.Operations):  # type: ignore[misc]
         if node.stage is None:
             return
         os.close(node.stage_fd)
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(node.stage)
-        except FileNotFoundError:
-            pass
         node.stage, node.stage_fd = None, -1
         self._release_stage_bytes(node)
 
@@ -388,8 +420,8 @@ class MountOperations(pyfuse3.Operations):  # type: ignore[misc]
         if not node.dirty or node.stage is None:
             return
         async with node.lock:
-            if not node.dirty:
-                return
+            if not _is_dirty(node):
+                return  # uploaded by a concurrent request while this one waited
             if not node.links:
                 node.dirty = False  # unlinked while open: nothing to publish
                 return
@@ -413,10 +445,8 @@ class MountOperations(pyfuse3.Operations):  # type: ignore[misc]
         """Upload every dirty file (used before unmounting); returns the failures."""
         for node in list(self.inodes.values()):
             if node.dirty:
-                try:
+                with contextlib.suppress(pyfuse3.FUSEError):
                     await self.commit(node)
-                except pyfuse3.FUSEError:
-                    pass
         return dict(self.failed_uploads)
 
     def close_staging(self) -> None:
@@ -425,10 +455,10 @@ class MountOperations(pyfuse3.Operations):  # type: ignore[misc]
             if not node.dirty:
                 self._drop_stage(node)
         if self._own_staging:
-            try:
+            # Dirty copies remain when an upload failed: never delete data that did not
+            # reach storage (rmdir fails on a non-empty directory).
+            with contextlib.suppress(OSError):
                 os.rmdir(self.staging_dir)
-            except OSError:
-                pass  # dirty copies remain: never delete data that did not reach storage
 
     # -- change feed from the same filesystem object ----------------------------------------
 
@@ -505,7 +535,7 @@ class MountOperations(pyfuse3.Operations):  # type: ignore[misc]
     async def _check_file(self, node: Node) -> None:
         """One ``stat`` when a file's attributes are older than the TTL: another writer may
         have replaced it in storage."""
-        parent, name = node.links[0]
+        parent, _name = node.links[0]
         if time.monotonic() - parent.listed_at < self._ttl:
             node.checked_at = time.monotonic()
             return
@@ -540,7 +570,7 @@ class MountOperations(pyfuse3.Operations):  # type: ignore[misc]
             await self._materialize(node, truncate_to=size)
             self._reserve(node, size)
             os.ftruncate(node.stage_fd, size)
-            if size != node.size or True:
+            if True:
                 node.size = size
                 node.dirty = True
                 node.write_seq += 1
@@ -605,7 +635,7 @@ class MountOperations(pyfuse3.Operations):  # type: ignore[misc]
     async def fsyncdir(self, fh: int, datasync: bool) -> None:
         return None
 
-    async def forget(self, inode_list: list[tuple[int, int]]) -> None:
+    async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
         for ino, count in inode_list:
             node = self.inodes.get(ino)
             if node is None or node is self.root:
@@ -845,7 +875,8 @@ class MountOperations(pyfuse3.Operations):  # type: ignore[misc]
                 target.dirty = False
                 if not target.opens:
                     self._drop_stage(target)
-        assert old_dir.children is not None and new_dir.children is not None
+        assert old_dir.children is not None
+        assert new_dir.children is not None
         old_dir.children.pop(old_name, None)
         node.links = [
             (new_dir, new_name) if (d is old_dir and n == old_name) else (d, n) for d, n in node.links
@@ -969,11 +1000,16 @@ class MountOperations(pyfuse3.Operations):  # type: ignore[misc]
             node.dirty = True
             node.write_seq += 1
             node.touch()
-        elif node.stored and not node.dirty and not node.writers and node.links:
+        elif (
+            node.stored
+            and not node.dirty
+            and not node.writers
+            and node.links
+            and time.monotonic() - node.checked_at >= self._ttl
+        ):
             # Close-to-open: a file opened again is checked against storage (one stat when
             # its attributes are older than the TTL).
-            if time.monotonic() - node.checked_at >= self._ttl:
-                await self._check_file(node)
+            await self._check_file(node)
         fh = self._open_handle(node, flags)
         handle = self.handles[fh]
         handle.path = self._safe_path(node)
@@ -989,11 +1025,13 @@ class MountOperations(pyfuse3.Operations):  # type: ignore[misc]
             raise _fail(errno.EBADF)
         node = handle.node
         if node.stage is not None:
-            return os.pread(node.stage_fd, size, off)
+            data: bytes = os.pread(node.stage_fd, size, off)
+            return data
         if off >= node.size or size <= 0:
             return b""
         end = min(node.size, off + size)
-        return await self._read_remote(handle, off, end)
+        # A memoryview of a prefetched part avoids a copy; pyfuse3 takes any buffer.
+        return cast(bytes, await self._read_remote(handle, off, end))
 
     async def _read_remote(self, handle: _Handle, off: int, end: int) -> Any:
         node = handle.node
@@ -1001,9 +1039,8 @@ class MountOperations(pyfuse3.Operations):  # type: ignore[misc]
         sequential = off == handle.next_offset
         handle.sequential = handle.sequential + 1 if sequential else 0
         handle.next_offset = end
-        path = self.path_of(node) if node.links else None
-        if path is None:
-            raise _fail(errno.ENOENT)
+        # A file replaced in storage while open keeps reading under the name it was opened by.
+        path = self.path_of(node) if node.links else handle.path.lstrip("/")
         if not sequential and off != 0 and end - off <= part_size:
             # A random read: exactly the bytes asked for, nothing cached.
             self._drop_parts(handle, keep_from=None)

@@ -111,9 +111,8 @@ def _tune(mountpoint: str, options: MountOptions) -> None:
         return
     major, minor = os.major(dev), os.minor(dev)
     if options.read_ahead_kb:
-        with contextlib.suppress(OSError):
-            with open(f"/sys/class/bdi/{major}:{minor}/read_ahead_kb", "w") as f:
-                f.write(str(options.read_ahead_kb))
+        with contextlib.suppress(OSError), open(f"/sys/class/bdi/{major}:{minor}/read_ahead_kb", "w") as f:
+            f.write(str(options.read_ahead_kb))
     if options.max_background:
         conn = f"/sys/fs/fuse/connections/{minor}"
         if not os.path.isdir(conn) and os.geteuid() == 0:
@@ -302,9 +301,8 @@ class Mount:
         if ops is not None:
             ops.close_staging()
         self._release_session()
-        if is_mounted(self.mountpoint):
-            if not _fusermount("-u", self.mountpoint):
-                _fusermount("-uz", self.mountpoint)
+        if is_mounted(self.mountpoint) and not _fusermount("-u", self.mountpoint):
+            _fusermount("-uz", self.mountpoint)
         self.pending_failures = failures
         if failures:
             listed = "; ".join(f"{path}: {why}" for path, why in sorted(failures.items()))

@@ -9,6 +9,7 @@ from ._harness import Harness as Harness
 from ._harness import composite_harness as composite_harness
 from ._harness import fsspec_harness as fsspec_harness
 from ._harness import local_harness as local_harness
+from ._harness import mounted_harness as mounted_harness
 from ._servers import FakeGcsServer as FakeGcsServer
 from ._servers import MotoServer as MotoServer
 from ._servers import free_port as free_port
@@ -23,4 +24,5 @@ __all__ = [
     "free_port",
     "fsspec_harness",
     "local_harness",
+    "mounted_harness",
 ]

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..vfs import CompositeFilesystem, FsspecFilesystem, LocalFilesystem, WorkspaceFilesystem
 
-__all__ = ["Harness", "composite_harness", "fsspec_harness", "local_harness"]
+__all__ = ["Harness", "composite_harness", "fsspec_harness", "local_harness", "mounted_harness"]
 
 
 @dataclass
@@ -119,3 +120,28 @@ def composite_harness(main: Harness, other: Harness, *, name: str = "composite")
     )
     harness.extra["other"] = other
     return harness
+
+
+@contextlib.contextmanager
+def mounted_harness(inner: Harness, mountpoint: str, **options: Any) -> Iterator[Harness]:
+    """FUSE-mount ``inner.fs`` at ``mountpoint`` and yield a harness whose filesystem works
+    on the mount point with plain ``os`` calls, while the oracle still reads and writes the
+    storage directly. The mount trusts nothing cached (``metadata_ttl=0``) unless told, since
+    the oracle changes storage behind its back.
+    """
+    from ..mounts import Mount
+
+    settings: dict[str, Any] = {"metadata_ttl": 0.0} | options
+    with Mount(inner.fs, mountpoint, options=settings) as handle:
+
+        def reopen(**kw: Any) -> WorkspaceFilesystem:
+            return FsspecFilesystem(f"file://{mountpoint}", **kw)
+
+        harness = Harness(
+            FsspecFilesystem(f"file://{mountpoint}"),
+            inner.put, inner.get, inner.isdir, reopen,
+            name=f"mount-{inner.name}",
+        )
+        harness.extra["mount"] = handle
+        harness.extra["inner"] = inner
+        yield harness

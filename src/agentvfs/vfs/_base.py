@@ -36,8 +36,8 @@ __all__ = [
     "SupportsGrep",
     "SupportsListStats",
     "SupportsRangedRead",
-    "SupportsTransfer",
     "SupportsReadMany",
+    "SupportsTransfer",
     "SupportsWalk",
     "WorkspaceFilesystem",
     "download_file",
@@ -191,7 +191,6 @@ async def read_many(fs: WorkspaceFilesystem, paths: Sequence[str], *, concurrenc
 
 
 @runtime_checkable
-@runtime_checkable
 class SupportsListStats(Protocol):
     """Backends that return full metadata of every child in one listing request."""
 
@@ -262,6 +261,7 @@ def copy_local(src: str, dest: str) -> None:
     shutil.copyfile(src, dest)
 
 
+@runtime_checkable
 class SupportsGrep(Protocol):
     """A filesystem that searches file contents itself (batched reads, or server side)."""
 
