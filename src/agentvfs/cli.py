@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import os
+import signal
+import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Sequence
 from typing import Any
 
 import anyio
+import anyio.to_thread
 
 __all__ = ["main"]
 
@@ -96,6 +102,7 @@ async def _demo(storage: str, out: list[str]) -> None:
                 say(f"  {name} {args}")
                 for line in str(result).splitlines():
                     say(f"    {line}")
+            await _demo_mount(files, say)
             info = await ws.get_info(include_file_count=True)
             say(f"get_info: status={info['status']} provider={info['filesystem']['provider']} total_files={info['filesystem']['total_files']}")
         say(f"workspace destroyed: status={ws.status}")
@@ -111,6 +118,31 @@ async def _demo(storage: str, out: list[str]) -> None:
     finally:
         if tmp is not None:
             tmp.cleanup()
+
+
+async def _demo_mount(files: Any, say: Any) -> None:
+    """Mount the workspace and look at it with ordinary commands."""
+    from .mounts import fuse_available, mount
+
+    reason = fuse_available()
+    if reason is not None:
+        say(f"FUSE mount skipped: {reason}")
+        return
+    with tempfile.TemporaryDirectory(prefix="agentvfs-mnt-") as where:
+        async with mount(files, where) as handle:
+            say(f"mounted the workspace at {handle.mountpoint}:")
+            for command in (["ls", "-la", where], ["ls", "-l", f"{where}/src"], ["cat", f"{where}/src/app.py"]):
+                done = await anyio.to_thread.run_sync(
+                    functools.partial(subprocess.run, command, capture_output=True, text=True, check=False)
+                )
+                say(f"  $ {' '.join(command).replace(where, '<mnt>')}")
+                for line in (done.stdout + done.stderr).splitlines():
+                    say(f"    {line.replace(where, '<mnt>')}")
+            shell = f"echo 'written by a shell' > {where}/notes/shell.txt && echo more >> {where}/notes/shell.txt"
+            await anyio.to_thread.run_sync(lambda: subprocess.run(["sh", "-c", shell], check=True))
+            text = await files.read_file("notes/shell.txt", encoding="utf-8")
+            say(f"  $ echo ... > <mnt>/notes/shell.txt; echo more >> ... -> the API reads {text!r}")
+        say("unmounted")
 
 
 def _storage_option(text: str) -> tuple[str, Any]:
@@ -144,6 +176,50 @@ def _mcp(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     anyio.run(serve_stdio, workspace)
 
 
+def _filesystem_for(url: str, read_only: bool, storage_options: dict[str, Any]) -> Any:
+    from . import FsspecFilesystem
+
+    if "://" not in url and "::" not in url:
+        url = "file://" + os.path.abspath(url)
+    return FsspecFilesystem(url, read_only=read_only, storage_options=storage_options or None)
+
+
+def _mount(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from .errors import MountError, WorkspaceError
+    from .mounts import Mount, MountOptions
+
+    known = {name for name in MountOptions.__dataclass_fields__}
+    mount_options = {k: v for k, v in args.options if k.replace("-", "_") in known}
+    storage_options = {k: v for k, v in args.options if k.replace("-", "_") not in known}
+    try:
+        fs = _filesystem_for(args.url, args.read_only, storage_options)
+        handle = Mount(fs, args.mountpoint, read_only=args.read_only or None, options=mount_options)
+        handle.start()
+    except (MountError, WorkspaceError, OSError, ValueError) as exc:
+        print(f"agentvfs mount: {exc}", file=sys.stderr)
+        return 1
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    mode = "read-only" if handle.read_only else "read-write"
+    print(f"agentvfs: {args.url} mounted at {handle.mountpoint} ({mode}); SIGINT or SIGTERM unmounts", file=sys.stderr, flush=True)
+    while not stop.wait(0.5):
+        if not handle.mounted:
+            print("agentvfs: the mount went away (unmounted from outside)", file=sys.stderr)
+            break
+    try:
+        handle.close()
+    except MountError as exc:
+        print(f"agentvfs mount: {exc}", file=sys.stderr)
+        return 1
+    print(f"agentvfs: unmounted {handle.mountpoint}", file=sys.stderr)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``agentvfs`` command."""
     parser = argparse.ArgumentParser(prog="agentvfs", description="A workspace for AI agents over any fsspec storage.")
@@ -165,7 +241,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         "-o", dest="options", action="append", type=_storage_option, default=[], metavar="KEY=VALUE",
         help="an fsspec storage option for --url; VALUE is read as JSON when it parses (true, 3, {...}), else as a string",
     )  # fmt: skip
+    mnt = sub.add_parser(
+        "mount",
+        help="FUSE-mount an fsspec URL or a local directory in the foreground",
+        description="Mount URL (s3://bucket/prefix, gcs://bucket, memory://, file:///dir or a local path) at "
+        "MOUNTPOINT until SIGINT or SIGTERM; pending uploads finish before the unmount. "
+        "Semantics: docs/mount-semantics.md.",
+    )
+    mnt.add_argument("url", metavar="URL")
+    mnt.add_argument("mountpoint", metavar="MOUNTPOINT")
+    mnt.add_argument("--read-only", action="store_true", help="mount ro: every write fails with EROFS")
+    mnt.add_argument(
+        "-o", dest="options", action="append", type=_storage_option, default=[], metavar="KEY=VALUE",
+        help="a mount option (metadata_ttl, part_size, prefetch_parts, staging_dir, staging_limit, uid, gid, "
+        "allow_other, ...) or else an fsspec storage option (endpoint_url, key, secret, anon, ...)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.command == "mount":
+        return _mount(args, mnt)
     commands = {"demo": lambda: anyio.run(_demo, args.storage, []), "mcp": lambda: _mcp(args, mcp)}
     commands[args.command]()
     return 0

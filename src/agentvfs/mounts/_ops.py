@@ -129,6 +129,7 @@ class MountOperations(pyfuse3.Operations):
             pyfuse3.ROOT_INODE, _S_IFDIR, options.dir_mode, uid=options.uid, gid=options.gid, stored=True
         )
         self.root = root
+        self.started_ns = root.mtime
         self.inodes: dict[int, Node] = {root.ino: root}
         self.handles: dict[int, _Handle] = {}
         self.dir_handles: dict[int, list[tuple[str, Node]]] = {}
@@ -183,7 +184,8 @@ class MountOperations(pyfuse3.Operations):
             uid=self.options.uid,
             gid=self.options.gid,
             size=0 if is_dir else st.size,
-            mtime=int(st.modified_at.timestamp() * 1e9),
+            # Storage without directory times (prefixes, memory) shows the mount's start time.
+            mtime=int(st.modified_at.timestamp() * 1e9) or self.started_ns,
             stored=True,
             etag=st.etag,
         )
