@@ -4,6 +4,7 @@ kernel tuning, and the drain of pending uploads before the unmount."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import logging
 import os
@@ -126,6 +127,20 @@ def _tune(mountpoint: str, options: MountOptions) -> None:
                 f.write(str(options.max_background))
             with open(f"{conn}/congestion_threshold", "w") as f:
                 f.write(str(max(1, options.max_background * 3 // 4)))
+
+
+def _syncfs(path: str) -> None:
+    """syncfs(2) on ``path`` with the GIL released (the FUSE thread must run meanwhile to
+    receive the pages; pyfuse3's own ``syncfs`` keeps the GIL)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        libc.syncfs(fd)
+    finally:
+        os.close(fd)
 
 
 class Mount:
@@ -295,6 +310,9 @@ class Mount:
         failures: dict[str, str] = {}
         ops = self.operations
         if ops is not None and self._token is not None and self._thread.is_alive():
+            # Dirty pages of files still open sit in the kernel (writeback cache): make the
+            # kernel send them before the staged copies are uploaded.
+            _syncfs(self.mountpoint)
             with contextlib.suppress(trio.RunFinishedError):
                 failures = trio.from_thread.run(ops.drain, trio_token=self._token)
         self._stop_thread()

@@ -1,0 +1,387 @@
+"""Mount lifecycle, durability, coherence and read-only behaviour, through real FUSE mounts."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from agentvfs import FsspecFilesystem
+from agentvfs.errors import MountError
+from agentvfs.mounts import Mount, MountOptions, cleanup_stale_mount, fuse_available, is_mounted, mount
+from agentvfs.testing import Harness, MotoServer
+from conftest import memory_harness, s3_harness
+
+pytestmark = pytest.mark.skipif(fuse_available() is not None, reason=f"FUSE unavailable: {fuse_available()}")
+
+
+@pytest.fixture
+def mnt(tmp_path: Path) -> Iterator[str]:
+    point = tmp_path / "mnt"
+    point.mkdir()
+    yield os.fspath(point)
+    if is_mounted(os.fspath(point)):  # a failed test must not leave a mount behind
+        subprocess.run(["fusermount3", "-uz", os.fspath(point)], check=False)
+
+
+def _wait(predicate: Any, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+class _FailingUploads(FsspecFilesystem):
+    """A filesystem whose uploads fail while ``fail`` is set (a bucket refusing writes)."""
+
+    fail = True
+
+    async def upload_file(self, local_path: str, path: str) -> None:
+        if self.fail:
+            raise OSError(errno.EIO, f"injected upload failure for {path}")
+        await super().upload_file(local_path, path)
+
+
+# -- read-only ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["flag", "filesystem"])
+def test_read_only_refuses_every_write_with_erofs(mnt: str, how: str) -> None:
+    h = memory_harness()
+    h.put("keep.txt", b"original")
+    h.put("d/inner.txt", b"inner")
+    fs = h.reopen(read_only=True) if how == "filesystem" else h.fs
+    with Mount(fs, mnt, read_only=True if how == "flag" else None) as handle:
+        assert handle.read_only
+        attempts: list[tuple[str, Any]] = [
+            ("open w", lambda: open(f"{mnt}/new.txt", "w")),
+            ("open a", lambda: open(f"{mnt}/keep.txt", "a")),
+            ("open r+", lambda: open(f"{mnt}/keep.txt", "r+")),
+            ("truncate", lambda: os.truncate(f"{mnt}/keep.txt", 0)),
+            ("unlink", lambda: os.unlink(f"{mnt}/keep.txt")),
+            ("mkdir", lambda: os.mkdir(f"{mnt}/newdir")),
+            ("rmdir", lambda: os.rmdir(f"{mnt}/d")),
+            ("rename", lambda: os.rename(f"{mnt}/keep.txt", f"{mnt}/moved.txt")),
+            ("chmod", lambda: os.chmod(f"{mnt}/keep.txt", 0o600)),
+            ("utime", lambda: os.utime(f"{mnt}/keep.txt", (1, 1))),
+            ("symlink", lambda: os.symlink("keep.txt", f"{mnt}/link")),
+            ("link", lambda: os.link(f"{mnt}/keep.txt", f"{mnt}/hard")),
+            ("mkfifo", lambda: os.mkfifo(f"{mnt}/fifo")),
+        ]
+        for what, attempt in attempts:
+            with pytest.raises(OSError) as info:
+                attempt()
+            assert info.value.errno == errno.EROFS, what
+        with open(f"{mnt}/keep.txt", "rb") as f:
+            assert f.read() == b"original"
+        assert sorted(os.listdir(mnt)) == ["d", "keep.txt"]
+    assert h.get("keep.txt") == b"original"
+    assert h.get("d/inner.txt") == b"inner"
+    assert h.get("new.txt") is None and h.get("moved.txt") is None
+
+
+def test_read_only_filesystem_cannot_mount_read_write(mnt: str) -> None:
+    fs = memory_harness().reopen(read_only=True)
+    with pytest.raises(MountError, match="read-only"):
+        Mount(fs, mnt, read_only=False)
+
+
+# -- durability ---------------------------------------------------------------------------------
+
+
+def test_upload_failure_is_eio_at_close_and_kept_for_a_retry(mnt: str, caplog: pytest.LogCaptureFixture) -> None:
+    h = memory_harness()
+    h.put("f.txt", b"old content")
+    fs = _FailingUploads(h.fs.fs, root=h.fs.root)  # type: ignore[attr-defined]
+    handle = Mount(fs, mnt).start()
+    try:
+        f = open(f"{mnt}/f.txt", "r+b")
+        f.write(b"NEW")
+        with pytest.raises(OSError) as info:
+            f.close()
+        assert info.value.errno == errno.EIO
+        assert h.get("f.txt") == b"old content"  # the failed write lost nothing
+        assert any("upload of /f.txt failed" in r.getMessage() for r in caplog.records)
+        # fsync reports it as well, and succeeds once storage accepts writes again.
+        fd = os.open(f"{mnt}/f.txt", os.O_WRONLY)
+        os.pwrite(fd, b"N", 0)
+        with pytest.raises(OSError) as info:
+            os.fsync(fd)
+        assert info.value.errno == errno.EIO
+        fs.fail = False
+        os.fsync(fd)
+        assert h.get("f.txt") == b"NEW content"
+        os.close(fd)
+    finally:
+        fs.fail = False
+        handle.close()
+
+
+def test_unmount_reports_uploads_that_still_fail(mnt: str) -> None:
+    h = memory_harness()
+    fs = _FailingUploads(h.fs.fs, root=h.fs.root)  # type: ignore[attr-defined]
+    handle = Mount(fs, mnt).start()
+    fd = os.open(f"{mnt}/pending.txt", os.O_CREAT | os.O_WRONLY, 0o644)
+    os.write(fd, b"data that cannot be uploaded")
+    with pytest.raises(MountError, match="pending.txt") as info:
+        handle.close()
+    staging = info.value.details["staging_dir"]
+    with pytest.raises(OSError):
+        os.close(fd)
+    # The staged copy is still on disk: nothing was thrown away.
+    kept = [os.path.join(staging, n) for n in os.listdir(staging)]
+    assert any(open(p, "rb").read() == b"data that cannot be uploaded" for p in kept)
+    assert not is_mounted(mnt)
+
+
+def test_unmount_waits_for_pending_uploads(mnt: str) -> None:
+    h = memory_harness()
+    handle = Mount(h.fs, mnt).start()
+    fd = os.open(f"{mnt}/open.txt", os.O_CREAT | os.O_WRONLY, 0o644)
+    os.write(fd, b"written, never closed")
+    handle.close()
+    assert h.get("open.txt") == b"written, never closed"
+    with pytest.raises(OSError):
+        os.close(fd)
+
+
+def test_staging_budget_full_is_enospc(mnt: str) -> None:
+    h = memory_harness()
+    h.put("big.bin", b"x" * 1000)
+    with Mount(h.fs, mnt, options={"staging_limit": 256 * 1024, "writeback_cache": False}):
+        fd = os.open(f"{mnt}/big.bin", os.O_RDWR)
+        with pytest.raises(OSError) as info:
+            os.pwrite(fd, b"y" * (512 * 1024), 0)
+        assert info.value.errno == errno.ENOSPC
+        os.close(fd)
+        assert h.get("big.bin") == b"x" * 1000
+        # The mount goes on working within its budget.
+        with open(f"{mnt}/small.txt", "wb") as f:
+            f.write(b"fits")
+        assert h.get("small.txt") == b"fits"
+        assert os.statvfs(mnt).f_bavail * os.statvfs(mnt).f_frsize <= 256 * 1024
+
+
+def test_write_is_in_storage_when_close_returns(mnt: str) -> None:
+    h = memory_harness()
+    with Mount(h.fs, mnt):
+        with open(f"{mnt}/a.txt", "wb") as f:
+            f.write(b"first")
+        assert h.get("a.txt") == b"first"
+        with open(f"{mnt}/a.txt", "ab") as f:
+            f.write(b" then appended")
+        assert h.get("a.txt") == b"first then appended"
+        subprocess.run(["sh", "-c", f"echo shell >> {mnt}/a.txt"], check=True)
+        assert h.get("a.txt") == b"first then appended" + b"shell\n"
+
+
+# -- coherence ----------------------------------------------------------------------------------
+
+
+def test_api_changes_are_visible_in_the_mount_at_once(mnt: str) -> None:
+    h = memory_harness()
+    h.put("doc.txt", b"version one")
+    fs = h.fs
+    # A long TTL: only invalidation can make the changes visible in time.
+    with Mount(fs, mnt, options={"metadata_ttl": 60}):
+        assert open(f"{mnt}/doc.txt", "rb").read() == b"version one"
+        assert not os.path.exists(f"{mnt}/new.txt")
+        anyio.run(fs.write_file, "doc.txt", b"version two, longer")
+        assert open(f"{mnt}/doc.txt", "rb").read() == b"version two, longer"
+        assert os.stat(f"{mnt}/doc.txt").st_size == len(b"version two, longer")
+        anyio.run(fs.write_file, "new.txt", b"created by the API")
+        assert open(f"{mnt}/new.txt", "rb").read() == b"created by the API"
+        anyio.run(fs.delete_file, "doc.txt")
+        assert not os.path.exists(f"{mnt}/doc.txt")
+        anyio.run(fs.mkdir, "sub/dir")
+        assert os.path.isdir(f"{mnt}/sub/dir")
+        anyio.run(fs.move_file, "new.txt", "sub/dir/moved.txt")
+        assert sorted(os.listdir(mnt)) == ["sub"]
+        assert open(f"{mnt}/sub/dir/moved.txt", "rb").read() == b"created by the API"
+
+
+def test_storage_changes_are_visible_within_the_ttl(mnt: str) -> None:
+    h = memory_harness()
+    h.put("ext.txt", b"short")
+    with Mount(h.fs, mnt, options={"metadata_ttl": 0.3}):
+        assert open(f"{mnt}/ext.txt", "rb").read() == b"short"
+        h.put("ext.txt", b"much longer content from another writer")
+        h.put("other.txt", b"new")
+        time.sleep(0.4)
+        assert open(f"{mnt}/ext.txt", "rb").read() == b"much longer content from another writer"
+        assert sorted(os.listdir(mnt)) == ["ext.txt", "other.txt"]
+
+
+@pytest.mark.anyio
+async def test_mount_from_async_code_and_read_it_in_the_same_process(mnt: str) -> None:
+    h = memory_harness()
+    h.put("x.txt", b"served to myself")
+    async with mount(h.fs, mnt) as handle:
+        assert handle.mounted
+        # Blocking calls on the caller's loop: the FUSE server has its own thread.
+        with open(f"{mnt}/x.txt", "rb") as f:
+            assert f.read() == b"served to myself"
+        await h.fs.write_file("y.txt", b"api")
+        assert os.listdir(mnt) == ["x.txt", "y.txt"]
+    assert not is_mounted(mnt)
+
+
+# -- lifecycle ----------------------------------------------------------------------------------
+
+
+def test_one_session_per_process(mnt: str, tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    other.mkdir()
+    with Mount(memory_harness().fs, mnt), pytest.raises(MountError, match="one FUSE session per process"):
+        Mount(memory_harness().fs, other).start()
+    assert not is_mounted(mnt)
+
+
+def test_missing_mountpoint_is_a_mount_error(tmp_path: Path) -> None:
+    with pytest.raises(MountError, match="not a directory"):
+        Mount(memory_harness().fs, tmp_path / "absent").start()
+
+
+def test_unknown_option_is_refused() -> None:
+    with pytest.raises(Exception, match="Unknown mount option 'bogus'"):
+        MountOptions.from_value({"bogus": 1})
+    with pytest.raises(Exception, match="metadata_ttl"):
+        MountOptions.from_value({"metadata_ttl": "soon"})
+
+
+_CHILD = textwrap.dedent(
+    """
+    import sys, time
+    from agentvfs import FsspecFilesystem
+    from agentvfs.mounts import Mount
+    fs = FsspecFilesystem("memory://killed")
+    Mount(fs, sys.argv[1]).start()
+    print("ready", flush=True)
+    time.sleep(600)
+    """
+)
+
+_RAW_CHILD = textwrap.dedent(
+    """
+    import sys, pyfuse3, trio
+    pyfuse3.init(pyfuse3.Operations(), sys.argv[1], {"fsname=stale"})
+    print("ready", flush=True)
+    trio.run(pyfuse3.main)
+    """
+)
+
+
+def _spawn(code: str, mountpoint: str) -> subprocess.Popen[str]:
+    child = subprocess.Popen([sys.executable, "-c", code, mountpoint], stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None
+    assert child.stdout.readline().strip() == "ready"
+    return child
+
+
+def test_kill_9_leaves_the_mount_point_usable(mnt: str) -> None:
+    child = _spawn(_CHILD, mnt)
+    assert is_mounted(mnt)
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    # auto_unmount: fusermount3 notices the dead server and unmounts.
+    assert _wait(lambda: not is_mounted(mnt))
+    assert os.listdir(mnt) == []
+    with Mount(memory_harness().fs, mnt):
+        assert os.listdir(mnt) == []
+
+
+def test_a_stale_mount_is_cleaned_before_mounting(mnt: str) -> None:
+    child = _spawn(_RAW_CHILD, mnt)  # no auto_unmount: killing it leaves a dead mount
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    with pytest.raises(OSError) as info:
+        os.listdir(mnt)
+    assert info.value.errno == errno.ENOTCONN
+    h = memory_harness()
+    h.put("fresh.txt", b"ok")
+    with Mount(h.fs, mnt):
+        assert os.listdir(mnt) == ["fresh.txt"]
+
+
+def test_a_live_mount_is_not_taken_over(mnt: str) -> None:
+    child = _spawn(_CHILD, mnt)
+    try:
+        with pytest.raises(MountError, match="already in use"):
+            cleanup_stale_mount(mnt)
+    finally:
+        child.terminate()
+        child.wait()
+        _wait(lambda: not is_mounted(mnt))
+
+
+def test_cli_mounts_until_sigterm(tmp_path: Path, mnt: str) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "hello.txt").write_text("from disk\n")
+    exe = os.path.join(os.path.dirname(sys.executable), "agentvfs")
+    child = subprocess.Popen([exe, "mount", os.fspath(data), mnt, "-o", "metadata_ttl=2"], stderr=subprocess.PIPE, text=True)
+    try:
+        assert _wait(lambda: is_mounted(mnt))
+        assert open(f"{mnt}/hello.txt").read() == "from disk\n"
+        with open(f"{mnt}/out.txt", "w") as f:
+            f.write("through the mount\n")
+        child.send_signal(signal.SIGTERM)
+        assert child.wait(timeout=30) == 0
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert not is_mounted(mnt)
+    assert (data / "out.txt").read_text() == "through the mount\n"
+    assert child.stderr is not None
+    assert "unmounted" in child.stderr.read()
+
+
+def test_cli_reports_bad_options(mnt: str) -> None:
+    exe = os.path.join(os.path.dirname(sys.executable), "agentvfs")
+    done = subprocess.run([exe, "mount", "memory://x", mnt, "-o", "metadata_ttl=-1"], capture_output=True, text=True, check=False)
+    assert done.returncode == 1
+    assert "metadata_ttl" in done.stderr
+
+
+# -- rename limits on storage without atomic rename ------------------------------------------------
+
+
+@pytest.mark.s3
+def test_directory_rename_beyond_the_limit_is_exdev_and_mv_copies(moto: MotoServer, mnt: str) -> None:
+    h: Harness = s3_harness(moto)
+    for i in range(3):
+        h.put(f"big/f{i}.txt", f"{i}".encode())
+    h.put("small/only.txt", b"one")
+    with Mount(h.fs, mnt, options={"rename_dir_limit": 2}):
+        os.rename(f"{mnt}/small", f"{mnt}/small2")
+        assert h.get("small2/only.txt") == b"one" and h.get("small/only.txt") is None
+        with pytest.raises(OSError) as info:
+            os.rename(f"{mnt}/big", f"{mnt}/big2")
+        assert info.value.errno == errno.EXDEV
+        subprocess.run(["mv", f"{mnt}/big", f"{mnt}/big2"], check=True)
+        assert sorted(os.listdir(f"{mnt}/big2")) == ["f0.txt", "f1.txt", "f2.txt"]
+    assert h.get("big2/f2.txt") == b"2" and h.get("big/f2.txt") is None
+
+
+def test_xattrs_are_refused(mnt: str) -> None:
+    h = memory_harness()
+    h.put("x.txt", b"x")
+    with Mount(h.fs, mnt):
+        with pytest.raises(OSError) as info:
+            os.setxattr(f"{mnt}/x.txt", "user.k", b"v")
+        assert info.value.errno in (errno.ENOTSUP, errno.EOPNOTSUPP)
+        with pytest.raises(OSError) as info:
+            os.getxattr(f"{mnt}/x.txt", "user.k")
+        assert info.value.errno in (errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENODATA)
