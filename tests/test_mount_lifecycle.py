@@ -18,7 +18,14 @@ import pytest
 
 from agentvfs import FsspecFilesystem
 from agentvfs.errors import MountError
-from agentvfs.mounts import Mount, MountOptions, cleanup_stale_mount, fuse_available, is_mounted, mount
+from agentvfs.mounts import (
+    Mount,
+    MountOptions,
+    cleanup_stale_mount,
+    fuse_available,
+    is_mounted,
+    mount,
+)
 from agentvfs.testing import Harness, MotoServer
 from conftest import memory_harness, s3_harness
 
@@ -135,7 +142,7 @@ def test_unmount_reports_uploads_that_still_fail(mnt: str) -> None:
     handle = Mount(fs, mnt).start()
     fd = os.open(f"{mnt}/pending.txt", os.O_CREAT | os.O_WRONLY, 0o644)
     os.write(fd, b"data that cannot be uploaded")
-    with pytest.raises(MountError, match="pending.txt") as info:
+    with pytest.raises(MountError, match=r"pending\.txt") as info:
         handle.close()
     staging = info.value.details["staging_dir"]
     with pytest.raises(OSError):
@@ -244,7 +251,7 @@ async def test_mount_from_async_code_and_read_it_in_the_same_process(mnt: str) -
 def test_one_session_per_process(mnt: str, tmp_path: Path) -> None:
     other = tmp_path / "other"
     other.mkdir()
-    with Mount(memory_harness().fs, mnt), pytest.raises(MountError, match="one FUSE session per process"):
+    with Mount(memory_harness().fs, mnt), pytest.raises(MountError, match=r"one FUSE session per process"):
         Mount(memory_harness().fs, other).start()
     assert not is_mounted(mnt)
 
