@@ -168,16 +168,24 @@ def test_staging_budget_full_is_enospc(mnt: str) -> None:
     h = memory_harness()
     h.put("big.bin", b"x" * 1000)
     with Mount(h.fs, mnt, options={"staging_limit": 256 * 1024, "writeback_cache": False}):
+        held = os.open(f"{mnt}/held.bin", os.O_CREAT | os.O_RDWR, 0o644)
+        os.pwrite(held, b"h" * (200 * 1024), 0)  # staged while open: takes most of the budget
         fd = os.open(f"{mnt}/big.bin", os.O_RDWR)
         with pytest.raises(OSError) as info:
-            os.pwrite(fd, b"y" * (512 * 1024), 0)
+            os.pwrite(fd, b"y" * (100 * 1024), 0)
         assert info.value.errno == errno.ENOSPC
+        # A single file larger than the whole staging area is "too large", not "full".
+        with pytest.raises(OSError) as info:
+            os.ftruncate(fd, 1 << 40)
+        assert info.value.errno == errno.EFBIG
         os.close(fd)
         assert h.get("big.bin") == b"x" * 1000
-        # The mount goes on working within its budget.
-        with open(f"{mnt}/small.txt", "wb") as f:
-            f.write(b"fits")
-        assert h.get("small.txt") == b"fits"
+        os.close(held)
+        assert h.get("held.bin") == b"h" * (200 * 1024)
+        # Closed files leave the staging area: the budget is free again.
+        with open(f"{mnt}/big.bin", "r+b") as f:
+            f.write(b"y" * (100 * 1024))
+        assert h.get("big.bin") == b"y" * (100 * 1024)
         assert os.statvfs(mnt).f_bavail * os.statvfs(mnt).f_frsize <= 256 * 1024
 
 

@@ -357,6 +357,9 @@ class MountOperations(pyfuse3.Operations):
         grow = new_size - node.staged_bytes
         if grow <= 0:
             return
+        if new_size > self.options.staging_limit:
+            # One file larger than the whole staging area can never be written.
+            raise _fail(errno.EFBIG)
         if self.staged_bytes + grow > self.options.staging_limit:
             _log.warning(
                 "staging area full (%d of %d bytes): write to %s refused with ENOSPC",
