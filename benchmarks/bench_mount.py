@@ -436,12 +436,16 @@ def fmt_value(op: Op, s: Series | None) -> str:
     med = s.median()
     if med is None:
         return "error" if s.errors else "—"
-    spread = f" [{min(s.seconds):.2f}–{max(s.seconds):.2f}]" if len(s.seconds) > 1 else ""
+    lo, hi = min(s.seconds), max(s.seconds)
+    many = len(s.seconds) > 1
     if op.unit == "MiB/s":
+        spread = f" [{lo:.2f}–{hi:.2f}]" if many else ""
         text = f"{op.amount / MiB / med:,.0f} MiB/s ({med:.2f} s{spread})"
     elif op.unit == "stat/s":
-        text = f"{op.amount / med:,.0f} stat/s ({med * 1e3:.0f} ms{spread})"
+        spread = f" [{lo * 1e3:.1f}–{hi * 1e3:.1f}]" if many else ""
+        text = f"{op.amount / med:,.0f} stat/s ({med * 1e3:.1f} ms{spread})"
     else:
+        spread = f" [{lo:.3f}–{hi:.3f}]" if many else ""
         text = f"{med:.3f} s{spread}"
     if s.errors:
         text += f" + {len(s.errors)} error(s)"
@@ -464,6 +468,7 @@ class Layer:
 
     name: str
     command: Callable[[str, str], tuple[list[str], dict[str, str]]]
+    how: str  # one line for the report: what runs and with which options
     sigterm_first: bool = False
 
 
@@ -480,6 +485,7 @@ class Harness:
         self.broken: set[str] = set()  # layers that failed to mount once: not retried
         self.ready_times: dict[str, list[float]] = {}  # "part layer" -> seconds from start to mounted
         self.part = ""  # "local" or "s3": which part of the benchmark is running
+        self.hows: dict[str, str] = {}  # "part layer" -> how it was mounted, for the report
         self._n = 0
 
     def scratch(self, name: str) -> str:
@@ -560,8 +566,10 @@ def agentvfs_layer(url: str, options: list[str]) -> Layer | str:
         cli_probe = subprocess.run([cli, "mount", "--help"], capture_output=True, timeout=60, check=False)
         if cli_probe.returncode == 0:
             opts = [x for o in options for x in ("-o", o)]
+            public = [x for o in options if not o.startswith(("key=", "secret=")) for x in ("-o", o)]
+            shown = " ".join(["agentvfs mount", url, "MNT", *public])
             return Layer("agentvfs", lambda mnt, _s: ([cli, "mount", url, mnt, *opts], dict(os.environ)),
-                         sigterm_first=True)
+                         f"`{shown}` (CLI, own process)", sigterm_first=True)
     # A subprocess: the package may be half-written (being developed), and a failed import
     # here must not leave a broken module cached in this process.
     probe = subprocess.run([sys.executable, "-c", "from agentvfs.mounts import Mount"],
@@ -581,7 +589,9 @@ def agentvfs_layer(url: str, options: list[str]) -> Layer | str:
         "    stop.wait()\n"
     )
     return Layer("agentvfs", lambda mnt, _s: ([sys.executable, "-c", code, url, mnt, json.dumps(storage)],
-                                              dict(os.environ)), sigterm_first=True)
+                                              dict(os.environ)),
+                 f"`agentvfs.mounts.Mount(FsspecFilesystem({url!r}))` in a `python -c` process (no CLI yet)",
+                 sigterm_first=True)
 
 
 def rclone_layer(endpoint: str) -> Layer | str:
@@ -605,7 +615,8 @@ def rclone_layer(endpoint: str) -> Layer | str:
             "--cache-dir", os.path.join(scratch, "cache"), "--log-file", os.path.join(scratch, "rclone.log"),
         ], env)  # fmt: skip
 
-    return Layer("rclone", command)
+    return Layer("rclone", command, "`rclone mount --vfs-cache-mode writes --vfs-write-back 0s` "
+                 "(env -u AWS_CA_BUNDLE, fresh cache dir per mount)")
 
 
 def s3fs_fuse_layer(endpoint: str) -> Layer | str:
@@ -622,7 +633,7 @@ def s3fs_fuse_layer(endpoint: str) -> Layer | str:
             "-o", f"passwd_file={pw}", "-o", "endpoint=us-east-1", "-o", "dbglevel=warn",
         ], dict(os.environ))  # fmt: skip
 
-    return Layer("s3fs-fuse", command)
+    return Layer("s3fs-fuse", command, "`s3fs BUCKET MNT -f -o use_path_request_style` (defaults otherwise)")
 
 
 FSSPEC_FUSE_CODE = """\
@@ -641,7 +652,9 @@ def fsspec_fuse_layer(endpoint: str) -> Layer | str:
     if ctypes.util.find_library("fuse") is None:
         return "fsspec.fuse: libfuse2 not installed (apt-get install libfuse2)"
     return Layer("fsspec.fuse", lambda mnt, _s: (
-        [sys.executable, "-c", FSSPEC_FUSE_CODE, endpoint, BUCKET, S3_KEY, S3_SECRET, mnt], dict(os.environ)))
+        [sys.executable, "-c", FSSPEC_FUSE_CODE, endpoint, BUCKET, S3_KEY, S3_SECRET, mnt], dict(os.environ)),
+        "`fsspec.fuse.run(s3fs, threads=False)` (fusepy) in a `python -c` process; its writes fail "
+        "with ESPIPE on s3fs (it seeks the write handle before every write, s3fs refuses)")
 
 
 # -- data ------------------------------------------------------------------------------------
@@ -711,7 +724,9 @@ def bench_local(h: Harness, cfg: Config, results: Results) -> None:
     write_sha = repeated_sha256(block, count)
 
     ours = agentvfs_layer(f"file://{data}", [])
-    if isinstance(ours, str):
+    if isinstance(ours, Layer):
+        h.hows[f"local {ours.name}"] = ours.how
+    else:
         log(f"local: skipping the mount: {ours}")
         h.problems.append(ours)
 
@@ -991,6 +1006,7 @@ def bench_s3(h: Harness, cfg: Config, results: Results, s3rver: str, skipped: li
             skipped.append(made)
         else:
             layers.append(made)
+            h.hows[f"s3 {made.name}"] = made.how
 
     for mount_layer in layers:
         name = mount_layer.name
@@ -1099,8 +1115,10 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         log("needs root: cold runs drop the page cache and the peers mount as root")
         return 2
-    signal.signal(signal.SIGTERM, _raise_interrupt)
-    signal.signal(signal.SIGHUP, _raise_interrupt)
+    # Also SIGINT: a shell without job control starts background jobs with SIGINT ignored,
+    # and Python keeps an inherited SIG_IGN; this run must stay stoppable and clean up.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _raise_interrupt)
     cfg = Config(
         quick=args.quick,
         repeat_big=args.repeat or 1,
@@ -1163,6 +1181,11 @@ def main(argv: list[str] | None = None) -> int:
         for p in h.problems:
             print(f"- {p}")
         print()
+    if h.hows:
+        print("Mount layers:\n")
+        for k, v in h.hows.items():
+            print(f"- {k}: {v}")
+        print()
     if h.ready_times:
         ready = ", ".join(f"{k} {statistics.median(v):.2f} s" for k, v in h.ready_times.items())
         print(f"Mount start-up (process start to mounted, median): {ready}\n")
@@ -1173,7 +1196,7 @@ def main(argv: list[str] | None = None) -> int:
                 "args": vars(args), "machine": machine, "config": vars(cfg), "interrupted": interrupted,
                 "local": {layer: {op: s.to_json() for op, s in d.items()} for layer, d in local.items()},
                 "s3": {layer: {op: s.to_json() for op, s in d.items()} for layer, d in s3.items()},
-                "problems": h.problems, "skipped": skipped, "mount_ready_seconds": h.ready_times,
+                "problems": h.problems, "skipped": skipped, "mount_ready_seconds": h.ready_times, "layers": h.hows,
             }, f, indent=2)  # fmt: skip
         log(f"wrote {args.json}")
     return 130 if interrupted else 0

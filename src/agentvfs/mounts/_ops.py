@@ -12,6 +12,7 @@ import errno
 import functools
 import logging
 import os
+import shutil
 import stat as stat_module
 import tempfile
 import threading
@@ -72,6 +73,20 @@ def _fuse_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def _default_staging(filesystem: WorkspaceFilesystem) -> str:
+    """Stage beside the files where the filesystem offers a place (local disk: publishing is
+    then a link and a rename), else in a private temporary directory."""
+    hint = getattr(filesystem, "local_staging_dir", None)
+    where = hint() if callable(hint) else None
+    if isinstance(where, str):
+        try:
+            os.makedirs(where, exist_ok=True)
+            return tempfile.mkdtemp(prefix="s", dir=where)
+        except OSError:
+            pass
+    return tempfile.mkdtemp(prefix="agentvfs-staging-")
+
+
 def _has_stage(node: Node) -> bool:
     return node.stage is not None
 
@@ -121,7 +136,10 @@ class MountOperations(pyfuse3.Operations):
         self.fs = filesystem
         self.options = options
         self.read_only = read_only
-        self.enable_writeback_cache = options.writeback_cache and not read_only
+        beside = getattr(filesystem, "local_staging_dir", None)
+        local = callable(beside) and beside() is not None
+        writeback = options.writeback_cache if options.writeback_cache is not None else not local
+        self.enable_writeback_cache = writeback and not read_only
         self._ttl = options.metadata_ttl
         self._next_ino = pyfuse3.ROOT_INODE + 1
         self._next_fh = 1
@@ -134,7 +152,7 @@ class MountOperations(pyfuse3.Operations):
         self.handles: dict[int, _Handle] = {}
         self.dir_handles: dict[int, list[tuple[str, Node]]] = {}
         self._own_staging = options.staging_dir is None
-        self.staging_dir = options.staging_dir or tempfile.mkdtemp(prefix="agentvfs-staging-")
+        self.staging_dir = options.staging_dir or _default_staging(filesystem)
         os.makedirs(self.staging_dir, exist_ok=True)
         self.staged_bytes = 0
         self.read_cache_used = 0
@@ -384,6 +402,9 @@ class MountOperations(pyfuse3.Operations):
             if _has_stage(node):
                 return  # staged by a concurrent request while this one waited
             fd, path = tempfile.mkstemp(dir=self.staging_dir, prefix="stage-")
+            # Publishing may link this very file into place (local disk): give it the file's
+            # permission bits rather than mkstemp's 0600.
+            os.fchmod(fd, node.perm & 0o777)
             try:
                 keep = node.size if truncate_to is None else min(truncate_to, node.size)
                 if node.stored and keep > 0:
@@ -404,6 +425,24 @@ class MountOperations(pyfuse3.Operations):
             node.stage, node.stage_fd = path, fd
             self._release_stage_bytes(node)
             self._reserve(node, node.size)
+
+    def _own_stage(self, node: Node) -> None:
+        """Before changing a staged copy: if publishing linked it into storage (local disk),
+        copy it first, so storage only ever changes by the next atomic publish."""
+        if node.stage is None or os.fstat(node.stage_fd).st_nlink <= 1:
+            return
+        fd, path = tempfile.mkstemp(dir=self.staging_dir, prefix="stage-")
+        os.fchmod(fd, node.perm & 0o777)
+        try:
+            with open(node.stage, "rb") as src, open(fd, "wb", closefd=False) as dest:
+                shutil.copyfileobj(src, dest, 1024 * 1024)
+        except BaseException:
+            os.close(fd)
+            os.unlink(path)
+            raise
+        os.close(node.stage_fd)
+        os.unlink(node.stage)
+        node.stage, node.stage_fd = path, fd
 
     def _release_stage_bytes(self, node: Node) -> None:
         self.staged_bytes -= node.staged_bytes
@@ -464,6 +503,10 @@ class MountOperations(pyfuse3.Operations):
             # reach storage (rmdir fails on a non-empty directory).
             with contextlib.suppress(OSError):
                 os.rmdir(self.staging_dir)
+            parent = os.path.dirname(self.staging_dir)
+            if ".agentvfs-tmp-" in os.path.basename(parent):
+                with contextlib.suppress(OSError):
+                    os.rmdir(parent)  # the hidden per-process directory beside the files
 
     # -- change feed from the same filesystem object ----------------------------------------
 
@@ -573,6 +616,7 @@ class MountOperations(pyfuse3.Operations):
                 raise _fail(errno.EINVAL)
             size = attr.st_size
             await self._materialize(node, truncate_to=size)
+            self._own_stage(node)
             self._reserve(node, size)
             os.ftruncate(node.stage_fd, size)
             if True:
@@ -999,6 +1043,7 @@ class MountOperations(pyfuse3.Operations):
             raise _fail(errno.ENXIO if node.kind in (stat_module.S_IFIFO, stat_module.S_IFSOCK) else errno.ENODEV)
         if flags & os.O_TRUNC and accmode != os.O_RDONLY:
             await self._materialize(node, truncate_to=0)
+            self._own_stage(node)
             if node.size:
                 os.ftruncate(node.stage_fd, 0)
                 node.size = 0
@@ -1111,6 +1156,7 @@ class MountOperations(pyfuse3.Operations):
         self._check_writable()
         node = handle.node
         await self._materialize(node)
+        self._own_stage(node)
         if handle.append and not self.enable_writeback_cache:
             off = node.size
         end = off + len(buf)

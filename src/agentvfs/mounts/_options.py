@@ -48,8 +48,10 @@ class MountOptions:
         Permission bits of files and directories the backend keeps none for.
     allow_other : bool
         Let other users (a sandbox running as another uid) use the mount.
-    writeback_cache : bool
+    writeback_cache : bool or None
         Let the kernel gather small writes into large ones (all writes are staged anyway).
+        ``None`` (the default) turns it on except where writes are staged on the same disk
+        as the files (a local directory), where the page cache would hold every byte twice.
     read_ahead_kb : int
         Kernel read-ahead of the mount, set through sysfs when permitted (0 keeps the kernel's).
     max_background : int
@@ -74,7 +76,7 @@ class MountOptions:
     file_mode: int = 0o644
     dir_mode: int = 0o755
     allow_other: bool = True
-    writeback_cache: bool = True
+    writeback_cache: bool | None = None
     read_ahead_kb: int = 1024
     max_background: int = 64
     max_tasks: int = 64
@@ -134,6 +136,8 @@ def _coerce(name: str, raw: Any, annotation: Any) -> Any:
             return value_f
         if kind == "str | None":
             return None if raw is None else str(raw)
+        if kind == "bool | None":
+            return None if raw is None else _coerce(name, raw, "bool")
         return str(raw)
     except (TypeError, ValueError):
         raise WorkspaceError(

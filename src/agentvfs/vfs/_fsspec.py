@@ -56,6 +56,16 @@ _PROVIDER_ALIASES = {"gs": "gcs", "local": "file", "s3a": "s3", "abfss": "abfs",
 
 # Staged writes use a hidden sibling with this marker in its name; listings hide such names.
 _TMP_MARK = ".agentvfs-tmp-"
+_UPLOAD_CHUNK = 160 * 1024 * 1024
+
+
+def _link_or_copy(src: str, dest: str) -> None:
+    """Put the bytes of ``src`` at ``dest``: a hard link when both are on one device (no
+    copy at all), else a kernel-side copy."""
+    try:
+        os.link(src, dest)
+    except OSError:
+        shutil.copyfile(src, dest)
 _EPOCH = datetime.fromtimestamp(0, UTC)
 _DEFAULT_MAX_DEPTH = 100
 # A directory whose listing is larger than this is not cached for write checks; a write
@@ -579,15 +589,20 @@ class FsspecFilesystem(WorkspaceFilesystem):
                 raise _Cancelled
             bpath = self._bpath(rel)
             if self._object:
-                # One upload (multipart for large files) that appears whole when it completes.
-                self._fs.put_file(local_path, bpath)
+                # One upload that appears whole when it completes: a single PUT up to twice
+                # the chunk size (fastest per file on every server measured), else a multipart
+                # upload with parts sent in parallel.
+                if self.provider == "s3":
+                    self._fs.put_file(local_path, bpath, chunksize=_UPLOAD_CHUNK, max_concurrency=4)
+                else:
+                    self._fs.put_file(local_path, bpath)
             elif self._memory:
                 if bpath in self._fs.pseudo_dirs:
                     raise IsDirectory(display)
                 with open(local_path, "rb") as f:
                     self._fs.pipe_file(bpath, f.read())
             else:
-                self._publish(rel, display, lambda tmp: shutil.copyfile(local_path, tmp), True, cancel)
+                self._publish(rel, display, lambda tmp: _link_or_copy(local_path, tmp), True, cancel)
         except _Cancelled:
             return
         except FilesystemError:
@@ -596,6 +611,13 @@ class FsspecFilesystem(WorkspaceFilesystem):
             raise self._translate(exc, display, "upload_file") from exc
         if self._object:
             self._listings.add(rel, "file")
+
+    def local_staging_dir(self) -> str | None:
+        """A directory beside the files (local disk only) where a FUSE mount stages writes, so
+        that publishing one is a link and a rename instead of a copy; hidden from listings."""
+        if not self._local:
+            return None
+        return f"{self._bpath('').rstrip('/') or '/'}/.mount{_TMP_MARK}{os.getpid()}"
 
     async def download_file(self, path: str, local_path: str) -> None:
         """Copy ``path`` into the local file ``local_path`` in a streamed transfer."""
