@@ -400,3 +400,15 @@ def test_xattrs_are_refused(mnt: str) -> None:
         with pytest.raises(OSError) as info:
             os.getxattr(f"{mnt}/x.txt", "user.k")
         assert info.value.errno in (errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENODATA)
+
+
+def test_no_unmount_helper_outlives_its_mount(mnt: str) -> None:
+    def helpers() -> int:
+        out = subprocess.run(["ps", "-eo", "ppid,args"], capture_output=True, text=True, check=True).stdout
+        return sum(1 for line in out.splitlines() if "fusermount" in line and line.split()[0] == str(os.getpid()))
+
+    before = helpers()
+    for _ in range(3):
+        with Mount(memory_harness().fs, mnt):
+            assert helpers() == before + 1  # auto_unmount's guard while mounted
+    assert helpers() == before

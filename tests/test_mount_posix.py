@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import mmap
 import os
 import shutil
 import stat
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from functools import partial
@@ -456,20 +456,32 @@ def test_write_to_a_read_only_descriptor_is_ebadf(root: Path) -> None:
     assert read(root / "f") == b"data"
 
 
+MMAP_SCRIPT = """
+import mmap, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR)
+with mmap.mmap(fd, 8192) as mapped:
+    assert mapped[:4] == b"aaaa", mapped[:4]
+    mapped[4096:4100] = b"MMAP"
+    mapped.flush()
+os.fsync(fd)
+os.close(fd)
+"""
+
+
 def test_fsync_fdatasync_and_mmap(root: Path) -> None:
-    """fsync and fdatasync succeed; a shared writable mmap's changes reach the file."""
+    """fsync and fdatasync succeed; a shared writable mmap's changes reach the file.
+
+    The mmap runs in a child process: the mount's server is a thread of this process, and
+    CPython keeps the GIL through mmap page faults and msync, which would deadlock here.
+    """
     create(root / "f", b"a" * 8192)
     fd = os.open(root / "f", os.O_RDWR)
     try:
         os.fsync(fd)
         os.fdatasync(fd)
-        with mmap.mmap(fd, 8192) as mapped:
-            assert mapped[:4] == b"aaaa"
-            mapped[4096:4100] = b"MMAP"
-            mapped.flush()
-        os.fsync(fd)
     finally:
         os.close(fd)
+    subprocess.run([sys.executable, "-c", MMAP_SCRIPT, str(root / "f")], check=True, timeout=60)
     data = read(root / "f")
     assert data[4096:4100] == b"MMAP"
     assert data[:4096] == b"a" * 4096 and len(data) == 8192

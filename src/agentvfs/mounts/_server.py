@@ -9,6 +9,7 @@ import errno
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import threading
 from collections.abc import AsyncIterator, Mapping
@@ -141,6 +142,35 @@ def _syncfs(path: str) -> None:
         libc.syncfs(fd)
     finally:
         os.close(fd)
+
+
+def _stop_unmount_helper(mountpoint: str) -> None:
+    """End the ``fusermount3 --auto-unmount`` helper libfuse left for ``mountpoint``.
+
+    It waits for this process to die (then unmounts), so after a clean unmount it would live
+    on for every mount this process ever made; and were the path mounted again by someone
+    else, it would unmount that at exit.
+    """
+    me = str(os.getpid())
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
+                ppid = f.read().rsplit(")", 1)[1].split()[1]
+            if ppid != me:
+                continue
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+        except (OSError, IndexError):
+            continue
+        if b"fusermount" in args[0] and any(b"auto_unmount" in a for a in args) and os.fsencode(mountpoint) in args:
+            with contextlib.suppress(OSError):
+                # It ignores SIGTERM; the mount it guards is gone already.
+                os.kill(int(pid), signal.SIGKILL)
+                os.waitpid(int(pid), 0)
 
 
 class Mount:
@@ -316,6 +346,7 @@ class Mount:
             with contextlib.suppress(trio.RunFinishedError):
                 failures = trio.from_thread.run(ops.drain, trio_token=self._token)
         self._stop_thread()
+        _stop_unmount_helper(self.mountpoint)
         if ops is not None:
             ops.close_staging()
         self._release_session()

@@ -326,6 +326,18 @@ class FilesystemTests:
         assert harness.get("md2/s/b.txt") == b"b"
         assert not await harness.fs.exists(harness.p("md"))
 
+    async def test_move_directory_made_by_mkdir(self, harness: Harness) -> None:
+        # On object stores such a directory has a marker object of its own ("dir/").
+        await harness.fs.mkdir(harness.p("made"))
+        await harness.fs.mkdir(harness.p("made/empty"))
+        await harness.fs.write_file(harness.p("made/f.txt"), b"f")
+        await harness.fs.move_file(harness.p("made"), harness.p("made2"))
+        assert harness.get("made2/f.txt") == b"f"
+        assert harness.isdir("made2/empty")
+        assert not await harness.fs.exists(harness.p("made"))
+        names = [e.name for e in await harness.fs.readdir(harness.p("made2"), recursive=True)]
+        assert names == ["empty", "f.txt"]
+
     async def test_onto_itself_keeps_the_file(self, harness: Harness) -> None:
         harness.put("same/a.txt", b"data")
         await harness.fs.move_file(harness.p("same/a.txt"), harness.p("same/./a.txt"))

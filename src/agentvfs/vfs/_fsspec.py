@@ -785,10 +785,12 @@ class FsspecFilesystem(WorkspaceFilesystem):
         own = bpath.rstrip("/")
         head = own + "/" if own else ""
         entries: dict[str, FileEntry] = {}
-        for full, info in found.items():
-            full = full.rstrip("/")
+        for key, info in found.items():
+            full = key.rstrip("/")
             if full == own:
-                if info.get("type") == "file" and rel:
+                # The directory's own marker object ("dir/") is no file in the way.
+                marker = key.endswith("/") or str(info.get("name", "")).endswith("/")
+                if info.get("type") == "file" and rel and not marker:
                     raise NotDirectory(display)
                 continue
             if not full.startswith(head):
@@ -1004,6 +1006,10 @@ class FsspecFilesystem(WorkspaceFilesystem):
                 self._link_exclusive(tmp, bpath, display)
             elif self._local:
                 os.replace(tmp, bpath)
+                if os.path.lexists(tmp):
+                    # rename(2) of two links to one inode does nothing: the staged copy was
+                    # already the file (a hard-linked publish of unchanged content).
+                    os.unlink(tmp)
             else:
                 self._fs.mv(tmp, bpath)
         except BaseException:
