@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import stat as stat_module
 import time
+from typing import Any
 
 import trio
 
@@ -30,6 +31,7 @@ class Node:
         "ctime",
         "dirty",
         "etag",
+        "fresh",
         "gid",
         "ino",
         "kernel_version",
@@ -47,6 +49,7 @@ class Node:
         "stage_fd",
         "staged_bytes",
         "stored",
+        "stream",
         "target",
         "uid",
         "version",
@@ -98,6 +101,11 @@ class Node:
         self.staged_bytes = 0
         self.dirty = False
         self.write_seq = 0
+        #: Written from empty in this mount (created or truncated to zero), in order so far:
+        #: a candidate for a streamed upload.
+        self.fresh = False
+        #: The streamed upload in progress, if any (owned by the mount's operations).
+        self.stream: Any = None
         #: Bumped when the storage content changes under the mount; the kernel's page cache
         #: is kept across opens only while it equals ``kernel_version``.
         self.version = 0

@@ -25,7 +25,15 @@ import trio
 
 from .. import errors as _errors
 from ..vfs import _paths
-from ..vfs._base import WorkspaceFilesystem, download_file, list_stats, read_range, upload_file
+from ..vfs._base import (
+    SupportsStreamingUpload,
+    UploadStream,
+    WorkspaceFilesystem,
+    download_file,
+    list_stats,
+    read_range,
+    upload_file,
+)
 from ..vfs._records import FileStat
 from ._nodes import Node, now_ns
 from ._options import MountOptions
@@ -87,6 +95,10 @@ def _default_staging(filesystem: WorkspaceFilesystem) -> str:
     return tempfile.mkdtemp(prefix="agentvfs-staging-")
 
 
+def _stream_done(stream: _Stream) -> bool:
+    return stream.broken or stream.closing
+
+
 def _has_stage(node: Node) -> bool:
     return node.stage is not None
 
@@ -109,6 +121,22 @@ class _Part:
         self.data: bytes | None = None
         self.error: BaseException | None = None
         self.done = trio.Event()
+
+
+class _Stream:
+    """A streamed upload of a file being written in order: a pump sends the staged bytes in
+    parts while the writer goes on; the staged copy stays the source of truth, so a broken
+    stream only means the file is uploaded whole at close instead."""
+
+    __slots__ = ("broken", "closing", "lock", "sent", "upload", "wake")
+
+    def __init__(self, upload: UploadStream) -> None:
+        self.upload = upload
+        self.sent = 0
+        self.broken = False
+        self.closing = False
+        self.lock = trio.Lock()
+        self.wake = trio.Event()
 
 
 class _Handle:
@@ -136,10 +164,7 @@ class MountOperations(pyfuse3.Operations):
         self.fs = filesystem
         self.options = options
         self.read_only = read_only
-        beside = getattr(filesystem, "local_staging_dir", None)
-        local = callable(beside) and beside() is not None
-        writeback = options.writeback_cache if options.writeback_cache is not None else not local
-        self.enable_writeback_cache = writeback and not read_only
+        self.enable_writeback_cache = options.writeback_cache and not read_only
         self._ttl = options.metadata_ttl
         self._next_ino = pyfuse3.ROOT_INODE + 1
         self._next_fh = 1
@@ -470,6 +495,14 @@ class MountOperations(pyfuse3.Operations):
                 node.dirty = False  # unlinked while open: nothing to publish
                 return
             seq = node.write_seq
+            node.fresh = False
+            if node.stream is not None and await self._finish_stream(node):
+                node.stored = True
+                node.etag = None
+                node.checked_at = time.monotonic()
+                if node.write_seq == seq:
+                    node.dirty = False
+                return
             paths = [self._child_path(parent, name) for parent, name in node.links]
             for path in paths:
                 try:
@@ -484,6 +517,93 @@ class MountOperations(pyfuse3.Operations):
             node.checked_at = time.monotonic()
             if node.write_seq == seq:
                 node.dirty = False
+
+    # -- streamed uploads ------------------------------------------------------------------
+
+    async def _maybe_stream(self, node: Node) -> None:
+        """Start uploading a file that is being written from empty, in order, once it has
+        grown past ``stream_threshold``."""
+        if (
+            not node.fresh
+            or node.size < self.options.stream_threshold
+            or len(node.links) != 1
+            or not isinstance(self.fs, SupportsStreamingUpload)
+            or self.nursery is None
+        ):
+            return
+        node.fresh = False  # one attempt per fresh write
+        path = self.path_of(node)
+        try:
+            upload = await self.fs.open_upload(path, part_size=self.options.stream_part_size)
+        except Exception as exc:
+            _log.warning("streamed upload of /%s not started (%s); it is uploaded at close", path, exc)
+            return
+        if upload is None:
+            return
+        stream = _Stream(upload)
+        node.stream = stream
+        self.nursery.start_soon(self._pump, node, stream)
+
+    async def _pump(self, node: Node, stream: _Stream) -> None:
+        part = self.options.stream_part_size
+        try:
+            while not stream.broken and not stream.closing:
+                if node.size - stream.sent >= part and node.stage is not None:
+                    async with stream.lock:
+                        if _stream_done(stream):
+                            break  # closed or broken while this waited for the lock
+                        data = await trio.to_thread.run_sync(os.pread, node.stage_fd, part, stream.sent)
+                        await stream.upload.write(data)
+                        stream.sent += len(data)
+                else:
+                    stream.wake = trio.Event()
+                    await stream.wake.wait()
+        except Exception as exc:
+            stream.broken = True
+            _log.warning("streamed upload of %s failed (%s); it is uploaded whole at close", self._safe_path(node), exc)
+
+    async def _finish_stream(self, node: Node) -> bool:
+        """Send what is left and complete the streamed upload; False if the file must be
+        uploaded whole instead (the stream broke, or completing it failed)."""
+        stream = node.stream
+        node.stream = None
+        assert isinstance(stream, _Stream)
+        stream.closing = True
+        stream.wake.set()
+        part = self.options.stream_part_size
+        async with stream.lock:
+            if not stream.broken and node.stage is not None:
+                try:
+                    while stream.sent < node.size:
+                        size = min(part, node.size - stream.sent)
+                        data = await trio.to_thread.run_sync(os.pread, node.stage_fd, size, stream.sent)
+                        await stream.upload.write(data)
+                        stream.sent += len(data)
+                    await stream.upload.commit()
+                    return True
+                except Exception as exc:
+                    _log.warning("streamed upload of %s failed at close (%s); uploading it whole", self._safe_path(node), exc)
+            await stream.upload.abort()
+        return False
+
+    def _break_stream(self, node: Node) -> None:
+        """The file stopped being a plain in-order write (overwrite, truncate, rename...):
+        drop the streamed upload; the staged copy is uploaded whole instead."""
+        node.fresh = False
+        stream = node.stream
+        if stream is None:
+            return
+        node.stream = None
+        assert isinstance(stream, _Stream)
+        stream.broken = True
+        stream.wake.set()
+
+        async def abort() -> None:
+            async with stream.lock:
+                await stream.upload.abort()
+
+        if self.nursery is not None:
+            self.nursery.start_soon(abort)
 
     async def drain(self) -> dict[str, str]:
         """Upload every dirty file (used before unmounting); returns the failures."""
@@ -617,6 +737,11 @@ class MountOperations(pyfuse3.Operations):
             size = attr.st_size
             await self._materialize(node, truncate_to=size)
             self._own_stage(node)
+            if node.stream is not None and size < node.stream.sent:
+                self._break_stream(node)
+            elif size == 0:
+                self._break_stream(node)
+                node.fresh = len(node.links) == 1
             self._reserve(node, size)
             os.ftruncate(node.stage_fd, size)
             if True:
@@ -803,6 +928,7 @@ class MountOperations(pyfuse3.Operations):
         await self._free_name(directory, text)
         if node.is_file:
             # Storage keeps a copy under each name; writes through any name update them all.
+            self._break_stream(node)
             await self.commit(node)
             target = self._child_path(directory, text)
             if node.stored and node.links:
@@ -827,6 +953,7 @@ class MountOperations(pyfuse3.Operations):
         await self._remove_name(directory, text, node)
 
     async def _remove_name(self, directory: Node, name: str, node: Node) -> None:
+        self._break_stream(node)
         if node.is_file and node.stored:
             if node.opens and node.stage is None and len(node.links) == 1:
                 # Open descriptors keep working after the last name goes: keep a copy.
@@ -936,6 +1063,9 @@ class MountOperations(pyfuse3.Operations):
         node.touch(content=False)
 
     async def _rename_file(self, node: Node, old_path: str, new_path: str, target: Node | None) -> None:
+        self._break_stream(node)
+        if target is not None:
+            self._break_stream(target)
         if target is not None and target.is_file and target.opens and target.stage is None and len(target.links) == 1:
             await self._materialize(target)  # its open descriptors keep their data
         if node.dirty and node.stage is not None:
@@ -993,6 +1123,7 @@ class MountOperations(pyfuse3.Operations):
         self._add_link(directory, name, node)
         await self._materialize(node, truncate_to=0)
         node.dirty = True
+        node.fresh = True
         node.write_seq += 1
         return node
 
@@ -1044,9 +1175,11 @@ class MountOperations(pyfuse3.Operations):
         if flags & os.O_TRUNC and accmode != os.O_RDONLY:
             await self._materialize(node, truncate_to=0)
             self._own_stage(node)
+            self._break_stream(node)
             if node.size:
                 os.ftruncate(node.stage_fd, 0)
                 node.size = 0
+            node.fresh = len(node.links) == 1
             node.dirty = True
             node.write_seq += 1
             node.touch()
@@ -1162,12 +1295,20 @@ class MountOperations(pyfuse3.Operations):
         end = off + len(buf)
         if end > node.staged_bytes:
             self._reserve(node, end)
+        if off != node.size and (node.fresh or node.stream is not None):
+            stream = node.stream
+            if stream is None or off < stream.sent or off > node.size:
+                self._break_stream(node)  # no longer a plain in-order write
         written = os.pwrite(node.stage_fd, buf, off)
         if end > node.size:
             node.size = end
         node.dirty = True
         node.write_seq += 1
         node.touch()
+        if node.stream is not None:
+            node.stream.wake.set()
+        elif node.fresh:
+            await self._maybe_stream(node)
         return written
 
     @_fuse_errors

@@ -38,6 +38,12 @@ class MountOptions:
     staging_limit : int
         Bytes of local disk the staged copies may take together; a write beyond it fails with
         ``ENOSPC``.
+    stream_threshold : int
+        A file written from empty, in order, is uploaded while it is written (a multipart
+        upload, parts of ``stream_part_size``) once it grows beyond this many bytes, where the
+        storage supports it (object stores); smaller files go up in one request at close.
+    stream_part_size : int
+        Bytes per part of a streamed upload (S3 needs at least 5 MiB).
     rename_dir_limit : int
         Most entries a directory may hold to be renamed on a backend without atomic rename
         (copy then delete per file); beyond it rename returns ``EXDEV`` and tools such as
@@ -48,10 +54,11 @@ class MountOptions:
         Permission bits of files and directories the backend keeps none for.
     allow_other : bool
         Let other users (a sandbox running as another uid) use the mount.
-    writeback_cache : bool or None
-        Let the kernel gather small writes into large ones (all writes are staged anyway).
-        ``None`` (the default) turns it on except where writes are staged on the same disk
-        as the files (a local directory), where the page cache would hold every byte twice.
+    writeback_cache : bool
+        Let the kernel gather small writes into large ones. Off by default: the kernel then
+        holds written data until the file is closed (no upload can stream while it is being
+        written), may send pages out of order, and on local disk the page cache would hold
+        every byte twice. Worth it for workloads of many tiny writes to remote storage.
     read_ahead_kb : int
         Kernel read-ahead of the mount, set through sysfs when permitted (0 keeps the kernel's).
     max_background : int
@@ -70,13 +77,15 @@ class MountOptions:
     read_cache_bytes: int = 256 * _MiB
     staging_dir: str | None = None
     staging_limit: int = 8 * 1024 * _MiB
+    stream_threshold: int = 320 * _MiB
+    stream_part_size: int = 64 * _MiB
     rename_dir_limit: int = 1000
     uid: int = field(default_factory=os.getuid)
     gid: int = field(default_factory=os.getgid)
     file_mode: int = 0o644
     dir_mode: int = 0o755
     allow_other: bool = True
-    writeback_cache: bool | None = None
+    writeback_cache: bool = False
     read_ahead_kb: int = 1024
     max_background: int = 64
     max_tasks: int = 64

@@ -37,8 +37,10 @@ __all__ = [
     "SupportsListStats",
     "SupportsRangedRead",
     "SupportsReadMany",
+    "SupportsStreamingUpload",
     "SupportsTransfer",
     "SupportsWalk",
+    "UploadStream",
     "WorkspaceFilesystem",
     "download_file",
     "drop_hidden",
@@ -196,6 +198,31 @@ class SupportsListStats(Protocol):
 
     async def list_stats(self, path: str = "") -> list[FileStat]:
         """Metadata of the children of ``path`` (not recursive), in listing order."""
+        ...
+
+
+class UploadStream(Protocol):
+    """A file being uploaded while it is written: invisible until ``commit``."""
+
+    async def write(self, data: bytes) -> None:
+        """Append bytes (sent in parts as they accumulate)."""
+        ...
+
+    async def commit(self) -> None:
+        """Finish the upload: the file appears whole, replacing any previous one."""
+        ...
+
+    async def abort(self) -> None:
+        """Drop the upload; storage keeps what it had."""
+        ...
+
+
+@runtime_checkable
+class SupportsStreamingUpload(Protocol):
+    """Backends that can upload a file while it is still being written (multipart)."""
+
+    async def open_upload(self, path: str, *, part_size: int) -> UploadStream | None:
+        """Start a streamed upload of ``path``, or None where this backend gains nothing."""
         ...
 
 

@@ -35,6 +35,7 @@ from ..errors import (
 )
 from . import _paths
 from ._base import (
+    UploadStream,
     WorkspaceFilesystem,
     drop_hidden,
     filter_extension,
@@ -195,6 +196,38 @@ def _ms(value: datetime) -> int:
 
 def _display_parent(display: str) -> str:
     return posixpath.dirname(display.rstrip("/")) or "."
+
+
+class _FileUpload:
+    """A streamed upload through an fsspec file object (parts go out as they fill)."""
+
+    def __init__(self, owner: FsspecFilesystem, rel: str, display: str, handle: Any) -> None:
+        self._owner = owner
+        self._rel = rel
+        self._display = display
+        self._handle = handle
+
+    async def write(self, data: bytes) -> None:
+        try:
+            await self._owner._call(self._handle.write, data)
+        except FilesystemError:
+            raise
+        except Exception as exc:
+            raise self._owner._translate(exc, self._display, "upload") from exc
+
+    async def commit(self) -> None:
+        try:
+            await self._owner._call(self._handle.close)
+        except FilesystemError:
+            raise
+        except Exception as exc:
+            raise self._owner._translate(exc, self._display, "upload") from exc
+        self._owner._listings.add(self._rel, "file")
+        self._owner._announce("upload_file", (self._display,))
+
+    async def abort(self) -> None:
+        with contextlib.suppress(Exception):
+            await self._owner._call(self._handle.discard)
 
 
 class FsspecFilesystem(WorkspaceFilesystem):
@@ -611,6 +644,33 @@ class FsspecFilesystem(WorkspaceFilesystem):
             raise self._translate(exc, display, "upload_file") from exc
         if self._object:
             self._listings.add(rel, "file")
+
+    async def open_upload(self, path: str, *, part_size: int) -> UploadStream | None:
+        """Start a multipart upload of ``path`` on an object store (None elsewhere: a local
+        or memory write gains nothing from streaming)."""
+        self._check_writable("open_upload")
+        if not self._object:
+            return None
+        if self.status != "ready":
+            await self.ensure_ready()
+        rel = self._rel(path)
+        if not rel:
+            raise IsDirectory(path)
+        handle = await self._call(self._open_upload_sync, rel, path, part_size)
+        if not callable(getattr(handle, "discard", None)):
+            # Without a way to drop a half-done upload, closing would publish it.
+            await self._call(handle.close)
+            return None
+        return _FileUpload(self, rel, path, handle)
+
+    def _open_upload_sync(self, rel: str, display: str, part_size: int) -> Any:
+        try:
+            self._prepare_object_parent(rel, display, True)
+            return self._fs.open(self._bpath(rel), "wb", block_size=part_size)
+        except FilesystemError:
+            raise
+        except Exception as exc:
+            raise self._translate(exc, display, "open_upload") from exc
 
     def local_staging_dir(self) -> str | None:
         """A directory beside the files (local disk only) where a FUSE mount stages writes, so
