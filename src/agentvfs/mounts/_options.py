@@ -72,8 +72,8 @@ class MountOptions:
     """
 
     metadata_ttl: float = 1.0
-    part_size: int = 8 * _MiB
-    prefetch_parts: int = 8
+    part_size: int = 16 * _MiB
+    prefetch_parts: int = 6
     read_cache_bytes: int = 256 * _MiB
     staging_dir: str | None = None
     staging_limit: int = 8 * 1024 * _MiB
