@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from agentvfs.mounts import fuse_available
-from agentvfs.testing import FilesystemTests, Harness, MotoServer, local_harness, mounted_harness
-from conftest import memory_harness, s3_harness
+from agentvfs.testing import FakeGcsServer, FilesystemTests, Harness, MotoServer, local_harness, mounted_harness
+from conftest import gcs_harness, memory_harness, s3_harness
 
 pytestmark = pytest.mark.skipif(fuse_available() is not None, reason=f"FUSE unavailable: {fuse_available()}")
 
@@ -46,3 +46,10 @@ class TestMountS3(FilesystemTests):
     @pytest.fixture
     def harness(self, moto: MotoServer, tmp_path: Path) -> Iterator[Harness]:
         yield from _mount(s3_harness(moto), tmp_path)
+
+
+@pytest.mark.gcs
+class TestMountGcs(FilesystemTests):
+    @pytest.fixture
+    def harness(self, fake_gcs: FakeGcsServer, tmp_path: Path) -> Iterator[Harness]:
+        yield from _mount(gcs_harness(fake_gcs), tmp_path)

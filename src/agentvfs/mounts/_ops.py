@@ -7,6 +7,7 @@ staged copies live on local disk and are read and written in place.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import errno
 import functools
@@ -111,6 +112,39 @@ def _fail(code: int) -> pyfuse3.FUSEError:
     return pyfuse3.FUSEError(code)
 
 
+class _PartLayout:
+    """Where the read-ahead parts of a file begin and end.
+
+    The first parts are small and double in size (1, 2, 4, 8 MiB...) up to ``part_size``:
+    the first bytes of a file arrive after a small request, while a long read soon moves in
+    full-size parts.
+    """
+
+    __slots__ = ("_ramp_starts", "part_size", "ramp_end")
+
+    def __init__(self, part_size: int, first: int = 1024 * 1024) -> None:
+        self.part_size = part_size
+        starts = [0]
+        size = min(first, part_size)
+        while size < part_size:
+            starts.append(starts[-1] + size)
+            size *= 2
+        self._ramp_starts = starts
+        self.ramp_end = starts[-1]
+
+    def index_of(self, offset: int) -> int:
+        if offset >= self.ramp_end:
+            return len(self._ramp_starts) - 1 + (offset - self.ramp_end) // self.part_size
+        return bisect.bisect_right(self._ramp_starts, offset) - 1
+
+    def bounds(self, index: int) -> tuple[int, int]:
+        ramp = len(self._ramp_starts) - 1
+        if index < ramp:
+            return self._ramp_starts[index], self._ramp_starts[index + 1]
+        start = self.ramp_end + (index - ramp) * self.part_size
+        return start, start + self.part_size
+
+
 class _Part:
     """One prefetched range of a file."""
 
@@ -184,6 +218,7 @@ class MountOperations(pyfuse3.Operations):
         self.nursery: trio.Nursery | None = None
         self.thread_id: int | None = None
         self._fetch_limit = trio.CapacityLimiter(16)
+        self._layout = _PartLayout(options.part_size)
         self.failed_uploads: dict[str, str] = {}
         self.atomic_rename = filesystem.capabilities.atomic_rename
 
@@ -744,11 +779,11 @@ class MountOperations(pyfuse3.Operations):
                 node.fresh = len(node.links) == 1
             self._reserve(node, size)
             os.ftruncate(node.stage_fd, size)
-            if True:
-                node.size = size
-                node.dirty = True
-                node.write_seq += 1
-                node.touch()
+            # POSIX: a successful truncate marks the file changed even at the same size.
+            node.size = size
+            node.dirty = True
+            node.write_seq += 1
+            node.touch()
             if not node.writers:
                 # truncate(2) without an open file: it is done when the call returns.
                 await self.commit(node)
@@ -1228,16 +1263,17 @@ class MountOperations(pyfuse3.Operations):
             # A random read: exactly the bytes asked for, nothing cached.
             self._drop_parts(handle, keep_from=None)
             return await read_range(self.fs, path, off, end)
-        first, last = off // part_size, (end - 1) // part_size
+        parts = self._layout
+        first, last = parts.index_of(off), parts.index_of(end - 1)
         ahead = min(self.options.prefetch_parts, 1 + handle.sequential)
         for index in range(first, last + 1 + ahead):
-            start = index * part_size
+            start, stop = parts.bounds(index)
             if start >= node.size:
                 break
             if index not in handle.parts:
-                if index > last and self.read_cache_used + part_size > self.options.read_cache_bytes:
+                if index > last and self.read_cache_used + (stop - start) > self.options.read_cache_bytes:
                     break  # read-ahead waits for memory; the bytes asked for never do
-                self._start_part(handle, path, index, start, min(node.size, start + part_size))
+                self._start_part(handle, path, index, start, min(node.size, stop))
         self._drop_parts(handle, keep_from=first)
         pieces: list[Any] = []
         for index in range(first, last + 1):
@@ -1247,7 +1283,7 @@ class MountOperations(pyfuse3.Operations):
                 handle.parts.pop(index, None)
                 raise part.error
             assert part.data is not None
-            base = index * part_size
+            base = parts.bounds(index)[0]
             lo = max(off, base) - base
             hi = min(end, base + len(part.data)) - base
             pieces.append(memoryview(part.data)[lo:hi])
@@ -1324,8 +1360,17 @@ class MountOperations(pyfuse3.Operations):
         handle = self.handles.get(fh)
         if handle is None:
             raise _fail(errno.EBADF)
-        if handle.node.dirty:
-            await self.commit(handle.node)
+        node = handle.node
+        if node.dirty:
+            await self.commit(node)
+        if node.stage is not None and os.fstat(node.stage_fd).st_nlink > 1:
+            # On local disk the staged copy was published by a link: it is the file itself,
+            # and fsync(2) promises its bytes are on the disk, not only in the page cache.
+            fd = os.dup(node.stage_fd)  # the node may drop its copy meanwhile
+            try:
+                await trio.to_thread.run_sync(os.fsync, fd)
+            finally:
+                os.close(fd)
 
     @_fuse_errors
     async def release(self, fh: int) -> None:

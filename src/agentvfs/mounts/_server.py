@@ -278,6 +278,10 @@ class Mount:
         ops = self.operations
         assert ops is not None
         await self.filesystem.ensure_ready()
+        # One request before the mount appears: it proves the storage answers (a missing
+        # bucket or bad credentials fail the mount, not the first `ls`) and sets up its client,
+        # so the first read through the mount does not pay for that.
+        await self.filesystem.stat("")
         flags = {
             "fsname=" + self.options.fsname,
             "subtype=agentvfs",
