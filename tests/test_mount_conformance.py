@@ -14,7 +14,14 @@ from pathlib import Path
 import pytest
 
 from agentvfs.mounts import fuse_available
-from agentvfs.testing import FakeGcsServer, FilesystemTests, Harness, MotoServer, local_harness, mounted_harness
+from agentvfs.testing import (
+    FakeGcsServer,
+    FilesystemTests,
+    Harness,
+    MotoServer,
+    local_harness,
+    mounted_harness,
+)
 from conftest import gcs_harness, memory_harness, s3_harness
 
 pytestmark = pytest.mark.skipif(fuse_available() is not None, reason=f"FUSE unavailable: {fuse_available()}")
