@@ -343,7 +343,11 @@ def sha256_file(path: str) -> str:
 
 def timed_write(path: str, block: bytes, count: int, fsync: bool) -> float:
     """Create ``path`` and write ``block`` ``count`` times; optionally fsync; seconds until
-    ``close`` returns (close is where many mounts upload)."""
+    ``close`` returns (close is where many mounts upload).
+
+    Dirty pages left by earlier steps are written out first: otherwise the disk is still busy
+    with the previous run's data and whichever layer is measured next pays for it."""
+    os.sync()
     t0 = time.perf_counter()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:

@@ -71,7 +71,7 @@ class MountOptions:
         Log every FUSE request.
     """
 
-    metadata_ttl: float = 1.0
+    metadata_ttl: float = 5.0
     part_size: int = 16 * _MiB
     prefetch_parts: int = 6
     read_cache_bytes: int = 256 * _MiB

@@ -1,0 +1,60 @@
+"""Pieces of the mount layer that need no FUSE: options and the read-ahead layout."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from agentvfs.errors import WorkspaceError
+from agentvfs.mounts import MountOptions
+from agentvfs.mounts._ops import _PartLayout
+from agentvfs.mounts._options import parse_option_strings
+
+MiB = 1024 * 1024
+
+
+def test_parts_start_small_and_double_up_to_the_part_size() -> None:
+    layout = _PartLayout(16 * MiB)
+    sizes = [b - a for a, b in (layout.bounds(i) for i in range(7))]
+    assert sizes == [1 * MiB, 2 * MiB, 4 * MiB, 8 * MiB, 16 * MiB, 16 * MiB, 16 * MiB]
+    assert layout.bounds(0)[0] == 0
+    for i in range(50):
+        assert layout.bounds(i)[1] == layout.bounds(i + 1)[0]  # no gap, no overlap
+
+
+@pytest.mark.parametrize("part_size", [256 * 1024, MiB, 3 * MiB, 16 * MiB])
+def test_every_offset_falls_in_the_part_that_holds_it(part_size: int) -> None:
+    layout = _PartLayout(part_size)
+    rng = random.Random(7)
+    offsets = [0, 1, MiB - 1, MiB, 15 * MiB, 31 * MiB - 1] + [rng.randrange(1 << 40) for _ in range(2000)]
+    for offset in offsets:
+        start, stop = layout.bounds(layout.index_of(offset))
+        assert start <= offset < stop
+
+
+def test_options_from_strings_and_mappings() -> None:
+    parsed = parse_option_strings(["metadata_ttl=2.5,allow_other=false", "debug", "staging_limit=0x1000"])
+    options = MountOptions.from_value(parsed)
+    assert options.metadata_ttl == 2.5
+    assert options.allow_other is False
+    assert options.debug is True
+    assert options.staging_limit == 4096
+    assert MountOptions.from_value({"part-size": 4 * MiB}).part_size == 4 * MiB
+    assert MountOptions.from_value(None) == MountOptions()
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ({"bogus": 1}, "Unknown mount option 'bogus'"),
+        ({"metadata_ttl": -1}, "metadata_ttl"),
+        ({"allow_other": "maybe"}, "allow_other"),
+        ({"part_size": True}, "part_size"),
+        ("metadata_ttl=1", "must be a mapping"),
+    ],
+)
+def test_bad_options_name_what_is_wrong(given: object, message: str) -> None:
+    with pytest.raises(WorkspaceError, match=message) as info:
+        MountOptions.from_value(given)  # type: ignore[arg-type]
+    assert info.value.code == "INVALID_CONFIG"
