@@ -26,7 +26,7 @@ from agentvfs.mounts import (
     is_mounted,
     mount,
 )
-from agentvfs.testing import Harness, MotoServer
+from agentvfs.testing import Harness, MotoServer, local_harness
 from conftest import memory_harness, s3_harness
 
 pytestmark = pytest.mark.skipif(fuse_available() is not None, reason=f"FUSE unavailable: {fuse_available()}")
@@ -412,3 +412,18 @@ def test_no_unmount_helper_outlives_its_mount(mnt: str) -> None:
         with Mount(memory_harness().fs, mnt):
             assert helpers() == before + 1  # auto_unmount's guard while mounted
     assert helpers() == before
+
+
+def test_an_open_reader_sees_what_is_written_through_the_mount(tmp_path: Path, mnt: str) -> None:
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "shared.txt").write_bytes(b"first version")
+    with Mount(local_harness(os.fspath(base)).fs, mnt):
+        reader = os.open(f"{mnt}/shared.txt", os.O_RDONLY)
+        assert os.pread(reader, 100, 0) == b"first version"
+        with open(f"{mnt}/shared.txt", "r+b") as writer:
+            writer.write(b"FIRST")
+        # The writer's copy was published as a new file: the reader follows it.
+        assert os.pread(reader, 100, 0) == b"FIRST version"
+        assert (base / "shared.txt").read_bytes() == b"FIRST version"
+        os.close(reader)

@@ -678,6 +678,15 @@ class FsspecFilesystem(WorkspaceFilesystem):
         except Exception as exc:
             raise self._translate(exc, display, "open_upload") from exc
 
+    def local_path(self, path: str) -> str | None:
+        """The host path of a file on local disk (inside the root; None elsewhere), for
+        readers that can read it directly."""
+        if not self._local:
+            return None
+        rel = self._rel(path)
+        self._guard_local(path, rel)
+        return self._bpath(rel)
+
     def local_staging_dir(self) -> str | None:
         """A directory beside the files (local disk only) where a FUSE mount stages writes, so
         that publishing one is a link and a rename instead of a copy; hidden from listings."""
