@@ -18,6 +18,7 @@ import importlib
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ __all__ = [
     "fuse_unavailable",
     "mounted",
     "open_mount",
+    "wait_until",
 ]
 
 #: Every kind, for tests that must hold on a plain directory and on each mount.
@@ -63,6 +65,16 @@ class MountedRoot:
     root: Path
     kind: str
     backend: Callable[[str], bytes | None]
+
+
+def wait_until(predicate: Callable[[], object], timeout: float = 10.0) -> bool:
+    """Poll ``predicate`` every 50 ms until it is true or ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def fuse_unavailable() -> str | None:

@@ -16,6 +16,7 @@ from typing import Any
 import anyio
 import pytest
 
+from _mounted import wait_until
 from agentvfs import FsspecFilesystem
 from agentvfs.errors import MountError
 from agentvfs.mounts import (
@@ -39,15 +40,6 @@ def mnt(tmp_path: Path) -> Iterator[str]:
     yield os.fspath(point)
     if is_mounted(os.fspath(point)):  # a failed test must not leave a mount behind
         subprocess.run(["fusermount3", "-uz", os.fspath(point)], check=False)
-
-
-def _wait(predicate: Any, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 class _FailingUploads(FsspecFilesystem):
@@ -311,7 +303,7 @@ def test_kill_9_leaves_the_mount_point_usable(mnt: str) -> None:
     child.send_signal(signal.SIGKILL)
     child.wait()
     # auto_unmount: fusermount3 notices the dead server and unmounts.
-    assert _wait(lambda: not is_mounted(mnt))
+    assert wait_until(lambda: not is_mounted(mnt))
     assert os.listdir(mnt) == []
     with Mount(memory_harness().fs, mnt):
         assert os.listdir(mnt) == []
@@ -338,7 +330,7 @@ def test_a_live_mount_is_not_taken_over(mnt: str) -> None:
     finally:
         child.terminate()
         child.wait()
-        _wait(lambda: not is_mounted(mnt))
+        wait_until(lambda: not is_mounted(mnt))
 
 
 def test_cli_mounts_until_sigterm(tmp_path: Path, mnt: str) -> None:
@@ -348,7 +340,7 @@ def test_cli_mounts_until_sigterm(tmp_path: Path, mnt: str) -> None:
     exe = os.path.join(os.path.dirname(sys.executable), "agentvfs")
     child = subprocess.Popen([exe, "mount", os.fspath(data), mnt, "-o", "metadata_ttl=2"], stderr=subprocess.PIPE, text=True)
     try:
-        assert _wait(lambda: is_mounted(mnt))
+        assert wait_until(lambda: is_mounted(mnt))
         assert open(f"{mnt}/hello.txt").read() == "from disk\n"
         with open(f"{mnt}/out.txt", "w") as f:
             f.write("through the mount\n")

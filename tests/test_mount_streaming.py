@@ -5,13 +5,13 @@ from __future__ import annotations
 import errno
 import os
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from _mounted import wait_until
 from agentvfs.mounts import Mount, fuse_available, is_mounted
 from agentvfs.testing import Harness, MotoServer
 from conftest import S3_BUCKET, s3_harness
@@ -48,15 +48,6 @@ def _prefix(h: Harness) -> str:
     return str(h.fs.root).split("/", 1)[1]  # type: ignore[attr-defined]
 
 
-def _wait_for(predicate: Any, timeout: float = 15.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def test_a_large_file_written_in_order_is_uploaded_while_written(moto: MotoServer, mnt: str) -> None:
     h = s3_harness(moto)
     client = moto.boto3_client()
@@ -66,7 +57,7 @@ def test_a_large_file_written_in_order_is_uploaded_while_written(moto: MotoServe
         for _ in range(12):
             os.write(fd, chunk)
         # Parts reach storage before close, but nothing is visible under the name yet.
-        assert _wait_for(lambda: any(_parts(client, u) >= 2 for u in _uploads(client, _prefix(h))))
+        assert wait_until(lambda: any(_parts(client, u) >= 2 for u in _uploads(client, _prefix(h))))
         assert h.get("big.bin") is None
         os.close(fd)
         assert h.get("big.bin") == chunk * 12
@@ -83,14 +74,14 @@ def test_an_overwrite_behind_the_stream_falls_back_to_a_whole_upload(moto: MotoS
         fd = os.open(f"{mnt}/edited.bin", os.O_CREAT | os.O_RDWR, 0o644)
         for i in range(12):
             os.write(fd, data[i * MiB : (i + 1) * MiB])
-        assert _wait_for(lambda: any(_parts(client, u) >= 1 for u in _uploads(client, _prefix(h))))
+        assert wait_until(lambda: any(_parts(client, u) >= 1 for u in _uploads(client, _prefix(h))))
         os.pwrite(fd, b"EDIT", 10)  # rewrites bytes already sent
         data[10:14] = b"EDIT"
         os.ftruncate(fd, 11 * MiB)
         del data[11 * MiB :]
         os.close(fd)
         assert h.get("edited.bin") == bytes(data)
-        assert _wait_for(lambda: _uploads(client, _prefix(h)) == [])
+        assert wait_until(lambda: _uploads(client, _prefix(h)) == [])
 
 
 def test_unlinking_a_file_being_streamed_leaves_no_upload(moto: MotoServer, mnt: str) -> None:
@@ -100,11 +91,11 @@ def test_unlinking_a_file_being_streamed_leaves_no_upload(moto: MotoServer, mnt:
         fd = os.open(f"{mnt}/gone.bin", os.O_CREAT | os.O_WRONLY, 0o644)
         for _ in range(11):
             os.write(fd, os.urandom(MiB))
-        assert _wait_for(lambda: any(_parts(client, u) >= 1 for u in _uploads(client, _prefix(h))))
+        assert wait_until(lambda: any(_parts(client, u) >= 1 for u in _uploads(client, _prefix(h))))
         os.unlink(f"{mnt}/gone.bin")
         os.write(fd, b"still writable")
         os.close(fd)
-        assert _wait_for(lambda: _uploads(client, _prefix(h)) == [])
+        assert wait_until(lambda: _uploads(client, _prefix(h)) == [])
         assert h.get("gone.bin") is None
         with pytest.raises(OSError) as info:
             os.stat(f"{mnt}/gone.bin")

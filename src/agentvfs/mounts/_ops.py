@@ -898,6 +898,14 @@ class MountOperations(pyfuse3.Operations):
         if name in children:
             raise _fail(errno.EEXIST)
 
+    async def _new_name(self, parent_inode: int, name: bytes) -> tuple[Node, str]:
+        """The directory and checked name for something about to be created there."""
+        self._check_writable()
+        directory = self._node(parent_inode)
+        text = self._name(name)
+        await self._free_name(directory, text)
+        return directory, text
+
     def _add_link(self, directory: Node, name: str, node: Node) -> None:
         assert directory.children is not None
         directory.children[name] = node
@@ -906,10 +914,7 @@ class MountOperations(pyfuse3.Operations):
 
     @_fuse_errors
     async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
-        self._check_writable()
-        directory = self._node(parent_inode)
-        text = self._name(name)
-        await self._free_name(directory, text)
+        directory, text = await self._new_name(parent_inode, name)
         path = self._child_path(directory, text)
         await self.fs.mkdir(path, recursive=False)
         uid, gid = self._owner(directory, ctx)
@@ -925,10 +930,7 @@ class MountOperations(pyfuse3.Operations):
     async def mknod(
         self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
-        self._check_writable()
-        directory = self._node(parent_inode)
-        text = self._name(name)
-        await self._free_name(directory, text)
+        directory, text = await self._new_name(parent_inode, name)
         kind = stat_module.S_IFMT(mode) or _S_IFREG
         uid, gid = self._owner(directory, ctx)
         if kind == _S_IFREG:
@@ -945,10 +947,7 @@ class MountOperations(pyfuse3.Operations):
     async def symlink(
         self, parent_inode: int, name: bytes, target: bytes, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
-        self._check_writable()
-        directory = self._node(parent_inode)
-        text = self._name(name)
-        await self._free_name(directory, text)
+        directory, text = await self._new_name(parent_inode, name)
         uid, gid = self._owner(directory, ctx)
         node = self._new_node(_S_IFLNK, 0o777, uid=uid, gid=gid, size=len(target), target=bytes(target))
         self._add_link(directory, text, node)
