@@ -898,6 +898,16 @@ class MountOperations(pyfuse3.Operations):
         if name in children:
             raise _fail(errno.EEXIST)
 
+    async def _existing_name(self, parent_inode: int, name: bytes) -> tuple[Node, str, Node]:
+        """The directory, checked name and node of something about to be removed."""
+        self._check_writable()
+        directory = self._node(parent_inode)
+        text = self._name(name)
+        node = (await self._children(directory)).get(text)
+        if node is None:
+            raise _fail(errno.ENOENT)
+        return directory, text, node
+
     async def _new_name(self, parent_inode: int, name: bytes) -> tuple[Node, str]:
         """The directory and checked name for something about to be created there."""
         self._check_writable()
@@ -979,13 +989,7 @@ class MountOperations(pyfuse3.Operations):
 
     @_fuse_errors
     async def unlink(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
-        self._check_writable()
-        directory = self._node(parent_inode)
-        text = self._name(name)
-        children = await self._children(directory)
-        node = children.get(text)
-        if node is None:
-            raise _fail(errno.ENOENT)
+        directory, text, node = await self._existing_name(parent_inode, name)
         if node.is_dir:
             raise _fail(errno.EISDIR)
         await self._remove_name(directory, text, node)
@@ -1009,13 +1013,7 @@ class MountOperations(pyfuse3.Operations):
 
     @_fuse_errors
     async def rmdir(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
-        self._check_writable()
-        directory = self._node(parent_inode)
-        text = self._name(name)
-        children = await self._children(directory)
-        node = children.get(text)
-        if node is None:
-            raise _fail(errno.ENOENT)
+        directory, text, node = await self._existing_name(parent_inode, name)
         if not node.is_dir:
             raise _fail(errno.ENOTDIR)
         if await self._children(node):
