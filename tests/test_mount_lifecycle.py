@@ -419,3 +419,40 @@ def test_an_open_reader_sees_what_is_written_through_the_mount(tmp_path: Path, m
         assert os.pread(reader, 100, 0) == b"FIRST version"
         assert (base / "shared.txt").read_bytes() == b"FIRST version"
         os.close(reader)
+
+
+@pytest.mark.s3
+def test_cli_mounts_a_bucket_with_storage_options(moto: MotoServer, mnt: str) -> None:
+    h = s3_harness(moto)
+    h.put("seed.txt", b"from the bucket\n")
+    root = str(h.fs.root)  # type: ignore[attr-defined]
+    exe = os.path.join(os.path.dirname(sys.executable), "agentvfs")
+    argv = [
+        exe, "mount", f"s3://{root}", mnt,
+        "-o", f"endpoint_url={moto.endpoint_url}", "-o", "key=testing", "-o", "secret=testing",
+        "-o", '{"verify": false}'.join(("client_kwargs=", "")),
+        "-o", '{"region_name": "us-east-1"}'.join(("config_kwargs=", "")),
+        "-o", "metadata_ttl=0.5",
+    ]  # fmt: skip
+    child = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_until(lambda: is_mounted(mnt), timeout=30)
+        with open(f"{mnt}/seed.txt", "rb") as f:
+            assert f.read() == b"from the bucket\n"
+        subprocess.run(["sh", "-c", f"echo written by a shell > {mnt}/out.txt"], check=True)
+        assert h.get("out.txt") == b"written by a shell\n"
+        child.send_signal(signal.SIGTERM)
+        assert child.wait(timeout=30) == 0
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert not is_mounted(mnt)
+
+
+def test_mounting_a_bucket_that_does_not_exist_fails_cleanly(moto: MotoServer, mnt: str) -> None:
+    fs = FsspecFilesystem(moto.s3fs(), root="no-such-bucket-here/prefix")
+    with pytest.raises(MountError, match=r"Directory not found: s3://no-such-bucket-here"):
+        Mount(fs, mnt).start()
+    assert not is_mounted(mnt)
+    with Mount(memory_harness().fs, mnt):  # the session was given back
+        assert os.listdir(mnt) == []

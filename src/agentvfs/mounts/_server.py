@@ -281,7 +281,7 @@ class Mount:
         # One request before the mount appears: it proves the storage answers (a missing
         # bucket or bad credentials fail the mount, not the first `ls`) and sets up its client,
         # so the first read through the mount does not pay for that.
-        await self.filesystem.stat("")
+        await self.filesystem.probe()
         flags = {
             "fsname=" + self.options.fsname,
             "subtype=agentvfs",

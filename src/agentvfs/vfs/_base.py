@@ -440,6 +440,16 @@ class WorkspaceFilesystem(ABC):
     async def teardown(self) -> None:  # noqa: B027
         """Hook run by :meth:`destroy`."""
 
+    async def probe(self) -> None:
+        """Make one request that proves the storage answers (used before mounting).
+
+        Raises
+        ------
+        OSError
+            The storage cannot be reached or does not exist.
+        """
+        await self.stat("")
+
     async def ensure_ready(self) -> None:
         """Initialise on first use; raise if the filesystem cannot become ready.
 

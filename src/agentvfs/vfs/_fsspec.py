@@ -367,6 +367,28 @@ class FsspecFilesystem(WorkspaceFilesystem):
         """How results name ``rel``: relative to the workspace root, ``/``-separated."""
         return rel
 
+    async def probe(self) -> None:
+        """One request that proves the storage answers; on object stores, that the bucket
+        exists (a missing bucket otherwise looks like an empty root)."""
+        if self.status != "ready":
+            await self.ensure_ready()
+        if self._object:
+            bucket = self._root_path.strip("/").split("/", 1)[0]
+            if bucket and not await self._call(self._bucket_exists, bucket):
+                raise DirectoryNotFound(f"{self._protocol}://{bucket}")
+            return
+        await self.stat("")
+
+    def _bucket_exists(self, bucket: str) -> bool:
+        try:
+            return bool(self._fs.exists(bucket))
+        except FileNotFoundError:
+            return False
+        except Exception:
+            return True  # cannot tell (no permission to look at the bucket): let requests decide
+        finally:
+            self._fs.invalidate_cache(bucket)
+
     async def setup(self) -> None:
         """Create the root directory on backends with real directories (not object stores)."""
         if not self._object and not self.read_only and self._root:
