@@ -18,7 +18,8 @@ import stat as stat_module
 import tempfile
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
 from typing import Any, TypeVar, cast
 
 import pyfuse3
@@ -39,7 +40,7 @@ from ..vfs._records import FileStat
 from ._nodes import Node, now_ns
 from ._options import MountOptions
 
-__all__ = ["MountOperations"]
+__all__ = ["MountOperations", "notify_kernel"]
 
 _log = logging.getLogger("agentvfs.mounts")
 
@@ -94,6 +95,21 @@ def _default_staging(filesystem: WorkspaceFilesystem) -> str:
         except OSError:
             pass
     return tempfile.mkdtemp(prefix="agentvfs-staging-")
+
+
+def notify_kernel(parent: int | None, name: str | None, ino: int | None) -> None:
+    """Make the kernel forget the entry ``name`` of directory ``parent`` and the cached
+    attributes and pages of inode ``ino`` (either may be None). Blocking: never call it on the
+    FUSE thread."""
+    with contextlib.suppress(OSError):  # the kernel no longer knows it: nothing to forget
+        if parent is not None and name is not None:
+            pyfuse3.invalidate_entry(parent, os.fsencode(name))
+        if ino is not None:
+            pyfuse3.invalidate_inode(ino, attr_only=False)
+
+
+def _ns(moment: datetime) -> int:
+    return int(moment.timestamp() * 1e9)
 
 
 def _stream_done(stream: _Stream) -> bool:
@@ -267,7 +283,7 @@ class MountOperations(pyfuse3.Operations):
             gid=self.options.gid,
             size=0 if is_dir else st.size,
             # Storage without directory times (prefixes, memory) shows the mount's start time.
-            mtime=int(st.modified_at.timestamp() * 1e9) or self.started_ns,
+            mtime=_ns(st.modified_at) or self.started_ns,
             stored=True,
             etag=st.etag,
         )
@@ -318,13 +334,13 @@ class MountOperations(pyfuse3.Operations):
 
     # -- listings --------------------------------------------------------------------------
 
-    async def _children(self, directory: Node, *, refresh: bool = True) -> dict[str, Node]:
+    async def _children(self, directory: Node) -> dict[str, Node]:
         """Entries of a directory, from one storage listing at most every ``metadata_ttl``."""
         if not directory.is_dir:
             raise _fail(errno.ENOTDIR)
         children = directory.children
         assert children is not None
-        if not directory.stored or not refresh:
+        if not directory.stored:
             return children
         if time.monotonic() - directory.listed_at < self._ttl:
             return children
@@ -332,9 +348,8 @@ class MountOperations(pyfuse3.Operations):
             if time.monotonic() - directory.listed_at < self._ttl:
                 return directory.children or {}
             started = time.monotonic()
-            base = self.path_of(directory)
             try:
-                stats = await list_stats(self.fs, base)
+                stats = await list_stats(self.fs, self.path_of(directory))
             except FileNotFoundError:
                 # Gone from storage: what is left here is what the mount itself holds.
                 stats = []
@@ -344,7 +359,7 @@ class MountOperations(pyfuse3.Operations):
                     # Absent from the listing: make sure before forgetting it (listings may
                     # hide names, such as the backend's own staging names, or lag behind).
                     try:
-                        stats.append(await self.fs.stat(f"{base}/{name}" if base else name))
+                        stats.append(await self.fs.stat(self._child_path(directory, name)))
                     except (FileNotFoundError, NotADirectoryError):
                         continue
             self._reconcile(directory, stats)
@@ -395,7 +410,7 @@ class MountOperations(pyfuse3.Operations):
             return node
         if len(node.links) != 1:
             node.etag, node.size = st.etag, st.size
-            node.mtime = node.ctime = int(st.modified_at.timestamp() * 1e9)
+            node.mtime = node.ctime = _ns(st.modified_at)
             node.version += 1
             self._invalidate_later(None, None, node.ino)
             return node
@@ -419,17 +434,8 @@ class MountOperations(pyfuse3.Operations):
         if self.nursery is None:
             return
 
-        def notify() -> None:
-            try:
-                if parent is not None and name is not None:
-                    pyfuse3.invalidate_entry(parent, os.fsencode(name))
-                if ino is not None:
-                    pyfuse3.invalidate_inode(ino, attr_only=False)
-            except OSError:
-                pass  # the kernel no longer knows the entry: nothing to forget
-
         async def run() -> None:
-            await trio.to_thread.run_sync(notify)
+            await trio.to_thread.run_sync(notify_kernel, parent, name, ino)
 
         self.nursery.start_soon(run)
 
@@ -535,22 +541,15 @@ class MountOperations(pyfuse3.Operations):
                 return
             seq = node.write_seq
             node.fresh = False
-            if node.stream is not None and await self._finish_stream(node):
-                node.stored = True
-                node.etag = None
-                node.checked_at = time.monotonic()
-                if node.write_seq == seq:
-                    node.dirty = False
-                return
-            paths = [self._child_path(parent, name) for parent, name in node.links]
-            for path in paths:
-                try:
-                    await upload_file(self.fs, node.stage, path)
-                except Exception as exc:
-                    self.failed_uploads["/" + path] = str(exc)
-                    _log.error("upload of /%s failed, kept staged at %s: %s", path, node.stage, exc)
-                    raise _fail(errno.EIO) from None
-                self.failed_uploads.pop("/" + path, None)
+            if node.stream is None or not await self._finish_stream(node):
+                for path in [self._child_path(parent, name) for parent, name in node.links]:
+                    try:
+                        await upload_file(self.fs, node.stage, path)
+                    except Exception as exc:
+                        self.failed_uploads["/" + path] = str(exc)
+                        _log.error("upload of /%s failed, kept staged at %s: %s", path, node.stage, exc)
+                        raise _fail(errno.EIO) from None
+                    self.failed_uploads.pop("/" + path, None)
             node.stored = True
             node.etag = None
             node.checked_at = time.monotonic()
@@ -1422,10 +1421,7 @@ class MountOperations(pyfuse3.Operations):
             if not node.links and not node.lookups:
                 self.inodes.pop(node.ino, None)
 
-    # -- used by tests and the server ----------------------------------------------------------
-
-    def iter_nodes(self) -> Iterator[Node]:
-        return iter(self.inodes.values())
+    # -- used by the server ----------------------------------------------------------------
 
     def set_thread(self) -> None:
         self.thread_id = threading.get_ident()

@@ -23,7 +23,7 @@ import trio
 
 from ..errors import MountError
 from ..vfs._base import WorkspaceFilesystem
-from ._ops import MountOperations
+from ._ops import MountOperations, notify_kernel
 from ._options import MountOptions
 
 __all__ = ["Mount", "cleanup_stale_mount", "fuse_available", "is_mounted", "mount"]
@@ -322,11 +322,7 @@ class Mount:
         except (trio.RunFinishedError, RuntimeError):
             return
         for parent, name, ino in notes:
-            with contextlib.suppress(OSError):
-                if parent is not None and name is not None:
-                    pyfuse3.invalidate_entry(parent, os.fsencode(name))
-                if ino is not None:
-                    pyfuse3.invalidate_inode(ino, attr_only=False)
+            notify_kernel(parent, name, ino)  # this is the caller's thread, not the FUSE one
 
     def close(self) -> None:
         """Upload pending writes, then unmount.

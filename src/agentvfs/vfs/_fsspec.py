@@ -614,10 +614,7 @@ class FsspecFilesystem(WorkspaceFilesystem):
         return await self._call(self._list_stats_sync, rel, path)
 
     def _list_stats_sync(self, rel: str, display: str) -> list[FileStat]:
-        raw = self._list_raw(rel, display)
-        if not raw and rel:
-            self._require_dir(rel, display)
-        children = self._children(rel, raw, display)
+        children = self._listed(rel, display)
         return [
             self._stat_from_info(_paths.join(rel, name) if rel else name, info)
             for name, info in sorted(children.items())
@@ -856,11 +853,16 @@ class FsspecFilesystem(WorkspaceFilesystem):
     def _list_sync(self, rel: str, display: str) -> list[FileEntry]:
         if self._memory:
             return self._list_memory(rel, display)
+        children = self._listed(rel, display)
+        return [self._entry(name, children[name]) for name in sorted(children)]
+
+    def _listed(self, rel: str, display: str) -> dict[str, dict[str, Any]]:
+        """Name -> info of the children of ``rel`` from one listing (an empty listing must
+        come from a directory that exists)."""
         raw = self._list_raw(rel, display)
-        children = self._children(rel, raw, display)
         if not raw and rel:
             self._require_dir(rel, display)
-        return [self._entry(name, children[name]) for name in sorted(children)]
+        return self._children(rel, raw, display)
 
     def _walk_sync(self, rel: str, display: str, max_depth: int) -> list[FileEntry]:
         if self._local:
