@@ -27,10 +27,10 @@ from conftest import gcs_harness, memory_harness, s3_harness
 pytestmark = pytest.mark.skipif(fuse_available() is not None, reason=f"FUSE unavailable: {fuse_available()}")
 
 
-def _mount(inner: Harness, tmp_path: Path) -> Iterator[Harness]:
+def _mount(inner: Harness, tmp_path: Path, *, process: bool = False) -> Iterator[Harness]:
     mountpoint = tmp_path / "mnt"
     mountpoint.mkdir()
-    with mounted_harness(inner, os.fspath(mountpoint)) as harness:
+    with mounted_harness(inner, os.fspath(mountpoint), process=process) as harness:
         yield harness
 
 
@@ -53,6 +53,23 @@ class TestMountS3(FilesystemTests):
     @pytest.fixture
     def harness(self, moto: MotoServer, tmp_path: Path) -> Iterator[Harness]:
         yield from _mount(s3_harness(moto), tmp_path)
+
+
+@pytest.mark.s3
+class TestMountS3ChildProcess(FilesystemTests):
+    """The mount a sandbox makes of a bucket: served by a child process."""
+
+    @pytest.fixture
+    def harness(self, moto: MotoServer, tmp_path: Path) -> Iterator[Harness]:
+        yield from _mount(s3_harness(moto), tmp_path, process=True)
+
+
+class TestMountLocalChildProcess(FilesystemTests):
+    @pytest.fixture
+    def harness(self, tmp_path: Path) -> Iterator[Harness]:
+        base = tmp_path / "base"
+        base.mkdir()
+        yield from _mount(local_harness(os.fspath(base)), tmp_path, process=True)
 
 
 @pytest.mark.gcs

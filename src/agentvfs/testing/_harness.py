@@ -123,16 +123,19 @@ def composite_harness(main: Harness, other: Harness, *, name: str = "composite")
 
 
 @contextlib.contextmanager
-def mounted_harness(inner: Harness, mountpoint: str, **options: Any) -> Iterator[Harness]:
+def mounted_harness(inner: Harness, mountpoint: str, *, process: bool = False, **options: Any) -> Iterator[Harness]:
     """FUSE-mount ``inner.fs`` at ``mountpoint`` and yield a harness whose filesystem works
     on the mount point with plain ``os`` calls, while the oracle still reads and writes the
     storage directly. The mount trusts nothing cached (``metadata_ttl=0``) unless told, since
-    the oracle changes storage behind its back.
+    the oracle changes storage behind its back. With ``process=True`` a child process serves
+    the mount (as sandboxes do for filesystems it can rebuild).
     """
     from ..mounts import Mount
+    from ..mounts._child import ProcessMount
 
     settings: dict[str, Any] = {"metadata_ttl": 0.0} | options
-    with Mount(inner.fs, mountpoint, options=settings) as handle:
+    kind = ProcessMount if process else Mount
+    with kind(inner.fs, mountpoint, options=settings) as handle:
 
         def reopen(**kw: Any) -> WorkspaceFilesystem:
             return FsspecFilesystem(f"file://{mountpoint}", **kw)
