@@ -4,7 +4,9 @@ wrappers of the reference (§12), in its order: write lock, hooks, read tracking
 from __future__ import annotations
 
 import inspect
+import json
 import logging
+import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -12,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import anyio
 
 from .._context import RequestContext
-from ..errors import FilesystemNotAvailableError, WorkspaceReadOnlyError
+from ..errors import FilesystemNotAvailableError, SandboxNotAvailableError, WorkspaceReadOnlyError
 from ..vfs import FileStat, WorkspaceFilesystem
 from ._schema import validate_input
 from ._tracking import ReadTracker, WriteLocks
@@ -20,7 +22,7 @@ from ._tracking import ReadTracker, WriteLocks
 if TYPE_CHECKING:
     from ..workspace import Workspace
 
-__all__ = ["ToolCall", "ToolMedia", "ToolSpec", "WorkspaceTool", "build_tools"]
+__all__ = ["ToolCall", "ToolMedia", "ToolSpec", "WorkspaceTool", "build_tools", "strip_ansi"]
 
 logger = logging.getLogger("agentvfs")
 
@@ -47,16 +49,29 @@ class ToolMedia:
 class ToolCall:
     """What a tool implementation receives for one call."""
 
-    fs: WorkspaceFilesystem
     args: dict[str, Any]
     options: dict[str, Any]
     workspace: Workspace
     request_context: RequestContext
+    #: The resolved filesystem (filesystem tools); read it through :attr:`fs`.
+    filesystem: WorkspaceFilesystem | None = None
+    #: The resolved sandbox (sandbox tools).
+    sandbox: Any = None
+    tool_call_id: str | None = None
+    #: The caller's abort signal (``is_set() -> bool``), if any.
+    abort_signal: Any = None
     #: For write tools: the stat of the file when this agent last read it (optimistic
     #: concurrency: the write fails with StaleFileError if the file changed since).
     expected: FileStat | None = None
     #: Set by read tools to the stat they read, so the tracker need not stat again.
     seen: FileStat | None = None
+
+    @property
+    def fs(self) -> WorkspaceFilesystem:
+        """The resolved filesystem."""
+        if self.filesystem is None:
+            raise FilesystemNotAvailableError()
+        return self.filesystem
 
 
 ToolResult = str | ToolMedia
@@ -77,12 +92,25 @@ class ToolSpec:
     locked: bool = False
     #: The operation name a read-only filesystem reports (``write_file``, ``delete``...).
     writes: str | None = None
-    needs: Literal["filesystem"] = "filesystem"
+    #: The provider the tool runs against, resolved per request before it runs.
+    needs: Literal["filesystem", "sandbox"] = "filesystem"
     defaults: dict[str, Any] = field(default_factory=dict)
 
 
 async def _maybe_await(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
+
+
+# ANSI escapes: OSC strings (hyperlinks, titles) and CSI / single-character sequences.
+_ANSI = re.compile(
+    r"\x1b\][\s\S]*?(?:\x07|\x1b\\|\x9c)"
+    r"|[\x1b\x9b][\[\]()#;?]*(?:\d{1,4}(?:[;:]\d{0,4})*)?[\dA-PR-TZcf-nq-uy=><~]"
+)
+
+
+def strip_ansi(text: str) -> str:
+    """Remove ANSI escape sequences (colours, cursor moves, hyperlinks) from ``text``."""
+    return _ANSI.sub("", text)
 
 
 def _scope(fs: WorkspaceFilesystem) -> str:
@@ -161,8 +189,21 @@ class WorkspaceTool:
         *,
         request_context: RequestContext | None = None,
         tool_call_id: str | None = None,
+        abort_signal: Any = None,
     ) -> ToolResult:
         """Validate ``input`` and run the tool through its wrappers.
+
+        Parameters
+        ----------
+        input : dict
+            The tool's arguments (JSON object).
+        request_context : RequestContext, optional
+            Passed to resolvers, hooks and approval functions.
+        tool_call_id : str, optional
+            The model's id for this call; the sandbox tools hand it to their callbacks.
+        abort_signal : object, optional
+            Anything with ``is_set() -> bool`` (``threading.Event``, ``anyio.Event``): when it
+            becomes set, a command started by this call is killed.
 
         Raises
         ------
@@ -170,21 +211,52 @@ class WorkspaceTool:
             The input does not match the schema (the message names the field).
         TimeoutError
             A write tool held its file's lock past ``write_lock_timeout_ms``.
+        FilesystemNotAvailableError, SandboxNotAvailableError
+            The provider the tool needs is not configured (or a resolver returned None).
         """
         args = validate_input(self.name, self.input_schema, input)
         ctx = request_context if request_context is not None else RequestContext()
+        call = ToolCall(
+            args=args,
+            options=self._options,
+            workspace=self._workspace,
+            request_context=ctx,
+            tool_call_id=tool_call_id,
+            abort_signal=abort_signal,
+        )
         self._workspace.touch()
         if not self.spec.locked:
-            return await self._hooked(args, input, ctx)
+            return await self._hooked(call, input)
         path = args["path"]
         async with self._locks.hold(path):
             with anyio.move_on_after(self._lock_timeout_ms / 1000) as scope:
-                return await self._hooked(args, input, ctx)
+                return await self._hooked(call, input)
         if scope.cancelled_caught:
             raise TimeoutError(f'write-lock timeout on "{path}" after {round(self._lock_timeout_ms)}ms')
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def _hooked(self, args: dict[str, Any], raw: dict[str, Any], ctx: RequestContext) -> ToolResult:
+    def to_model_output(self, result: Any) -> list[dict[str, str]]:
+        """The content parts a model receives for ``result`` (what :meth:`execute` returned).
+
+        Text becomes one text part; the sandbox tools strip ANSI escapes from it (the raw
+        result keeps them for a terminal). Media gives its caption and data parts. Anything
+        else a ``before_tool_call`` hook answered is sent as JSON text.
+        """
+        if isinstance(result, ToolMedia):
+            return result.to_model_output()
+        if result is None:
+            text = ""
+        elif isinstance(result, str):
+            text = strip_ansi(result) if self.spec.needs == "sandbox" else result
+        else:
+            try:
+                text = json.dumps(result)
+            except (TypeError, ValueError):
+                text = str(result)
+        return [{"type": "text", "text": text}]
+
+    async def _hooked(self, call: ToolCall, raw: dict[str, Any]) -> ToolResult:
+        ctx = call.request_context
         info = {"tool_name": self.name, "workspace_tool_name": self.spec.name, "input": raw, "context": ctx}
         before = self._hooks.get("before_tool_call")
         if before is not None:
@@ -193,7 +265,7 @@ class WorkspaceTool:
                 return decision.get("output")  # type: ignore[return-value]
         after = self._hooks.get("after_tool_call")
         try:
-            output = await self._tracked(args, ctx)
+            output = await self._tracked(call)
         except BaseException as exc:
             if after is not None and isinstance(exc, Exception):
                 await _maybe_await(after({**info, "output": None, "error": exc}))
@@ -202,13 +274,19 @@ class WorkspaceTool:
             await _maybe_await(after({**info, "output": output, "error": None}))
         return output
 
-    async def _tracked(self, args: dict[str, Any], ctx: RequestContext) -> ToolResult:
+    async def _tracked(self, call: ToolCall) -> ToolResult:
+        args, ctx = call.args, call.request_context
+        if self.spec.needs == "sandbox":
+            call.sandbox = await self._workspace.resolve_sandbox(request_context=ctx)
+            if call.sandbox is None:
+                raise SandboxNotAvailableError()
+            return await self.spec.run(call)
         fs = await self._workspace.resolve_filesystem(request_context=ctx)
         if fs is None:
             raise FilesystemNotAvailableError()
         if self.spec.writes and fs.read_only:
             raise WorkspaceReadOnlyError(self.spec.writes)
-        call = ToolCall(fs=fs, args=args, options=self._options, workspace=self._workspace, request_context=ctx)
+        call.filesystem = fs
         if self.spec.tracking != "write":
             result = await self.spec.run(call)
             if self.spec.tracking == "read" and call.seen is not None:
@@ -275,6 +353,24 @@ def _check_switches(where: str, options: Mapping[str, Any]) -> None:
             raise ValueError(f"tools config: {where}{key} must be a bool or a function, got {options[key]!r}")
 
 
+def _check_background_processes(tool: str, options: Any) -> None:
+    from ._sandbox import BACKGROUND_PROCESS_KEYS
+
+    where = f"tools config: {tool}.background_processes"
+    if options is None:
+        return
+    if not isinstance(options, Mapping):
+        raise ValueError(f"{where} must be a mapping, got {type(options).__name__}")
+    for key, value in options.items():
+        if key not in BACKGROUND_PROCESS_KEYS:
+            hint = f" (did you mean {_snake(key)!r}?)" if _snake(key) in BACKGROUND_PROCESS_KEYS else ""
+            raise ValueError(f"{where}: unknown option {key!r}{hint}")
+        if key != "abort_signal" and value is not None and not callable(value):
+            raise ValueError(f"{where}.{key} must be a function, got {value!r}")
+        if key == "abort_signal" and value not in (None, False) and not callable(getattr(value, "is_set", None)):
+            raise ValueError(f"{where}.abort_signal must have is_set() (an Event), None or False, got {value!r}")
+
+
 def validate_tools_config(config: Mapping[str, Any]) -> float:
     """Check a tools configuration; return the write-lock timeout in milliseconds.
 
@@ -302,6 +398,8 @@ def validate_tools_config(config: Mapping[str, Any]) -> float:
                 hint = f" (did you mean {_snake(option)!r}?)" if _snake(option) in _TOOL_KEYS else ""
                 raise ValueError(f"tools config: unknown option {option!r} for {key}{hint}")
         _check_switches(f"{key}.", value)
+        if "background_processes" in value:
+            _check_background_processes(key, value["background_processes"])
     _check_switches("", config)
     timeout = config.get("write_lock_timeout_ms", DEFAULT_WRITE_LOCK_TIMEOUT_MS)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:

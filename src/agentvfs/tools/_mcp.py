@@ -116,7 +116,7 @@ def workspace_from_config(config: Mapping[str, Any]) -> Workspace:
     return Workspace(filesystem=fs, tools=tools, name=config.get("name") or "agentvfs-mcp")
 
 
-def _content(result: Any, args: Mapping[str, Any]) -> list[types.ContentBlock]:
+def _content(result: Any, args: Mapping[str, Any], tool: WorkspaceTool) -> list[types.ContentBlock]:
     from mcp import types
 
     if isinstance(result, ToolMedia):
@@ -134,16 +134,22 @@ def _content(result: Any, args: Mapping[str, Any]) -> list[types.ContentBlock]:
             )
             blocks.append(types.EmbeddedResource(type="resource", resource=resource))
         return blocks
-    if result is None:
-        text = ""
-    elif isinstance(result, str):
-        text = result
-    else:  # a before_tool_call hook may answer anything
-        try:
-            text = json.dumps(result)
-        except (TypeError, ValueError):
-            text = str(result)
-    return [types.TextContent(type="text", text=text)]
+    # What the model sees: a hook's non-text answer as JSON, command output without ANSI escapes.
+    return [types.TextContent(type="text", text=part["text"]) for part in tool.to_model_output(result)]
+
+
+def _annotations(tool: WorkspaceTool) -> types.ToolAnnotations:
+    from mcp import types
+
+    if tool.spec.needs == "sandbox":
+        # Shell commands and kills may change anything: no hint, so clients assume the worst.
+        if tool.workspace_tool_name == WORKSPACE_TOOLS.SANDBOX.GET_PROCESS_OUTPUT:
+            return types.ToolAnnotations(readOnlyHint=True)
+        return types.ToolAnnotations(readOnlyHint=False)
+    return types.ToolAnnotations(
+        readOnlyHint=not tool.spec.writes,
+        destructiveHint=tool.workspace_tool_name in _DESTRUCTIVE if tool.spec.writes else None,
+    )
 
 
 def _error(message: str) -> types.CallToolResult:
@@ -192,10 +198,7 @@ def create_server(tools: Mapping[str, WorkspaceTool], *, name: str = "agentvfs")
             name=tool.name,
             description=tool.description,
             inputSchema=tool.input_schema,
-            annotations=types.ToolAnnotations(
-                readOnlyHint=not tool.spec.writes,
-                destructiveHint=tool.workspace_tool_name in _DESTRUCTIVE if tool.spec.writes else None,
-            ),
+            annotations=_annotations(tool),
         )
         for tool in tools.values()
     ]
@@ -222,7 +225,7 @@ def create_server(tools: Mapping[str, WorkspaceTool], *, name: str = "agentvfs")
         except Exception as exc:
             logger.debug("MCP tool %s failed", tool_name, exc_info=True)
             return _error(_message(exc))
-        return types.CallToolResult(content=_content(result, args), isError=False)
+        return types.CallToolResult(content=_content(result, args, tool), isError=False)
 
     server.request_handlers[types.ListToolsRequest] = list_tools
     server.request_handlers[types.CallToolRequest] = call_tool

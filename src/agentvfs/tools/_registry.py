@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from ._core import ToolSpec
 from ._filesystem import FILESYSTEM_TOOLS
 from ._names import WORKSPACE_TOOLS
+from ._sandbox import EXECUTE_COMMAND, EXECUTE_COMMAND_BACKGROUND, GET_PROCESS_OUTPUT, KILL_PROCESS
 
 if TYPE_CHECKING:
     from ..workspace import Workspace
@@ -20,7 +21,8 @@ _FILESYSTEM_ORDER = (
 
 
 def workspace_tool_specs(workspace: Workspace) -> list[ToolSpec]:
-    """The tool definitions a workspace offers before configuration is applied.
+    """The tool definitions a workspace offers before configuration is applied: filesystem
+    tools, then sandbox tools.
 
     Write tools are left out on a read-only static filesystem; with a filesystem resolver they
     are always offered, and a read-only resolved filesystem refuses them when they run.
@@ -34,4 +36,24 @@ def workspace_tool_specs(workspace: Workspace) -> list[ToolSpec]:
             if spec.writes and read_only:
                 continue
             specs.append(spec)
+    # (The reference registers search tools here, between the filesystem and sandbox tools.)
+    specs.extend(_sandbox_specs(workspace))
+    return specs
+
+
+def _sandbox_specs(workspace: Workspace) -> list[ToolSpec]:
+    """execute_command when the sandbox runs commands (its background variant when it manages
+    processes), get_process_output and kill_process when it manages processes. A sandbox
+    resolver is not called to find out: it gets all three."""
+    if not workspace.has_sandbox_config():
+        return []
+    sandbox = workspace.sandbox
+    if sandbox is None:
+        return [EXECUTE_COMMAND_BACKGROUND, GET_PROCESS_OUTPUT, KILL_PROCESS]
+    processes = getattr(sandbox, "processes", None) is not None
+    specs: list[ToolSpec] = []
+    if callable(getattr(sandbox, "execute_command", None)):
+        specs.append(EXECUTE_COMMAND_BACKGROUND if processes else EXECUTE_COMMAND)
+    if processes:
+        specs += [GET_PROCESS_OUTPUT, KILL_PROCESS]
     return specs

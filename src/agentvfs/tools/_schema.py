@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-__all__ = ["field", "object_schema", "validate_input"]
+__all__ = ["field", "numeric_field", "object_schema", "validate_input"]
+
+# Models often send numbers as strings ("10"); such fields accept a string of digits too.
+_NUMERAL = {
+    "integer": r"^\s*[-+]?\d+\s*$",
+    "number": r"^\s*[-+]?(?:\d+(?:\.\d*)?|\.\d+)\s*$",
+}
 
 _PY_TYPES: dict[str, tuple[type, ...]] = {
     "string": (str,),
@@ -19,6 +26,13 @@ _PY_TYPES: dict[str, tuple[type, ...]] = {
 def field(kind: str | list[str], description: str, **extra: Any) -> dict[str, Any]:
     """One property: ``field("integer", "Line to start at", minimum=1)``."""
     return {"type": kind, "description": description, **extra}
+
+
+def numeric_field(kind: str, description: str, *, nullable: bool = True, **extra: Any) -> dict[str, Any]:
+    """A number (``kind`` ``"integer"`` or ``"number"``) that may also come as a numeric string,
+    which validation converts: ``numeric_field("number", "Seconds")`` accepts ``10`` and ``"10"``."""
+    kinds = [kind, "string", "null"] if nullable else [kind, "string"]
+    return {"type": kinds, "pattern": _NUMERAL[kind], "description": description, **extra}
 
 
 def object_schema(properties: dict[str, dict[str, Any]], required: list[str]) -> dict[str, Any]:
@@ -63,6 +77,17 @@ def validate_input(tool: str, schema: dict[str, Any], data: Any) -> dict[str, An
         kinds = _kinds(spec)
         if not any(_type_ok(value, k) for k in kinds):
             raise ValueError(f"{tool}: field {key!r} must be {' or '.join(kinds)}, got {type(value).__name__}")
+        if isinstance(value, str) and "pattern" in spec and not re.search(spec["pattern"], value):
+            if spec["pattern"] == _NUMERAL["integer"]:
+                expected = "an integer or a string of digits"
+            elif spec["pattern"] == _NUMERAL["number"]:
+                expected = "a number or a numeric string"
+            else:
+                expected = f"a string matching {spec['pattern']}"
+            raise ValueError(f"{tool}: field {key!r} must be {expected}, got {value!r}")
+        if isinstance(value, str) and spec.get("pattern") in _NUMERAL.values():
+            text = value.strip()
+            value = int(text) if re.fullmatch(r"[-+]?\d+", text) else float(text)
         if isinstance(value, float) and "integer" in kinds and value.is_integer():
             value = int(value)
         if "enum" in spec and value not in spec["enum"] and value is not None:
