@@ -1,0 +1,1304 @@
+"""Processes of a sandbox: spawning, output retention, waiting and killing.
+
+Threads and event loops
+-----------------------
+Every spawned process gets one daemon *I/O thread* that reads its stdout and stderr, notices
+its exit (a pidfd on Linux), applies the timeout and the abort signal, and closes the handle.
+So a process keeps running and its pipes keep draining while nobody awaits it: a command
+that writes a gigabyte never blocks on a full pipe, and memory stays bounded by the
+retention buffers (:class:`RetainedOutputBuffer`).
+
+Output callbacks always run in an event loop, never in the I/O thread: the thread decodes a
+chunk once, appends it to the retention buffer and queues it for every *subscription*; the
+subscription's task then calls the callbacks in order (awaiting the async ones).
+
+* Callbacks given to :meth:`SandboxProcessManager.spawn` are delivered by a task started in
+  the event loop that called ``spawn`` (an asyncio task or a trio system task), so a
+  background process's callbacks run even when nobody waits for it. That task ends when
+  the process has closed and every chunk was delivered, or when its event loop ends.
+* Callbacks given to :meth:`ProcessHandle.wait` are delivered by the waiting task itself
+  and see the output produced while it waits.
+
+A subscription whose callbacks fall more than 8 MiB behind pauses the I/O thread (and so
+the process, on its next write) until they catch up: callbacks see every chunk, and slow
+callbacks cannot make memory grow without bound. An exception raised by a callback is
+logged and does not stop the output.
+
+The loop side learns about new output through a *waker*: the I/O thread schedules
+``Event.set`` into the loop with ``call_soon_threadsafe`` (asyncio) or
+``TrioToken.run_sync_soon`` (trio), which never blocks the thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import codecs
+import contextlib
+import fcntl
+import inspect
+import itertools
+import logging
+import math
+import os
+import selectors
+import signal
+import subprocess
+import threading
+import time
+import weakref
+from abc import ABC, abstractmethod
+from collections import OrderedDict, deque
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+import anyio
+import anyio.to_thread
+import sniffio
+
+from ..errors import SandboxExecutionError
+from ._records import CommandResult
+
+if TYPE_CHECKING:
+    from ._local import LocalSandbox
+
+__all__ = [
+    "DEFAULT_MAX_RETAINED_BYTES",
+    "AbortSignal",
+    "LocalProcessManager",
+    "OutputCallback",
+    "ProcessHandle",
+    "RetainedOutputBuffer",
+    "SandboxProcessManager",
+    "check_max_retained_bytes",
+]
+
+_log = logging.getLogger("agentvfs.sandbox")
+
+#: Output kept per stream of a spawned process unless ``max_retained_bytes`` says otherwise.
+DEFAULT_MAX_RETAINED_BYTES = 1 << 20
+
+#: A callback receiving one decoded chunk of output; it may be a coroutine function.
+OutputCallback = Callable[[str], Any]
+
+StreamName = Literal["stdout", "stderr"]
+
+_READ_SIZE = 1 << 20
+# Linux lets a pipe hold up to /proc/sys/fs/pipe-max-size (1 MiB by default): fewer, larger
+# reads for chatty commands.
+_PIPE_SIZE = 1 << 20
+_F_SETPIPE_SZ = 1031
+# How far (in characters) a subscription's callbacks may fall behind before the I/O thread
+# waits for them.
+_CALLBACK_BACKLOG = 8 << 20
+# After the command's process exits, how long its pipes may stay open (held by a child it
+# left running in the background) before the result is final anyway.
+_EXIT_DRAIN_SECONDS = 0.2
+# After a timeout's SIGTERM, how long the process group has to exit before SIGKILL.
+_TERM_GRACE_SECONDS = 1.0
+# How often an abort signal is checked.
+_ABORT_POLL_SECONDS = 0.05
+# Dismissed pids remembered (so a late ``get`` of a released pid stays "not found").
+_DISMISSED_MAX = 4096
+
+
+class AbortSignal(Protocol):
+    """Anything with ``is_set()``: :class:`threading.Event`, :class:`anyio.Event`, ..."""
+
+    def is_set(self) -> bool:
+        """True once the operation should be aborted."""
+        ...
+
+
+def check_max_retained_bytes(value: object, name: str = "max_retained_bytes") -> int | float:
+    """Return ``value`` if it is a valid retention limit: a non-negative integer or ``math.inf``.
+
+    Raises
+    ------
+    ValueError
+        ``value`` is negative, fractional, NaN, a bool or not a number; the message names
+        ``name``.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{name} must be a non-negative integer or math.inf, got {value!r}")
+    if isinstance(value, float):
+        if value == math.inf:
+            return value
+        if math.isnan(value) or not value.is_integer():
+            raise ValueError(f"{name} must be a non-negative integer or math.inf, got {value!r}")
+        value = int(value)
+    if value < 0:
+        raise ValueError(f"{name} must be a non-negative integer or math.inf, got {value!r}")
+    return value
+
+
+def _utf8_len(text: str) -> int:
+    # str.isascii() is O(1) for CPython's compact ASCII strings: the common case costs nothing.
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
+class RetainedOutputBuffer:
+    """The newest ``max_bytes`` UTF-8 bytes of a stream of output.
+
+    Bytes are decoded incrementally, so a character split across two reads is decoded
+    whole (invalid UTF-8 becomes U+FFFD). When the text grows past ``max_bytes``, whole
+    code points are dropped from the front; ``dropped_bytes`` counts them and
+    ``truncated`` says whether any were. ``math.inf`` keeps everything.
+
+    Not thread-safe: the owner serialises access.
+
+    Parameters
+    ----------
+    max_bytes : int or math.inf
+        How many UTF-8 bytes to keep.
+
+    Raises
+    ------
+    ValueError
+        ``max_bytes`` is not a non-negative integer or ``math.inf``.
+    """
+
+    __slots__ = ("_chunks", "_decoder", "_size", "_sizes", "dropped_bytes", "max_bytes")
+
+    def __init__(self, max_bytes: int | float = DEFAULT_MAX_RETAINED_BYTES) -> None:
+        self.max_bytes = check_max_retained_bytes(max_bytes, "max_bytes")
+        self._chunks: deque[str] = deque()
+        self._sizes: deque[int] = deque()
+        self._size = 0
+        self.dropped_bytes = 0
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+
+    @property
+    def truncated(self) -> bool:
+        """Whether output was dropped from the front."""
+        return self.dropped_bytes > 0
+
+    @property
+    def retained_bytes(self) -> int:
+        """UTF-8 bytes currently kept."""
+        return self._size
+
+    @property
+    def text(self) -> str:
+        """The retained text."""
+        if len(self._chunks) > 1:
+            # Join once and keep the result, so repeated reads cost nothing.
+            joined = "".join(self._chunks)
+            self._chunks.clear()
+            self._sizes.clear()
+            self._chunks.append(joined)
+            self._sizes.append(self._size)
+        return self._chunks[0] if self._chunks else ""
+
+    def write(self, data: bytes) -> str:
+        """Decode ``data`` (continuing any character split by the previous write), retain it,
+        and return the decoded text (empty while a character is incomplete)."""
+        text = self._decoder.decode(data)
+        self.append(text)
+        return text
+
+    def flush(self) -> str:
+        """End the byte stream: an incomplete trailing character becomes U+FFFD, which is
+        retained and returned."""
+        text = self._decoder.decode(b"", final=True)
+        self.append(text)
+        return text
+
+    def append(self, text: str) -> None:
+        """Retain already-decoded text."""
+        if not text:
+            return
+        size = _utf8_len(text)
+        self._chunks.append(text)
+        self._sizes.append(size)
+        self._size += size
+        if self._size > self.max_bytes:
+            self._trim()
+
+    def _trim(self) -> None:
+        excess = self._size - self.max_bytes
+        while excess > 0:
+            first = self._sizes[0]
+            if first <= excess:
+                self._chunks.popleft()
+                self._sizes.popleft()
+                self._size -= first
+                self.dropped_bytes += first
+                excess -= first
+                continue
+            chunk = self._chunks[0]
+            cut = int(excess)
+            if chunk.isascii():
+                rest = chunk[cut:]
+            else:
+                raw = chunk.encode("utf-8", "surrogatepass")
+                # Never split a character: move the cut forward past continuation bytes.
+                while cut < len(raw) and raw[cut] & 0xC0 == 0x80:
+                    cut += 1
+                rest = raw[cut:].decode("utf-8", "surrogatepass")
+            self._chunks[0] = rest
+            self._sizes[0] = first - cut
+            self._size -= cut
+            self.dropped_bytes += cut
+            return
+
+    def __repr__(self) -> str:
+        return f"RetainedOutputBuffer(max_bytes={self.max_bytes}, retained={self._size}, dropped={self.dropped_bytes})"
+
+
+# -- event-loop plumbing ------------------------------------------------------------------------
+
+
+def _loop_call_soon() -> Callable[[Callable[[], object]], object]:
+    """Return a thread-safe, non-blocking "run this soon in the current event loop"."""
+    if sniffio.current_async_library() == "trio":
+        import trio
+
+        return trio.lowlevel.current_trio_token().run_sync_soon
+    return asyncio.get_running_loop().call_soon_threadsafe
+
+
+# Strong references to asyncio tasks started by ``_start_task`` (the loop keeps only weak ones).
+_TASKS: set[asyncio.Task[None]] = set()
+
+
+def _start_task(fn: Callable[[], Awaitable[None]]) -> None:
+    """Start ``fn()`` in the current event loop without an owner: it outlives the caller and
+    is cancelled when the loop (or trio run) ends."""
+    if sniffio.current_async_library() == "trio":
+        import trio
+
+        trio.lowlevel.spawn_system_task(fn)
+        return
+
+    async def run() -> None:
+        await fn()
+
+    task = asyncio.get_running_loop().create_task(run())
+    _TASKS.add(task)
+    task.add_done_callback(_TASKS.discard)
+
+
+class _Waker:
+    """Wakes a task of one event loop from any thread, never blocking that thread."""
+
+    __slots__ = ("_call_soon", "_event", "_lock", "_scheduled")
+
+    def __init__(self) -> None:
+        self._event = anyio.Event()
+        self._call_soon = _loop_call_soon()
+        self._lock = threading.Lock()
+        self._scheduled = False
+
+    def wake(self) -> None:
+        """Make the current or next :meth:`wait` return (callable from any thread)."""
+        with self._lock:
+            if self._scheduled:
+                return
+            self._scheduled = True
+        # RuntimeError: the loop has finished (trio.RunFinishedError is one): nobody to wake.
+        with contextlib.suppress(RuntimeError):
+            self._call_soon(self._fire)
+
+    def _fire(self) -> None:
+        with self._lock:
+            self._scheduled = False
+        self._event.set()
+
+    async def wait(self, limit: float | None = None) -> None:
+        """Wait for a wake (or ``limit`` seconds)."""
+        with anyio.move_on_after(limit):
+            await self._event.wait()
+        # Only the loop thread replaces the event, right after it was set; a wake that comes
+        # later sets the new one. No wake is lost because callers look at the state again.
+        if self._event.is_set():
+            self._event = anyio.Event()
+
+
+class _Subscription:
+    """Output callbacks and the chunks queued for them."""
+
+    __slots__ = ("backlog", "dead", "on_stderr", "on_stdout", "pump", "queue", "waker")
+
+    def __init__(
+        self,
+        on_stdout: OutputCallback | None,
+        on_stderr: OutputCallback | None,
+        waker: _Waker,
+        *,
+        pump: bool,
+    ) -> None:
+        self.on_stdout = on_stdout
+        self.on_stderr = on_stderr
+        self.waker = waker
+        self.pump = pump
+        self.queue: deque[tuple[OutputCallback, str]] = deque()
+        self.backlog = 0
+        self.dead = False
+
+
+async def _deliver(items: list[tuple[OutputCallback, str]]) -> None:
+    for callback, text in items:
+        try:
+            result = callback(text)
+            if inspect.isawaitable(result):
+                await result
+        except Exception:
+            _log.exception("output callback %r failed", callback)
+
+
+# -- handles ----------------------------------------------------------------------------------------
+
+
+class ProcessHandle(ABC):
+    """A spawned process: its retained output, its exit, and control over it.
+
+    ``stdout``/``stderr`` are the retained output so far (see
+    :class:`RetainedOutputBuffer`); ``exit_code`` is None until the process has exited and
+    its output is complete. Implementations feed output with :meth:`_emit` (from any
+    thread) and end with :meth:`_close`.
+
+    Parameters
+    ----------
+    pid : str
+        The process id as a string.
+    max_retained_bytes : int or math.inf
+        Output kept per stream.
+    on_stdout, on_stderr : callable, optional
+        Called with every chunk, from a task of the current event loop (see the module
+        documentation).
+    """
+
+    def __init__(
+        self,
+        pid: str,
+        *,
+        max_retained_bytes: int | float = DEFAULT_MAX_RETAINED_BYTES,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+    ) -> None:
+        self.pid = pid
+        #: The command line, set by the process manager.
+        self.command: str | None = None
+        self._lock = threading.Lock()
+        # Signalled when a subscription's backlog shrinks or it goes away.
+        self._space = threading.Condition(self._lock)
+        self._out = RetainedOutputBuffer(max_retained_bytes)
+        self._err = RetainedOutputBuffer(max_retained_bytes)
+        self._subs: list[_Subscription] = []
+        self._wakers: set[_Waker] = set()
+        self._result: CommandResult | None = None
+        self._started = time.monotonic()
+        #: True once a timeout fired.
+        self.timed_out = False
+        #: True once the process was killed (by :meth:`kill`, an abort or a timeout).
+        self.killed = False
+        if on_stdout is not None or on_stderr is not None:
+            sub = _Subscription(on_stdout, on_stderr, _Waker(), pump=True)
+            self._subs.append(sub)
+            _start_task(lambda: self._pump(sub))
+
+    # -- state ------------------------------------------------------------------------------------
+
+    @property
+    def exit_code(self) -> int | None:
+        """The exit code; None while the process runs (or its output is still arriving)."""
+        result = self._result
+        return None if result is None else result.exit_code
+
+    @property
+    def running(self) -> bool:
+        """Whether the process has not finished yet."""
+        return self._result is None
+
+    @property
+    def stdout(self) -> str:
+        """Retained standard output so far."""
+        with self._lock:
+            return self._out.text
+
+    @property
+    def stderr(self) -> str:
+        """Retained standard error so far."""
+        with self._lock:
+            return self._err.text
+
+    @property
+    def stdout_truncated(self) -> bool:
+        """Whether older standard output was dropped."""
+        return self._out.truncated
+
+    @property
+    def stderr_truncated(self) -> bool:
+        """Whether older standard error was dropped."""
+        return self._err.truncated
+
+    @property
+    def stdout_dropped_bytes(self) -> int:
+        """UTF-8 bytes of standard output dropped."""
+        return self._out.dropped_bytes
+
+    @property
+    def stderr_dropped_bytes(self) -> int:
+        """UTF-8 bytes of standard error dropped."""
+        return self._err.dropped_bytes
+
+    @property
+    def result(self) -> CommandResult | None:
+        """The final result once the process has finished, else None."""
+        return self._result
+
+    # -- control ----------------------------------------------------------------------------------
+
+    @abstractmethod
+    async def kill(self) -> bool:
+        """Kill the process and everything it started (SIGKILL).
+
+        Returns
+        -------
+        bool
+            False if the process had already finished.
+        """
+
+    @abstractmethod
+    async def send_stdin(self, data: str | bytes) -> None:
+        """Write ``data`` (text is UTF-8 encoded) to the process's standard input.
+
+        Raises
+        ------
+        SandboxExecutionError
+            The process has exited, or has no standard input (spawned with
+            ``stdin_mode="ignore"`` or after :meth:`close_stdin`).
+        """
+
+    @abstractmethod
+    async def close_stdin(self) -> None:
+        """Close standard input (the process reads end-of-file); a no-op if already closed."""
+
+    async def wait(
+        self,
+        *,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+        abort_signal: AbortSignal | None = None,
+    ) -> CommandResult:
+        """Wait until the process has finished and its output is complete.
+
+        When this returns, callbacks given to ``spawn`` have seen every chunk (unless their
+        event loop ended). Cancelling the wait leaves the process running.
+
+        Parameters
+        ----------
+        on_stdout, on_stderr : callable, optional
+            Called, from this task, with each chunk that arrives while waiting.
+        abort_signal : AbortSignal, optional
+            When it becomes set, the process is killed (the wait then returns its result).
+
+        Returns
+        -------
+        CommandResult
+        """
+        waker = _Waker()
+        sub = (
+            _Subscription(on_stdout, on_stderr, waker, pump=False)
+            if on_stdout or on_stderr
+            else None
+        )
+        with self._lock:
+            self._wakers.add(waker)
+            if sub is not None and self._result is None:
+                self._subs.append(sub)
+        aborted = False
+        try:
+            while True:
+                if sub is not None:
+                    await _deliver(self._drain(sub))
+                with self._lock:
+                    result = self._result
+                    # Spawn-time subscriptions leave ``_subs`` once they delivered everything.
+                    done = (
+                        result is not None
+                        and (sub is None or not sub.queue)
+                        and not any(s.pump for s in self._subs)
+                    )
+                if done:
+                    assert result is not None
+                    return result
+                if abort_signal is not None and not aborted and abort_signal.is_set():
+                    aborted = True
+                    await self.kill()
+                await waker.wait(
+                    _ABORT_POLL_SECONDS if abort_signal is not None and not aborted else None
+                )
+        finally:
+            with self._lock:
+                self._wakers.discard(waker)
+                if sub is not None and sub in self._subs:
+                    self._subs.remove(sub)
+                    self._space.notify_all()
+
+    # -- for implementations ----------------------------------------------------------------------
+
+    def _emit(self, stream: StreamName, data: bytes | str) -> None:
+        """Add output (bytes are decoded incrementally) and queue it for the callbacks.
+
+        Thread-safe; called by the implementation's reader.
+        """
+        with self._lock:
+            if self._result is not None:
+                return
+            buffer = self._out if stream == "stdout" else self._err
+            if isinstance(data, bytes):
+                text = buffer.write(data)
+            else:
+                buffer.append(data)
+                text = data
+            if text:
+                self._queue_locked(stream, text)
+
+    def _queue_locked(self, stream: StreamName, text: str) -> None:
+        for sub in self._subs:
+            callback = sub.on_stdout if stream == "stdout" else sub.on_stderr
+            if callback is None or sub.dead:
+                continue
+            sub.queue.append((callback, text))
+            sub.backlog += len(text)
+            sub.waker.wake()
+
+    def _backlogged(self) -> bool:
+        """Whether some subscription's callbacks are too far behind (see module docs)."""
+        with self._lock:
+            return any(not s.dead and s.backlog > _CALLBACK_BACKLOG for s in self._subs)
+
+    def _wait_for_space(self, timeout: float) -> None:
+        """Block (the reader thread) until a backlog shrinks or ``timeout`` seconds pass."""
+        with self._lock:
+            self._space.wait(timeout)
+
+    def _close(
+        self, exit_code: int, *, timed_out: bool = False, killed: bool = False
+    ) -> CommandResult:
+        """Finish: flush the decoders, fix the result, wake every waiter. Thread-safe."""
+        with self._lock:
+            if self._result is not None:
+                return self._result
+            streams: tuple[tuple[StreamName, RetainedOutputBuffer], ...] = (
+                ("stdout", self._out),
+                ("stderr", self._err),
+            )
+            for stream, buffer in streams:
+                tail = buffer.flush()
+                if tail:
+                    self._queue_locked(stream, tail)
+            self._result = CommandResult(
+                success=exit_code == 0,
+                exit_code=exit_code,
+                stdout=self._out.text,
+                stderr=self._err.text,
+                execution_time_ms=round((time.monotonic() - self._started) * 1000),
+                timed_out=timed_out,
+                killed=killed,
+                stdout_truncated=self._out.truncated,
+                stderr_truncated=self._err.truncated,
+                stdout_dropped_bytes=self._out.dropped_bytes,
+                stderr_dropped_bytes=self._err.dropped_bytes,
+            )
+            wakers = [*self._wakers, *(s.waker for s in self._subs)]
+            result = self._result
+        for waker in wakers:
+            waker.wake()
+        return result
+
+    def _drain(self, sub: _Subscription) -> list[tuple[OutputCallback, str]]:
+        with self._lock:
+            items = list(sub.queue)
+            sub.queue.clear()
+            if sub.backlog:
+                sub.backlog = 0
+                self._space.notify_all()
+            return items
+
+    async def _pump(self, sub: _Subscription) -> None:
+        try:
+            while True:
+                await _deliver(self._drain(sub))
+                with self._lock:
+                    finished = self._result is not None and not sub.queue
+                if finished:
+                    return
+                await sub.waker.wait()
+        finally:
+            with self._lock:
+                sub.dead = True
+                sub.queue.clear()
+                if sub in self._subs:
+                    self._subs.remove(sub)
+                self._space.notify_all()
+                wakers = list(self._wakers)
+            for waker in wakers:
+                waker.wake()
+
+    def __repr__(self) -> str:
+        state = "running" if self._result is None else f"exit_code={self._result.exit_code}"
+        return f"<{type(self).__name__} pid={self.pid} {state} command={self.command!r}>"
+
+
+# -- process-group bookkeeping (Linux /proc) ------------------------------------------------------
+
+
+def _start_time(pid: int) -> int | None:
+    """The start time (clock ticks since boot) of process ``pid``, or None if unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    # Field 2 (the command name) may contain spaces and parentheses: split after the last ")".
+    fields = raw[raw.rfind(b")") + 2 :].split()
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+_HAVE_PROC = os.path.exists("/proc/self/stat")
+
+
+def _group_is_ours(pgid: int, leader_start: int | None) -> bool:
+    """Whether process group ``pgid``, whose leader we already reaped, is still ours.
+
+    The kernel never reuses a pid while it names a process group. So if no process has
+    pid ``pgid`` now, every process in group ``pgid`` descends from our command; if one
+    has, it must be our leader (same start time), not a newcomer that got the recycled
+    pid. Without ``/proc`` this cannot be told, and the answer is no.
+    """
+    if not _HAVE_PROC or leader_start is None:
+        return False
+    now = _start_time(pgid)
+    return now is None or now == leader_start
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _signal_group(pgid: int, sig: int) -> bool:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def _open_pidfd(pid: int) -> int | None:
+    pidfd_open = getattr(os, "pidfd_open", None)
+    if pidfd_open is None:
+        return None
+    try:
+        return int(pidfd_open(pid))
+    except OSError:
+        return None
+
+
+def _format_ms(ms: float) -> str:
+    return str(int(ms)) if float(ms).is_integer() else str(ms)
+
+
+# Managers whose processes are killed at interpreter exit.
+_MANAGERS: weakref.WeakSet[LocalProcessManager] = weakref.WeakSet()
+
+
+@atexit.register
+def _kill_everything_at_exit() -> None:
+    # A script that ends without stop()/destroy() must not leave commands running.
+    for manager in list(_MANAGERS):
+        with contextlib.suppress(Exception):
+            manager.kill_all_now()
+
+
+class _LocalProcessHandle(ProcessHandle):
+    """A process on this machine, in a process group of its own, with one I/O thread."""
+
+    def __init__(
+        self,
+        proc: subprocess.Popen[bytes] | None,
+        pid: str,
+        *,
+        timeout_ms: float | None,
+        abort_signal: AbortSignal | None,
+        max_retained_bytes: int | float,
+        on_stdout: OutputCallback | None,
+        on_stderr: OutputCallback | None,
+        on_linger: Callable[[int, int | None], None] | None = None,
+    ) -> None:
+        super().__init__(
+            pid, max_retained_bytes=max_retained_bytes, on_stdout=on_stdout, on_stderr=on_stderr
+        )
+        self._proc = proc
+        self._timeout_ms = timeout_ms
+        self._deadline = None if not timeout_ms else self._started + timeout_ms / 1000
+        self._abort = abort_signal
+        self._on_linger = on_linger
+        self._leader_start = _start_time(proc.pid) if proc is not None else None
+        self._term_at: float | None = None
+        self._escalated = False
+        self._stdin_lock = threading.Lock()
+        self._stdin: int | None = (
+            proc.stdin.fileno() if proc is not None and proc.stdin is not None else None
+        )
+
+    def _start_io(self) -> None:
+        thread = threading.Thread(
+            target=self._io_main, name=f"agentvfs-process-{self.pid}", daemon=True
+        )
+        thread.start()
+
+    def _fail(self, message: str) -> None:
+        """The process could not be started: ``message`` goes to stderr, exit code 1."""
+        self._emit("stderr", message)
+        self._close(1)
+
+    # -- control (event loop side) ----------------------------------------------------------------
+
+    def kill_now(self) -> bool:
+        """Synchronous :meth:`kill` (usable in ``finally`` blocks and at exit)."""
+        if self._result is not None or self._proc is None:
+            return False
+        self.killed = True
+        self._signal(signal.SIGKILL)
+        return True
+
+    async def kill(self) -> bool:
+        """Kill the process group (SIGKILL; the process itself if the group is gone).
+
+        Returns
+        -------
+        bool
+            False if the process had already finished.
+        """
+        return self.kill_now()
+
+    def _signal(self, sig: int) -> None:
+        proc = self._proc
+        if proc is None:
+            return
+        pgid = proc.pid
+        # Until the leader is reaped its pid names our group; afterwards check it still does.
+        if (proc.returncode is None or _group_is_ours(pgid, self._leader_start)) and _signal_group(
+            pgid, sig
+        ):
+            return
+        with contextlib.suppress(OSError):
+            proc.send_signal(sig)  # a no-op once reaped
+
+    async def send_stdin(self, data: str | bytes) -> None:
+        """Write ``data`` to standard input (text is UTF-8 encoded).
+
+        Raises
+        ------
+        SandboxExecutionError
+            The process has exited or has no standard input.
+        """
+        if self._result is not None:
+            raise SandboxExecutionError(
+                f"Process {self.pid} has already exited with code {self._result.exit_code}",
+                {"pid": self.pid},
+            )
+        if self._stdin is None:
+            raise SandboxExecutionError(
+                f"Process {self.pid} does not have stdin available", {"pid": self.pid}
+            )
+        payload = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+        await anyio.to_thread.run_sync(self._write_stdin, payload, abandon_on_cancel=True)
+
+    def _write_stdin(self, payload: bytes) -> None:
+        with self._stdin_lock:
+            fd = self._stdin
+            if fd is None:
+                raise SandboxExecutionError(
+                    f"Process {self.pid} does not have stdin available", {"pid": self.pid}
+                )
+            view = memoryview(payload)
+            try:
+                while view:
+                    written = os.write(fd, view)
+                    view = view[written:]
+            except OSError as exc:
+                raise SandboxExecutionError(
+                    f"Cannot write to stdin of process {self.pid}: {exc.strerror or exc}",
+                    {"pid": self.pid},
+                ) from exc
+
+    async def close_stdin(self) -> None:
+        """Close standard input (a no-op if it is closed already)."""
+        await anyio.to_thread.run_sync(self._close_stdin, abandon_on_cancel=True)
+
+    def _close_stdin(self) -> None:
+        with self._stdin_lock:
+            fd, self._stdin = self._stdin, None
+            proc = self._proc
+            if fd is not None and proc is not None and proc.stdin is not None:
+                with contextlib.suppress(OSError):
+                    proc.stdin.close()
+
+    # -- the I/O thread ---------------------------------------------------------------------------
+
+    def _io_main(self) -> None:
+        try:
+            self._io_loop()
+        except BaseException:  # pragma: no cover - a bug here must not leave waiters hanging
+            _log.exception("I/O thread of process %s failed", self.pid)
+            self._signal(signal.SIGKILL)
+            self._close(1, killed=True)
+
+    def _check_deadlines(self, now: float) -> None:
+        if self._deadline is not None and not self.timed_out and now >= self._deadline:
+            self.timed_out = True
+            self.killed = True
+            self._term_at = now
+            self._signal(signal.SIGTERM)
+        if (
+            self._term_at is not None
+            and not self._escalated
+            and now >= self._term_at + _TERM_GRACE_SECONDS
+        ):
+            # The group ignored SIGTERM; a timeout must end the command all the same.
+            self._escalated = True
+            self._signal(signal.SIGKILL)
+        if self._abort is not None and self._abort.is_set():
+            self._abort = None
+            self.kill_now()
+
+    def _next_wakeup(self, now: float, exited_at: float | None, polling: bool) -> float | None:
+        candidates: list[float] = []
+        if exited_at is not None:
+            candidates.append(exited_at + _EXIT_DRAIN_SECONDS - now)
+        else:
+            if self._deadline is not None and not self.timed_out:
+                candidates.append(self._deadline - now)
+            if self._term_at is not None and not self._escalated:
+                candidates.append(self._term_at + _TERM_GRACE_SECONDS - now)
+            if self._abort is not None or polling:
+                candidates.append(_ABORT_POLL_SECONDS)
+        return max(0.0, min(candidates)) if candidates else None
+
+    def _io_loop(self) -> None:
+        proc = self._proc
+        assert proc is not None
+        assert proc.stdout is not None
+        assert proc.stderr is not None
+        selector = selectors.DefaultSelector()
+        streams: dict[int, StreamName] = {
+            proc.stdout.fileno(): "stdout",
+            proc.stderr.fileno(): "stderr",
+        }
+        for fd, name in streams.items():
+            with contextlib.suppress(OSError):
+                fcntl.fcntl(fd, _F_SETPIPE_SZ, _PIPE_SIZE)
+            selector.register(fd, selectors.EVENT_READ, name)
+        pidfd = _open_pidfd(proc.pid)
+        if pidfd is not None:
+            selector.register(pidfd, selectors.EVENT_READ, "exit")
+        exited_at: float | None = None
+        try:
+            while True:
+                now = time.monotonic()
+                if exited_at is None:
+                    self._check_deadlines(now)
+                    if pidfd is None and proc.poll() is not None:
+                        exited_at = now
+                if exited_at is not None and (
+                    not streams or now - exited_at >= _EXIT_DRAIN_SECONDS
+                ):
+                    break
+                for key, _ in selector.select(self._next_wakeup(now, exited_at, pidfd is None)):
+                    if key.data == "exit":
+                        proc.wait()
+                        exited_at = time.monotonic()
+                        selector.unregister(key.fd)
+                        continue
+                    try:
+                        data = os.read(key.fd, _READ_SIZE)
+                    except OSError:
+                        data = b""
+                    if not data:
+                        selector.unregister(key.fd)
+                        del streams[key.fd]
+                        continue
+                    self._emit(key.data, data)
+                    while self._backlogged():
+                        self._check_deadlines(time.monotonic())
+                        self._wait_for_space(_ABORT_POLL_SECONDS)
+            if proc.returncode is None:
+                proc.wait()
+            returncode = proc.returncode
+            if self.timed_out:
+                self._emit(
+                    "stderr", f"\nProcess timed out after {_format_ms(self._timeout_ms or 0)}ms"
+                )
+                exit_code = 124
+            elif returncode < 0:
+                exit_code = 128
+            else:
+                exit_code = returncode
+            killed = self.killed or returncode < 0
+            lingering = bool(streams) or _group_alive(proc.pid)
+            self._close(exit_code, timed_out=self.timed_out, killed=killed)
+            self._close_stdin()
+            if lingering and self._on_linger is not None:
+                # Children left running in the background keep the group; ``kill_all`` ends it.
+                self._on_linger(proc.pid, self._leader_start)
+            # Output of such children is read and discarded until they close the pipes, so
+            # they never block on a full pipe (and never die of SIGPIPE).
+            while streams:
+                for key, _ in selector.select():
+                    try:
+                        data = os.read(key.fd, _READ_SIZE)
+                    except OSError:
+                        data = b""
+                    if not data:
+                        selector.unregister(key.fd)
+                        del streams[key.fd]
+        finally:
+            selector.close()
+            for pipe in (proc.stdout, proc.stderr):
+                with contextlib.suppress(OSError):
+                    pipe.close()
+            if pidfd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(pidfd)
+
+
+def _popen(
+    argv: list[str], cwd: str, env: dict[str, str], stdin_mode: str
+) -> subprocess.Popen[bytes] | str:
+    """Start a process in a new session (so a new process group); a str says why it could not."""
+    if not os.path.isdir(cwd):
+        return f"Cannot run command: working directory does not exist: {cwd}"
+    try:
+        return subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.PIPE if stdin_mode == "pipe" else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            close_fds=True,
+            bufsize=0,
+        )
+    except OSError as exc:
+        where = f": {exc.filename}" if exc.filename else ""
+        return f"Cannot run command: {exc.strerror or exc}{where}"
+
+
+# -- managers ----------------------------------------------------------------------------------------
+
+
+class SandboxProcessManager(ABC):
+    """Spawns and tracks a sandbox's processes.
+
+    ``spawn``, ``list`` and ``get`` first make sure the sandbox runs (the first command
+    starts it). A process stays tracked until it is released: :meth:`release`, a
+    :meth:`kill` through the manager, or a :meth:`get` that finds it finished -- an exited
+    process can be fetched exactly once more, after which it is "not found".
+
+    Parameters
+    ----------
+    env : mapping, optional
+        Variables given to every process (under the sandbox's and the call's).
+    """
+
+    def __init__(self, *, env: Mapping[str, str] | None = None) -> None:
+        self.env: dict[str, str] = dict(env or {})
+        #: The owning sandbox (set by the sandbox), or None for a standalone manager.
+        self.sandbox: Any = None
+        self._tracked: dict[str, ProcessHandle] = {}
+        self._dismissed: OrderedDict[str, None] = OrderedDict()
+
+    async def spawn(
+        self,
+        command: str,
+        *,
+        cwd: str | os.PathLike[str] | None = None,
+        env: Mapping[str, str | None] | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 (milliseconds the process may run)
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+        stdin_mode: Literal["pipe", "ignore"] = "pipe",
+        max_retained_bytes: int | float = DEFAULT_MAX_RETAINED_BYTES,
+        abort_signal: AbortSignal | None = None,
+    ) -> ProcessHandle:
+        """Start ``command`` through ``sh -c`` and return its handle at once.
+
+        Parameters
+        ----------
+        command : str
+            A shell command line.
+        cwd : str, optional
+            Working directory: the sandbox's by default; a relative one is resolved
+            against the sandbox's working directory.
+        env : mapping, optional
+            Extra variables (a None value removes one). Only ``PATH`` comes from this
+            process's environment.
+        timeout : float, optional
+            Milliseconds; then the process group gets SIGTERM (SIGKILL a second later if it
+            is still there) and the result has exit code 124. None or 0: no limit.
+        on_stdout, on_stderr : callable, optional
+            Called with every decoded chunk, sync or async, from a task of this event loop.
+        stdin_mode : {"pipe", "ignore"}
+            ``"ignore"`` gives the process an empty standard input (``cat`` returns at once).
+        max_retained_bytes : int or math.inf
+            Output kept per stream (the newest); default 1 MiB.
+        abort_signal : AbortSignal, optional
+            When it becomes set, the process group is killed.
+
+        Returns
+        -------
+        ProcessHandle
+
+        Raises
+        ------
+        ValueError
+            An invalid ``max_retained_bytes``, ``timeout`` or ``stdin_mode``.
+        SandboxNotReadyError
+            The sandbox was destroyed.
+        """
+        max_bytes = check_max_retained_bytes(max_retained_bytes)
+        if not isinstance(command, str):
+            raise TypeError(f"command must be a str, not {type(command).__name__}")
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0
+        ):
+            raise ValueError(
+                f"timeout must be a non-negative number of milliseconds, got {timeout!r}"
+            )
+        if stdin_mode not in ("pipe", "ignore"):
+            raise ValueError(f"stdin_mode must be 'pipe' or 'ignore', got {stdin_mode!r}")
+        merged: dict[str, str | None] = {}
+        if self.sandbox is not None:
+            await self.sandbox.ensure_running()
+            merged.update(self.sandbox.get_env())
+        merged.update(env or {})
+        handle = await self._spawn(
+            command,
+            cwd=os.fspath(cwd) if cwd is not None else None,
+            env=merged,
+            timeout=timeout if timeout and not math.isinf(timeout) else None,
+            on_stdout=on_stdout,
+            on_stderr=on_stderr,
+            stdin_mode=stdin_mode,
+            max_retained_bytes=max_bytes,
+            abort_signal=abort_signal,
+        )
+        handle.command = command
+        self._tracked[handle.pid] = handle
+        self._dismissed.pop(handle.pid, None)
+        return handle
+
+    @abstractmethod
+    async def _spawn(
+        self,
+        command: str,
+        *,
+        cwd: str | None,
+        env: dict[str, str | None],
+        timeout: float | None,  # noqa: ASYNC109
+        on_stdout: OutputCallback | None,
+        on_stderr: OutputCallback | None,
+        stdin_mode: Literal["pipe", "ignore"],
+        max_retained_bytes: int | float,
+        abort_signal: AbortSignal | None,
+    ) -> ProcessHandle:
+        """Start the process (arguments validated, sandbox running, env merged)."""
+
+    async def _find(self, pid: str) -> ProcessHandle | None:
+        """Look up a pid that is not tracked (e.g. ask a remote sandbox); None by default."""
+        return None
+
+    async def list(self) -> list[dict[str, Any]]:
+        """The tracked processes: ``[{"pid", "running", "exit_code"}]``."""
+        if self.sandbox is not None:
+            await self.sandbox.ensure_running()
+        return [
+            {"pid": pid, "running": handle.exit_code is None, "exit_code": handle.exit_code}
+            for pid, handle in self._tracked.items()
+        ]
+
+    async def get(self, pid: str) -> ProcessHandle | None:
+        """The handle of ``pid``, or None if unknown or dismissed.
+
+        A handle that has finished is released by this call: it is returned this once,
+        and later calls return None.
+        """
+        if self.sandbox is not None:
+            await self.sandbox.ensure_running()
+        pid = str(pid)
+        if pid in self._dismissed:
+            return None
+        handle = self._tracked.get(pid) or await self._find(pid)
+        if handle is not None and handle.exit_code is not None:
+            self.release(pid)
+        return handle
+
+    async def kill(self, pid: str) -> bool:
+        """Kill ``pid`` (its whole process group), wait for it to finish, and release it.
+
+        Returns
+        -------
+        bool
+            False if the process is unknown or had already finished.
+        """
+        pid = str(pid)
+        handle = await self.get(pid)
+        if handle is None:
+            return False
+        killed = await handle.kill()
+        if killed:
+            with anyio.move_on_after(10):
+                await handle.wait()
+        self.release(pid)
+        return killed
+
+    def release(self, pid: str) -> None:
+        """Stop tracking ``pid``; later lookups return None."""
+        pid = str(pid)
+        self._tracked.pop(pid, None)
+        self._dismissed[pid] = None
+        while len(self._dismissed) > _DISMISSED_MAX:
+            self._dismissed.popitem(last=False)
+
+    async def kill_all(self) -> None:
+        """Kill every running tracked process and wait (up to 10 s) for them to finish.
+
+        Their handles stay tracked, so their output can still be fetched.
+        """
+        running = [handle for handle in self._tracked.values() if handle.exit_code is None]
+        for handle in running:
+            await handle.kill()
+        with anyio.move_on_after(10):
+            for handle in running:
+                await handle.wait()
+
+
+class LocalProcessManager(SandboxProcessManager):
+    """Runs processes on this machine, each in a process group of its own.
+
+    Without isolation a command runs as ``/bin/sh -c <command>``; with the sandbox's
+    isolation (bubblewrap) it runs as ``bwrap ... -- sh -c <command>``. The environment is
+    ``{"PATH": <this process's PATH>, **manager env, **sandbox env, **call env}`` and
+    nothing else. Killing a process kills its group (SIGKILL). Children a command leaves
+    running in the background are killed by :meth:`kill_all` (``sandbox.stop()``) and at
+    interpreter exit.
+
+    Parameters
+    ----------
+    env : mapping, optional
+        Variables given to every process.
+    """
+
+    def __init__(self, *, env: Mapping[str, str] | None = None) -> None:
+        super().__init__(env=env)
+        self._spawn_errors = itertools.count(1)
+        # Process groups left running by finished commands: pgid -> leader start time.
+        self._lingering: dict[int, int | None] = {}
+        self._lingering_lock = threading.Lock()
+        _MANAGERS.add(self)
+
+    def _working_directory(self) -> str:
+        sandbox: LocalSandbox | None = self.sandbox
+        if sandbox is None:
+            return os.getcwd()
+        return os.path.abspath(sandbox.working_directory)
+
+    def _resolve_cwd(self, cwd: str | None) -> str:
+        workdir = self._working_directory()
+        if cwd is None:
+            return workdir
+        cwd = os.path.expanduser(cwd)
+        if os.path.isabs(cwd):
+            return os.path.normpath(cwd)
+        candidate = os.path.abspath(cwd)
+        # "sandbox/sub" given relative to this process already points inside the working
+        # directory; anything else is relative to the working directory.
+        if candidate == workdir or candidate.startswith(workdir.rstrip(os.sep) + os.sep):
+            return candidate
+        return os.path.normpath(os.path.join(workdir, cwd))
+
+    def _note_lingering(self, pgid: int, leader_start: int | None) -> None:
+        with self._lingering_lock:
+            self._lingering[pgid] = leader_start
+
+    async def _spawn(
+        self,
+        command: str,
+        *,
+        cwd: str | None,
+        env: dict[str, str | None],
+        timeout: float | None,  # noqa: ASYNC109
+        on_stdout: OutputCallback | None,
+        on_stderr: OutputCallback | None,
+        stdin_mode: Literal["pipe", "ignore"],
+        max_retained_bytes: int | float,
+        abort_signal: AbortSignal | None,
+    ) -> ProcessHandle:
+        workdir = self._resolve_cwd(cwd)
+        full_env: dict[str, str] = {}
+        for key, value in {"PATH": os.environ.get("PATH", os.defpath), **self.env, **env}.items():
+            if value is not None:
+                full_env[key] = str(value)
+        argv: list[str] | None = None
+        if self.sandbox is not None:
+            argv = self.sandbox.wrap_command(command, cwd=workdir)
+        if argv is None:
+            argv = ["/bin/sh", "-c", command]
+
+        def handle_for(proc: subprocess.Popen[bytes] | None, pid: str) -> _LocalProcessHandle:
+            return _LocalProcessHandle(
+                proc,
+                pid,
+                timeout_ms=timeout,
+                abort_signal=abort_signal,
+                max_retained_bytes=max_retained_bytes,
+                on_stdout=on_stdout,
+                on_stderr=on_stderr,
+                on_linger=self._note_lingering,
+            )
+
+        # Forking a large process takes a moment: do it in a worker thread, shielded so that
+        # a cancellation cannot lose a process that was already started.
+        with anyio.CancelScope(shield=True):
+            started = await anyio.to_thread.run_sync(_popen, argv, workdir, full_env, stdin_mode)
+        if isinstance(started, str):
+            handle = handle_for(None, f"failed-{next(self._spawn_errors)}")
+            handle._fail(started)
+            return handle
+        handle = handle_for(started, str(started.pid))
+        handle._start_io()
+        return handle
+
+    async def kill_all(self) -> None:
+        """Kill every running tracked process and every process group a finished command
+        left running in the background, then wait (up to 10 s) for the tracked ones."""
+        await super().kill_all()
+        self._kill_lingering()
+
+    def kill_all_now(self) -> None:
+        """Synchronous, non-waiting :meth:`kill_all` (for interpreter exit)."""
+        for handle in list(self._tracked.values()):
+            if isinstance(handle, _LocalProcessHandle):
+                handle.kill_now()
+        self._kill_lingering()
+
+    def _kill_lingering(self) -> None:
+        with self._lingering_lock:
+            groups, self._lingering = self._lingering, {}
+        for pgid, leader_start in groups.items():
+            if _group_is_ours(pgid, leader_start):
+                _signal_group(pgid, signal.SIGKILL)
