@@ -1,0 +1,531 @@
+"""``LocalSandbox``: shell commands on this machine, optionally isolated by bubblewrap."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import logging
+import math
+import os
+import platform
+import re
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.to_thread
+
+from ..errors import SandboxError, SandboxNotReadyError
+from ..vfs._base import new_id
+from ._isolation import (
+    build_bwrap_args,
+    check_isolation,
+    detect_isolation,
+    normalize_native_sandbox,
+    working_bwrap,
+)
+from ._mounts import MountManager
+from ._processes import AbortSignal, LocalProcessManager, OutputCallback
+from ._records import CommandResult
+
+if TYPE_CHECKING:
+    from .._context import RequestContext
+    from ..vfs import WorkspaceFilesystem
+
+__all__ = ["LocalSandbox", "shell_quote"]
+
+_log = logging.getLogger("agentvfs.sandbox")
+
+_SAFE_ARG = re.compile(r"^[A-Za-z0-9._\-/=:@]+$")
+
+#: A lifecycle hook: ``fn(ctx)``, sync or async; ``ctx`` has ``"sandbox"`` (and ``"outcome"``
+#: for ``on_start``: ``"connected"`` or ``"created"``).
+LifecycleHook = Callable[[dict[str, Any]], Any]
+
+
+def shell_quote(arg: str) -> str:
+    """Quote one argument for ``sh``: unchanged if it is only ``[A-Za-z0-9._-/=:@]``,
+    otherwise in single quotes with ``'`` written as ``'\\''``.
+
+    >>> shell_quote("it's")
+    "'it'\\\\''s'"
+    """
+    if _SAFE_ARG.match(arg):
+        return arg
+    return "'" + arg.replace("'", "'\\''") + "'"
+
+
+async def _maybe_await(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
+
+
+class LocalSandbox:
+    """Runs an agent's shell commands on this machine, in a working directory.
+
+    Commands run through ``sh -c`` with only ``PATH`` taken from this process's environment
+    (plus ``env``), each in a process group of its own. With ``isolation="bwrap"`` each runs
+    inside bubblewrap: it can write only to the working directory (and ``/tmp``, private to
+    it, and ``read_write_paths``), sees no host network unless ``allow_network``, and none
+    of the host's processes.
+
+    The sandbox starts on the first command (or :meth:`start`): status ``pending`` ->
+    ``starting`` -> ``running``. :meth:`stop` kills its processes and unmounts its mounts
+    (a later command starts it again); :meth:`destroy` does the same for good. Files in the
+    working directory are never deleted.
+
+    Parameters
+    ----------
+    id : str, optional
+        Default ``local-sandbox-<base36 ms timestamp>-<6 random [a-z0-9]>``.
+    working_directory : str, optional
+        Where commands run; ``~`` is expanded, a relative path stays relative (to the
+        current directory at each command). Default ``<current directory>/.sandbox``.
+    env : mapping, optional
+        Variables for every command.
+    timeout : float, optional
+        Kept as ``self.timeout`` for callers (milliseconds); commands are not limited by it.
+    isolation : {"none", "bwrap"}
+        ``"bwrap"`` runs commands inside bubblewrap (Linux).
+    native_sandbox : mapping, optional
+        Isolation options: ``allow_network`` (False), ``read_only_paths``,
+        ``read_write_paths``, ``allow_system_binaries`` (True: this Python's install and
+        ``/opt``, ``/snap`` are visible), ``bwrap_args`` (replace all of bwrap's arguments),
+        ``read_only`` (the working directory is read-only too).
+    instructions : str or callable, optional
+        Replaces :meth:`get_instructions`'s text (an empty string suppresses it); a
+        function receives ``{"default_instructions", "request_context"}``.
+    on_start, on_stop, on_destroy : callable, optional
+        Lifecycle hooks, ``fn(ctx)`` (see :data:`LifecycleHook`). A failing ``on_start``
+        puts the sandbox in status ``error``.
+
+    Raises
+    ------
+    IsolationUnavailableError
+        ``isolation`` cannot be used here (bwrap missing or not working, seatbelt, or an
+        unknown name).
+    ValueError
+        An unknown or invalid ``native_sandbox`` option.
+    """
+
+    name = "LocalSandbox"
+    provider = "local"
+
+    def __init__(
+        self,
+        *,
+        id: str | None = None,
+        working_directory: str | os.PathLike[str] | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        isolation: str = "none",
+        native_sandbox: Mapping[str, Any] | None = None,
+        instructions: str | Callable[[dict[str, Any]], str] | None = None,
+        on_start: LifecycleHook | None = None,
+        on_stop: LifecycleHook | None = None,
+        on_destroy: LifecycleHook | None = None,
+    ) -> None:
+        self.id = id or new_id("local-sandbox")
+        if working_directory is None:
+            self.working_directory = os.path.join(os.getcwd(), ".sandbox")
+        else:
+            self.working_directory = os.path.expanduser(os.fspath(working_directory))
+        self._env: dict[str, str] = dict(env or {})
+        self.timeout = timeout
+        self.native_sandbox = normalize_native_sandbox(native_sandbox)
+        self.isolation = check_isolation(isolation)
+        self._bwrap = working_bwrap() if self.isolation == "bwrap" else None
+        self._instructions = instructions
+        self._on_start = on_start
+        self._on_stop = on_stop
+        self._on_destroy = on_destroy
+        self.status = "pending"
+        self.created_at = datetime.now(UTC)
+        self.last_used_at: datetime | None = None
+        self.processes = LocalProcessManager()
+        self.processes.sandbox = self
+        self.mounts = MountManager(self)
+        self._starting: anyio.Event | None = None
+        self._start_error: BaseException | None = None
+        self._stopping: anyio.Event | None = None
+        self._destroying: anyio.Event | None = None
+        self._destroy_error: BaseException | None = None
+
+    # -- environment and isolation ---------------------------------------------------------------
+
+    def get_env(self) -> dict[str, str]:
+        """A copy of the variables given to every command."""
+        return dict(self._env)
+
+    def set_env(
+        self, updater: Mapping[str, str | None] | Callable[[dict[str, str]], Mapping[str, str]]
+    ) -> None:
+        """Change the variables given to every command.
+
+        Parameters
+        ----------
+        updater : mapping or callable
+            A mapping is merged in (a None value removes the variable); a function receives
+            a copy of the current variables and returns the new ones.
+        """
+        if callable(updater):
+            self._env = {str(k): str(v) for k, v in updater(self.get_env()).items()}
+            return
+        for key, value in updater.items():
+            if value is None:
+                self._env.pop(key, None)
+            else:
+                self._env[key] = str(value)
+
+    def wrap_command(self, command: str, *, cwd: str | None = None) -> list[str] | None:
+        """The argument vector that runs ``command`` under this sandbox's isolation, or None
+        when there is none (the command then runs as ``/bin/sh -c <command>``)."""
+        if self.isolation != "bwrap":
+            return None
+        return build_bwrap_args(
+            command,
+            working_directory=os.path.abspath(self.working_directory),
+            config=self.native_sandbox,
+            cwd=cwd,
+            binds=self.mounts.isolation_binds(),
+            bwrap=self._bwrap or "bwrap",
+        )
+
+    @staticmethod
+    def detect_isolation() -> dict[str, Any]:
+        """Describe the isolation available here: ``{"backend", "available", "message"}``.
+
+        On Linux the backend is ``"bwrap"`` when the bubblewrap binary exists and works
+        (checked once per process); otherwise ``"none"`` with the reason in ``message``.
+        """
+        return detect_isolation()
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def _acquire(self) -> str:
+        existed = os.path.isdir(self.working_directory)
+        os.makedirs(self.working_directory, exist_ok=True)
+        return "connected" if existed else "created"
+
+    async def start(self) -> None:
+        """Start the sandbox: create the working directory, run ``on_start``, mount the
+        pending mounts (their failures only show in ``mounts.entries``).
+
+        Concurrent calls share one start; a running sandbox returns at once.
+
+        Raises
+        ------
+        SandboxError
+            The sandbox was destroyed, or ``on_start`` failed (status ``error``).
+        OSError
+            The working directory cannot be created (status ``error``).
+        """
+        if self.status == "running":
+            return
+        if self._stopping is not None:
+            await self._stopping.wait()
+        if self._destroying is not None:
+            await self._destroying.wait()
+        if self.status == "destroyed":
+            raise SandboxError("Cannot start a destroyed sandbox", "NOT_READY", {"id": self.id})
+        if self._starting is not None:
+            await self._starting.wait()
+            if self.status != "running":
+                if self._start_error is not None:
+                    raise self._start_error
+                raise SandboxNotReadyError(self.id)
+            return
+        done = self._starting = anyio.Event()
+        previous = self.status
+        self._start_error = None
+        self.status = "starting"
+        try:
+            outcome = await anyio.to_thread.run_sync(self._acquire)
+            self.status = "running"
+            if self._on_start is not None:
+                try:
+                    await _maybe_await(self._on_start({"sandbox": self, "outcome": outcome}))
+                except Exception as exc:
+                    raise SandboxError(
+                        f"Sandbox '{self.id}' onStart hook failed: {exc}",
+                        "START_FAILED",
+                        {"id": self.id},
+                    ) from exc
+            try:
+                await self.mounts.process_pending()
+            except Exception:
+                _log.warning(
+                    "Unexpected error processing pending mounts of sandbox %s",
+                    self.id,
+                    exc_info=True,
+                )
+        except Exception as exc:
+            self.status = "error"
+            self._start_error = exc
+            raise
+        except BaseException:
+            # Cancelled: a sandbox that got as far as running stays running.
+            if self.status == "starting":
+                self.status = previous
+            raise
+        finally:
+            self._starting = None
+            done.set()
+
+    async def ensure_running(self) -> None:
+        """Start the sandbox unless it runs (or is being stopped or destroyed).
+
+        Raises
+        ------
+        SandboxNotReadyError
+            The sandbox was destroyed, or did not reach ``running``.
+        """
+        if self.status == "running" or self.status in ("stopping", "destroying"):
+            return
+        if self.status == "destroyed":
+            raise SandboxNotReadyError(self.id)
+        await self.start()
+        if self.status != "running":
+            raise SandboxNotReadyError(self.id)
+
+    async def _teardown(self) -> None:
+        try:
+            await self.processes.kill_all()
+        finally:
+            await self.mounts.unmount_all()
+
+    async def stop(self) -> None:
+        """Kill every process of the sandbox (background ones and what commands left
+        running) and unmount its mounts; status ``stopped``. The next command starts the
+        sandbox again. Concurrent calls share one stop.
+
+        Raises
+        ------
+        Exception
+            Whatever ``on_stop`` raised (the teardown still happens; status ``error``).
+        """
+        if self.status in ("stopped", "destroyed", "destroying"):
+            return
+        if self._starting is not None:
+            await self._starting.wait()
+        if self._stopping is not None:
+            await self._stopping.wait()
+            return
+        done = self._stopping = anyio.Event()
+        self.status = "stopping"
+        try:
+            try:
+                if self._on_stop is not None:
+                    await _maybe_await(self._on_stop({"sandbox": self}))
+            finally:
+                await self._teardown()
+        except BaseException:
+            self.status = "error"
+            raise
+        else:
+            self.status = "stopped"
+        finally:
+            self._stopping = None
+            done.set()
+
+    async def destroy(self) -> None:
+        """Stop for good: kill every process, unmount and forget the mounts; status
+        ``destroyed``. Idempotent; concurrent calls share one destroy. Files in the working
+        directory are kept.
+
+        Raises
+        ------
+        Exception
+            Whatever ``on_destroy`` raised (the teardown still happens; status ``error``).
+        """
+        if self.status == "destroyed":
+            return
+        if self._destroying is not None:
+            await self._destroying.wait()
+            if self._destroy_error is not None:
+                raise self._destroy_error
+            return
+        done = self._destroying = anyio.Event()
+        self._destroy_error = None
+        try:
+            if self._starting is not None:
+                await self._starting.wait()
+            if self._stopping is not None:
+                await self._stopping.wait()
+            if self.status == "pending":
+                # Never started: nothing runs; mounts made directly are still undone.
+                await self.mounts.unmount_all()
+                self.mounts.clear()
+                self.status = "destroyed"
+                return
+            self.status = "destroying"
+            try:
+                try:
+                    if self._on_destroy is not None:
+                        await _maybe_await(self._on_destroy({"sandbox": self}))
+                finally:
+                    await self._teardown()
+                    self.mounts.clear()
+            except BaseException as exc:
+                self.status = "error"
+                self._destroy_error = exc
+                raise
+            self.status = "destroyed"
+        finally:
+            self._destroying = None
+            done.set()
+
+    async def __aenter__(self) -> LocalSandbox:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.destroy()
+
+    # -- commands --------------------------------------------------------------------------------
+
+    async def execute_command(
+        self,
+        command: str,
+        args: Sequence[str] | None = None,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 (milliseconds the command may run)
+        env: Mapping[str, str | None] | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+        abort_signal: AbortSignal | None = None,
+        max_retained_bytes: int | float = math.inf,
+    ) -> CommandResult:
+        """Run a command to completion and return its result.
+
+        The command line is ``command`` followed by each of ``args`` shell-quoted (see
+        :func:`shell_quote`). Standard input is empty, so ``cat`` returns at once. The first
+        command starts the sandbox. If this call is cancelled, the command's process group
+        is killed.
+
+        Parameters
+        ----------
+        command : str
+            A shell command line.
+        args : sequence of str, optional
+            Arguments appended, quoted.
+        timeout : float, optional
+            Milliseconds; then the process group gets SIGTERM and the result has
+            ``exit_code`` 124, ``timed_out`` and ``killed``. None: no limit.
+        env : mapping, optional
+            Extra variables for this command (a None value removes one).
+        cwd : str, optional
+            Working directory; relative to the sandbox's working directory.
+        on_stdout, on_stderr : callable, optional
+            Called with each decoded chunk (sync or async) before this returns.
+        abort_signal : AbortSignal, optional
+            When set, the process group is killed.
+        max_retained_bytes : int or math.inf
+            Output kept in the result per stream (the newest); everything by default.
+
+        Returns
+        -------
+        CommandResult
+            With ``command`` (the full command line) and ``args``.
+
+        Raises
+        ------
+        SandboxNotReadyError
+            The sandbox was destroyed.
+        ValueError
+            An invalid ``timeout`` or ``max_retained_bytes``.
+        """
+        if isinstance(args, str | bytes):
+            raise TypeError("args must be a sequence of strings, not a single string")
+        arg_list = [str(a) for a in args] if args is not None else []
+        full = " ".join([command, *(shell_quote(a) for a in arg_list)]) if arg_list else command
+        self.last_used_at = datetime.now(UTC)
+        handle = await self.processes.spawn(
+            full,
+            cwd=cwd,
+            env=env,
+            timeout=timeout,
+            on_stdout=on_stdout,
+            on_stderr=on_stderr,
+            stdin_mode="ignore",
+            max_retained_bytes=max_retained_bytes,
+            abort_signal=abort_signal,
+        )
+        try:
+            result = await handle.wait()
+        finally:
+            if handle.exit_code is None:
+                await handle.kill()
+            self.processes.release(handle.pid)
+        return dataclasses.replace(result, command=full, args=tuple(arg_list))
+
+    # -- mounts ----------------------------------------------------------------------------------
+
+    async def mount(self, filesystem: WorkspaceFilesystem, mount_path: str) -> dict[str, Any]:
+        """Mount ``filesystem`` at ``<working_directory>/<mount_path>`` (see the mount
+        manager); returns ``{"success": ...}`` with ``error`` when it failed."""
+        return await self.mounts.mount_filesystem(filesystem, mount_path)
+
+    async def unmount(self, mount_path: str) -> None:
+        """Undo :meth:`mount` of ``mount_path``."""
+        await self.mounts.unmount_path(mount_path)
+
+    # -- description -----------------------------------------------------------------------------
+
+    def default_instructions(self) -> str:
+        """``Local command execution. Working directory: "<working directory>".``"""
+        return f'Local command execution. Working directory: "{self.working_directory}".'
+
+    def get_instructions(self, *, request_context: RequestContext | None = None) -> str:
+        """What agents should know about running commands here (``instructions`` wins)."""
+        default = self.default_instructions()
+        custom = self._instructions
+        if custom is None:
+            return default
+        if isinstance(custom, str):
+            return custom
+        return str(custom({"default_instructions": default, "request_context": request_context}))
+
+    async def get_info(self) -> dict[str, Any]:
+        """Describe the sandbox: ``id, name, provider, status, created_at, last_used_at,
+        mounts, resources, metadata`` (never secrets; ``env`` is not included)."""
+        metadata: dict[str, Any] = {
+            "working_directory": self.working_directory,
+            "platform": sys.platform,
+            "python_version": platform.python_version(),
+            "isolation": self.isolation,
+        }
+        if self.isolation != "none":
+            metadata["isolation_config"] = {
+                key: list(value) if isinstance(value, tuple) else value
+                for key, value in self.native_sandbox.items()
+            }
+        return {
+            "id": self.id,
+            "name": self.name,
+            "provider": self.provider,
+            "status": self.status,
+            "created_at": self.created_at,
+            "last_used_at": self.last_used_at,
+            "mounts": {
+                path: {"state": entry.state, "error": entry.error, "config_hash": entry.config_hash}
+                for path, entry in self.mounts.entries.items()
+            },
+            "resources": {"memory_mb": _memory_mb(), "cpu_cores": os.cpu_count()},
+            "metadata": metadata,
+        }
+
+    def __repr__(self) -> str:
+        return (
+            f"LocalSandbox(id={self.id!r}, working_directory={self.working_directory!r}, "
+            f"isolation={self.isolation!r}, status={self.status!r})"
+        )
+
+
+def _memory_mb() -> int | None:
+    try:
+        return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (1 << 20))
+    except (ValueError, OSError, AttributeError):
+        return None

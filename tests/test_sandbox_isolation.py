@@ -1,0 +1,399 @@
+"""Bubblewrap isolation: the command line, option checks, detection, and real isolated commands
+(no writes outside the working directory, no network, no host environment or processes)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import pytest
+
+from agentvfs import LocalFilesystem
+from agentvfs.errors import IsolationUnavailableError
+from agentvfs.sandbox import _isolation
+from agentvfs.sandbox._isolation import (
+    build_bwrap_args,
+    check_isolation,
+    detect_isolation,
+    normalize_native_sandbox,
+)
+from agentvfs.sandbox._local import LocalSandbox
+
+pytestmark = pytest.mark.anyio
+
+BWRAP = detect_isolation()
+needs_bwrap = pytest.mark.skipif(
+    not BWRAP["available"], reason=f"bubblewrap unusable here: {BWRAP['message']}"
+)
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def wd(tmp_path: Any) -> str:
+    path = os.path.join(str(tmp_path), "wd")
+    os.makedirs(path)
+    return path
+
+
+def write(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def read(path: str) -> str:
+    with open(path) as f:
+        return f.read()
+
+
+def live_members(pgid: int) -> list[int]:
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                raw = f.read()
+        except OSError:
+            continue
+        fields = raw[raw.rfind(b")") + 2 :].split()
+        if fields[0] not in (b"Z", b"X") and int(fields[2]) == pgid:
+            found.append(int(name))
+    return found
+
+
+# -- the command line ---------------------------------------------------------------------------
+
+
+def pairs(args: list[str], flag: str) -> list[str]:
+    """The first argument after every ``flag``."""
+    return [args[i + 1] for i, a in enumerate(args) if a == flag]
+
+
+def test_default_command_line() -> None:
+    config = normalize_native_sandbox(None)
+    args = build_bwrap_args(
+        "echo hi", working_directory="/w", config=config, bwrap="/usr/bin/bwrap"
+    )
+    assert args[0] == "/usr/bin/bwrap"
+    assert args[-4:] == ["--", "sh", "-c", "echo hi"]
+    assert args[1:5] == ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net"]
+    for flag, value in (
+        ("--proc", "/proc"),
+        ("--dev", "/dev"),
+        ("--tmpfs", "/tmp"),
+        ("--chdir", "/w"),
+    ):
+        assert pairs(args, flag) == [value]
+    assert {"/usr", "/lib", "/bin", "/etc/resolv.conf", "/etc/passwd", "/opt", "/snap"} <= set(
+        pairs(args, "--ro-bind-try")
+    )
+    assert pairs(args, "--bind") == ["/w"]
+    assert "--die-with-parent" in args
+    # The root is made read-only after every bind, just before the command.
+    assert args.index("--remount-ro") > max(
+        i for i, a in enumerate(args) if a in ("--bind", "--ro-bind", "--ro-bind-try")
+    )
+    # This Python's install is visible (like the reference binds Node's directory).
+    ro = pairs(args, "--ro-bind")
+    assert os.path.realpath(sys.base_prefix) in ro or os.path.realpath(sys.base_prefix).startswith(
+        "/usr"
+    )
+
+
+def test_command_line_options() -> None:
+    config = normalize_native_sandbox(
+        {
+            "allow_network": True,
+            "read_only": True,
+            "read_only_paths": ["/data/ro"],
+            "read_write_paths": ["/data/rw"],
+            "allow_system_binaries": False,
+        }
+    )
+    args = build_bwrap_args(
+        "x",
+        working_directory="/w",
+        config=config,
+        cwd="/w/sub",
+        binds=[("/m/rw", True), ("/m/ro", False)],
+    )
+    assert "--unshare-net" not in args
+    assert pairs(args, "--ro-bind") == ["/data/ro", "/w", "/m/ro"]
+    assert pairs(args, "--bind") == ["/data/rw", "/m/rw"]
+    assert pairs(args, "--chdir") == ["/w/sub"]
+    assert "/opt" not in pairs(args, "--ro-bind-try")
+
+
+def test_custom_bwrap_args_replace_everything_before_the_command() -> None:
+    config = normalize_native_sandbox({"bwrap_args": ["--ro-bind", "/", "/"]})
+    args = build_bwrap_args("echo hi", working_directory="/w", config=config)
+    assert args == ["bwrap", "--ro-bind", "/", "/", "--", "sh", "-c", "echo hi"]
+
+
+def test_native_sandbox_validation(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    config = normalize_native_sandbox(
+        {"read_write_paths": ["~/x", "rel"], "read_only_paths": "/single"}
+    )
+    assert config["read_write_paths"] == (os.path.join(str(tmp_path), "x"), os.path.abspath("rel"))
+    assert config["read_only_paths"] == ("/single",)
+    with pytest.raises(
+        ValueError,
+        match=r"Unknown native_sandbox option 'allowNetwork' \(did you mean 'allow_network'\?\)",
+    ):
+        normalize_native_sandbox({"allowNetwork": True})
+    with pytest.raises(ValueError, match="Unknown native_sandbox option 'nope'"):
+        normalize_native_sandbox({"nope": 1})
+    with pytest.raises(ValueError, match="allow_network"):
+        normalize_native_sandbox({"allow_network": "yes"})
+    with pytest.raises(ValueError, match="bwrap_args"):
+        normalize_native_sandbox({"bwrap_args": "--ro-bind / /"})
+    with pytest.raises(ValueError, match="read_write_paths"):
+        normalize_native_sandbox({"read_write_paths": [1]})
+    with pytest.raises(ValueError, match="allowNetwork"):
+        LocalSandbox(native_sandbox={"allowNetwork": True})
+
+
+# -- availability -------------------------------------------------------------------------------
+
+
+def test_unknown_and_unsupported_backends() -> None:
+    with pytest.raises(
+        IsolationUnavailableError,
+        match=r"^Isolation backend 'firejail' is not available: unknown isolation backend 'firejail'",
+    ):
+        LocalSandbox(isolation="firejail")
+    with pytest.raises(IsolationUnavailableError) as info:
+        LocalSandbox(isolation="seatbelt")
+    assert info.value.code == "ISOLATION_UNAVAILABLE"
+    assert str(info.value).startswith(
+        "Isolation backend 'seatbelt' is not available: seatbelt (sandbox-exec)"
+    )
+    assert check_isolation("none") == "none"
+
+
+@pytest.fixture
+def no_bwrap(monkeypatch: pytest.MonkeyPatch) -> None:
+    reason = "Linux bubblewrap (bwrap) not found. Install with: apt install bubblewrap (Debian/Ubuntu) or dnf install bubblewrap (Fedora)"
+    monkeypatch.setattr(_isolation, "_probe_bwrap", lambda: (None, reason))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux detection")
+def test_detection_without_bwrap(no_bwrap: None) -> None:
+    assert LocalSandbox.detect_isolation() == {
+        "backend": "none",
+        "available": False,
+        "message": "Linux bubblewrap (bwrap) not found. Install with: apt install bubblewrap (Debian/Ubuntu) "
+        "or dnf install bubblewrap (Fedora). Commands will run without isolation.",
+    }
+    with pytest.raises(
+        IsolationUnavailableError,
+        match=r"^Isolation backend 'bwrap' is not available: Linux bubblewrap \(bwrap\) not found",
+    ):
+        LocalSandbox(isolation="bwrap")
+
+
+@pytest.mark.skipif(sys.platform.startswith("linux"), reason="non-Linux wording")
+def test_detection_elsewhere() -> None:  # pragma: no cover - runs off Linux
+    assert (
+        detect_isolation()["message"]
+        == f"Native sandboxing is not supported on {sys.platform}. Commands will run without isolation."
+    )
+
+
+@needs_bwrap
+def test_detection_with_bwrap() -> None:
+    found = LocalSandbox.detect_isolation()
+    assert (found["backend"], found["available"]) == ("bwrap", True)
+    assert LocalSandbox(isolation="bwrap").isolation == "bwrap"
+
+
+# -- real isolated commands ---------------------------------------------------------------------
+
+
+@needs_bwrap
+async def test_writes_only_inside_the_working_directory(wd: str, tmp_path: Any) -> None:
+    outside = os.path.join(str(tmp_path), "outside")
+    os.makedirs(outside)
+    sandbox = LocalSandbox(working_directory=wd, isolation="bwrap")
+    targets = [
+        "/etc/agentvfs-test",
+        "/root/agentvfs-test",
+        "/agentvfs-test",
+        "/usr/agentvfs-test",
+        f"{outside}/x",
+    ]
+    script = "; ".join(f"if echo x > {t}; then echo wrote {t}; fi" for t in targets)
+    result = await sandbox.execute_command(
+        script + "; echo inside > made.txt; echo private > /tmp/p.txt; cat /tmp/p.txt"
+    )
+    assert "wrote" not in result.stdout
+    assert result.stdout == "private\n"
+    for target in targets:
+        assert not os.path.exists(target), target
+    assert read(os.path.join(wd, "made.txt")) == "inside\n"
+    assert not os.path.exists("/tmp/p.txt")
+    assert "Read-only file system" in result.stderr
+    await sandbox.destroy()
+
+
+@needs_bwrap
+async def test_read_write_and_read_only_paths(wd: str, tmp_path: Any) -> None:
+    rw = os.path.join(str(tmp_path), "rw")
+    ro = os.path.join(str(tmp_path), "ro")
+    os.makedirs(rw)
+    os.makedirs(ro)
+    write(os.path.join(ro, "in.txt"), "readable\n")
+    sandbox = LocalSandbox(
+        working_directory=wd,
+        isolation="bwrap",
+        native_sandbox={"read_write_paths": [rw], "read_only_paths": [ro]},
+    )
+    result = await sandbox.execute_command(
+        f"echo ok > {rw}/out.txt; cat {ro}/in.txt; echo no > {ro}/w.txt || echo refused"
+    )
+    assert result.stdout == "readable\nrefused\n"
+    assert read(os.path.join(rw, "out.txt")) == "ok\n"
+    assert not os.path.exists(os.path.join(ro, "w.txt"))
+    await sandbox.destroy()
+
+
+@needs_bwrap
+async def test_read_only_working_directory(wd: str) -> None:
+    write(os.path.join(wd, "seen.txt"), "seen\n")
+    sandbox = LocalSandbox(
+        working_directory=wd, isolation="bwrap", native_sandbox={"read_only": True}
+    )
+    result = await sandbox.execute_command("cat seen.txt; echo x > new.txt || echo refused")
+    assert result.stdout == "seen\nrefused\n"
+    assert not os.path.exists(os.path.join(wd, "new.txt"))
+    await sandbox.destroy()
+
+
+@pytest.fixture
+def tcp_server() -> Iterator[int]:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    server.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.sendall(b"hello from the host\n")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield server.getsockname()[1]
+    stop.set()
+    thread.join()
+    server.close()
+
+
+CONNECT = "import socket,sys; s=socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=3); print(s.recv(100).decode().strip())"
+
+
+@needs_bwrap
+async def test_network_is_unshared_unless_allowed(wd: str, tmp_path: Any, tcp_server: int) -> None:
+    # The host side can reach it; an isolated command cannot.
+    plain = LocalSandbox(working_directory=wd)
+    assert (
+        await plain.execute_command(sys.executable, ["-c", CONNECT, str(tcp_server)])
+    ).stdout == "hello from the host\n"
+    isolated = LocalSandbox(working_directory=wd, isolation="bwrap")
+    blocked = await isolated.execute_command(sys.executable, ["-c", CONNECT, str(tcp_server)])
+    assert blocked.exit_code != 0 and "hello" not in blocked.stdout
+    assert "ConnectionRefusedError" in blocked.stderr or "unreachable" in blocked.stderr
+    allowed = LocalSandbox(
+        working_directory=wd, isolation="bwrap", native_sandbox={"allow_network": True}
+    )
+    result = await allowed.execute_command(sys.executable, ["-c", CONNECT, str(tcp_server)])
+    assert (result.exit_code, result.stdout) == (0, "hello from the host\n")
+    for sandbox in (plain, isolated, allowed):
+        await sandbox.destroy()
+
+
+@needs_bwrap
+async def test_no_host_environment_or_processes(wd: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SECRET_TOKEN", "hunter2")
+    sandbox = LocalSandbox(working_directory=wd, isolation="bwrap", env={"VISIBLE": "yes"})
+    result = await sandbox.execute_command(
+        f"env; ls /proc/{os.getpid()} >/dev/null 2>&1 && echo host-visible; ls /proc | grep -c '^[0-9]'"
+    )
+    lines = result.stdout.splitlines()
+    names = {line.split("=", 1)[0] for line in lines if "=" in line}
+    assert "SECRET_TOKEN" not in names and "hunter2" not in result.stdout
+    assert {"PATH", "VISIBLE"} <= names <= {"PATH", "VISIBLE", "PWD", "SHLVL", "_"}
+    assert "host-visible" not in lines
+    assert int(lines[-1]) <= 5  # only the sandbox's own few processes
+    await sandbox.destroy()
+
+
+@needs_bwrap
+async def test_timeout_and_kill_reach_the_isolated_processes(wd: str) -> None:
+    sandbox = LocalSandbox(working_directory=wd, isolation="bwrap")
+    result = await sandbox.execute_command("sleep 30 & sleep 30", timeout=300)
+    assert (result.exit_code, result.timed_out, result.stderr) == (
+        124,
+        True,
+        "\nProcess timed out after 300ms",
+    )
+    handle = await sandbox.processes.spawn("echo up; sleep 30")
+    with anyio.fail_after(5):
+        while "up" not in handle.stdout:  # noqa: ASYNC110 (output arrives from another thread)
+            await anyio.sleep(0.01)
+    assert await sandbox.processes.kill(handle.pid)
+    assert handle.exit_code == 128
+    with anyio.fail_after(3):
+        while live_members(int(handle.pid)):  # noqa: ASYNC110
+            await anyio.sleep(0.02)
+    await sandbox.destroy()
+
+
+@needs_bwrap
+async def test_python_and_cwd_inside(wd: str) -> None:
+    os.makedirs(os.path.join(wd, "sub"))
+    sandbox = LocalSandbox(working_directory=wd, isolation="bwrap")
+    result = await sandbox.execute_command(
+        f"{sys.executable} -c 'import os; print(os.getcwd())'", cwd="sub"
+    )
+    assert (result.exit_code, result.stdout) == (0, os.path.join(wd, "sub") + "\n")
+    await sandbox.destroy()
+
+
+@needs_bwrap
+async def test_mounts_are_bound_into_the_sandbox(wd: str, tmp_path: Any) -> None:
+    base = os.path.join(str(tmp_path), "data")
+    os.makedirs(base)
+    write(os.path.join(base, "hello.txt"), "hi\n")
+    sandbox = LocalSandbox(working_directory=wd, isolation="bwrap")
+    sandbox.mounts.add({"/data": LocalFilesystem(base)})
+    result = await sandbox.execute_command("cat data/hello.txt && echo new > data/new.txt")
+    assert (result.exit_code, result.stdout) == (0, "hi\n")
+    assert read(os.path.join(base, "new.txt")) == "new\n"
+    await sandbox.destroy()
+
+
+@needs_bwrap
+async def test_info_reports_isolation(wd: str) -> None:
+    sandbox = LocalSandbox(
+        working_directory=wd, isolation="bwrap", native_sandbox={"read_write_paths": ["/tmp"]}
+    )
+    metadata = (await sandbox.get_info())["metadata"]
+    assert metadata["isolation"] == "bwrap"
+    assert metadata["isolation_config"]["allow_network"] is False
+    assert metadata["isolation_config"]["read_write_paths"] == ["/tmp"]
