@@ -15,6 +15,7 @@ from .errors import FilesystemError as FilesystemError
 from .errors import FilesystemNotAvailableError as FilesystemNotAvailableError
 from .errors import InvalidPathError as InvalidPathError
 from .errors import IsDirectory as IsDirectory
+from .errors import IsolationUnavailableError as IsolationUnavailableError
 from .errors import MountError as MountError
 from .errors import NameTooLongError as NameTooLongError
 from .errors import NoMountError as NoMountError
@@ -28,6 +29,8 @@ from .errors import StaleFileError as StaleFileError
 from .errors import WorkspaceError as WorkspaceError
 from .errors import WorkspaceNotReadyError as WorkspaceNotReadyError
 from .errors import WorkspaceReadOnlyError as WorkspaceReadOnlyError
+from .sandbox import CommandResult as CommandResult
+from .sandbox import LocalSandbox as LocalSandbox
 from .tools import WORKSPACE_TOOLS as WORKSPACE_TOOLS
 from .tools import ToolMedia as ToolMedia
 from .tools import WorkspaceTool as WorkspaceTool
@@ -43,6 +46,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "WORKSPACE_TOOLS",
+    "CommandResult",
     "CompositeFilesystem",
     "DirectoryNotEmpty",
     "DirectoryNotFound",
@@ -57,7 +61,9 @@ __all__ = [
     "FsspecFilesystem",
     "InvalidPathError",
     "IsDirectory",
+    "IsolationUnavailableError",
     "LocalFilesystem",
+    "LocalSandbox",
     "MountError",
     "NameTooLongError",
     "NoMountError",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -11,7 +12,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import anyio
@@ -103,6 +104,7 @@ async def _demo(storage: str, out: list[str]) -> None:
                 for line in str(result).splitlines():
                     say(f"    {line}")
             await _demo_mount(files, say)
+            await _demo_sandbox(say)
             info = await ws.get_info(include_file_count=True)
             say(f"get_info: status={info['status']} provider={info['filesystem']['provider']} total_files={info['filesystem']['total_files']}")
         say(f"workspace destroyed: status={ws.status}")
@@ -143,6 +145,80 @@ async def _demo_mount(files: Any, say: Any) -> None:
             text = await files.read_file("notes/shell.txt", encoding="utf-8")
             say(f"  $ echo ... > <mnt>/notes/shell.txt; echo more >> ... -> the API reads {text!r}")
         say("unmounted")
+
+
+@contextlib.contextmanager
+def _demo_bucket(say: Any) -> Iterator[Any]:
+    """A bucket for the sandbox demo: a moto S3 server on 127.0.0.1 when moto is installed (the
+    test extra), else in-memory storage. Yields an fsspec filesystem and the root to use."""
+    try:
+        from .testing import MotoServer
+
+        server = MotoServer()
+        server.start()
+    except Exception as exc:  # moto missing or not starting: still show the sandbox
+        from fsspec.implementations.memory import MemoryFileSystem
+
+        say(f"(no local S3 server: {exc}; using in-memory storage as the bucket)")
+        yield MemoryFileSystem(global_store=False, skip_instance_cache=True), "/demo-bucket"
+        return
+    try:
+        server.create_bucket("demo-bucket")
+        say(f"S3 server (moto) on {server.endpoint_url}, bucket demo-bucket")
+        yield server.s3fs(use_listings_cache=False), "demo-bucket/project"
+    finally:
+        server.stop()
+
+
+async def _demo_sandbox(say: Any) -> None:
+    """Run shell commands in a LocalSandbox against a FUSE-mounted bucket, through the
+    agent tools."""
+    from . import FsspecFilesystem, Workspace
+    from .mounts import fuse_available
+    from .sandbox import LocalSandbox
+
+    reason = fuse_available()
+    if reason is not None:
+        say(f"sandbox mount demo skipped: {reason}")
+        return
+    with _demo_bucket(say) as (raw, root), tempfile.TemporaryDirectory(prefix="agentvfs-sandbox-") as wd:
+        bucket = FsspecFilesystem(raw, root=root, display_name="demo bucket")
+        for path, text in {
+            "README.md": "# Bucket project\nSome TODO text\n",
+            "src/main.py": "print('hello from the bucket')  # TODO: greet by name\n",
+        }.items():
+            await bucket.write_file(path, text)
+        isolation = "bwrap" if LocalSandbox.detect_isolation()["available"] else "none"
+        sandbox = LocalSandbox(working_directory=wd, isolation=isolation)
+        async with Workspace(sandbox=sandbox, mounts={"/bucket": bucket}, name="sandbox-demo") as ws:
+            entry = sandbox.mounts.entries["/bucket"]
+            say(f"sandbox {sandbox.id} (isolation {isolation}): /bucket {entry.state}")
+            for line in ws.get_instructions().replace(wd, "<wd>").splitlines():
+                say(f"  {line}")
+            tools = await ws.create_tools()
+            run = tools["mastra_workspace_execute_command"]
+            for command in (
+                "ls -l bucket bucket/src | sed 's/ [A-Z][a-z][a-z] .* / <date> /'",
+                "cat bucket/README.md && grep -rn TODO bucket",
+                "python3 bucket/src/main.py && echo 'written by a shell command' > bucket/notes.txt",
+                "touch /etc/forbidden 2>&1 | sed 's/^.*: //'" if isolation == "bwrap" else "true",
+            ):
+                say(f"  $ {command}")
+                for line in str(await run.execute({"command": command})).splitlines():
+                    say(f"    {line}")
+            notes = await bucket.read_file("notes.txt", encoding="utf-8")
+            say(f"  the API reads bucket notes.txt -> {notes!r}")
+            await bucket.write_file("from-api.txt", "written through the API\n")
+            shown = await run.execute({"command": "cat bucket/from-api.txt"})
+            say(f"  $ cat bucket/from-api.txt (just written through the API) -> {str(shown).strip()!r}")
+            started = await run.execute({"command": "for i in 1 2 3; do echo tick $i; sleep 0.2; done", "background": True})
+            say(f"  background: {started}")
+            pid = str(started).rsplit(" ", 1)[-1].rstrip(")")
+            output = await tools["mastra_workspace_get_process_output"].execute({"pid": pid, "wait": True})
+            for line in str(output).splitlines():
+                say(f"    {line}")
+        still = await anyio.to_thread.run_sync(os.path.ismount, os.path.join(wd, "bucket"))
+        say(f"sandbox destroyed: /bucket {entry.state}, still mounted: {still}")
 
 
 def _storage_option(text: str) -> tuple[str, Any]:

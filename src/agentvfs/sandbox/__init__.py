@@ -1,10 +1,37 @@
-"""Sandboxes: where an agent's shell commands run, and the filesystems mounted into them."""
+"""Sandboxes: where an agent's shell commands run, and the filesystems mounted into them.
 
+``LocalSandbox`` runs commands on this machine (optionally isolated with bubblewrap), keeps
+background processes in its process manager, and mounts workspace filesystems into its
+working directory through the mount manager.
+"""
+
+from ._local import LocalSandbox as LocalSandbox
+from ._local import shell_quote as shell_quote
 from ._mounts import MountEntry as MountEntry
 from ._mounts import MountManager as MountManager
 from ._mounts import MountState as MountState
+from ._processes import DEFAULT_MAX_RETAINED_BYTES as DEFAULT_MAX_RETAINED_BYTES
+from ._processes import AbortSignal as AbortSignal
+from ._processes import LocalProcessManager as LocalProcessManager
+from ._processes import ProcessHandle as ProcessHandle
+from ._processes import RetainedOutputBuffer as RetainedOutputBuffer
+from ._processes import SandboxProcessManager as SandboxProcessManager
+from ._records import CommandResult as CommandResult
 
-__all__ = ["MountEntry", "MountManager", "MountState"]
+__all__ = [
+    "DEFAULT_MAX_RETAINED_BYTES",
+    "AbortSignal",
+    "CommandResult",
+    "LocalProcessManager",
+    "LocalSandbox",
+    "MountEntry",
+    "MountManager",
+    "MountState",
+    "ProcessHandle",
+    "RetainedOutputBuffer",
+    "SandboxProcessManager",
+    "shell_quote",
+]
 
 for _name in __all__:
     _obj = globals()[_name]

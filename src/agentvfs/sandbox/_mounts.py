@@ -127,14 +127,14 @@ def canonical_mount_path(mount_path: str) -> str:
         Not absolute, ``/`` itself, characters outside ``[A-Za-z0-9_.-/]``, or a ``.`` or
         ``..`` segment.
     """
+    if isinstance(mount_path, str) and mount_path and not mount_path.strip("/"):
+        raise ValueError(f"Invalid mount path: {mount_path!r}. Cannot mount at the root '/'.")
     if not isinstance(mount_path, str) or not _MOUNT_PATH.match(mount_path):
         raise ValueError(
             f"Invalid mount path: {mount_path!r}. Must be an absolute path of letters, digits, "
             "'_', '.', '-' and '/' (e.g. /data)."
         )
     segments = [s for s in mount_path.split("/") if s]
-    if not segments:
-        raise ValueError(f"Invalid mount path: {mount_path!r}. Cannot mount at the root '/'.")
     if any(s in (".", "..") for s in segments):
         raise ValueError(f"Invalid mount path: {mount_path!r}. Path segments '.' and '..' are not allowed.")
     return "/" + "/".join(segments)
