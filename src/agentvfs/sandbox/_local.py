@@ -456,9 +456,13 @@ class LocalSandbox:
         try:
             result = await handle.wait()
         finally:
-            if handle.exit_code is None:
-                await handle.kill()
-            self.processes.release(handle.pid)
+            # Shielded: a cancelled call must still kill its command and forget its pid.
+            with anyio.CancelScope(shield=True):
+                try:
+                    if handle.exit_code is None:
+                        await handle.kill()
+                finally:
+                    self.processes.release(handle.pid)
         return dataclasses.replace(result, command=full, args=tuple(arg_list))
 
     # -- mounts ----------------------------------------------------------------------------------
