@@ -1,0 +1,1147 @@
+"""BM25 kept in DuckDB: incremental postings, the reference's scores, persistence.
+
+Storage (tables prefixed ``bm25_`` so other tables can share the file):
+
+* ``bm25_docs(doc, id, len, content, metadata, start_line_offset)``: one row per document;
+  ``doc`` is a number that only grows, so the order of ``doc`` is the order documents were
+  (last) added, the reference's tie order.
+* ``bm25_postings(term, doc, tf)``: one row per distinct term of a document. ``term`` is a 63-bit
+  BLAKE2b hash of the token (cheaper to compare and store than text), so two tokens with the
+  same hash would count as one term; at a million distinct terms that happens with odds of
+  about 3 in 10^8. Rows are appended in ``doc`` order, so removing a document touches one
+  row group (zone maps) whatever the size of the index.
+* ``bm25_stats``: the running sums N (documents) and total length, the next ``doc`` and a version
+  that every write bumps; ``bm25_meta``: format, version and the k1/b/tokenizer options.
+
+Adding, replacing or removing a document is one transaction whose cost does not depend on the
+corpus: document frequencies are counted at query time from the postings of the query terms.
+
+Queries are scored either in one SQL statement (``cache_postings=False``) or, by default, with
+NumPy over an in-memory copy of the postings (term-sorted arrays plus a small delta of recent
+additions) loaded from DuckDB at the first search and kept up to date by every write; DuckDB
+stays the durable store. On 20k man pages the SQL statement takes 10-25 ms (a scan of the
+postings the zone maps cannot prune, as incremental appends leave them in document order), the
+cached path about 1 ms; ``benchmarks/bench_search.py`` measures both. The cached path adds the
+per-term contributions in the reference's order (query tokens in order, duplicates included),
+so scores and ties are the reference's bit for bit, except for ``log``'s last bit.
+
+Concurrency: all methods are thread-safe (one lock per index). DuckDB lets one process open a
+file for writing, or any number of processes read-only (``read_only=True``); opening a file
+another process holds for writing raises `BM25FileError` at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import json
+import math
+import os
+import struct
+import sys
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import duckdb
+import numpy as np
+import numpy.typing as npt
+
+from ._tokenize import TokenizeOptions, Tokenizer, find_line_range, make_tokenizer
+
+__all__ = ["BM25FileError", "BM25Hit", "BM25Index"]
+
+FORMAT = "agentvfs-bm25"
+FORMAT_VERSION = 1
+START_LINE_KEY = "_startLineOffset"
+
+#: Above this many query tokens, or this much posting work, duplicates are weighted instead of
+#: added one by one (the scores then differ from the reference's in the last bits only).
+_EXACT_FOLD_TOKENS = 1024
+_EXACT_FOLD_WORK = 4_000_000
+_HASH_CACHE_SIZE = 250_000
+
+_SCHEMA = (
+    "CREATE TABLE bm25_meta(key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL)",
+    "CREATE TABLE bm25_stats(n BIGINT NOT NULL, total_len BIGINT NOT NULL,"
+    " next_doc BIGINT NOT NULL, version BIGINT NOT NULL)",
+    "CREATE TABLE bm25_docs(doc BIGINT PRIMARY KEY, id VARCHAR NOT NULL UNIQUE,"
+    " len INTEGER NOT NULL, content BLOB NOT NULL, metadata VARCHAR, start_line_offset BIGINT)",
+    "CREATE TABLE bm25_postings(term BIGINT NOT NULL, doc BIGINT NOT NULL, tf INTEGER NOT NULL)",
+    "INSERT INTO bm25_stats VALUES (0, 0, 0, 0)",
+)
+_TABLES = frozenset({"bm25_meta", "bm25_stats", "bm25_docs", "bm25_postings"})
+
+# One statement per query: document frequencies from the matching postings, the reference's
+# arithmetic in the reference's order, ties by first query position then insertion order.
+_SEARCH_SQL = """
+WITH q AS (SELECT unnest($terms::BIGINT[]) AS term, unnest($pos::INTEGER[]) AS pos,
+                  unnest($weights::DOUBLE[]) AS w),
+hits AS (SELECT p.term, p.doc, p.tf FROM bm25_postings p WHERE p.term IN (SELECT term FROM q)),
+df AS (SELECT term, count(*) AS df FROM hits GROUP BY term),
+qi AS (SELECT q.term, q.pos, q.w, bm25_js_log(($n - df.df + 0.5) / (df.df + 0.5) + 1) AS idf
+       FROM q JOIN df USING (term)),
+scored AS (
+    SELECT h.doc,
+           sum(qi.w * (qi.idf * ((h.tf * $k1_plus_1)
+               / (h.tf + $k1 * ($one_minus_b + $b * (d.len / $avgdl)))))) AS score,
+           min(qi.pos) AS first_pos
+    FROM hits h JOIN qi USING (term) JOIN bm25_docs d ON d.doc = h.doc
+    GROUP BY h.doc),
+top AS (SELECT * FROM scored WHERE score >= $min_score
+        ORDER BY score DESC, first_pos, doc LIMIT $top_k)
+SELECT top.doc, top.score FROM top ORDER BY top.score DESC, top.first_pos, top.doc
+"""
+
+
+class BM25FileError(OSError):
+    """The index file cannot be used: not a DuckDB file, corrupt, foreign, or locked.
+
+    The file is never modified or deleted when this is raised; ``filename`` names it.
+    """
+
+    def __init__(self, message: str, filename: str) -> None:
+        super().__init__(message)
+        self.filename = filename
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+@dataclass(frozen=True, slots=True)
+class BM25Hit:
+    """One search result: the document, its raw BM25 score and where the query terms are.
+
+    ``line_range`` is 1-based and inclusive, shifted by the document's start line offset;
+    ``metadata`` is what was indexed without ``_startLineOffset``, None when empty.
+    """
+
+    id: str
+    score: float
+    content: str
+    metadata: dict[str, Any] | None
+    line_range: tuple[int, int] | None
+
+
+@dataclass(slots=True)
+class _Prepared:
+    id: str
+    content: bytes
+    metadata: str | None
+    start_line_offset: int | None
+    terms: npt.NDArray[np.int64]
+    tfs: npt.NDArray[np.int32]
+    length: int
+
+
+_HASHES: dict[str, int] = {}
+
+
+def _term_hashes(terms: Iterable[str]) -> npt.NDArray[np.int64]:
+    """63-bit BLAKE2b hashes of ``terms`` as int64 (stable across processes and versions)."""
+    cache = _HASHES
+    out: list[int] = []
+    for term in terms:
+        value = cache.get(term)
+        if value is None:
+            digest = hashlib.blake2b(term.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+            value = int.from_bytes(digest, "little") >> 1
+            if len(cache) < _HASH_CACHE_SIZE:
+                cache[term] = value
+        out.append(value)
+    return np.array(out, dtype=np.int64)
+
+
+# fdlibm's log (e_log.c), as V8 runs Math.log: the reference's idf is computed with it, and it
+# differs from the C library's correctly rounded log in the last bit for a few inputs (ln 1.6).
+_LN2_HI = 6.93147180369123816490e-01
+_LN2_LO = 1.90821492927058770002e-10
+_LG1 = 6.666666666666735130e-01
+_LG2 = 3.999999999940941908e-01
+_LG3 = 2.857142874366239149e-01
+_LG4 = 2.222219843214978396e-01
+_LG5 = 1.818357216161805012e-01
+_LG6 = 1.531383769920937332e-01
+_LG7 = 1.479819860511658591e-01
+
+
+def js_log(x: float) -> float:
+    """Natural logarithm with V8's ``Math.log`` rounding (fdlibm), for normal positive ``x``."""
+    bits = struct.unpack("<q", struct.pack("<d", x))[0]
+    hx = bits >> 32
+    if hx < 0x00100000 or hx >= 0x7FF00000:  # zero, subnormal, negative, inf, NaN
+        return math.log(x) if x > 0 else (-math.inf if x == 0 else math.nan)
+    k = (hx >> 20) - 1023
+    hx &= 0x000FFFFF
+    i = (hx + 0x95F64) & 0x100000
+    bits = ((hx | (i ^ 0x3FF00000)) << 32) | (bits & 0xFFFFFFFF)
+    x = struct.unpack("<d", struct.pack("<q", bits))[0]  # x or x/2 normalised
+    k += i >> 20
+    f = x - 1.0
+    dk = float(k)
+    if (0x000FFFFF & (2 + hx)) < 3:  # -2**-20 <= f < 2**-20
+        if f == 0.0:
+            return 0.0 if k == 0 else dk * _LN2_HI + dk * _LN2_LO
+        r = f * f * (0.5 - 0.33333333333333333 * f)
+        return f - r if k == 0 else dk * _LN2_HI - ((r - dk * _LN2_LO) - f)
+    s = f / (2.0 + f)
+    z = s * s
+    i = hx - 0x6147A
+    w = z * z
+    j = 0x6B851 - hx
+    t1 = w * (_LG2 + w * (_LG4 + w * _LG6))
+    t2 = z * (_LG1 + w * (_LG3 + w * (_LG5 + w * _LG7)))
+    i |= j
+    r = t2 + t1
+    if i > 0:
+        hfsq = 0.5 * f * f
+        if k == 0:
+            return f - (hfsq - s * (hfsq + r))
+        return dk * _LN2_HI - ((hfsq - (s * (hfsq + r) + dk * _LN2_LO)) - f)
+    if k == 0:
+        return f - s * (f - r)
+    return dk * _LN2_HI - ((s * (f - r) - dk * _LN2_LO) - f)
+
+
+class _Buffer:
+    """A growable 1-d array (amortised O(1) append)."""
+
+    __slots__ = ("data", "size")
+
+    def __init__(self, data: npt.NDArray[Any]) -> None:
+        self.data = data
+        self.size = len(data)
+
+    def view(self) -> npt.NDArray[Any]:
+        return self.data[: self.size]
+
+    def append(self, values: npt.NDArray[Any] | Sequence[Any]) -> None:
+        count = len(values)
+        if self.size + count > len(self.data):
+            grown = np.zeros(max(2 * len(self.data), self.size + count, 1024), self.data.dtype)
+            grown[: self.size] = self.data[: self.size]
+            self.data = grown
+        self.data[self.size : self.size + count] = values
+        self.size += count
+
+
+class _PostingCache:
+    """The postings of one index in memory: term-sorted arrays plus a delta of recent adds.
+
+    Documents are numbered by *slots* in insertion order (slot order = ``doc`` order), so the
+    per-query arrays stay as small as the number of documents, not of ``doc`` numbers ever used.
+    Removed documents are only marked dead; their postings go at the next compaction.
+    """
+
+    def __init__(
+        self,
+        version: int,
+        terms: npt.NDArray[np.int64],
+        slots: npt.NDArray[np.int64],
+        tfs: npt.NDArray[np.int32],
+        slot_doc: npt.NDArray[np.int64],
+        slot_len: npt.NDArray[np.int64],
+    ) -> None:
+        self.version = version
+        self._set_main(terms, slots, tfs)
+        self.slot_doc = _Buffer(slot_doc)
+        self.slot_len = _Buffer(slot_len.astype(np.float64))
+        self.alive = _Buffer(np.ones(len(slot_doc), dtype=np.bool_))
+        self.delta: dict[int, tuple[list[int], list[int]]] = {}
+        self.delta_size = 0
+        self.dead = 0
+
+    def _set_main(
+        self,
+        terms: npt.NDArray[np.int64],
+        slots: npt.NDArray[np.int64],
+        tfs: npt.NDArray[np.int32],
+    ) -> None:
+        if len(terms):
+            bounds = np.flatnonzero(terms[1:] != terms[:-1]) + 1
+            starts = np.concatenate(([0], bounds, [len(terms)]))
+            self.keys = terms[starts[:-1]]
+        else:
+            starts = np.zeros(1, dtype=np.int64)
+            self.keys = np.zeros(0, dtype=np.int64)
+        self.starts = starts.astype(np.int64)
+        self.slots = slots
+        self.tfs = tfs
+
+    @classmethod
+    def load(cls, cur: duckdb.DuckDBPyConnection, version: int) -> _PostingCache:
+        docs = cur.execute("SELECT doc, len FROM bm25_docs ORDER BY doc").fetchnumpy()
+        slot_doc = np.asarray(docs["doc"], dtype=np.int64)
+        postings = cur.execute(
+            "SELECT term, doc, tf FROM bm25_postings ORDER BY term, doc"
+        ).fetchnumpy()
+        terms = np.asarray(postings["term"], dtype=np.int64)
+        slots = np.searchsorted(slot_doc, np.asarray(postings["doc"], dtype=np.int64))
+        return cls(
+            version,
+            terms,
+            slots.astype(np.int64),
+            np.asarray(postings["tf"], dtype=np.int32),
+            slot_doc,
+            np.asarray(docs["len"], dtype=np.int64),
+        )
+
+    def add(
+        self, doc: int, length: int, terms: npt.NDArray[np.int64], tfs: npt.NDArray[np.int32]
+    ) -> None:
+        slot = self.slot_doc.size
+        self.slot_doc.append([doc])
+        self.slot_len.append([float(length)])
+        self.alive.append([True])
+        delta = self.delta
+        for term, tf in zip(terms.tolist(), tfs.tolist(), strict=True):
+            entry = delta.get(term)
+            if entry is None:
+                delta[term] = ([slot], [tf])
+            else:
+                entry[0].append(slot)
+                entry[1].append(tf)
+        self.delta_size += len(terms)
+
+    def remove(self, doc: int) -> None:
+        slot = int(np.searchsorted(self.slot_doc.view(), doc))
+        if slot < self.slot_doc.size and self.slot_doc.data[slot] == doc:
+            self.alive.data[slot] = False
+            self.dead += 1
+
+    def postings(self, term: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int32]]:
+        """Slots (ascending) and term frequencies of the live documents holding ``term``."""
+        i = int(np.searchsorted(self.keys, term))
+        if i < len(self.keys) and self.keys[i] == term:
+            lo, hi = self.starts[i], self.starts[i + 1]
+            slots, tfs = self.slots[lo:hi], self.tfs[lo:hi]
+        else:
+            slots, tfs = self.slots[:0], self.tfs[:0]
+        extra = self.delta.get(term)
+        if extra is not None:
+            slots = np.concatenate((slots, np.array(extra[0], dtype=np.int64)))
+            tfs = np.concatenate((tfs, np.array(extra[1], dtype=np.int32)))
+        if self.dead:
+            keep = self.alive.data[slots]
+            if not keep.all():
+                slots, tfs = slots[keep], tfs[keep]
+        return slots, tfs
+
+    def maybe_compact(self) -> None:
+        """Fold the delta into the sorted arrays and drop dead postings, when they have grown.
+
+        Amortised: it runs after at least half as many new or dead postings as there are in
+        the sorted arrays (and at least 200,000), so each write pays a constant share.
+        """
+        threshold = max(200_000, len(self.slots) // 2)
+        dead_postings = self.dead * (len(self.slots) / max(1, self.slot_doc.size))
+        if self.delta_size + dead_postings < threshold:
+            return
+        delta_terms = np.fromiter(
+            (t for t, (s, _) in self.delta.items() for _ in s), np.int64, self.delta_size
+        )
+        delta_slots = np.fromiter(
+            (x for s, _ in self.delta.values() for x in s), np.int64, self.delta_size
+        )
+        delta_tfs = np.fromiter(
+            (x for _, f in self.delta.values() for x in f), np.int32, self.delta_size
+        )
+        terms = np.concatenate((np.repeat(self.keys, np.diff(self.starts)), delta_terms))
+        slots = np.concatenate((self.slots, delta_slots))
+        tfs = np.concatenate((self.tfs, delta_tfs))
+        alive = self.alive.view()
+        keep = alive[slots]
+        terms, slots, tfs = terms[keep], slots[keep], tfs[keep]
+        # Renumber the live documents densely; slot order (= insertion order) is kept.
+        new_slot = np.cumsum(alive) - 1
+        slots = new_slot[slots]
+        order = np.lexsort((slots, terms))
+        self._set_main(terms[order], slots[order], tfs[order])
+        self.slot_doc = _Buffer(self.slot_doc.view()[alive].copy())
+        self.slot_len = _Buffer(self.slot_len.view()[alive].copy())
+        self.alive = _Buffer(np.ones(self.slot_doc.size, dtype=np.bool_))
+        self.delta = {}
+        self.delta_size = 0
+        self.dead = 0
+
+
+class BM25Index:
+    """A BM25 index of text documents in DuckDB, scored exactly as the reference scores.
+
+    Parameters
+    ----------
+    path
+        The DuckDB file; None keeps the index in memory. With a path the index persists and
+        reopening finds its documents. A 0-byte file counts as absent.
+    k1, b
+        BM25 parameters (reference defaults 1.5 and 0.75).
+    tokenize
+        `TokenizeOptions`, a mapping of them (snake_case or camelCase keys), or a callable
+        ``text -> list[str]`` that replaces the whole pipeline.
+    read_only
+        Open an existing index for reading only; many processes may do so at once.
+    cache_postings
+        Score with NumPy over an in-memory copy of the postings (default, fast) instead of one
+        SQL statement in DuckDB (no memory beyond DuckDB's own).
+
+    Raises
+    ------
+    ValueError
+        The file holds an index built with other k1, b or tokenizer options (the message names
+        each difference), or an option is invalid.
+    BM25FileError
+        The file is not a DuckDB database, is corrupt, holds other tables and no index, or
+        another process holds it; nothing is changed or deleted.
+    FileNotFoundError
+        ``read_only`` and the file does not exist.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        k1: float = 1.5,
+        b: float = 0.75,
+        tokenize: TokenizeOptions | Mapping[str, Any] | Callable[[str], list[str]] | None = None,
+        read_only: bool = False,
+        cache_postings: bool = True,
+    ) -> None:
+        self._k1 = _finite("k1", k1)
+        self._b = _finite("b", b)
+        self._tokenizer = make_tokenizer(tokenize)
+        self._path = os.fspath(path) if path is not None else None
+        self._read_only = read_only
+        self._cache_postings = cache_postings
+        self._cache: _PostingCache | None = None
+        self._lock = threading.RLock()
+        self._closed = False
+        self._options = {"k1": self._k1, "b": self._b, "tokenize": self._tokenizer_record()}
+        self._con = self._connect()
+        try:
+            self._con.create_function(
+                "bm25_js_log", js_log, ["DOUBLE"], "DOUBLE", side_effects=False
+            )
+            self._open_schema()
+        except BaseException:
+            self._con.close()
+            raise
+
+    # ----------------------------------------------------------------------------- opening
+
+    def _tokenizer_record(self) -> dict[str, Any]:
+        if isinstance(self._tokenizer, Tokenizer):
+            return self._tokenizer.options.to_dict()
+        fn = self._tokenizer
+        name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+        return {"custom": f"{getattr(fn, '__module__', '?')}.{name}"}
+
+    def _connect(self) -> duckdb.DuckDBPyConnection:
+        path = self._path
+        if path is None:
+            if self._read_only:
+                raise ValueError("read_only needs a path: an in-memory index starts empty")
+            return duckdb.connect(":memory:")
+        exists = os.path.exists(path)
+        if self._read_only and not exists:
+            raise FileNotFoundError(f"BM25 index file {path} does not exist")
+        if exists and not self._read_only and os.path.isfile(path) and os.path.getsize(path) == 0:
+            # An empty file (e.g. from mkstemp) holds nothing to lose; DuckDB refuses it.
+            os.unlink(path)
+        try:
+            con = duckdb.connect(path, read_only=self._read_only)
+        except duckdb.Error as exc:
+            raise _file_error(path, exc) from exc
+        return con
+
+    def _open_schema(self) -> None:
+        con = self._con
+        where = self._path or ":memory:"
+        try:
+            tables = {
+                row[0]
+                for row in con.execute(
+                    "SELECT table_name FROM duckdb_tables() "
+                    "WHERE database_name = current_database() AND schema_name = 'main'"
+                ).fetchall()
+            }
+        except duckdb.Error as exc:
+            raise _file_error(where, exc) from exc
+        if "bm25_meta" not in tables:
+            if tables:
+                listed = ", ".join(sorted(tables)[:5])
+                raise BM25FileError(
+                    f"{where} is a DuckDB database without a BM25 index (it has tables {listed}); "
+                    "it was left untouched",
+                    where,
+                )
+            if self._read_only:
+                raise BM25FileError(f"{where} holds no BM25 index (opened read-only)", where)
+            with self._transaction() as cur:
+                for statement in _SCHEMA:
+                    cur.execute(statement)
+                cur.executemany(
+                    "INSERT INTO bm25_meta VALUES (?, ?)",
+                    [
+                        ("format", FORMAT),
+                        ("format_version", str(FORMAT_VERSION)),
+                        ("options", json.dumps(self._options, sort_keys=True)),
+                    ],
+                )
+            return
+        try:
+            meta = dict(con.execute("SELECT key, value FROM bm25_meta").fetchall())
+            missing = _TABLES - tables
+            if meta.get("format") != FORMAT or missing:
+                raise BM25FileError(
+                    f"{where} is not an agentvfs BM25 index (format {meta.get('format')!r}"
+                    + (f", missing tables {', '.join(sorted(missing))}" if missing else "")
+                    + "); it was left untouched",
+                    where,
+                )
+            if meta.get("format_version") != str(FORMAT_VERSION):
+                raise BM25FileError(
+                    f"{where} holds a BM25 index of format version {meta.get('format_version')}, "
+                    f"this version reads {FORMAT_VERSION}; it was left untouched",
+                    where,
+                )
+            recorded = json.loads(meta.get("options", "{}"))
+            stats = con.execute("SELECT n FROM bm25_stats").fetchall()
+            count = con.execute("SELECT count(*) FROM bm25_docs").fetchone()
+        except duckdb.Error as exc:
+            raise _file_error(where, exc) from exc
+        if len(stats) != 1 or count is None or stats[0][0] != count[0]:
+            raise BM25FileError(
+                f"{where}: the BM25 index is inconsistent (stats {stats}, {count} documents); "
+                "it was left untouched",
+                where,
+            )
+        differences = _differences(recorded, self._options)
+        if differences:
+            raise ValueError(
+                f"BM25 index {where} was built with other options: {'; '.join(differences)}. "
+                "Open it with the recorded options, or rebuild it"
+            )
+
+    # ----------------------------------------------------------------------- transactions
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Hold the index lock on an open index, with fast-failing pandas lookups (see below)."""
+        with self._lock, _no_pandas_lookups():
+            self._check_open()
+            yield
+
+    @contextlib.contextmanager
+    def _transaction(self, *, cursor: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
+        with self._locked():
+            con = self._con.cursor() if cursor else self._con
+            try:
+                con.execute("BEGIN TRANSACTION")
+                try:
+                    yield con
+                except BaseException:
+                    con.execute("ROLLBACK")
+                    raise
+                con.execute("COMMIT")
+            finally:
+                if cursor:
+                    con.close()
+
+    def transaction(self) -> contextlib.AbstractContextManager[duckdb.DuckDBPyConnection]:
+        """A cursor inside BEGIN/COMMIT under the index lock, for other tables in the same file.
+
+        An exception inside the block rolls the transaction back and propagates.
+        """
+        return self._transaction(cursor=True)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError(f"BM25 index {self._path or ':memory:'} is closed")
+
+    def _check_writable(self) -> None:
+        if self._read_only:
+            raise PermissionError(f"BM25 index {self._path} is open read-only")
+
+    # ----------------------------------------------------------------------------- writing
+
+    def add(
+        self,
+        id: str,
+        content: str,
+        metadata: Mapping[str, Any] | None = None,
+        *,
+        start_line_offset: int | None = None,
+    ) -> None:
+        """Index one document, replacing any document with the same id.
+
+        Raises
+        ------
+        TypeError
+            ``id`` or ``content`` not a str, ``metadata`` not a mapping or not JSON-serialisable.
+        """
+        self.add_many([(id, content, metadata, start_line_offset)])
+
+    def add_many(
+        self,
+        docs: Iterable[
+            tuple[str, str]
+            | tuple[str, str, Mapping[str, Any] | None]
+            | tuple[str, str, Mapping[str, Any] | None, int | None]
+        ],
+    ) -> None:
+        """Index several documents in one transaction (all or none), as successive `add` calls.
+
+        Each item is ``(id, content, metadata, start_line_offset)``; the last two may be
+        omitted. An id given twice keeps its last content, at its last position.
+        """
+        self._check_writable()
+        batch: dict[str, _Prepared] = {}
+        for item in docs:
+            if not isinstance(item, tuple | list) or not 2 <= len(item) <= 4:
+                raise TypeError(
+                    "add_many takes (id, content, metadata, start_line_offset) tuples, "
+                    f"got {item!r:.80}"
+                )
+            prepared = self._prepare(*item)
+            batch.pop(prepared.id, None)  # a repeated id moves to the end, as a re-add does
+            batch[prepared.id] = prepared
+        if not batch:
+            return
+        items = list(batch.values())
+        with self._locked():
+            with self._transaction() as cur:
+                if len(items) == 1:
+                    # One statement for the stats and the document replaced (the id index).
+                    row = cur.execute(
+                        "SELECT s.n, s.total_len, s.next_doc, s.version, d.doc, d.len"
+                        " FROM bm25_stats s LEFT JOIN bm25_docs d ON d.id = ?",
+                        [items[0].id],
+                    ).fetchone()
+                    assert row is not None
+                    n, total, next_doc, version = (int(x) for x in row[:4])
+                    replaced = [(int(row[4]), int(row[5]))] if row[4] is not None else []
+                else:
+                    n, total, next_doc, version = self._stats(cur)
+                    replaced = cur.execute(
+                        "SELECT doc, len FROM bm25_docs"
+                        " WHERE id IN (SELECT unnest($ids::VARCHAR[]))",
+                        {"ids": list(batch)},
+                    ).fetchall()
+                if replaced:
+                    self._delete_docs(cur, [doc for doc, _ in replaced])
+                doc_numbers = np.arange(next_doc, next_doc + len(items), dtype=np.int64)
+                self._insert(cur, doc_numbers, items)
+                n += len(items) - len(replaced)
+                total += sum(p.length for p in items) - sum(length for _, length in replaced)
+                self._set_stats(cur, n, total, next_doc + len(items), version + 1)
+            # Committed: bring the cache along (still under the lock, so no search sees it stale).
+            cache = self._cache_after_write(version)
+            if cache is not None:
+                for doc, _ in replaced:
+                    cache.remove(doc)
+                for doc, p in zip(doc_numbers.tolist(), items, strict=True):
+                    cache.add(doc, p.length, p.terms, p.tfs)
+
+    @staticmethod
+    def _insert(
+        cur: duckdb.DuckDBPyConnection, doc_numbers: npt.NDArray[np.int64], items: list[_Prepared]
+    ) -> None:
+        if len(items) == 1:
+            p = items[0]
+            cur.execute(
+                "INSERT INTO bm25_docs VALUES (?, ?, ?, ?, ?, ?)",
+                [int(doc_numbers[0]), p.id, p.length, p.content, p.metadata, p.start_line_offset],
+            )
+        else:
+            # No column of Python objects may be all None: DuckDB's type sniffing of such a
+            # column needs pandas. Hence "" for no metadata and a flag beside the offsets.
+            offsets = [p.start_line_offset for p in items]
+            new_docs = {
+                "doc": doc_numbers,
+                "id": np.array([p.id for p in items], dtype=object),
+                "len": np.array([p.length for p in items], dtype=np.int32),
+                "content": np.array([p.content for p in items], dtype=object),
+                "metadata": np.array([p.metadata or "" for p in items], dtype=object),
+                "start_line_offset": np.array([o or 0 for o in offsets], dtype=np.int64),
+                "has_offset": np.array([o is not None for o in offsets], dtype=np.bool_),
+            }
+            cur.register("bm25_new_docs", new_docs)
+            try:
+                cur.execute(
+                    "INSERT INTO bm25_docs SELECT doc, id, len, content, nullif(metadata, ''),"
+                    " CASE WHEN has_offset THEN start_line_offset END FROM bm25_new_docs"
+                )
+            finally:
+                cur.unregister("bm25_new_docs")
+        new_postings = {
+            "term": np.concatenate([p.terms for p in items]),
+            "doc": np.repeat(doc_numbers, [len(p.terms) for p in items]),
+            "tf": np.concatenate([p.tfs for p in items]),
+        }
+        if not len(new_postings["term"]):
+            return
+        cur.register("bm25_new_postings", new_postings)
+        try:
+            cur.execute("INSERT INTO bm25_postings SELECT * FROM bm25_new_postings")
+        finally:
+            cur.unregister("bm25_new_postings")
+
+    def _prepare(
+        self,
+        id: str,
+        content: str,
+        metadata: Mapping[str, Any] | None = None,
+        start_line_offset: int | None = None,
+    ) -> _Prepared:
+        if not isinstance(id, str):
+            raise TypeError(f"document id must be str, not {type(id).__name__}")
+        if not isinstance(content, str):
+            raise TypeError(f"content of {id!r} must be str, not {type(content).__name__}")
+        try:
+            id.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(f"document id {id!r} is not valid Unicode (lone surrogate)") from None
+        meta_json: str | None = None
+        if metadata is not None:
+            if not isinstance(metadata, Mapping):
+                raise TypeError(
+                    f"metadata of {id!r} must be a mapping or None, not {type(metadata).__name__}"
+                )
+            try:
+                meta_json = json.dumps(dict(metadata), allow_nan=True)
+            except (TypeError, ValueError) as exc:
+                raise TypeError(f"metadata of {id!r} is not JSON-serialisable: {exc}") from exc
+        if start_line_offset is not None and (
+            isinstance(start_line_offset, bool) or not isinstance(start_line_offset, int)
+        ):
+            raise TypeError(
+                f"start_line_offset of {id!r} must be an int or None, "
+                f"not {type(start_line_offset).__name__}"
+            )
+        if isinstance(self._tokenizer, Tokenizer):
+            counts, length = self._tokenizer.counts(content)
+        else:
+            tokens = self._tokens(content)
+            counts, length = Counter(tokens), len(tokens)
+        return _Prepared(
+            id=id,
+            content=content.encode("utf-8", "surrogatepass"),
+            metadata=meta_json,
+            start_line_offset=start_line_offset,
+            terms=_term_hashes(counts),
+            tfs=np.fromiter(counts.values(), np.int32, len(counts)),
+            length=length,
+        )
+
+    def remove(self, id: str) -> bool:
+        """Remove a document; return whether it was there."""
+        return bool(self._remove_where("id = $key", {"key": id}))
+
+    def remove_source(self, source: str) -> list[str]:
+        """Remove ``source`` and its chunks ``source#chunk-N``; return the removed ids in order."""
+        prefix = source + "#chunk-"
+        return self._remove_where(
+            "id = $source OR (id >= $prefix AND id < $after"
+            " AND regexp_full_match(substr(id, length($prefix) + 1), '[0-9]+'))",
+            {"source": source, "prefix": prefix, "after": source + "#chunk."},
+        )
+
+    def _remove_where(self, condition: str, params: dict[str, Any]) -> list[str]:
+        self._check_writable()
+        with self._locked():
+            with self._transaction() as cur:
+                rows = cur.execute(
+                    f"SELECT doc, id, len FROM bm25_docs WHERE {condition} ORDER BY doc", params
+                ).fetchall()
+                if not rows:
+                    return []
+                n, total, next_doc, version = self._stats(cur)
+                self._delete_docs(cur, [doc for doc, _, _ in rows])
+                n -= len(rows)
+                total -= sum(length for _, _, length in rows)
+                self._set_stats(cur, n, total, next_doc, version + 1)
+            cache = self._cache_after_write(version)
+            if cache is not None:
+                for doc, _, _ in rows:
+                    cache.remove(doc)
+        return [id for _, id, _ in rows]
+
+    def clear(self) -> None:
+        """Remove every document (the file and its other tables stay)."""
+        self._check_writable()
+        with self._transaction() as cur:
+            _, _, next_doc, version = self._stats(cur)
+            cur.execute("DELETE FROM bm25_postings")
+            cur.execute("DELETE FROM bm25_docs")
+            self._set_stats(cur, 0, 0, next_doc, version + 1)
+            self._cache = None
+
+    @staticmethod
+    def _delete_docs(cur: duckdb.DuckDBPyConnection, docs: list[int]) -> None:
+        if len(docs) == 1:
+            # An equality lets the zone maps skip every row group but the document's.
+            cur.execute("DELETE FROM bm25_postings WHERE doc = ?", docs)
+            cur.execute("DELETE FROM bm25_docs WHERE doc = ?", docs)
+        else:
+            params = {"docs": docs, "lo": min(docs), "hi": max(docs)}
+            cur.execute(
+                "DELETE FROM bm25_postings WHERE doc BETWEEN $lo AND $hi"
+                " AND doc IN (SELECT unnest($docs::BIGINT[]))",
+                params,
+            )
+            cur.execute(
+                "DELETE FROM bm25_docs WHERE doc BETWEEN $lo AND $hi"
+                " AND doc IN (SELECT unnest($docs::BIGINT[]))",
+                params,
+            )
+
+    @staticmethod
+    def _stats(cur: duckdb.DuckDBPyConnection) -> tuple[int, int, int, int]:
+        row = cur.execute("SELECT n, total_len, next_doc, version FROM bm25_stats").fetchone()
+        assert row is not None
+        return int(row[0]), int(row[1]), int(row[2]), int(row[3])
+
+    @staticmethod
+    def _set_stats(
+        cur: duckdb.DuckDBPyConnection, n: int, total: int, next_doc: int, version: int
+    ) -> None:
+        cur.execute(
+            "UPDATE bm25_stats SET n = ?, total_len = ?, next_doc = ?, version = ?",
+            [n, total, next_doc, version],
+        )
+
+    def _cache_after_write(self, version_before: int) -> _PostingCache | None:
+        """The cache to patch after a committed write, now at ``version_before + 1``.
+
+        None when there is no cache, or it had missed a write made through another connection
+        to the same file (then it is dropped and the next search reloads it).
+        """
+        cache = self._cache
+        if cache is None:
+            return None
+        if cache.version != version_before:
+            self._cache = None
+            return None
+        cache.version = version_before + 1
+        return cache
+
+    # ----------------------------------------------------------------------------- reading
+
+    @property
+    def tokenize(self) -> Callable[[str], list[str]]:
+        """The tokenizer: ``index.tokenize(text) -> list[str]``."""
+        return self._tokens
+
+    def _tokens(self, text: str) -> list[str]:
+        tokens = self._tokenizer(text)
+        if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+            tokens = list(tokens)
+            if not all(isinstance(t, str) for t in tokens):
+                raise TypeError("the custom tokenizer must return a list of str")
+        return tokens
+
+    def search(self, query: str, *, top_k: int = 10, min_score: float = 0.0) -> list[BM25Hit]:
+        """Return the ``top_k`` best documents for ``query``, as the reference ranks them.
+
+        Query tokens count with their duplicates; documents with no query term are left out;
+        ``min_score`` applies to the raw score; equal scores keep the reference's order (the
+        first query term a document holds, then insertion order). An empty query, a query of
+        stopwords only or an empty index give ``[]``.
+
+        Raises
+        ------
+        TypeError
+            ``query`` not a str.
+        ValueError
+            ``top_k`` negative.
+        """
+        if not isinstance(query, str):
+            raise TypeError(f"query must be str, not {type(query).__name__}")
+        if isinstance(top_k, bool) or not isinstance(top_k, int):
+            raise TypeError(f"top_k must be an int, not {type(top_k).__name__}")
+        if top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {top_k}")
+        tokens = self._tokens(query)
+        if not tokens or top_k == 0:
+            return []
+        weights = Counter(tokens)
+        distinct = list(weights)  # first-occurrence order
+        hashes = _term_hashes(distinct)
+        with self._locked():
+            cur = self._con
+            n, total, _, version = self._stats(cur)
+            if n == 0:
+                return []
+            if self._cache_postings:
+                ranked = self._rank_cached(
+                    cur, version, tokens, distinct, hashes, n, total, top_k, min_score
+                )
+            else:
+                ranked = self._rank_sql(cur, distinct, weights, hashes, n, total, top_k, min_score)
+            if not ranked:
+                return []
+            rows = cur.execute(
+                "SELECT doc, id, content, metadata, start_line_offset FROM bm25_docs"
+                " WHERE doc IN (SELECT unnest($docs::BIGINT[]))",
+                {"docs": [doc for doc, _ in ranked]},
+            ).fetchall()
+        by_doc = {row[0]: row[1:] for row in rows}
+        hits: list[BM25Hit] = []
+        for doc, score in ranked:
+            id, blob, meta_json, offset = by_doc[doc]
+            content = bytes(blob).decode("utf-8", "surrogatepass")
+            metadata = json.loads(meta_json) if meta_json is not None else None
+            hits.append(self._hit(id, score, content, metadata, offset, tokens))
+        return hits
+
+    def _hit(
+        self,
+        id: str,
+        score: float,
+        content: str,
+        metadata: dict[str, Any] | None,
+        offset: int | None,
+        tokens: list[str],
+    ) -> BM25Hit:
+        if metadata is not None and START_LINE_KEY in metadata:
+            recorded = metadata.pop(START_LINE_KEY)
+            if offset is None and isinstance(recorded, int) and not isinstance(recorded, bool):
+                offset = recorded
+        span = find_line_range(content, tokens, self.tokenize)
+        if span is not None and offset is not None:
+            span = (span[0] + offset - 1, span[1] + offset - 1)
+        return BM25Hit(
+            id=id, score=score, content=content, metadata=metadata or None, line_range=span
+        )
+
+    def _rank_sql(
+        self,
+        cur: duckdb.DuckDBPyConnection,
+        distinct: list[str],
+        weights: Counter[str],
+        hashes: npt.NDArray[np.int64],
+        n: int,
+        total: int,
+        top_k: int,
+        min_score: float,
+    ) -> list[tuple[int, float]]:
+        params = {
+            "terms": hashes.tolist(),
+            "pos": list(range(len(distinct))),
+            "weights": [float(weights[t]) for t in distinct],
+            "n": float(n),
+            "k1": self._k1,
+            "k1_plus_1": self._k1 + 1,
+            "b": self._b,
+            "one_minus_b": 1 - self._b,
+            "avgdl": total / n,
+            "min_score": float(min_score),
+            "top_k": top_k,
+        }
+        return [
+            (int(doc), float(score)) for doc, score in cur.execute(_SEARCH_SQL, params).fetchall()
+        ]
+
+    def _rank_cached(
+        self,
+        cur: duckdb.DuckDBPyConnection,
+        version: int,
+        tokens: list[str],
+        distinct: list[str],
+        hashes: npt.NDArray[np.int64],
+        n: int,
+        total: int,
+        top_k: int,
+        min_score: float,
+    ) -> list[tuple[int, float]]:
+        cache = self._cache
+        if cache is None or cache.version != version:
+            cache = self._cache = _PostingCache.load(cur, version)
+        cache.maybe_compact()
+        k1, b = self._k1, self._b
+        k1_plus_1, one_minus_b = k1 + 1, 1 - b
+        avgdl = total / n
+        lengths = cache.slot_len.view()
+        # Each distinct term's contribution per document, with the reference's arithmetic:
+        # idf * (tf * (k1 + 1) / (tf + k1 * (1 - b + b * (len / avgdl)))).
+        found: dict[str, tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]] = {}
+        for term, key in zip(distinct, hashes.tolist(), strict=True):
+            slots, tfs = cache.postings(key)
+            df = len(slots)
+            if df == 0:
+                continue
+            idf = js_log((n - df + 0.5) / (df + 0.5) + 1)
+            found[term] = (
+                slots,
+                idf
+                * ((tfs * k1_plus_1) / (tfs + k1 * (one_minus_b + b * (lengths[slots] / avgdl)))),
+            )
+        if not found:
+            return []
+        size = cache.slot_doc.size
+        scores = np.zeros(size, dtype=np.float64)
+        work = sum(len(found[t][0]) for t in tokens if t in found)
+        if len(tokens) <= _EXACT_FOLD_TOKENS and work <= _EXACT_FOLD_WORK:
+            # The reference adds one term score per query token, in query order.
+            for token in tokens:
+                entry = found.get(token)
+                if entry is not None:
+                    scores[entry[0]] += entry[1]
+        else:
+            weights = Counter(tokens)
+            for term, (slots, contributions) in found.items():
+                w = weights[term]
+                scores[slots] += contributions if w == 1 else w * contributions
+        # The reference's result order before its stable sort: by the first query term a
+        # document holds, then by the term's posting order (= insertion order = slot order).
+        first = np.full(size, len(distinct), dtype=np.int64)
+        for pos in range(len(distinct) - 1, -1, -1):
+            entry = found.get(distinct[pos])
+            if entry is not None:
+                first[entry[0]] = pos
+        candidates = np.flatnonzero(first < len(distinct))
+        values = scores[candidates]
+        keep = values >= min_score
+        if not keep.all():
+            candidates, values = candidates[keep], values[keep]
+        if len(candidates) > top_k:
+            kth = np.partition(values, len(values) - top_k)[len(values) - top_k]
+            keep = values >= kth  # ties at the cut stay in, the sort below settles them
+            candidates, values = candidates[keep], values[keep]
+        order = np.lexsort((candidates, first[candidates], -values))[:top_k]
+        docs = cache.slot_doc.view()[candidates[order]]
+        return list(zip(docs.tolist(), values[order].tolist(), strict=True))
+
+    def get(self, id: str) -> tuple[str, dict[str, Any] | None] | None:
+        """Return ``(content, metadata)`` of a document, or None."""
+        row = self._fetchone("SELECT content, metadata FROM bm25_docs WHERE id = ?", [id])
+        if row is None:
+            return None
+        return bytes(row[0]).decode("utf-8", "surrogatepass"), (
+            json.loads(row[1]) if row[1] is not None else None
+        )
+
+    def ids(self) -> list[str]:
+        """Document ids in insertion order (a replaced document moves to the end)."""
+        with self._locked():
+            return [
+                row[0]
+                for row in self._con.execute("SELECT id FROM bm25_docs ORDER BY doc").fetchall()
+            ]
+
+    def __len__(self) -> int:
+        row = self._fetchone("SELECT n FROM bm25_stats", [])
+        return int(row[0]) if row is not None else 0
+
+    def __contains__(self, id: object) -> bool:
+        if not isinstance(id, str):
+            return False
+        return self._fetchone("SELECT 1 FROM bm25_docs WHERE id = ?", [id]) is not None
+
+    def _fetchone(self, sql: str, params: list[Any]) -> tuple[Any, ...] | None:
+        with self._locked():
+            return self._con.execute(sql, params).fetchone()
+
+    # ------------------------------------------------------------------------------ others
+
+    @property
+    def path(self) -> str | None:
+        """The DuckDB file, or None in memory."""
+        return self._path
+
+    @property
+    def k1(self) -> float:
+        return self._k1
+
+    @property
+    def b(self) -> float:
+        return self._b
+
+    @property
+    def read_only(self) -> bool:
+        return self._read_only
+
+    def close(self) -> None:
+        """Close the file (idempotent); later calls raise ValueError."""
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._cache = None
+                self._con.close()
+
+    def __enter__(self) -> BM25Index:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"k1={self._k1}, b={self._b}"
+        return f"BM25Index({self._path or ':memory:'!r}, {state})"
+
+
+_PANDAS_MISSING = importlib.util.find_spec("pandas") is None
+
+
+@contextlib.contextmanager
+def _no_pandas_lookups() -> Iterator[None]:
+    """Make DuckDB's per-value ``import pandas`` fail fast while it converts Python objects.
+
+    DuckDB tries to import pandas for every Python object it converts (list parameters, object
+    columns); when pandas is not installed each failed import searches ``sys.path`` (about
+    0.1 ms, i.e. seconds per batch). A ``None`` in ``sys.modules`` makes the import fail at
+    once; pandas is absent anyway, so no import can be affected but these failing ones.
+    """
+    if not _PANDAS_MISSING or "pandas" in sys.modules:
+        yield
+        return
+    sys.modules["pandas"] = None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        if sys.modules.get("pandas", 0) is None:
+            del sys.modules["pandas"]
+
+
+def _finite(name: str, value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{name} must be a number, not {type(value).__name__}")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value}")
+    return float(value)
+
+
+def _differences(recorded: Mapping[str, Any], wanted: Mapping[str, Any]) -> list[str]:
+    """Name each option that differs: ``k1 1.2 (in the file) != 1.5``."""
+    out: list[str] = []
+    for key in ("k1", "b"):
+        if recorded.get(key) != wanted.get(key):
+            out.append(f"{key} {recorded.get(key)!r} (in the file) != {wanted.get(key)!r}")
+    old_tok = recorded.get("tokenize") or {}
+    new_tok = wanted.get("tokenize") or {}
+    for key in sorted(set(old_tok) | set(new_tok)):
+        if old_tok.get(key) != new_tok.get(key):
+            before, after = old_tok.get(key), new_tok.get(key)
+            if key == "stopwords" and isinstance(before, list) and isinstance(after, list):
+                added = sorted(set(after) - set(before))
+                dropped = sorted(set(before) - set(after))
+                out.append(f"tokenize stopwords differ (added {added[:5]}, removed {dropped[:5]})")
+            else:
+                out.append(f"tokenize {key} {before!r} (in the file) != {after!r}")
+    return out
+
+
+def _file_error(path: str, exc: duckdb.Error) -> BM25FileError:
+    message = str(exc)
+    if "lock" in message.lower():
+        why = "is held by another process (DuckDB allows one writer, or many read-only readers)"
+    elif "not a valid DuckDB database" in message:
+        why = "is not a DuckDB database"
+    else:
+        why = "cannot be read as a BM25 index (corrupt or unreadable)"
+    return BM25FileError(
+        f"BM25 index file {path} {why}; it was left untouched. DuckDB: {message}", path
+    )
