@@ -7,6 +7,7 @@ import logging
 import math
 import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -478,9 +479,11 @@ async def test_flood_foreground_callbacks_count_every_byte(manager: LocalProcess
         nonlocal counted
         counted += len(chunk)
 
-    handle = await manager.spawn(f"head -c {GIB} /dev/zero", max_retained_bytes=1 << 20)
+    # Callbacks given to spawn see every chunk; those given to wait() only what arrives
+    # while waiting (the reader may be ahead by then).
+    handle = await manager.spawn(f"head -c {GIB} /dev/zero", max_retained_bytes=1 << 20, on_stdout=count)
     with anyio.fail_after(30):
-        result = await handle.wait(on_stdout=count)
+        result = await handle.wait()
     assert counted == GIB
     assert result.exit_code == 0 and result.stdout_truncated
     assert len(result.stdout) == 1 << 20 and result.stdout_dropped_bytes == GIB - (1 << 20)
@@ -519,3 +522,21 @@ async def test_slow_callbacks_pause_the_process_instead_of_queueing(
     assert received == 150_000_000 and result.exit_code == 0
     # Unthrottled, the 150 MB would pile up in the callback queue.
     assert growth_mib < 60, f"peak memory grew by {growth_mib:.0f} MiB"
+
+
+async def test_output_still_in_the_pipe_at_exit_is_never_cut_off(manager: LocalProcessManager) -> None:
+    """A slow consumer: the command has exited long before its last bytes are delivered;
+    every byte must still arrive (the drain window counts from the last data, not the exit)."""
+    total = 24 << 20
+    counted = 0
+
+    def slow(chunk: str) -> None:
+        nonlocal counted
+        counted += len(chunk)
+        time.sleep(0.05)
+
+    handle = await manager.spawn(f"head -c {total} /dev/zero", max_retained_bytes=1 << 16, on_stdout=slow)
+    with anyio.fail_after(60):
+        result = await handle.wait()
+    assert result.exit_code == 0
+    assert counted == total

@@ -906,6 +906,7 @@ class _LocalProcessHandle(ProcessHandle):
         if pidfd is not None:
             selector.register(pidfd, selectors.EVENT_READ, "exit")
         exited_at: float | None = None
+        last_data = 0.0
         try:
             while True:
                 now = time.monotonic()
@@ -913,11 +914,22 @@ class _LocalProcessHandle(ProcessHandle):
                     self._check_deadlines(now)
                     if pidfd is None and proc.poll() is not None:
                         exited_at = now
-                if exited_at is not None and (
-                    not streams or now - exited_at >= _EXIT_DRAIN_SECONDS
+                # After the exit, read until the pipes close or stay silent for the drain
+                # time (a background child may hold them open); data still arriving, even
+                # slowly on a loaded machine, is never cut off.
+                # The check follows a select that found nothing to read, so a reader thread
+                # starved of CPU never mistakes its own delay for silence.
+                quiet_since = max(exited_at, last_data) if exited_at is not None else None
+                if quiet_since is not None and not streams:
+                    break
+                events = selector.select(self._next_wakeup(now, quiet_since, pidfd is None))
+                if (
+                    not events
+                    and quiet_since is not None
+                    and time.monotonic() - quiet_since >= _EXIT_DRAIN_SECONDS
                 ):
                     break
-                for key, _ in selector.select(self._next_wakeup(now, exited_at, pidfd is None)):
+                for key, _ in events:
                     if key.data == "exit":
                         proc.wait()
                         exited_at = time.monotonic()
@@ -935,6 +947,7 @@ class _LocalProcessHandle(ProcessHandle):
                     while self._backlogged():
                         self._check_deadlines(time.monotonic())
                         self._wait_for_space(_ABORT_POLL_SECONDS)
+                    last_data = time.monotonic()
             if proc.returncode is None:
                 proc.wait()
             returncode = proc.returncode
