@@ -18,13 +18,15 @@ from typing import TYPE_CHECKING, Any, Literal
 import anyio
 
 from ._context import RequestContext
-from .errors import WorkspaceError, WorkspaceNotReadyError
+from .errors import SearchNotAvailableError, WorkspaceError, WorkspaceNotReadyError
 from .vfs import CompositeFilesystem, LocalFilesystem, WorkspaceFilesystem
 from .vfs._base import new_id
 from .vfs._wrapper import TimeoutFilesystem
 
 if TYPE_CHECKING:
     from ._blocking import BlockingWorkspace
+    from .search._engine import SearchResult
+    from .search._workspace import WorkspaceSearch
     from .tools import WorkspaceTool
 
 __all__ = ["Workspace", "WorkspaceStatus"]
@@ -284,6 +286,23 @@ class Workspace:
                     self._id,
                 )
             self._search_index_name = index_name
+        try:
+            from .search._workspace import parse_bm25_config
+
+            parse_bm25_config(bm25)
+        except ValueError as exc:
+            raise WorkspaceError(str(exc), "INVALID_SEARCH_CONFIG", self._id) from None
+        self._search: WorkspaceSearch | None = None
+        if bm25 or (vector_store is not None and embedder is not None):
+            from .search._workspace import WorkspaceSearch
+
+            self._search = WorkspaceSearch(
+                bm25=bm25,
+                vector_store=vector_store,
+                embedder=embedder,
+                index_name=self._search_index_name,
+                index_dir=index_dir if index_dir is not None else self._default_index_dir(),
+            )
 
         # 9. something to work with
         self._skills_config = skills
@@ -306,6 +325,17 @@ class Workspace:
         self._stopping: anyio.Event | None = None
         self._destroying: anyio.Event | None = None
         self._destroy_error: BaseException | None = None
+
+    def _default_index_dir(self) -> str | None:
+        """Next to the mounts when filesystems are mounted into a local sandbox, else None
+        (in memory)."""
+        manager = getattr(self._sandbox, "mounts", None)
+        workdir = getattr(self._sandbox, "working_directory", None)
+        if manager is None or workdir is None or not getattr(manager, "entries", None):
+            return None
+        import os
+
+        return os.path.join(os.path.abspath(os.path.expanduser(str(workdir))), ".agentvfs")
 
     # -- identity and providers ------------------------------------------------------------------------
 
@@ -446,6 +476,119 @@ class Workspace:
 
         return await build_tools(self, workspace_tool_specs(self), request_context)
 
+    # -- search ---------------------------------------------------------------------------------------------------
+
+    @property
+    def index_dir(self) -> str | None:
+        """Where the search index persists (None: in memory, or no search configured)."""
+        return self._search.index_dir if self._search is not None else None
+
+    def _require_search(self) -> WorkspaceSearch:
+        if self._teardown_started:
+            raise WorkspaceNotReadyError(self._id, self._status)
+        if self._search is None:
+            raise SearchNotAvailableError()
+        return self._search
+
+    async def index(
+        self,
+        path: str,
+        content: str,
+        *,
+        metadata: Mapping[str, Any] | None = None,
+        start_line_offset: int | None = None,
+    ) -> None:
+        """Index ``content`` under the id ``path`` (replacing a document with that id).
+
+        Raises
+        ------
+        SearchNotAvailableError
+            No search is configured.
+        WorkspaceNotReadyError
+            The workspace is being or has been destroyed.
+        """
+        search = self._require_search()
+        if not isinstance(path, str) or not path:
+            raise ValueError(f"path must be a non-empty string, got {path!r}")
+        if not isinstance(content, str):
+            raise TypeError(f"content must be str, not {type(content).__name__}")
+        self.touch()
+        await self._with_timeout(search.index(path, content, metadata=metadata, start_line_offset=start_line_offset))
+
+    async def search(
+        self,
+        query: str,
+        *,
+        top_k: int = 10,
+        mode: str | None = None,
+        min_score: float | None = None,
+        vector_weight: float = 0.5,
+        filter: Mapping[str, Any] | None = None,
+    ) -> list[SearchResult]:
+        """Search the index: ``mode`` ``bm25``, ``vector`` or ``hybrid`` (default: the best
+        configured). Request-scoped skill documents are never returned.
+
+        Raises
+        ------
+        SearchNotAvailableError
+            No search is configured.
+        ValueError
+            The mode is not configured (the reference's message), or a bad argument.
+        """
+        if self._search is None:
+            raise SearchNotAvailableError()
+        search = self._search
+        self.touch()
+        engine = await search.engine()
+        scoped = sum(1 for i in engine.ids() if i.startswith("skill-scope:"))
+        hidden = {"skill_scope": {"$exists": False}}
+        combined = {"$and": [dict(filter), hidden]} if filter else hidden
+        results = await self._with_timeout(
+            search.search(
+                query,
+                top_k=top_k + scoped,
+                mode=mode,
+                min_score=min_score,
+                vector_weight=vector_weight,
+                filter=combined,
+            )
+        )
+        visible = [r for r in results if not (r.metadata or {}).get("skill_scope")]
+        return visible[:top_k]
+
+    async def rebuild_search_index(self, paths: Sequence[str] | None = None) -> None:
+        """Clear the search index and index the files ``paths`` (default ``auto_index_paths``)
+        name; files longer than 4,000 characters become ``path#chunk-N`` documents.
+
+        A no-op without search, without a static filesystem or without paths. The sandbox is
+        not started.
+        """
+        search = self._require_search() if self._search is not None else None
+        targets = list(paths) if paths is not None else list(self._auto_index_paths)
+        if search is None or self._filesystem is None or not targets:
+            return
+        await search.rebuild(self._filesystem, targets)
+
+    async def _with_timeout(self, awaitable: Awaitable[Any]) -> Any:
+        if self._operation_timeout is None:
+            return await awaitable
+        with anyio.fail_after(self._operation_timeout / 1000):
+            return await awaitable
+
+    async def _after_tool_write(self, operation: str, path: str, fs: WorkspaceFilesystem) -> None:
+        """Keep indexed paths fresh after a tool changed them (``tools={"auto_reindex": True}``)."""
+        search = self._search
+        config = self._tools_config or {}
+        if search is None or not config.get("auto_reindex") or fs is not self._filesystem:
+            return
+        try:
+            if operation == "delete":
+                await search.forget_path(path)
+            else:
+                await search.refresh_path(fs, path)
+        except Exception:
+            logger.warning('Failed to re-index "%s" after %s', path, operation, exc_info=True)
+
     # -- lifecycle -----------------------------------------------------------------------------------------------
 
     async def init(self) -> None:
@@ -461,6 +604,12 @@ class Workspace:
                 await self._filesystem.init()
             if self._sandbox is not None:
                 await _call_lifecycle(self._sandbox, "start")
+            if self._search is not None and self._filesystem is not None and self._auto_index_paths:
+                if self._search.index_dir is not None:
+                    # A persistent index: only what changed since it was last in step.
+                    await self._search.sync(self._filesystem, self._auto_index_paths)
+                else:
+                    await self._search.rebuild(self._filesystem, self._auto_index_paths)
             self._status = "ready"
         except BaseException:
             self._status = "error"
@@ -517,6 +666,13 @@ class Workspace:
             self._destroy_error = exc
             raise
         finally:
+            if self._search is not None:
+                # The in-memory index is dropped; a persistent one is closed, never deleted.
+                with anyio.CancelScope(shield=True):
+                    try:
+                        await self._search.shutdown()
+                    except Exception:
+                        logger.warning("Closing the search index failed", exc_info=True)
             self._destroying.set()
             self._destroying = None
             _LIVE.discard(self)

@@ -93,8 +93,11 @@ class ToolSpec:
     #: The operation name a read-only filesystem reports (``write_file``, ``delete``...).
     writes: str | None = None
     #: The provider the tool runs against, resolved per request before it runs.
-    needs: Literal["filesystem", "sandbox"] = "filesystem"
+    needs: Literal["filesystem", "sandbox", "workspace"] = "filesystem"
     defaults: dict[str, Any] = field(default_factory=dict)
+    #: A wider schema the input is checked against, when the tool accepts more than it
+    #: advertises (the search tool takes any mode and falls back to an available one).
+    accepts: dict[str, Any] | None = None
 
 
 async def _maybe_await(value: Any) -> Any:
@@ -214,7 +217,7 @@ class WorkspaceTool:
         FilesystemNotAvailableError, SandboxNotAvailableError
             The provider the tool needs is not configured (or a resolver returned None).
         """
-        args = validate_input(self.name, self.input_schema, input)
+        args = validate_input(self.name, self.spec.accepts or self.input_schema, input)
         ctx = request_context if request_context is not None else RequestContext()
         call = ToolCall(
             args=args,
@@ -281,6 +284,8 @@ class WorkspaceTool:
             if call.sandbox is None:
                 raise SandboxNotAvailableError()
             return await self.spec.run(call)
+        if self.spec.needs == "workspace":
+            return await self.spec.run(call)
         fs = await self._workspace.resolve_filesystem(request_context=ctx)
         if fs is None:
             raise FilesystemNotAvailableError()
@@ -291,6 +296,8 @@ class WorkspaceTool:
             result = await self.spec.run(call)
             if self.spec.tracking == "read" and call.seen is not None:
                 self._tracker.record_read(args["path"], call.seen, _scope(fs))
+            if self.spec.writes == "delete":
+                await self._workspace._after_tool_write("delete", args["path"], fs)
             return result
         path = args["path"]
         scope = _scope(fs)
@@ -307,6 +314,7 @@ class WorkspaceTool:
         result = await self.spec.run(call)
         # A write consumes the read: editing again needs a fresh read under the policy.
         self._tracker.clear(path)
+        await self._workspace._after_tool_write(self.spec.writes or "write_file", path, fs)
         return result
 
     async def _policy_applies(self, policy: Any, args: dict[str, Any], ctx: RequestContext) -> bool:
@@ -333,7 +341,7 @@ async def _enabled(value: Any, ctx: dict[str, Any]) -> bool:
         return False
 
 
-_TOP_KEYS = frozenset({"enabled", "require_approval", "hooks", "write_lock_timeout_ms"})
+_TOP_KEYS = frozenset({"enabled", "require_approval", "hooks", "write_lock_timeout_ms", "auto_reindex"})
 _TOOL_KEYS = frozenset(
     {
         "enabled", "require_approval", "name", "require_read_before_write", "max_output_tokens",
@@ -404,6 +412,8 @@ def validate_tools_config(config: Mapping[str, Any]) -> float:
     timeout = config.get("write_lock_timeout_ms", DEFAULT_WRITE_LOCK_TIMEOUT_MS)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
         raise ValueError(f"tools config: write_lock_timeout_ms must be a positive number, got {timeout!r}")
+    if not isinstance(config.get("auto_reindex", False), bool):
+        raise ValueError(f"tools config: auto_reindex must be a bool, got {config['auto_reindex']!r}")
     return float(timeout)
 
 

@@ -8,6 +8,7 @@ from ._core import ToolSpec
 from ._filesystem import FILESYSTEM_TOOLS
 from ._names import WORKSPACE_TOOLS
 from ._sandbox import EXECUTE_COMMAND, EXECUTE_COMMAND_BACKGROUND, GET_PROCESS_OUTPUT, KILL_PROCESS
+from ._search import index_spec, search_spec
 
 if TYPE_CHECKING:
     from ..workspace import Workspace
@@ -22,7 +23,7 @@ _FILESYSTEM_ORDER = (
 
 def workspace_tool_specs(workspace: Workspace) -> list[ToolSpec]:
     """The tool definitions a workspace offers before configuration is applied: filesystem
-    tools, then sandbox tools.
+    tools, then search tools, then sandbox tools.
 
     Write tools are left out on a read-only static filesystem; with a filesystem resolver they
     are always offered, and a read-only resolved filesystem refuses them when they run.
@@ -36,7 +37,11 @@ def workspace_tool_specs(workspace: Workspace) -> list[ToolSpec]:
             if spec.writes and read_only:
                 continue
             specs.append(spec)
-    # (The reference registers search tools here, between the filesystem and sandbox tools.)
+    if workspace.can_bm25 or workspace.can_vector:
+        specs.append(search_spec(workspace))
+        static = workspace.filesystem
+        if static is None or not static.read_only:
+            specs.append(index_spec())
     specs.extend(_sandbox_specs(workspace))
     return specs
 

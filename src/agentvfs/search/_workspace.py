@@ -1,0 +1,638 @@
+"""A workspace's search index: which files are indexed, and keeping the index in step with
+them across restarts.
+
+``WorkspaceSearch`` owns the engine (BM25 in DuckDB, vectors in the configured store) and a
+record of every auto-indexed file (size, modification time, ETag, content hash, number of
+chunks). With an ``index_dir`` the DuckDB file lives there and a new Workspace on the same
+directory reuses it: ``sync`` re-reads only files whose size, time or ETag changed, re-indexes
+only those whose content changed, and drops files that are gone. Embeddings are cached by
+content hash and model, so a restart, or the same text under another name, costs no new
+embedding calls; a change of embedding model forces re-embedding.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import posixpath
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import anyio.to_thread
+
+from ..tools._glob import create_glob_matcher, extract_glob_base, is_glob_pattern
+from ..vfs import FileEntry, WorkspaceFilesystem
+from ..vfs._base import list_stats, read_many, walk
+from ._bm25 import BM25FileError, BM25Index
+from ._chunking import split_into_chunks
+from ._embedders import embedder_id
+from ._engine import Document, Fusion, SearchEngine, SearchResult
+from ._tokenize import TokenizeOptions
+
+__all__ = ["INDEX_FILE", "SearchIndexError", "WorkspaceSearch", "parse_bm25_config"]
+
+_log = logging.getLogger("agentvfs.search")
+
+#: The DuckDB file of a persistent index, inside ``index_dir``.
+INDEX_FILE = "search.duckdb"
+#: Directory depth walked below an auto-indexed directory (as the reference).
+MAX_DEPTH = 10
+#: Files read at once while indexing.
+READ_CONCURRENCY = 8
+#: Files embedded per round while (re)indexing, so progress is kept as it goes.
+ROUND = 256
+
+
+class SearchIndexError(RuntimeError):
+    """The index in ``index_dir`` cannot be used as it is (nothing was changed or deleted)."""
+
+
+def parse_bm25_config(value: Any) -> tuple[float, float, TokenizeOptions | None] | None:
+    """``True``, ``{"k1", "b"}`` or ``{"bm25": {...}, "tokenize": {...}}`` -> (k1, b, options);
+    None/False -> None.
+
+    Raises
+    ------
+    ValueError
+        An unknown key or a value of the wrong type, named.
+    """
+    if value is None or value is False:
+        return None
+    if value is True:
+        return 1.5, 0.75, None
+    if not isinstance(value, Mapping):
+        raise ValueError(f"bm25 must be True or a mapping, got {type(value).__name__}")
+    params: Mapping[str, Any] = value
+    tokenize: Any = None
+    if "bm25" in value or "tokenize" in value:
+        unknown = set(value) - {"bm25", "tokenize"}
+        if unknown:
+            raise ValueError(
+                f"bm25: unknown key {sorted(unknown)[0]!r} (expected 'bm25' and 'tokenize')"
+            )
+        params = value.get("bm25") or {}
+        tokenize = value.get("tokenize")
+        if not isinstance(params, Mapping):
+            raise ValueError(f"bm25.bm25 must be a mapping, got {type(params).__name__}")
+    unknown = set(params) - {"k1", "b"}
+    if unknown:
+        raise ValueError(f"bm25: unknown parameter {sorted(unknown)[0]!r} (expected 'k1' and 'b')")
+    k1, b = params.get("k1", 1.5), params.get("b", 0.75)
+    for name, number in (("k1", k1), ("b", b)):
+        if isinstance(number, bool) or not isinstance(number, int | float):
+            raise ValueError(f"bm25 {name} must be a number, got {number!r}")
+    options = TokenizeOptions.from_value(tokenize) if tokenize is not None else None
+    return float(k1), float(b), options
+
+
+@dataclass(frozen=True)
+class _Signature:
+    size: int
+    mtime_ns: int
+    etag: str | None
+
+    @classmethod
+    def of(cls, stat: Any) -> _Signature:
+        modified = getattr(stat, "modified_at", None)
+        mtime = int(modified.timestamp() * 1e9) if modified is not None else 0
+        return cls(int(getattr(stat, "size", 0) or 0), mtime, getattr(stat, "etag", None))
+
+
+@dataclass
+class _Source:
+    signature: _Signature
+    digest: str
+    chunks: int
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class WorkspaceSearch:
+    """The search side of a workspace (see the module documentation).
+
+    Parameters
+    ----------
+    bm25 : config
+        As ``Workspace(bm25=...)``.
+    vector_store, embedder, index_name, fusion
+        As ``SearchEngine``.
+    index_dir : str, optional
+        Where the index persists; None keeps it in memory.
+    """
+
+    def __init__(
+        self,
+        *,
+        bm25: Any = None,
+        vector_store: Any = None,
+        embedder: Callable[..., Any] | None = None,
+        index_name: str | None = None,
+        index_dir: str | os.PathLike[str] | None = None,
+        fusion: Fusion = "linear",
+    ) -> None:
+        self._bm25_config = parse_bm25_config(bm25)
+        self._vector_store = vector_store
+        self._embedder = embedder
+        self._index_name = index_name
+        self._fusion: Fusion = fusion
+        self.index_dir = os.fspath(index_dir) if index_dir is not None else None
+        self._engine: SearchEngine | None = None
+        self._open_lock = anyio.Lock()
+        # In-memory state when there is no DuckDB file to keep it in.
+        self._sources: dict[str, _Source] = {}
+        self._embeddings: dict[tuple[str, str], list[float]] = {}
+
+    @property
+    def can_bm25(self) -> bool:
+        return self._bm25_config is not None
+
+    @property
+    def can_vector(self) -> bool:
+        return self._vector_store is not None and self._embedder is not None
+
+    @property
+    def enabled(self) -> bool:
+        return self.can_bm25 or self.can_vector
+
+    @property
+    def path(self) -> str | None:
+        """The DuckDB file of a persistent index."""
+        return os.path.join(self.index_dir, INDEX_FILE) if self.index_dir else None
+
+    # -- opening ---------------------------------------------------------------------------------
+
+    async def engine(self) -> SearchEngine:
+        """The engine, opening the index on first use.
+
+        Raises
+        ------
+        SearchIndexError
+            The file in ``index_dir`` is not a usable index (its reason and the way out are
+            in the message); nothing was deleted.
+        """
+        if self._engine is not None:
+            return self._engine
+        async with self._open_lock:
+            if self._engine is None:
+                self._engine = await anyio.to_thread.run_sync(self._open)
+        return self._engine
+
+    def _open(self) -> SearchEngine:
+        path = self.path
+        if path is not None:
+            os.makedirs(self.index_dir or ".", exist_ok=True)
+        bm25: BM25Index | None = None
+        if self._bm25_config is not None or path is not None:
+            k1, b, options = self._bm25_config or (1.5, 0.75, None)
+            try:
+                bm25 = BM25Index(path, k1=k1, b=b, tokenize=options)
+            except (ValueError, BM25FileError) as exc:
+                raise SearchIndexError(
+                    f"The search index {path} cannot be used: {exc}. Move it away or delete it to "
+                    "build a new index from the files (nothing was changed)."
+                ) from exc
+            self._create_tables(bm25)
+        engine = SearchEngine(
+            bm25=bm25 if self._bm25_config is not None else None,
+            vector_store=self._vector_store,
+            embedder=self._embedder,
+            index_name=self._index_name,
+            fusion=self._fusion,
+            cache=self,
+        )
+        # Without BM25 the DuckDB file still keeps the file records and embedding cache.
+        self._store = bm25
+        return engine
+
+    _store: BM25Index | None = None
+
+    @staticmethod
+    def _create_tables(bm25: BM25Index) -> None:
+        with bm25.transaction() as cur:
+            cur.execute(
+                "CREATE TABLE IF NOT EXISTS agentvfs_sources ("
+                " path VARCHAR PRIMARY KEY, size BIGINT, mtime_ns BIGINT, etag VARCHAR,"
+                " digest VARCHAR, chunks INTEGER)"
+            )
+            cur.execute(
+                "CREATE TABLE IF NOT EXISTS agentvfs_embeddings ("
+                " digest VARCHAR, model VARCHAR, vector DOUBLE[], PRIMARY KEY (digest, model))"
+            )
+            cur.execute(
+                "CREATE TABLE IF NOT EXISTS agentvfs_meta (key VARCHAR PRIMARY KEY, value VARCHAR)"
+            )
+
+    # -- state ----------------------------------------------------------------------------------------
+
+    def _load_sources(self) -> dict[str, _Source]:
+        store = self._store
+        if store is None:
+            return dict(self._sources)
+        with store.transaction() as cur:
+            rows = cur.execute(
+                "SELECT path, size, mtime_ns, etag, digest, chunks FROM agentvfs_sources"
+            ).fetchall()
+        return {r[0]: _Source(_Signature(r[1], r[2], r[3]), r[4], r[5]) for r in rows}
+
+    def _save_source(self, path: str, source: _Source | None) -> None:
+        store = self._store
+        if store is None:
+            if source is None:
+                self._sources.pop(path, None)
+            else:
+                self._sources[path] = source
+            return
+        with store.transaction() as cur:
+            cur.execute("DELETE FROM agentvfs_sources WHERE path = ?", [path])
+            if source is not None:
+                sig = source.signature
+                cur.execute(
+                    "INSERT INTO agentvfs_sources VALUES (?, ?, ?, ?, ?, ?)",
+                    [path, sig.size, sig.mtime_ns, sig.etag, source.digest, source.chunks],
+                )
+
+    def _meta(self, key: str) -> str | None:
+        store = self._store
+        if store is None:
+            return None
+        with store.transaction() as cur:
+            row = cur.execute("SELECT value FROM agentvfs_meta WHERE key = ?", [key]).fetchone()
+        return None if row is None else str(row[0])
+
+    def _set_meta(self, key: str, value: str) -> None:
+        store = self._store
+        if store is None:
+            return
+        with store.transaction() as cur:
+            cur.execute("INSERT OR REPLACE INTO agentvfs_meta VALUES (?, ?)", [key, value])
+
+    # -- embedding cache (used by the engine) -----------------------------------------------
+
+    def get_embeddings(self, model: str, digests: Sequence[str]) -> dict[str, list[float]]:
+        """Cached vectors of ``digests`` for ``model``."""
+        store = self._store
+        if store is None:
+            return {
+                d: self._embeddings[(d, model)] for d in digests if (d, model) in self._embeddings
+            }
+        wanted = list(dict.fromkeys(digests))
+        out: dict[str, list[float]] = {}
+        with store.transaction() as cur:
+            for start in range(0, len(wanted), 500):
+                part = wanted[start : start + 500]
+                marks = ", ".join("?" for _ in part)
+                rows = cur.execute(
+                    f"SELECT digest, vector FROM agentvfs_embeddings WHERE model = ? AND digest IN ({marks})",
+                    [model, *part],
+                ).fetchall()
+                out.update({r[0]: list(r[1]) for r in rows})
+        return out
+
+    def put_embeddings(self, model: str, vectors: Mapping[str, Sequence[float]]) -> None:
+        """Remember vectors by content digest for ``model``."""
+        store = self._store
+        if store is None:
+            for digest, vector in vectors.items():
+                self._embeddings[(digest, model)] = list(vector)
+            return
+        with store.transaction() as cur:
+            cur.executemany(
+                "INSERT OR REPLACE INTO agentvfs_embeddings VALUES (?, ?, ?)",
+                [[digest, model, list(vector)] for digest, vector in vectors.items()],
+            )
+
+    # -- the API's operations ---------------------------------------------------------------------
+
+    async def index(
+        self,
+        path: str,
+        content: str,
+        *,
+        metadata: Mapping[str, Any] | None = None,
+        start_line_offset: int | None = None,
+    ) -> None:
+        """Index one document under ``path`` (replacing it)."""
+        engine = await self.engine()
+        await engine.index(Document(path, content, metadata, start_line_offset))
+
+    async def search(self, query: str, **options: Any) -> list[SearchResult]:
+        engine = await self.engine()
+        return await engine.search(query, **options)
+
+    async def clear(self) -> None:
+        """Empty BM25 and forget the file records (the vector store is left as it is)."""
+        engine = await self.engine()
+        await engine.clear()
+        store = self._store
+        if store is None:
+            self._sources.clear()
+        else:
+            with store.transaction() as cur:
+                cur.execute("DELETE FROM agentvfs_sources")
+
+    async def shutdown(self) -> None:
+        """Release the index at ``destroy()``: an in-memory one is emptied, a persistent one
+        closed (never deleted)."""
+        if self._engine is None:
+            return
+        if self.index_dir is None:
+            await self.clear()
+        await self.close()
+
+    async def close(self) -> None:
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            await engine.close()
+        self._store = None
+
+    # -- files ------------------------------------------------------------------------------------------
+
+    async def rebuild(self, fs: WorkspaceFilesystem, patterns: Sequence[str]) -> None:
+        """Clear the index and index every file ``patterns`` name (the reference's rebuild)."""
+        await self.clear()
+        await self.sync(fs, patterns, prune=False)
+
+    async def sync(
+        self, fs: WorkspaceFilesystem, patterns: Sequence[str], *, prune: bool = True
+    ) -> dict[str, int]:
+        """Bring the index in step with the files ``patterns`` name: index new and changed
+        files, drop removed ones (``prune``); unchanged files cost one listing, no read.
+
+        Returns counts: ``indexed``, ``unchanged``, ``removed``, ``failed``.
+        """
+        engine = await self.engine()
+        self._check_model()
+        known = await anyio.to_thread.run_sync(self._load_sources)
+        files = await collect_files(fs, patterns)
+        signatures = await _signatures(fs, files)
+        counts = {"indexed": 0, "unchanged": 0, "removed": 0, "failed": 0}
+        todo: list[str] = []
+        for path in files:
+            old, sig = known.get(path), signatures.get(path)
+            if (
+                old is not None
+                and sig is not None
+                and old.signature == sig
+                and self._complete(engine, path, old)
+            ):
+                counts["unchanged"] += 1
+            else:
+                todo.append(path)
+        for start in range(0, len(todo), ROUND):
+            batch = todo[start : start + ROUND]
+            done = await self._index_files(engine, fs, batch, known, signatures)
+            counts["indexed"] += done
+            counts["failed"] += len(batch) - done
+        if prune:
+            wanted = set(files)
+            for path in sorted(set(known) - wanted):
+                await engine.remove_source(path)
+                await anyio.to_thread.run_sync(self._save_source, path, None)
+                counts["removed"] += 1
+        return counts
+
+    @staticmethod
+    def _complete(engine: SearchEngine, path: str, source: _Source) -> bool:
+        """The records say the file is indexed: check BM25 holds it too (a crash between the
+        two leaves it to be re-indexed)."""
+        bm25 = engine.bm25
+        if bm25 is None:
+            return True
+        first = path if source.chunks <= 1 else f"{path}#chunk-0"
+        return first in bm25
+
+    def _check_model(self) -> None:
+        """A different embedding model than the one the index was built with: forget every
+        file record so all are embedded again."""
+        if not self.can_vector or self._store is None:
+            return
+        model = embedder_id(self._embedder)
+        recorded = self._meta("embedding_model")
+        if recorded is not None and recorded != model:
+            _log.warning(
+                "embedding model changed (%s -> %s): re-embedding every file", recorded, model
+            )
+            with self._store.transaction() as cur:
+                cur.execute("DELETE FROM agentvfs_sources")
+        if recorded != model:
+            self._set_meta("embedding_model", model)
+
+    async def _index_files(
+        self,
+        engine: SearchEngine,
+        fs: WorkspaceFilesystem,
+        paths: Sequence[str],
+        known: Mapping[str, _Source],
+        signatures: Mapping[str, _Signature],
+    ) -> int:
+        data = await read_many(fs, list(paths), concurrency=READ_CONCURRENCY)
+        docs: list[Document] = []
+        sources: dict[str, _Source] = {}
+        for path in paths:
+            raw = data.get(path)
+            if not isinstance(raw, bytes):
+                _log.debug("skipping %s for search: %s", path, raw)
+                continue
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                continue  # binary: the reference skips files that do not read as UTF-8
+            digest = _digest(raw)
+            sig = signatures.get(path) or _Signature(len(raw), 0, None)
+            old = known.get(path)
+            if old is not None and old.digest == digest and self._complete(engine, path, old):
+                sources[path] = _Source(sig, digest, old.chunks)  # touched, not changed
+                continue
+            chunks = split_into_chunks(text)
+            if old is not None or len(chunks) > 1:
+                await engine.remove_source(path)
+            if len(chunks) == 1:
+                docs.append(Document(path, text))
+            else:
+                for i, chunk in enumerate(chunks):
+                    docs.append(
+                        Document(
+                            f"{path}#chunk-{i}",
+                            chunk.content,
+                            {"source_file": path},
+                            chunk.start_line,
+                        )
+                    )
+            sources[path] = _Source(sig, digest, len(chunks))
+        failed: dict[str, str] = {}
+        if docs:
+            try:
+                failed = await engine.index_many(docs, stop_on_error=False)
+            except Exception as exc:
+                for path in sources:
+                    _log.warning('Failed to index file "%s" for search: %s', path, exc)
+                return 0
+        bad_sources = {doc_id.split("#chunk-")[0] for doc_id in failed}
+        for path in bad_sources:
+            _log.warning(
+                'Failed to index file "%s" for search: %s',
+                path,
+                failed.get(path, "embedding failed"),
+            )
+        for path, source in sources.items():
+            if path not in bad_sources:
+                await anyio.to_thread.run_sync(self._save_source, path, source)
+        return len(sources) - len(bad_sources)
+
+    async def refresh_path(self, fs: WorkspaceFilesystem, path: str) -> bool:
+        """Re-index ``path`` if it is indexed (after a write through the tools); True if it was."""
+        if not await self._is_indexed(path):
+            return False
+        engine = await self.engine()
+        try:
+            stat = await fs.stat(path)
+        except FileNotFoundError:
+            await self.forget_path(path)
+            return True
+        known = await anyio.to_thread.run_sync(self._load_sources)
+        await self._index_files(engine, fs, [path], known, {path: _Signature.of(stat)})
+        return True
+
+    async def forget_path(self, path: str) -> bool:
+        """Drop ``path`` from the index (after a delete); True if it was indexed."""
+        if not await self._is_indexed(path):
+            return False
+        engine = await self.engine()
+        await engine.remove_source(path)
+        await anyio.to_thread.run_sync(self._save_source, path, None)
+        return True
+
+    async def _is_indexed(self, path: str) -> bool:
+        engine = await self.engine()
+        known = await anyio.to_thread.run_sync(self._load_sources)
+        if path in known:
+            return True
+        bm25 = engine.bm25
+        return bm25 is not None and (path in bm25 or f"{path}#chunk-0" in bm25)
+
+    def describe(self) -> dict[str, Any]:
+        """Where the index is and what it holds (for ``get_info``)."""
+        engine = self._engine
+        out: dict[str, Any] = {
+            "index_dir": self.index_dir,
+            "bm25": self.can_bm25,
+            "vector": self.can_vector,
+        }
+        if engine is not None:
+            out["documents"] = len(engine.ids())
+        return out
+
+
+# -- which files ---------------------------------------------------------------------------------------
+
+
+def _join(directory: str, name: str) -> str:
+    if directory in ("", "."):
+        return name
+    return posixpath.join(directory, name)
+
+
+async def _is_dir(fs: WorkspaceFilesystem, path: str) -> bool:
+    try:
+        await fs.readdir(path)
+    except Exception:
+        return False
+    return True
+
+
+async def _files_below(fs: WorkspaceFilesystem, directory: str) -> list[str]:
+    try:
+        entries: list[FileEntry] = await walk(fs, directory, max_depth=MAX_DEPTH)
+    except Exception as exc:
+        _log.debug("cannot list %s for search: %s", directory, exc)
+        return []
+    linked = {e.name for e in entries if e.type == "directory" and e.is_symlink}
+    out: list[str] = []
+    for entry in entries:
+        if entry.type != "file":
+            continue
+        if any(entry.name.startswith(d + "/") for d in linked):
+            continue  # the reference does not follow symlinked directories
+        out.append(_join(directory, entry.name))
+    return out
+
+
+async def resolve_path_pattern(fs: WorkspaceFilesystem, pattern: str) -> list[tuple[str, str]]:
+    """The reference's ``resolvePathPattern``: a plain path -> itself as file or directory; a
+    glob -> every file and directory below its base that matches."""
+    if pattern.endswith("/") and len(pattern) > 1:
+        pattern = pattern[:-1]
+    if not is_glob_pattern(pattern):
+        return [(pattern, "directory" if await _is_dir(fs, pattern) else "file")]
+    base = extract_glob_base(pattern)
+    matcher = create_glob_matcher(pattern)
+    try:
+        entries = await walk(fs, base, max_depth=MAX_DEPTH)
+    except Exception:
+        return []
+    out: list[tuple[str, str]] = []
+    for entry in entries:
+        full = _join(base, entry.name)
+        if matcher(full):
+            out.append((full, entry.type))
+    return out
+
+
+async def collect_files(fs: WorkspaceFilesystem, patterns: Sequence[str]) -> list[str]:
+    """Every file ``patterns`` name, in order, once (directory matches walked, minus those
+    under a directory already walked)."""
+    files: list[str] = []
+    seen: set[str] = set()
+    for pattern in patterns:
+        try:
+            matches = await resolve_path_pattern(fs, pattern)
+        except Exception as exc:  # a failing pattern is skipped, as the reference does
+            _log.debug("search pattern %r failed: %s", pattern, exc)
+            continue
+        directories = [p for p, kind in matches if kind == "directory"]
+        walked: list[str] = []
+        for d in sorted(directories, key=len):
+            if any(d == w or d.startswith(w.rstrip("/") + "/") for w in walked):
+                continue
+            walked.append(d)
+        for path, kind in matches:
+            if kind == "file" and path not in seen:
+                seen.add(path)
+                files.append(path)
+        for directory in walked:
+            for path in await _files_below(fs, directory):
+                if path not in seen:
+                    seen.add(path)
+                    files.append(path)
+    return files
+
+
+async def _signatures(fs: WorkspaceFilesystem, files: Sequence[str]) -> dict[str, _Signature]:
+    """Size, modification time and ETag of ``files``: one listing per directory."""
+    by_dir: dict[str, list[str]] = {}
+    for path in files:
+        by_dir.setdefault(posixpath.dirname(path), []).append(path)
+    out: dict[str, _Signature] = {}
+    limiter = anyio.Semaphore(READ_CONCURRENCY)
+
+    async def one(directory: str, members: list[str]) -> None:
+        async with limiter:
+            try:
+                stats = await list_stats(fs, directory or ".")
+            except Exception:
+                stats = []
+        named = {posixpath.basename(str(s.path).rstrip("/")) or s.name: s for s in stats}
+        for path in members:
+            stat = named.get(posixpath.basename(path))
+            if stat is not None:
+                out[path] = _Signature.of(stat)
+
+    async with anyio.create_task_group() as tg:
+        for directory, members in by_dir.items():
+            tg.start_soon(one, directory, members)
+    return out
