@@ -240,6 +240,23 @@ def test_config_files(tmp_path: Path) -> None:
     assert ws.filesystem is not None and ws.filesystem.read_only
 
 
+async def test_config_with_a_sandbox_and_search_offers_those_tools(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("the walrus note\n")
+    ws = workspace_from_config(
+        {"root": str(tmp_path), "sandbox": {"isolation": "none"}, "bm25": True, "auto_index_paths": ["."]}
+    )
+    async with ws:
+        tools = await ws.create_tools()
+        assert "mastra_workspace_execute_command" in tools
+        assert "mastra_workspace_search" in tools
+        assert await tools["mastra_workspace_execute_command"].execute({"command": "cat notes.txt"}) == "the walrus note\n"
+        assert str(await tools["mastra_workspace_search"].execute({"query": "walrus"})).startswith("notes.txt:1-1:")
+    with pytest.raises(ValueError, match="sandbox: unknown key"):
+        workspace_from_config({"root": str(tmp_path), "sandbox": {"isolate": "bwrap"}})
+    with pytest.raises(ValueError, match="auto_index_paths"):
+        workspace_from_config({"root": str(tmp_path), "auto_index_paths": "docs"})
+
+
 def test_cli_usage_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     with pytest.raises(SystemExit) as exit_info:
         main(["mcp"])

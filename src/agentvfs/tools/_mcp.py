@@ -39,7 +39,10 @@ NO_ELICITATION = (
     "Tool {name} requires approval, but this MCP client does not support elicitation, so the "
     "user cannot be asked; the tool was not run"
 )
-_CONFIG_KEYS = frozenset({"root", "url", "read_only", "storage_options", "tools", "name"})
+_CONFIG_KEYS = frozenset(
+    {"root", "url", "read_only", "storage_options", "tools", "name", "sandbox", "bm25", "auto_index_paths", "index_dir"}
+)
+_SANDBOX_KEYS = frozenset({"working_directory", "isolation", "allow_network", "env"})
 _DESTRUCTIVE = frozenset({WORKSPACE_TOOLS.FILESYSTEM.WRITE_FILE, WORKSPACE_TOOLS.FILESYSTEM.EDIT_FILE, WORKSPACE_TOOLS.FILESYSTEM.DELETE})
 
 
@@ -55,8 +58,11 @@ def load_config(path: str | os.PathLike[str]) -> dict[str, Any]:
 
     Keys: ``root`` (a local directory) or ``url`` (an fsspec URL), ``read_only``,
     ``storage_options`` (for ``url``), ``tools`` (the tools config, e.g.
-    ``{"mastra_workspace_delete": {"require_approval": true}}``) and ``name``. A relative
-    ``root`` is taken relative to the file's directory.
+    ``{"mastra_workspace_delete": {"require_approval": true}}``), ``name``, ``sandbox``
+    (``{"working_directory", "isolation", "allow_network", "env"}``: adds the command tools; a
+    ``url`` is FUSE-mounted into it at ``/workspace``), and search: ``bm25``,
+    ``auto_index_paths``, ``index_dir``. A relative ``root`` is taken relative to the file's
+    directory.
 
     Raises
     ------
@@ -113,7 +119,38 @@ def workspace_from_config(config: Mapping[str, Any]) -> Workspace:
         fs = LocalFilesystem(os.path.expanduser(str(root)), read_only=read_only)
     else:
         fs = FsspecFilesystem(str(url), storage_options=options, read_only=read_only)
-    return Workspace(filesystem=fs, tools=tools, name=config.get("name") or "agentvfs-mcp")
+    search: dict[str, Any] = {}
+    if config.get("bm25") is not None:
+        search["bm25"] = config["bm25"]
+    if config.get("auto_index_paths") is not None:
+        paths = config["auto_index_paths"]
+        if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+            raise ValueError("auto_index_paths must be a list of strings")
+        search["auto_index_paths"] = paths
+    if config.get("index_dir") is not None:
+        search["index_dir"] = os.path.expanduser(str(config["index_dir"]))
+    name = config.get("name") or "agentvfs-mcp"
+    sandbox_config = config.get("sandbox")
+    if sandbox_config is None:
+        return Workspace(filesystem=fs, tools=tools, name=name, **search)
+    from ..sandbox import LocalSandbox
+
+    if not isinstance(sandbox_config, dict):
+        raise ValueError("sandbox must be an object")
+    unknown = sorted(set(sandbox_config) - _SANDBOX_KEYS)
+    if unknown:
+        raise ValueError(f"sandbox: unknown key(s): {', '.join(unknown)} (expected: {', '.join(sorted(_SANDBOX_KEYS))})")
+    workdir = sandbox_config.get("working_directory") or (str(root) if root is not None else None)
+    sandbox = LocalSandbox(
+        working_directory=os.path.expanduser(str(workdir)) if workdir else None,
+        isolation=sandbox_config.get("isolation", "none"),
+        native_sandbox={"allow_network": bool(sandbox_config.get("allow_network", False))},
+        env=sandbox_config.get("env"),
+    )
+    if root is not None:
+        # Commands run in the directory itself.
+        return Workspace(filesystem=fs, sandbox=sandbox, tools=tools, name=name, **search)
+    return Workspace(mounts={"/workspace": fs}, sandbox=sandbox, tools=tools, name=name, **search)
 
 
 def _content(result: Any, args: Mapping[str, Any], tool: WorkspaceTool) -> list[types.ContentBlock]:
