@@ -540,7 +540,7 @@ class Workspace:
         search = self._search
         self.touch()
         engine = await search.engine()
-        scoped = sum(1 for i in engine.ids() if i.startswith("skill-scope:"))
+        scoped = engine.scoped_count()
         hidden = {"skill_scope": {"$exists": False}}
         combined = {"$and": [dict(filter), hidden]} if filter else hidden
         results = await self._with_timeout(

@@ -32,6 +32,8 @@ Fusion = Literal["linear", "minmax", "rrf"]
 
 #: Reciprocal-rank constant of ``fusion="rrf"`` (the common default).
 RRF_K = 60
+#: Id prefix of request-scoped skill documents (never returned by workspace search).
+SCOPED_PREFIX = "skill-scope:"
 #: Vectors per upsert call.
 UPSERT_GROUP = 100
 #: Metadata key recording where a chunk starts in its file (stripped from results).
@@ -134,6 +136,9 @@ class SearchEngine:
         self._vector_ids: set[str] = set()
         self._lock = anyio.Lock()
         self._cache = cache
+        # Ids of request-scoped skill documents, counted at every search: kept here rather
+        # than listing every id per query.
+        self._scoped: set[str] | None = None
         self.model_id = embedder_id(embedder) if embedder is not None else None
 
     # -- capabilities --------------------------------------------------------------------------------
@@ -149,6 +154,18 @@ class SearchEngine:
     @property
     def can_hybrid(self) -> bool:
         return self.can_bm25 and self.can_vector
+
+    def scoped_count(self, prefix: str = SCOPED_PREFIX) -> int:
+        """How many documents have ids starting with ``skill-scope:``."""
+        if self._scoped is None:
+            self._scoped = {i for i in self.ids() if i.startswith(prefix)}
+        return len(self._scoped)
+
+    def _note_ids(self, added: Iterable[str] = (), removed: Iterable[str] = ()) -> None:
+        if self._scoped is None:
+            return
+        self._scoped.update(i for i in added if i.startswith(SCOPED_PREFIX))
+        self._scoped.difference_update(removed)
 
     def ids(self) -> list[str]:
         """Ids of the documents indexed (BM25's, else the vectors written by this engine)."""
@@ -188,6 +205,7 @@ class SearchEngine:
             bm25 = self.bm25
             rows = [(d.id, d.content, dict(d.metadata or {}), d.start_line_offset) for d in docs]
             await anyio.to_thread.run_sync(lambda: bm25.add_many(rows))
+        self._note_ids(added=[d.id for d in docs])
         if not self.can_vector:
             return {}
         failures = await self._embed_and_upsert(docs)
@@ -269,6 +287,7 @@ class SearchEngine:
             except Exception as exc:
                 _log.debug("delete_vector(%s) failed: %s", id, exc)
         self._vector_ids.discard(id)
+        self._note_ids(removed=[id])
 
     async def remove_source(self, source: str) -> None:
         """Remove a file's document and its chunks (``source#chunk-N``)."""
@@ -287,6 +306,8 @@ class SearchEngine:
                 _log.debug("delete_vectors(source_file=%s) failed: %s", source, exc)
         prefix = source + "#chunk-"
         self._vector_ids = {i for i in self._vector_ids if i != source and not i.startswith(prefix)}
+        if self._scoped is not None:
+            self._scoped = {i for i in self._scoped if i != source and not i.startswith(prefix)}
 
     async def clear(self) -> None:
         """Empty BM25 and forget the ids (the vector store is shared and left intact)."""
@@ -294,6 +315,7 @@ class SearchEngine:
             bm25 = self.bm25
             await anyio.to_thread.run_sync(bm25.clear)
         self._vector_ids.clear()
+        self._scoped = set()
 
     # -- searching -----------------------------------------------------------------------------------
 
