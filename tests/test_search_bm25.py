@@ -269,7 +269,7 @@ def test_ties_follow_the_reference_order(cached: bool) -> None:
     assert [h.id for h in ix2.search("cat dog")] == ["cat", "dog"]
 
 
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", range(4))
 def test_random_corpora_match_the_reference(cached: bool, seed: int) -> None:
     rng = random.Random(seed)
     vocab = ["alpha", "beta", "gamma", "delta", "eps", "zeta", "eta", "theta", "the", "x"]
@@ -302,13 +302,16 @@ def test_random_corpora_match_the_reference(cached: bool, seed: int) -> None:
     assert len(ix) == len(docs)
 
 
-def test_compaction_keeps_results(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_compaction_keeps_results(cached: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Compact the in-memory postings and the table on disk after nearly every write.
     monkeypatch.setattr(_bm25, "_COMPACT_MIN_POSTINGS", 5)
+    monkeypatch.setattr(_bm25, "_DEAD_MIN_ROWS", 3)
+    monkeypatch.setattr(_bm25, "_TAIL_MIN_ROWS", 4)
     rng = random.Random(11)
     vocab = [f"w{i}" for i in range(15)]
-    ix = BM25Index()
+    ix = BM25Index(cache_postings=cached)
     docs: dict[str, str] = {}
-    for step in range(150):
+    for step in range(120):
         doc_id = f"d{rng.randrange(30)}"
         if rng.random() < 0.75:
             text = " ".join(rng.choice(vocab) for _ in range(rng.randrange(1, 8)))
@@ -321,8 +324,34 @@ def test_compaction_keeps_results(monkeypatch: pytest.MonkeyPatch) -> None:
         if step % 3 == 0:
             query = " ".join(rng.choice(vocab) for _ in range(3))
             want = reference_search(list(docs.items()), query)
-            assert_same_ranking(ix.search(query), want, exact=True)
-    assert ix._cache is not None and ix._cache.delta_size < 60
+            assert_same_ranking(ix.search(query), want, exact=cached)
+    if cached:
+        assert ix._cache is not None and ix._cache.delta_size < 60
+    ix.optimize()
+    stats = ix._stats(ix._con)
+    assert stats.dead_rows == stats.tail_rows == 0
+    assert stats.sorted_rows == sum(len(set(t.split())) for t in docs.values())
+    rows = ix._con.execute("SELECT term, doc FROM bm25_postings").fetchall()
+    assert rows == sorted(rows)
+    assert_same_ranking(
+        ix.search("w1 w2"), reference_search(list(docs.items()), "w1 w2"), exact=cached
+    )
+
+
+def test_removed_documents_leave_postings_until_compaction(tmp_path: Path) -> None:
+    path = tmp_path / "bm25.duckdb"
+    with BM25Index(path) as ix:
+        ix.add_many([(f"d{i}", f"alpha beta{i}", None, None) for i in range(10)])
+        ix.remove("d3")
+        ix.add("d4", "gamma")
+    with BM25Index(path) as ix:  # a fresh cache skips the dead postings
+        assert [h.id for h in ix.search("alpha")] == [f"d{i}" for i in (0, 1, 2, 5, 6, 7, 8, 9)]
+        assert ix.search("beta3 beta4") == []
+        stats = ix._stats(ix._con)
+        assert (stats.sorted_rows, stats.tail_rows, stats.dead_rows) == (0, 21, 4)
+        ix.optimize()
+        assert ix._con.execute("SELECT count(*) FROM bm25_postings").fetchone() == (17,)
+        assert [h.id for h in ix.search("gamma")] == ["d4"]
 
 
 # --------------------------------------------------------------------------- documents

@@ -2,33 +2,37 @@
 
 Storage (tables prefixed ``bm25_`` so other tables can share the file):
 
-* ``bm25_docs(doc, id, len, content, metadata, start_line_offset)``: one row per document
-  (content as zlib-compressed UTF-8, metadata as JSON);
-  ``doc`` is a number that only grows, so the order of ``doc`` is the order documents were
-  (last) added, the reference's tie order.
+* ``bm25_docs(doc, id, len, terms, content, metadata, start_line_offset)``: one row per
+  document (content as zlib-compressed UTF-8, metadata as JSON). ``doc`` is a number that only
+  grows, so the order of ``doc`` is the order documents were (last) added, the reference's tie
+  order, and a ``doc`` is never reused.
 * ``bm25_postings(term, doc, tf)``: one row per distinct term of a document. ``term`` is a 63-bit
   BLAKE2b hash of the token (cheaper to compare and store than text), so two tokens with the
   same hash would count as one term; at a million distinct terms that happens with odds of
-  about 3 in 10^8. Rows are appended in ``doc`` order, so removing a document touches one
-  row group (zone maps) whatever the size of the index.
-* ``bm25_stats``: the running sums N (documents) and total length, the next ``doc`` and a version
-  that every write bumps; ``bm25_meta``: format, version and the k1/b/tokenizer options.
+  about 3 in 10^8. A removed document only loses its ``bm25_docs`` row: every reader joins
+  postings with it, and its postings are garbage until a compaction (`BM25Index.optimize`)
+  rewrites the table sorted by term.
+* ``bm25_stats``: the running sums N (documents) and total length, the next ``doc``, a version
+  that every write bumps, and the sorted/appended/dead posting counts that decide when to
+  compact; ``bm25_meta``: format, version and the k1/b/tokenizer options.
 
-Adding, replacing or removing a document is one transaction whose cost does not depend on the
-corpus: document frequencies are counted at query time from the postings of the query terms.
+Adding, replacing or removing a document is one transaction of a few statements whose cost does
+not depend on the corpus (document frequencies are counted at query time from the postings of
+the query terms); compactions run when the garbage or the unsorted tail has grown in proportion
+to the index, so their cost per write is an amortised constant.
 
-Queries are scored either in one SQL statement (``cache_postings=False``) or, by default, with
-NumPy over an in-memory copy of the postings (term-sorted arrays plus a small delta of recent
-additions) loaded from DuckDB at the first search and kept up to date by every write; DuckDB
-stays the durable store. On 20k man pages the SQL statement takes 10-25 ms (a scan of the
-postings the zone maps cannot prune, as incremental appends leave them in document order), the
-cached path about 1 ms; ``benchmarks/bench_search.py`` measures both. The cached path adds the
-per-term contributions in the reference's order (query tokens in order, duplicates included),
-so scores and ties are the reference's bit for bit, except for ``log``'s last bit.
+Queries are scored either by default with NumPy over an in-memory copy of the postings
+(term-sorted arrays plus a delta of recent additions) loaded from DuckDB at the first search and
+kept up to date by every write, or with ``cache_postings=False`` in one SQL statement. The
+cached path adds the per-term contributions in the reference's order (query tokens in order,
+duplicates included) and takes logarithms as V8 does, so scores and ties are the reference's bit
+for bit; the SQL path agrees to about 1e-15 (see ``_SEARCH_SQL``). On ~24k man pages the cached
+path answers in a few milliseconds and the SQL one in 10-40 ms (it scans the row groups of the
+query terms and the unsorted tail); ``benchmarks/bench_search.py`` measures both.
 
 Concurrency: all methods are thread-safe (one lock per index). DuckDB lets one process open a
-file for writing, or any number of processes read-only (``read_only=True``); opening a file
-another process holds for writing raises `BM25FileError` at once.
+file for writing, or any number of processes read-only (``read_only=True``); opening a file that
+another process holds for writing (or reading, to write) raises `BM25FileError` at once.
 """
 
 from __future__ import annotations
@@ -68,15 +72,25 @@ _HASH_CACHE_SIZE = 250_000
 #: The in-memory postings are re-sorted once the recent adds and removals reach this many
 #: postings, or half the sorted ones, whichever is more (amortised constant cost per write).
 _COMPACT_MIN_POSTINGS = 200_000
+#: On disk: postings of removed documents are dropped once they are as many as the live ones
+#: (and at least this many); SQL scoring also re-sorts once the unsorted tail is an eighth of
+#: the sorted postings (and at least this many). See `BM25Index.optimize`.
+_DEAD_MIN_ROWS = 1_000_000
+_TAIL_MIN_ROWS = 200_000
 
+_POSTINGS_TABLE = (
+    "CREATE TABLE {name}(term BIGINT NOT NULL, doc BIGINT NOT NULL, tf INTEGER NOT NULL)"
+)
 _SCHEMA = (
     "CREATE TABLE bm25_meta(key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL)",
     "CREATE TABLE bm25_stats(n BIGINT NOT NULL, total_len BIGINT NOT NULL,"
-    " next_doc BIGINT NOT NULL, version BIGINT NOT NULL)",
+    " next_doc BIGINT NOT NULL, version BIGINT NOT NULL, sorted_rows BIGINT NOT NULL,"
+    " tail_rows BIGINT NOT NULL, dead_rows BIGINT NOT NULL)",
     "CREATE TABLE bm25_docs(doc BIGINT PRIMARY KEY, id VARCHAR NOT NULL UNIQUE,"
-    " len INTEGER NOT NULL, content BLOB NOT NULL, metadata VARCHAR, start_line_offset BIGINT)",
-    "CREATE TABLE bm25_postings(term BIGINT NOT NULL, doc BIGINT NOT NULL, tf INTEGER NOT NULL)",
-    "INSERT INTO bm25_stats VALUES (0, 0, 0, 0)",
+    " len INTEGER NOT NULL, terms INTEGER NOT NULL, content BLOB NOT NULL, metadata VARCHAR,"
+    " start_line_offset BIGINT)",
+    _POSTINGS_TABLE.format(name="bm25_postings"),
+    "INSERT INTO bm25_stats VALUES (0, 0, 0, 0, 0, 0, 0)",
 )
 _TABLES = frozenset({"bm25_meta", "bm25_stats", "bm25_docs", "bm25_postings"})
 
@@ -89,16 +103,18 @@ _TABLES = frozenset({"bm25_meta", "bm25_stats", "bm25_docs", "bm25_postings"})
 _SEARCH_SQL = """
 WITH q AS (SELECT unnest($terms::BIGINT[]) AS term, unnest($pos::INTEGER[]) AS pos,
                   unnest($weights::DOUBLE[]) AS w),
-hits AS (SELECT p.term, p.doc, p.tf FROM bm25_postings p WHERE p.term IN (SELECT term FROM q)),
+hits AS MATERIALIZED (
+    SELECT p.term, p.doc, p.tf, d.len FROM bm25_postings p JOIN bm25_docs d ON d.doc = p.doc
+         WHERE p.term IN ({terms})),
 df AS (SELECT term, count(*) AS df FROM hits GROUP BY term),
 qi AS (SELECT q.term, q.pos, q.w, ln(($n - df.df + 0.5) / (df.df + 0.5) + 1) AS idf
        FROM q JOIN df USING (term)),
 scored AS (
     SELECT h.doc,
            sum(qi.w * (qi.idf * ((h.tf * $k1_plus_1)
-               / (h.tf + $k1 * ($one_minus_b + $b * (d.len / $avgdl)))))) AS score,
+               / (h.tf + $k1 * ($one_minus_b + $b * (h.len / $avgdl)))))) AS score,
            min(qi.pos) AS first_pos
-    FROM hits h JOIN qi USING (term) JOIN bm25_docs d ON d.doc = h.doc
+    FROM hits h JOIN qi USING (term)
     GROUP BY h.doc),
 top AS (SELECT * FROM scored WHERE score >= $min_score
         ORDER BY score DESC, first_pos, doc LIMIT $top_k)
@@ -133,6 +149,21 @@ class BM25Hit:
     content: str
     metadata: dict[str, Any] | None
     line_range: tuple[int, int] | None
+
+
+@dataclass(slots=True)
+class _Stats:
+    """The row of ``bm25_stats``: running sums and the state of the postings table."""
+
+    n: int  # documents
+    total_len: int  # their tokens
+    next_doc: int
+    version: int  # bumped by every write
+    sorted_rows: int  # postings sorted by (term, doc) at the last compaction
+    tail_rows: int  # postings appended since, in document order
+    dead_rows: int  # postings of removed documents, dropped at the next compaction
+
+    COLUMNS = "n, total_len, next_doc, version, sorted_rows, tail_rows, dead_rows"
 
 
 @dataclass(slots=True)
@@ -288,15 +319,15 @@ class _PostingCache:
             "SELECT term, doc, tf FROM bm25_postings ORDER BY term, doc"
         ).fetchnumpy()
         terms = np.asarray(postings["term"], dtype=np.int64)
-        slots = np.searchsorted(slot_doc, np.asarray(postings["doc"], dtype=np.int64))
-        return cls(
-            version,
-            terms,
-            slots.astype(np.int64),
-            np.asarray(postings["tf"], dtype=np.int32),
-            slot_doc,
-            np.asarray(docs["len"], dtype=np.int64),
-        )
+        tfs = np.asarray(postings["tf"], dtype=np.int32)
+        doc_of = np.asarray(postings["doc"], dtype=np.int64)
+        slots = np.searchsorted(slot_doc, doc_of).astype(np.int64)
+        # Postings of removed documents stay on disk until a compaction: leave them out.
+        live = slots < len(slot_doc)
+        live[live] = slot_doc[slots[live]] == doc_of[live]
+        if not live.all():
+            terms, slots, tfs = terms[live], slots[live], tfs[live]
+        return cls(version, terms, slots, tfs, slot_doc, np.asarray(docs["len"], dtype=np.int64))
 
     def add(
         self, doc: int, length: int, terms: npt.NDArray[np.int64], tfs: npt.NDArray[np.int32]
@@ -630,34 +661,41 @@ class BM25Index:
                 if len(items) == 1:
                     # One statement for the stats and the document replaced (the id index).
                     row = cur.execute(
-                        "SELECT s.n, s.total_len, s.next_doc, s.version, d.doc, d.len"
-                        " FROM bm25_stats s LEFT JOIN bm25_docs d ON d.id = ?",
+                        f"SELECT {_Stats.COLUMNS}, d.doc, d.len, d.terms"
+                        " FROM bm25_stats LEFT JOIN bm25_docs d ON d.id = ?",
                         [items[0].id],
                     ).fetchone()
                     assert row is not None
-                    n, total, next_doc, version = (int(x) for x in row[:4])
-                    replaced = [(int(row[4]), int(row[5]))] if row[4] is not None else []
+                    stats = _Stats(*(int(x) for x in row[:7]))
+                    replaced = [tuple(int(x) for x in row[7:])] if row[7] is not None else []
                 else:
-                    n, total, next_doc, version = self._stats(cur)
+                    stats = self._stats(cur)
                     replaced = cur.execute(
-                        "SELECT doc, len FROM bm25_docs"
+                        "SELECT doc, len, terms FROM bm25_docs"
                         " WHERE id IN (SELECT unnest($ids::VARCHAR[]))",
                         {"ids": list(batch)},
                     ).fetchall()
+                version = stats.version
                 if replaced:
-                    self._delete_docs(cur, [doc for doc, _ in replaced])
-                doc_numbers = np.arange(next_doc, next_doc + len(items), dtype=np.int64)
+                    self._delete_docs(cur, [doc for doc, _, _ in replaced])
+                doc_numbers = np.arange(stats.next_doc, stats.next_doc + len(items), dtype=np.int64)
                 self._insert(cur, doc_numbers, items)
-                n += len(items) - len(replaced)
-                total += sum(p.length for p in items) - sum(length for _, length in replaced)
-                self._set_stats(cur, n, total, next_doc + len(items), version + 1)
+                stats.n += len(items) - len(replaced)
+                stats.total_len += sum(p.length for p in items)
+                stats.total_len -= sum(length for _, length, _ in replaced)
+                stats.next_doc += len(items)
+                stats.version += 1
+                stats.tail_rows += sum(len(p.terms) for p in items)
+                stats.dead_rows += sum(terms for _, _, terms in replaced)
+                self._set_stats(cur, stats)
             # Committed: bring the cache along (still under the lock, so no search sees it stale).
             cache = self._cache_after_write(version)
             if cache is not None:
-                for doc, _ in replaced:
+                for doc, _, _ in replaced:
                     cache.remove(doc)
                 for doc, p in zip(doc_numbers.tolist(), items, strict=True):
                     cache.add(doc, p.length, p.terms, p.tfs)
+            self._compact_if_due(stats, for_queries=False)
 
     @staticmethod
     def _insert(
@@ -666,8 +704,16 @@ class BM25Index:
         if len(items) == 1:
             p = items[0]
             cur.execute(
-                "INSERT INTO bm25_docs VALUES (?, ?, ?, ?, ?, ?)",
-                [int(doc_numbers[0]), p.id, p.length, p.content, p.metadata, p.start_line_offset],
+                "INSERT INTO bm25_docs VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [
+                    int(doc_numbers[0]),
+                    p.id,
+                    p.length,
+                    len(p.terms),
+                    p.content,
+                    p.metadata,
+                    p.start_line_offset,
+                ],
             )
         else:
             # No column of Python objects may be all None: DuckDB's type sniffing of such a
@@ -677,6 +723,7 @@ class BM25Index:
                 "doc": doc_numbers,
                 "id": np.array([p.id for p in items], dtype=object),
                 "len": np.array([p.length for p in items], dtype=np.int32),
+                "terms": np.array([len(p.terms) for p in items], dtype=np.int32),
                 "content": np.array([p.content for p in items], dtype=object),
                 "metadata": np.array([p.metadata or "" for p in items], dtype=object),
                 "start_line_offset": np.array([o or 0 for o in offsets], dtype=np.int64),
@@ -685,7 +732,8 @@ class BM25Index:
             cur.register("bm25_new_docs", new_docs)
             try:
                 cur.execute(
-                    "INSERT INTO bm25_docs SELECT doc, id, len, content, nullif(metadata, ''),"
+                    "INSERT INTO bm25_docs SELECT doc, id, len, terms, content,"
+                    " nullif(metadata, ''),"
                     " CASE WHEN has_offset THEN start_line_offset END FROM bm25_new_docs"
                 )
             finally:
@@ -768,64 +816,111 @@ class BM25Index:
         with self._locked():
             with self._transaction() as cur:
                 rows = cur.execute(
-                    f"SELECT doc, id, len FROM bm25_docs WHERE {condition} ORDER BY doc", params
+                    f"SELECT doc, id, len, terms FROM bm25_docs WHERE {condition} ORDER BY doc",
+                    params,
                 ).fetchall()
                 if not rows:
                     return []
-                n, total, next_doc, version = self._stats(cur)
-                self._delete_docs(cur, [doc for doc, _, _ in rows])
-                n -= len(rows)
-                total -= sum(length for _, _, length in rows)
-                self._set_stats(cur, n, total, next_doc, version + 1)
+                stats = self._stats(cur)
+                version = stats.version
+                self._delete_docs(cur, [doc for doc, _, _, _ in rows])
+                stats.n -= len(rows)
+                stats.total_len -= sum(length for _, _, length, _ in rows)
+                stats.dead_rows += sum(terms for _, _, _, terms in rows)
+                stats.version += 1
+                self._set_stats(cur, stats)
             cache = self._cache_after_write(version)
             if cache is not None:
-                for doc, _, _ in rows:
+                for doc, _, _, _ in rows:
                     cache.remove(doc)
-        return [id for _, id, _ in rows]
+            self._compact_if_due(stats, for_queries=False)
+        return [id for _, id, _, _ in rows]
 
     def clear(self) -> None:
         """Remove every document (the file and its other tables stay)."""
         self._check_writable()
         with self._transaction() as cur:
-            _, _, next_doc, version = self._stats(cur)
+            stats = self._stats(cur)
             cur.execute("DELETE FROM bm25_postings")
             cur.execute("DELETE FROM bm25_docs")
-            self._set_stats(cur, 0, 0, next_doc, version + 1)
+            self._set_stats(cur, _Stats(0, 0, stats.next_doc, stats.version + 1, 0, 0, 0))
             self._cache = None
 
     @staticmethod
     def _delete_docs(cur: duckdb.DuckDBPyConnection, docs: list[int]) -> None:
+        """Delete document rows; their postings stay as garbage until the next compaction.
+
+        Every reader joins postings with ``bm25_docs`` (and ``doc`` numbers are never reused),
+        so a posting without its document is invisible.
+        """
         if len(docs) == 1:
-            # An equality lets the zone maps skip every row group but the document's.
-            cur.execute("DELETE FROM bm25_postings WHERE doc = ?", docs)
             cur.execute("DELETE FROM bm25_docs WHERE doc = ?", docs)
         else:
-            params = {"docs": docs, "lo": min(docs), "hi": max(docs)}
             cur.execute(
-                "DELETE FROM bm25_postings WHERE doc BETWEEN $lo AND $hi"
-                " AND doc IN (SELECT unnest($docs::BIGINT[]))",
-                params,
-            )
-            cur.execute(
-                "DELETE FROM bm25_docs WHERE doc BETWEEN $lo AND $hi"
-                " AND doc IN (SELECT unnest($docs::BIGINT[]))",
-                params,
+                "DELETE FROM bm25_docs WHERE doc IN (SELECT unnest($docs::BIGINT[]))",
+                {"docs": docs},
             )
 
     @staticmethod
-    def _stats(cur: duckdb.DuckDBPyConnection) -> tuple[int, int, int, int]:
-        row = cur.execute("SELECT n, total_len, next_doc, version FROM bm25_stats").fetchone()
+    def _stats(cur: duckdb.DuckDBPyConnection) -> _Stats:
+        row = cur.execute(f"SELECT {_Stats.COLUMNS} FROM bm25_stats").fetchone()
         assert row is not None
-        return int(row[0]), int(row[1]), int(row[2]), int(row[3])
+        return _Stats(*(int(x) for x in row))
 
     @staticmethod
-    def _set_stats(
-        cur: duckdb.DuckDBPyConnection, n: int, total: int, next_doc: int, version: int
-    ) -> None:
+    def _set_stats(cur: duckdb.DuckDBPyConnection, stats: _Stats) -> None:
         cur.execute(
-            "UPDATE bm25_stats SET n = ?, total_len = ?, next_doc = ?, version = ?",
-            [n, total, next_doc, version],
+            "UPDATE bm25_stats SET n = ?, total_len = ?, next_doc = ?, version = ?,"
+            " sorted_rows = ?, tail_rows = ?, dead_rows = ?",
+            [
+                stats.n,
+                stats.total_len,
+                stats.next_doc,
+                stats.version,
+                stats.sorted_rows,
+                stats.tail_rows,
+                stats.dead_rows,
+            ],
         )
+
+    def optimize(self) -> None:
+        """Rewrite the postings sorted by term, without those of removed documents.
+
+        Runs by itself when removed documents hold as many postings as live ones (and at least
+        ``_DEAD_MIN_ROWS``), and, for SQL scoring, when the unsorted tail reaches an eighth of
+        the sorted postings (at least ``_TAIL_MIN_ROWS``); a rewrite costs about a second per
+        million postings, so each write pays an amortised constant share. Sorted postings let
+        DuckDB's zone maps skip most of the table for a query's terms.
+        """
+        self._check_writable()
+        with self._locked():
+            self._compact()
+
+    def _compact(self) -> None:
+        with self._transaction() as cur:
+            stats = self._stats(cur)
+            cur.execute(_POSTINGS_TABLE.format(name="bm25_postings_next"))
+            cur.execute(
+                "INSERT INTO bm25_postings_next SELECT p.term, p.doc, p.tf FROM bm25_postings p"
+                " WHERE p.doc IN (SELECT doc FROM bm25_docs) ORDER BY p.term, p.doc"
+            )
+            cur.execute("DROP TABLE bm25_postings")
+            cur.execute("ALTER TABLE bm25_postings_next RENAME TO bm25_postings")
+            row = cur.execute("SELECT count(*) FROM bm25_postings").fetchone()
+            assert row is not None
+            stats.sorted_rows, stats.tail_rows, stats.dead_rows = int(row[0]), 0, 0
+            self._set_stats(cur, stats)
+
+    def _compact_if_due(self, stats: _Stats, *, for_queries: bool) -> bool:
+        if self._read_only:
+            return False
+        live = stats.sorted_rows + stats.tail_rows - stats.dead_rows
+        due = stats.dead_rows >= max(_DEAD_MIN_ROWS, live)
+        if for_queries:
+            due = due or stats.tail_rows >= max(_TAIL_MIN_ROWS, stats.sorted_rows // 8)
+        if due:
+            self._compact()
+        return due
 
     def _cache_after_write(self, version_before: int) -> _PostingCache | None:
         """The cache to patch after a committed write, now at ``version_before + 1``.
@@ -886,14 +981,16 @@ class BM25Index:
         hashes = _term_hashes(distinct)
         with self._locked():
             cur = self._con
-            n, total, _, version = self._stats(cur)
+            stats = self._stats(cur)
+            n, total = stats.n, stats.total_len
             if n == 0:
                 return []
             if self._cache_postings:
                 ranked = self._rank_cached(
-                    cur, version, tokens, distinct, hashes, n, total, top_k, min_score
+                    cur, stats.version, tokens, distinct, hashes, n, total, top_k, min_score
                 )
             else:
+                self._compact_if_due(stats, for_queries=True)
                 ranked = self._rank_sql(cur, distinct, weights, hashes, n, total, top_k, min_score)
             if not ranked:
                 return []
@@ -955,9 +1052,13 @@ class BM25Index:
             "min_score": float(min_score),
             "top_k": top_k,
         }
-        return [
-            (int(doc), float(score)) for doc, score in cur.execute(_SEARCH_SQL, params).fetchall()
-        ]
+        # Literal term numbers let DuckDB prune row groups by their zone maps (a subquery would
+        # not); past a few thousand terms the subquery is cheaper to plan.
+        terms = (
+            ",".join(map(str, params["terms"])) if len(distinct) <= 2000 else "SELECT term FROM q"
+        )
+        sql = _SEARCH_SQL.format(terms=terms)
+        return [(int(doc), float(score)) for doc, score in cur.execute(sql, params).fetchall()]
 
     def _rank_cached(
         self,
