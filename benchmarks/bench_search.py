@@ -22,6 +22,7 @@ import argparse
 import functools
 import gzip
 import hashlib
+import importlib.metadata
 import json
 import math
 import os
@@ -525,11 +526,11 @@ def machine() -> dict[str, Any]:
     except (OSError, ValueError, IndexError):
         mem = float("nan")
     versions = {}
-    for module in ("duckdb", "numpy", "tantivy", "bm25s", "Stemmer"):
+    for dist in ("duckdb", "numpy", "tantivy", "bm25s", "PyStemmer", "duckdb-extension-fts"):
         try:
-            versions[module] = getattr(__import__(module), "__version__", "?")
-        except ImportError:
-            versions[module] = "not installed"
+            versions[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            versions[dist] = "not installed"
     import sqlite3
 
     versions["sqlite"] = sqlite3.sqlite_version
@@ -550,14 +551,19 @@ def markdown(report: dict[str, Any]) -> str:
         f"Command: `{report['command']}`",
         "",
         f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB RAM, {m['os']}, "
-        f"Python {m['python']}; load average at start {', '.join(f'{x:.2f}' for x in m['load_average'])}. "
+        f"Python {m['python']}; load average at start {', '.join(f'{x:.2f}' for x in m['load_average'])}"
+        + (
+            f", at end {', '.join(f'{x:.2f}' for x in report['load_average_at_end'])}. "
+            if report.get("load_average_at_end")
+            else ". "
+        )
         + ", ".join(f"{k} {v}" for k, v in m["versions"].items()),
         "",
         f"Corpus: {report['corpus']} ({report['docs']} documents, {report['corpus_mb']:.1f} MB of "
         f"text); {report['queries']} queries.",
         "",
         "| engine | build s | docs/s | update 1 doc p50 ms (max) | query p50 ms | query p95 ms "
-        "| p50 / p95 after updates | first query ms | disk MB | peak RSS MB |",
+        "| p50 / p95 after updates | first query ms (loads, compacts) | disk MB | peak RSS MB |",
         "| --- | --: | --: | --: | --: | --: | --: | --: | --: | --: |",
     ]
     for r in report["engines"]:
@@ -678,6 +684,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"... cranfield {name}{' stem' if stem else ''}", file=sys.stderr, flush=True)
                 cran.append(_child(["cranfield", name, "stem" if stem else "plain"]))
     report["cranfield"] = cran
+    report["load_average_at_end"] = os.getloadavg()
     print(json.dumps(report, indent=2) if args.json else markdown(report))
     return 0
 

@@ -941,8 +941,12 @@ class BM25Index:
 
     @property
     def tokenize(self) -> Callable[[str], list[str]]:
-        """The tokenizer: ``index.tokenize(text) -> list[str]``."""
-        return self._tokens
+        """The tokenizer: ``index.tokenize(text) -> list[str]``.
+
+        A `Tokenizer` for options (so `find_line_range` can skip lines cheaply), else the custom
+        callable with its output checked.
+        """
+        return self._tokenizer if isinstance(self._tokenizer, Tokenizer) else self._tokens
 
     def _tokens(self, text: str) -> list[str]:
         tokens = self._tokenizer(text)
