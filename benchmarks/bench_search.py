@@ -139,7 +139,7 @@ def name_queries(docs: Sequence[tuple[str, str]], n: int, seed: int = 42) -> lis
 
 
 def cranfield() -> tuple[list[tuple[str, str]], list[str], dict[int, dict[str, int]]]:
-    """Documents (id, .W text), queries in file order, qrels query -> doc -> gain (5 - code)."""
+    """Documents (id, title + text), queries in file order, qrels query -> doc -> gain 5 - code."""
 
     def records(text: str) -> list[dict[str, str]]:
         out: list[dict[str, str]] = []
@@ -155,7 +155,11 @@ def cranfield() -> tuple[list[tuple[str, str]], list[str], dict[int, dict[str, i
                 out[-1][field] += line + "\n"
         return out
 
-    docs = [(r["I"], r.get("W", "")) for r in records((CRANFIELD / "cran.all.1400").read_text())]
+    # Title and text, the usual fields (the text often repeats the title).
+    docs = [
+        (r["I"], r.get("T", "") + "\n" + r.get("W", ""))
+        for r in records((CRANFIELD / "cran.all.1400").read_text())
+    ]
     queries = [r.get("W", "").strip() for r in records((CRANFIELD / "cran.qry").read_text())]
     qrels: dict[int, dict[str, int]] = {}
     for line in (CRANFIELD / "cranqrel").read_text().split("\n"):
