@@ -46,6 +46,7 @@ import os
 import struct
 import sys
 import threading
+import weakref
 import zlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -457,14 +458,17 @@ class BM25Index:
         self._read_only = read_only
         self._cache_postings = cache_postings
         self._cache: _PostingCache | None = None
-        self._lock = threading.RLock()
+        self._shared = _shared_state(self._path)
+        self._lock = self._shared.lock
         self._closed = False
         self._options = {"k1": self._k1, "b": self._b, "tokenize": self._tokenizer_record()}
         self._con = self._connect()
+        with self._lock:
+            self._shared.open += 1
         try:
             self._open_schema()
         except BaseException:
-            self._con.close()
+            self._release()
             raise
 
     # ----------------------------------------------------------------------------- opening
@@ -689,6 +693,7 @@ class BM25Index:
                 stats.dead_rows += sum(terms for _, _, terms in replaced)
                 self._set_stats(cur, stats)
             # Committed: bring the cache along (still under the lock, so no search sees it stale).
+            self._shared.stats = stats
             cache = self._cache_after_write(version)
             if cache is not None:
                 for doc, _, _ in replaced:
@@ -829,6 +834,7 @@ class BM25Index:
                 stats.dead_rows += sum(terms for _, _, _, terms in rows)
                 stats.version += 1
                 self._set_stats(cur, stats)
+            self._shared.stats = stats
             cache = self._cache_after_write(version)
             if cache is not None:
                 for doc, _, _, _ in rows:
@@ -843,8 +849,10 @@ class BM25Index:
             stats = self._stats(cur)
             cur.execute("DELETE FROM bm25_postings")
             cur.execute("DELETE FROM bm25_docs")
-            self._set_stats(cur, _Stats(0, 0, stats.next_doc, stats.version + 1, 0, 0, 0))
+            stats = _Stats(0, 0, stats.next_doc, stats.version + 1, 0, 0, 0)
+            self._set_stats(cur, stats)
             self._cache = None
+        self._shared.stats = stats
 
     @staticmethod
     def _delete_docs(cur: duckdb.DuckDBPyConnection, docs: list[int]) -> None:
@@ -910,6 +918,7 @@ class BM25Index:
             assert row is not None
             stats.sorted_rows, stats.tail_rows, stats.dead_rows = int(row[0]), 0, 0
             self._set_stats(cur, stats)
+        self._shared.stats = stats
 
     def _compact_if_due(self, stats: _Stats, *, for_queries: bool) -> bool:
         if self._read_only:
@@ -985,7 +994,9 @@ class BM25Index:
         hashes = _term_hashes(distinct)
         with self._locked():
             cur = self._con
-            stats = self._stats(cur)
+            stats = self._shared.stats
+            if stats is None:
+                stats = self._shared.stats = self._stats(cur)
             n, total = stats.n, stats.total_len
             if n == 0:
                 return []
@@ -998,10 +1009,10 @@ class BM25Index:
                 ranked = self._rank_sql(cur, distinct, weights, hashes, n, total, top_k, min_score)
             if not ranked:
                 return []
+            # Literal numbers (ours, so safe to inline) let DuckDB use the primary-key index.
             rows = cur.execute(
                 "SELECT doc, id, content, metadata, start_line_offset FROM bm25_docs"
-                " WHERE doc IN (SELECT unnest($docs::BIGINT[]))",
-                {"docs": [doc for doc, _ in ranked]},
+                f" WHERE doc IN ({','.join(str(int(doc)) for doc, _ in ranked)})"
             ).fetchall()
         by_doc = {row[0]: row[1:] for row in rows}
         hits: list[BM25Hit] = []
@@ -1187,7 +1198,14 @@ class BM25Index:
             if not self._closed:
                 self._closed = True
                 self._cache = None
-                self._con.close()
+                self._release()
+
+    def _release(self) -> None:
+        with self._lock:
+            self._con.close()
+            self._shared.open -= 1
+            if self._shared.open == 0:
+                self._shared.stats = None
 
     def __enter__(self) -> BM25Index:
         return self
@@ -1198,6 +1216,37 @@ class BM25Index:
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"k1={self._k1}, b={self._b}"
         return f"BM25Index({self._path or ':memory:'!r}, {state})"
+
+
+class _SharedState:
+    """What every `BM25Index` on one file in this process shares: the lock and the stats.
+
+    DuckDB serves all connections of a process to a file from one database, and no other
+    process can write while this one has it open, so the last stats written here are the
+    file's: searches need no query to learn N, the total length and the version.
+    """
+
+    __slots__ = ("__weakref__", "lock", "open", "stats")
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.stats: _Stats | None = None
+        self.open = 0  # connections; at 0 another process may write, so stats are forgotten
+
+
+_SHARED: weakref.WeakValueDictionary[str, _SharedState] = weakref.WeakValueDictionary()
+_SHARED_LOCK = threading.Lock()
+
+
+def _shared_state(path: str | None) -> _SharedState:
+    if path is None:
+        return _SharedState()
+    key = os.path.realpath(path)
+    with _SHARED_LOCK:
+        state = _SHARED.get(key)
+        if state is None:
+            state = _SHARED[key] = _SharedState()
+        return state
 
 
 def _pack(text: str) -> bytes:

@@ -339,27 +339,64 @@ def find_line_range(
     """Return the 1-based first and last lines of ``content`` holding any of ``query_tokens``.
 
     Each line (split on ``\\n``) is tokenized with ``tokenize``, as the reference does; None when no
-    line matches or there are no query tokens. With a `Tokenizer` that does not stem, lines that
-    cannot hold a query token (no substring match) are skipped without tokenizing them.
+    line matches or there are no query tokens. With a `Tokenizer` that does not stem, every token
+    is a substring of its (lower-cased) line, so only lines found by a substring search from
+    either end are tokenized.
     """
     if not query_tokens:
         return None
     terms = frozenset(query_tokens)
     lines = content.split("\n")
-    candidates: Sequence[int] = range(len(lines))
-    if isinstance(tokenize, Tokenizer) and tokenize.tokens_are_substrings:
-        haystack = content.lower() if tokenize.options.lowercase else content
-        if not any(term in haystack for term in terms):
-            return None
-        # lower() never adds or removes "\n", so the lines stay aligned.
-        hay_lines = haystack.split("\n")
-        candidates = [i for i, line in enumerate(hay_lines) if any(t in line for t in terms)]
 
     def matches(i: int) -> bool:
         return any(token in terms for token in tokenize(lines[i]))
 
-    first = next((i for i in candidates if matches(i)), None)
-    if first is None:
+    if isinstance(tokenize, Tokenizer) and tokenize.tokens_are_substrings:
+        # lower() never adds or removes "\n", so line numbers in the haystack are the content's.
+        haystack = content.lower() if tokenize.options.lowercase else content
+        first = _first_line(haystack, terms, matches)
+        if first is None:
+            return None
+        return first + 1, _last_line(haystack, terms, matches, first) + 1
+    found = next((i for i in range(len(lines)) if matches(i)), None)
+    if found is None:
         return None
-    last = next(i for i in reversed(candidates) if i == first or matches(i))
-    return first + 1, last + 1
+    last = next(i for i in range(len(lines) - 1, found - 1, -1) if i == found or matches(i))
+    return found + 1, last + 1
+
+
+def _first_line(haystack: str, terms: frozenset[str], matches: Callable[[int], bool]) -> int | None:
+    pos = counted = line = 0
+    while True:
+        at = min((i for i in (haystack.find(t, pos) for t in terms) if i >= 0), default=-1)
+        if at < 0:
+            return None
+        line += haystack.count("\n", counted, at)
+        counted = at
+        if matches(line):
+            return line
+        end = haystack.find("\n", at)
+        if end < 0:
+            return None
+        pos = counted = end + 1
+        line += 1
+
+
+def _last_line(
+    haystack: str, terms: frozenset[str], matches: Callable[[int], bool], first: int
+) -> int:
+    total = haystack.count("\n")
+    end = counted = len(haystack)
+    after = 0  # newlines in haystack[counted:]
+    while True:
+        at = max(haystack.rfind(t, 0, end) for t in terms)
+        if at < 0:
+            return first
+        after += haystack.count("\n", at, counted)
+        counted = at
+        line = total - after
+        if line <= first or matches(line):
+            return max(line, first)
+        end = haystack.rfind("\n", 0, at)
+        if end < 0:
+            return first
