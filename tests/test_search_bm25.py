@@ -642,6 +642,32 @@ def test_two_processes_read_one_index(tmp_path: Path) -> None:
         assert result == {"first": ["d7", "d0", "d1"], "n": 100}
 
 
+def test_reopening_after_another_process_wrote(tmp_path: Path) -> None:
+    import gc
+
+    path = tmp_path / "bm25.duckdb"
+    first = BM25Index(path)
+    first.add("a", "alpha")
+    assert len(first.search("alpha")) == 1
+    kept = BM25Index(path)  # shares the lock and stats of ``first``
+    kept.close()
+    del first  # collected without close: the stats it shared must be forgotten too
+    gc.collect()
+    writer = """
+        import sys
+        from agentvfs.search._bm25 import BM25Index
+        with BM25Index(sys.argv[1]) as ix:
+            ix.add("b", "alpha beta")
+    """
+    proc = _python(writer, str(path))
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    with BM25Index(path) as ix:
+        assert len(ix) == 2
+        want = reference_search([("a", "alpha"), ("b", "alpha beta")], "alpha beta")
+        assert [(h.id, h.score) for h in ix.search("alpha beta")] == want
+
+
 def test_killed_writer_leaves_a_usable_index(tmp_path: Path) -> None:
     path = tmp_path / "bm25.duckdb"
     writer = """

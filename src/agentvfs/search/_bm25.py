@@ -465,6 +465,8 @@ class BM25Index:
         self._con = self._connect()
         with self._lock:
             self._shared.open += 1
+        # Runs once: at close, or when the index is collected without being closed.
+        self._forget = weakref.finalize(self, self._shared.release)
         try:
             self._open_schema()
         except BaseException:
@@ -1203,9 +1205,7 @@ class BM25Index:
     def _release(self) -> None:
         with self._lock:
             self._con.close()
-            self._shared.open -= 1
-            if self._shared.open == 0:
-                self._shared.stats = None
+            self._forget()
 
     def __enter__(self) -> BM25Index:
         return self
@@ -1232,6 +1232,13 @@ class _SharedState:
         self.lock = threading.RLock()
         self.stats: _Stats | None = None
         self.open = 0  # connections; at 0 another process may write, so stats are forgotten
+
+    def release(self) -> None:
+        """One connection to the file fewer (at close, or when an index is collected)."""
+        with self.lock:
+            self.open -= 1
+            if self.open == 0:
+                self.stats = None
 
 
 _SHARED: weakref.WeakValueDictionary[str, _SharedState] = weakref.WeakValueDictionary()
