@@ -102,6 +102,12 @@ def test_bad_options(option: str, value: object) -> None:
         MiniLMEmbedder(**{option: value})  # type: ignore[arg-type]
 
 
+def test_default_threads_leave_cpus_to_the_rest(monkeypatch: pytest.MonkeyPatch) -> None:
+    for cpus, threads in ((1, 1), (2, 1), (3, 1), (8, 4), (64, 4)):
+        monkeypatch.setattr(_minilm, "_usable_cpus", lambda cpus=cpus: cpus)
+        assert _minilm.default_threads() == threads
+
+
 # -- with the extra ----------------------------------------------------------------------------------
 
 
@@ -162,13 +168,21 @@ def test_model_id_names_the_weights(embedder: MiniLMEmbedder) -> None:
     assert MiniLMEmbedder(max_batch_size=7).max_batch_size == 7
 
 
+def session_of(embedder: MiniLMEmbedder) -> Any:
+    return embedder._session
+
+
 @needs_model
 def test_nothing_to_embed_loads_nothing() -> None:
     lazy = MiniLMEmbedder()
     assert lazy([]) == []
-    assert lazy._session is None
+    assert session_of(lazy) is None
     lazy.load()
-    assert lazy._session is not None
+    session = session_of(lazy)
+    assert session is not None
+    assert lazy.threads == _minilm.default_threads()
+    assert session.get_session_options().intra_op_num_threads == lazy.threads
+    assert MiniLMEmbedder(threads=3).threads == 3
 
 
 @needs_model
