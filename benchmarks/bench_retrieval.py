@@ -447,7 +447,7 @@ def markdown(report: dict[str, Any]) -> str:
     if s and "minilm_chunks_per_s" in s:
         lines += [
             "",
-            f"MiniLM speed ({s['threads']} onnxruntime threads): load {s['load_s']:.2f} s; "
+            f"MiniLM speed ({s['threads']} onnxruntime thread{'s' if s['threads'] > 1 else ''}): load {s['load_s']:.2f} s; "
             f"{s['minilm_chunks_per_s']:.1f} chunks/s over {s['chunks']} chunks of "
             f"{s['tokens_mean']:.0f} WordPiece tokens on average; one query "
             f"{s['minilm_query_p50_ms']:.1f} ms p50, {s['minilm_query_p95_ms']:.1f} ms p95. "
