@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import anyio
+import anyio.to_thread
 
 __all__ = ["DEFAULT_BATCH_SIZE", "EmbeddingError", "HashingEmbedder", "embed_texts", "embedder_id"]
 
@@ -69,9 +70,11 @@ def _check(vector: Any, where: str, dimension: int | None) -> list[float]:
 
 
 async def _call(fn: Callable[..., Any], arg: Any) -> Any:
-    if inspect.iscoroutinefunction(fn):
+    method = type(fn).__call__ if not inspect.isfunction(fn) and not inspect.ismethod(fn) else None
+    if inspect.iscoroutinefunction(fn) or (method is not None and inspect.iscoroutinefunction(method)):
         return await fn(arg)
-    value = fn(arg)
+    # A plain function may run a model for seconds: never on the event loop.
+    value = await anyio.to_thread.run_sync(fn, arg)
     return await value if inspect.isawaitable(value) else value
 
 
