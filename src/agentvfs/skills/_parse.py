@@ -1,8 +1,9 @@
 """SKILL.md: YAML front matter plus a markdown body, checked against the Agent Skills rules
 (reference §17.1), with the reference's messages.
 
-Front matter is read with PyYAML's ``safe_load`` only: no tags that build objects, no
-other front-matter languages (JavaScript front matter would be code).
+Front matter is read with PyYAML's safe loader only (``safe_load``'s, in C when available):
+no tags that build objects, no other front-matter languages (JavaScript front matter would
+be code).
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ _NAME = re.compile(r"^[a-z0-9-]+$")
 _DELIMITER = "---"
 _CLOSE = re.compile(r"^---[ \t]*\r?$", re.MULTILINE)
 _YAML_LANGUAGES = frozenset({"", "yaml", "yml"})
+#: ``yaml.safe_load``'s loader, in its C build when PyYAML has one (eight times faster; the
+#: same safe subset of YAML: plain data, no tags that construct objects).
+_SAFE_LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +124,7 @@ def split_front_matter(text: str, file_path: str = "SKILL.md") -> tuple[dict[str
     if body.startswith("\n"):
         body = body[1:]
     try:
-        data = yaml.safe_load(block) if block.strip() else None
+        data = yaml.load(block, Loader=_SAFE_LOADER) if block.strip() else None
     except yaml.YAMLError as exc:
         detail = " ".join(str(exc).split())
         raise InvalidSkillError(f"Invalid YAML front matter in {file_path}: {detail}") from None
