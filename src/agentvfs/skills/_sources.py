@@ -1,0 +1,409 @@
+"""Where skills are read from: the ``SkillSource`` interface, ``LocalSkillSource``, and the
+listing helpers discovery uses on any source.
+
+A skill source is the read side of a filesystem: ``exists``, ``stat``, ``read_file`` and
+``readdir`` (every ``WorkspaceFilesystem`` is one), optionally ``realpath`` (to tell two paths
+to one directory apart from two skills) and ``walk`` (a whole tree in few requests).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import posixpath
+import stat as stat_module
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Protocol, runtime_checkable
+
+import anyio
+import anyio.to_thread
+
+from ..errors import DirectoryNotFound, FileNotFound, IsDirectory, NotDirectory
+from ..vfs import FileEntry, FileStat, WorkspaceFilesystem, get_mime_type
+from ..vfs import read_many as vfs_read_many
+
+__all__ = [
+    "LocalSkillSource",
+    "SkillSource",
+    "Tree",
+    "TreeCache",
+    "is_flat",
+    "join_path",
+    "norm_path",
+    "read_files",
+    "walk_source",
+]
+
+_log = logging.getLogger("agentvfs.skills")
+
+#: Files read at once during discovery and indexing.
+READ_CONCURRENCY = 16
+
+
+@runtime_checkable
+class SkillSource(Protocol):
+    """The read operations skills need; every ``WorkspaceFilesystem`` provides them.
+
+    Paths use ``/``; missing paths raise ``FileNotFoundError``.
+    """
+
+    async def exists(self, path: str) -> bool:
+        """Tell whether anything is at ``path``."""
+        ...
+
+    async def stat(self, path: str) -> FileStat:
+        """Metadata of a file or directory."""
+        ...
+
+    async def read_file(self, path: str) -> str | bytes:
+        """A whole file (bytes, or text for sources that decode)."""
+        ...
+
+    async def readdir(self, path: str) -> list[FileEntry]:
+        """The entries of a directory, sorted by name."""
+        ...
+
+
+def norm_path(path: str) -> str:
+    """Canonical form for comparing paths of one source: no ``./``, no trailing ``/``, and
+    ``""`` for the root."""
+    if path in ("", ".", "./"):
+        return ""
+    normal = posixpath.normpath(path)
+    return "" if normal == "." else normal
+
+
+def join_path(base: str, name: str) -> str:
+    """``base/name``, keeping the caller's form of ``base`` (``./skills`` stays ``./skills``);
+    an empty or ``.`` base gives ``name``."""
+    if base in ("", "."):
+        return name.strip("/")
+    return base.rstrip("/") + "/" + name.strip("/")
+
+
+def is_flat(source: object) -> bool:
+    """True for object stores, where one listing returns a whole tree whatever its depth."""
+    capabilities = getattr(source, "capabilities", None)
+    return capabilities is not None and getattr(capabilities, "empty_dirs", True) is False
+
+
+async def walk_source(source: SkillSource, path: str, max_depth: int) -> list[FileEntry]:
+    """Everything below ``path`` to ``max_depth`` levels, names relative to ``path``, children
+    after their parent: natively where the source can (one listing on object stores).
+
+    Raises
+    ------
+    FileNotFoundError, NotADirectoryError
+        Nothing at ``path``, or a file.
+    """
+    walk = getattr(source, "walk", None)
+    if callable(walk):
+        entries: list[FileEntry] = await walk(path, max_depth=max_depth)
+        return entries
+    if isinstance(source, WorkspaceFilesystem):
+        return await source.readdir(path, recursive=True, max_depth=max_depth)
+    out: list[FileEntry] = []
+
+    async def visit(directory: str, prefix: str, depth: int) -> None:
+        for entry in await source.readdir(directory):
+            name = prefix + entry.name
+            out.append(
+                FileEntry(name, entry.type, entry.size, entry.is_symlink, entry.symlink_target)
+            )
+            if entry.type == "directory" and depth < max_depth:
+                await visit(join_path(directory, entry.name), name + "/", depth + 1)
+
+    await visit(path, "", 1)
+    return out
+
+
+async def read_files(source: SkillSource, paths: Sequence[str]) -> dict[str, bytes | OSError]:
+    """Read many files at once; each path maps to its bytes or to the error reading it."""
+    if isinstance(source, WorkspaceFilesystem):
+        return await vfs_read_many(source, list(paths), concurrency=READ_CONCURRENCY)
+    out: dict[str, bytes | OSError] = {}
+    limiter = anyio.Semaphore(READ_CONCURRENCY)
+
+    async def one(path: str) -> None:
+        async with limiter:
+            try:
+                data = await source.read_file(path)
+            except OSError as exc:
+                out[path] = exc
+                return
+            out[path] = data if isinstance(data, bytes) else data.encode("utf-8")
+
+    async with anyio.create_task_group() as tg:
+        for path in paths:
+            tg.start_soon(one, path)
+    return out
+
+
+class Tree:
+    """A walked directory: entries by path relative to it, to a known depth."""
+
+    __slots__ = ("_below", "depth", "entries")
+
+    def __init__(self, entries: dict[str, FileEntry], depth: int) -> None:
+        self.entries = entries
+        self.depth = depth
+        self._below: dict[str, dict[str, FileEntry]] | None = None
+
+    def _children(self) -> dict[str, dict[str, FileEntry]]:
+        """Entries grouped by their first segment (built once: slicing stays linear)."""
+        if self._below is None:
+            below: dict[str, dict[str, FileEntry]] = {}
+            for name, entry in self.entries.items():
+                head, sep, rest = name.partition("/")
+                if sep:
+                    below.setdefault(head, {})[rest] = entry
+            self._below = below
+        return self._below
+
+    def child_dirs(self) -> list[str]:
+        """Names of the immediate subdirectories, sorted."""
+        return sorted(n for n, e in self.entries.items() if "/" not in n and e.type == "directory")
+
+    def is_file(self, name: str) -> bool:
+        entry = self.entries.get(name)
+        return entry is not None and entry.type == "file"
+
+    def is_dir(self, name: str) -> bool:
+        entry = self.entries.get(name)
+        return entry is not None and entry.type == "directory"
+
+    def sub(self, name: str) -> Tree | None:
+        """The part below the subdirectory ``name`` (None if it is not a directory here)."""
+        if not self.is_dir(name):
+            return None
+        head, sep, rest = name.partition("/")
+        child = Tree(self._children().get(head, {}), self.depth - 1)
+        return child.sub(rest) if sep else child
+
+    def complete(self) -> bool:
+        """Everything below is listed (no directory sits at the depth the walk stopped at)."""
+        return self.depth > 0 and not any(
+            e.type == "directory" and n.count("/") + 1 >= self.depth
+            for n, e in self.entries.items()
+        )
+
+    def files_below(self, name: str) -> list[str]:
+        """Files below the subdirectory ``name``, relative to it, in walk order; nothing below
+        a symlinked directory (links are not followed out of a skill's subdirectories)."""
+        sub = self.sub(name)
+        if sub is None:
+            return []
+        linked = [n + "/" for n, e in sub.entries.items() if e.type == "directory" and e.is_symlink]
+        return [
+            n
+            for n, e in sub.entries.items()
+            if e.type == "file" and not any(n.startswith(d) for d in linked)
+        ]
+
+    def signature(self, depth: int | None = None) -> frozenset[tuple[str, str, int | None, bool]]:
+        """What changes when a file or directory appears, goes, or changes size (down to
+        ``depth`` levels)."""
+        return frozenset(
+            (n, e.type, e.size, e.is_symlink)
+            for n, e in self.entries.items()
+            if depth is None or n.count("/") < depth
+        )
+
+
+class TreeCache:
+    """Walks of one source during one discovery: a walk of a directory also answers for every
+    directory below it, as deep as it went."""
+
+    def __init__(self, source: SkillSource) -> None:
+        self.source = source
+        self._walks: dict[str, Tree | None] = {}
+
+    async def tree(self, path: str, depth: int) -> Tree | None:
+        """The tree below ``path`` to ``depth`` levels, or None if ``path`` is no directory
+        (missing, a file, or unreadable: the last is logged)."""
+        key = norm_path(path)
+        if key in self._walks:
+            walked = self._walks[key]
+            if walked is None or walked.depth >= depth:
+                return walked
+        # A walk of an ancestor deep enough answers too (ancestors are few: look each up).
+        ancestor, levels = key, 0
+        while ancestor not in ("", "/"):
+            ancestor = posixpath.dirname(ancestor)
+            levels += 1
+            above = self._walks.get(ancestor)
+            if above is not None and above.depth >= levels + depth:
+                rel = key if ancestor == "" else key[len(ancestor) + 1 :]
+                return above.sub(rel)
+        try:
+            entries = await walk_source(self.source, path, depth)
+        except (FileNotFoundError, NotADirectoryError):
+            self._walks[key] = None
+            return None
+        except OSError as exc:
+            _log.warning('[WorkspaceSkills] Cannot access skills path "%s": %s', path, exc)
+            self._walks[key] = None
+            return None
+        walked = Tree({e.name: e for e in entries}, depth)
+        self._walks[key] = walked
+        return walked
+
+
+# -- LocalSkillSource --------------------------------------------------------------------------------
+
+
+def _timestamp(value: float) -> datetime:
+    return datetime.fromtimestamp(value, UTC)
+
+
+class LocalSkillSource:
+    """Skills read straight from local disk, read-only: relative paths resolve against
+    ``base_path`` (default: the current directory), absolute paths are used as they are.
+
+    Parameters
+    ----------
+    base_path : str or os.PathLike, optional
+        Where relative skills paths start.
+    """
+
+    read_only = True
+
+    def __init__(self, base_path: str | os.PathLike[str] | None = None) -> None:
+        self.base_path = os.path.abspath(
+            os.fspath(base_path) if base_path is not None else os.getcwd()
+        )
+
+    def _resolve(self, path: str) -> str:
+        return path if os.path.isabs(path) else os.path.normpath(os.path.join(self.base_path, path))
+
+    async def exists(self, path: str) -> bool:
+        """Tell whether anything is at ``path`` (a broken link counts as nothing)."""
+        return await anyio.to_thread.run_sync(os.path.exists, self._resolve(path))
+
+    async def stat(self, path: str) -> FileStat:
+        """Metadata of a file or directory (links followed).
+
+        Raises
+        ------
+        FileNotFound
+            ``ENOENT``.
+        """
+        host = self._resolve(path)
+        try:
+            info = await anyio.to_thread.run_sync(os.stat, host)
+        except FileNotFoundError:
+            raise FileNotFound(path) from None
+        is_dir = stat_module.S_ISDIR(info.st_mode)
+        name = posixpath.basename(path.rstrip("/")) or os.path.basename(host)
+        return FileStat(
+            name=name,
+            path=path,
+            type="directory" if is_dir else "file",
+            size=0 if is_dir else info.st_size,
+            created_at=_timestamp(info.st_ctime),
+            modified_at=_timestamp(info.st_mtime),
+            mime_type=None if is_dir else get_mime_type(name),
+            mode=stat_module.S_IMODE(info.st_mode),
+        )
+
+    async def read_file(self, path: str) -> bytes:
+        """The bytes of a file.
+
+        Raises
+        ------
+        FileNotFound
+            ``ENOENT``.
+        IsDirectory
+            ``EISDIR``.
+        """
+        host = self._resolve(path)
+
+        def read() -> bytes:
+            with open(host, "rb") as f:
+                return f.read()
+
+        try:
+            return await anyio.to_thread.run_sync(read)
+        except FileNotFoundError:
+            raise FileNotFound(path) from None
+        except IsADirectoryError:
+            raise IsDirectory(path) from None
+
+    async def readdir(self, path: str) -> list[FileEntry]:
+        """The entries of a directory, sorted by name; links are reported with the type of
+        their target.
+
+        Raises
+        ------
+        DirectoryNotFound, NotDirectory
+            ``ENOENT``, ``ENOTDIR``.
+        """
+        return await self.walk(path, max_depth=1)
+
+    async def walk(self, path: str, *, max_depth: int | None = None) -> list[FileEntry]:
+        """Everything below ``path`` (to ``max_depth`` levels), names relative to it, children
+        after their parent; symlinked directories are followed unless they lead back up.
+
+        Raises
+        ------
+        DirectoryNotFound, NotDirectory
+            ``ENOENT``, ``ENOTDIR``.
+        """
+        host = self._resolve(path)
+        limit = max_depth if max_depth is not None else 100
+        return await anyio.to_thread.run_sync(_walk_local, host, path, limit)
+
+    async def realpath(self, path: str) -> str:
+        """The canonical path: relative to ``base_path`` when inside it, else absolute."""
+        return await anyio.to_thread.run_sync(self._realpath, path)
+
+    def _realpath(self, path: str) -> str:
+        real = os.path.realpath(self._resolve(path))
+        base = os.path.realpath(self.base_path)
+        if real == base:
+            return ""
+        if real.startswith(base.rstrip(os.sep) + os.sep):
+            return os.path.relpath(real, base).replace(os.sep, "/")
+        return real
+
+    def __repr__(self) -> str:
+        return f"LocalSkillSource(base_path={self.base_path!r})"
+
+
+def _walk_local(top: str, display: str, max_depth: int) -> list[FileEntry]:
+    try:
+        top_info = os.stat(top)
+    except FileNotFoundError:
+        raise DirectoryNotFound(display) from None
+    if not stat_module.S_ISDIR(top_info.st_mode):
+        raise NotDirectory(display)
+    out: list[FileEntry] = []
+
+    def visit(directory: str, prefix: str, depth: int, seen: frozenset[tuple[int, int]]) -> None:
+        try:
+            with os.scandir(directory) as it:
+                items = sorted(it, key=lambda d: d.name)
+        except OSError:
+            return
+        for item in items:
+            link = item.is_symlink()
+            try:
+                is_dir = item.is_dir(follow_symlinks=True)
+                size = None if is_dir else item.stat(follow_symlinks=True).st_size
+            except OSError:
+                is_dir, size = False, None  # a broken link
+            target = os.readlink(item.path) if link else None
+            name = prefix + item.name
+            out.append(FileEntry(name, "directory" if is_dir else "file", size, link, target))
+            if is_dir and depth < max_depth:
+                try:
+                    info = os.stat(item.path)
+                except OSError:
+                    continue
+                key = (info.st_dev, info.st_ino)
+                if key not in seen:  # a link back up would loop forever
+                    visit(item.path, name + "/", depth + 1, seen | {key})
+
+    visit(top, "", 1, frozenset({(top_info.st_dev, top_info.st_ino)}))
+    return out
