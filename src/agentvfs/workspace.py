@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from ._blocking import BlockingWorkspace
     from .search._engine import SearchResult
     from .search._workspace import WorkspaceSearch
+    from .skills import WorkspaceSkills
     from .tools import WorkspaceTool
 
 __all__ = ["Workspace", "WorkspaceStatus"]
@@ -307,6 +308,7 @@ class Workspace:
         # 9. something to work with
         self._skills_config = skills
         self._skill_source = skill_source
+        self._skills: WorkspaceSkills | None = None
         has_skills = callable(skills) or bool(skills)
         if (
             self._filesystem is None
@@ -365,11 +367,31 @@ class Workspace:
         return self._sandbox
 
     @property
-    def skills(self) -> None:
-        """Skills are not configured on this workspace (discovery arrives with skill sources)."""
-        if self._teardown_started and (callable(self._skills_config) or self._skills_config):
+    def skills(self) -> WorkspaceSkills | None:
+        """The workspace's skills (None without a ``skills`` configuration), created on
+        first access; discovery runs on first use.
+
+        Skills are read from ``skill_source`` if given, else from the filesystem (the one
+        resolved for each request when it is a resolver), else from the current directory.
+
+        Raises
+        ------
+        WorkspaceNotReadyError
+            The workspace is being or has been destroyed.
+        """
+        if not self.has_skills_config():
+            return None
+        if self._teardown_started:
             raise WorkspaceNotReadyError(self._id, self._status)
-        return None
+        if self._skills is None:
+            from .skills._skills import create_workspace_skills
+
+            self._skills = create_workspace_skills(self, self._skills_config or [], self._skill_source)
+        return self._skills
+
+    def has_skills_config(self) -> bool:
+        """Skills paths (a non-empty list, or a function of the request) are configured."""
+        return callable(self._skills_config) or bool(self._skills_config)
 
     @property
     def can_bm25(self) -> bool:

@@ -9,6 +9,7 @@ from ._filesystem import FILESYSTEM_TOOLS
 from ._names import WORKSPACE_TOOLS
 from ._sandbox import EXECUTE_COMMAND, EXECUTE_COMMAND_BACKGROUND, GET_PROCESS_OUTPUT, KILL_PROCESS
 from ._search import index_spec, search_spec
+from ._skills import SKILL_TOOLS
 
 if TYPE_CHECKING:
     from ..workspace import Workspace
@@ -23,7 +24,8 @@ _FILESYSTEM_ORDER = (
 
 def workspace_tool_specs(workspace: Workspace) -> list[ToolSpec]:
     """The tool definitions a workspace offers before configuration is applied: filesystem
-    tools, then search tools, then sandbox tools.
+    tools, then search tools, then sandbox tools, then the skill tools when skills are
+    configured.
 
     Write tools are left out on a read-only static filesystem; with a filesystem resolver they
     are always offered, and a read-only resolved filesystem refuses them when they run.
@@ -43,6 +45,8 @@ def workspace_tool_specs(workspace: Workspace) -> list[ToolSpec]:
         if static is None or not static.read_only:
             specs.append(index_spec())
     specs.extend(_sandbox_specs(workspace))
+    if workspace.has_skills_config():
+        specs.extend(SKILL_TOOLS)
     return specs
 
 
