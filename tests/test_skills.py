@@ -913,3 +913,48 @@ async def test_demo_lists_and_opens_a_skill() -> None:
     assert "    references/style.md (lines 3-4 of 6)" in lines
     assert "skill_search pull request -> [release-notes] (lines 4-4) (score: " in text
     assert not any(line != line.rstrip() for line in lines)
+
+
+async def test_absolute_path_outside_a_contained_filesystem(
+    fixture_root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, "agentvfs.skills")
+    skills = skills_of(workspace(fixture_root, ["/skills"]))
+    assert await skills.list() == []
+    assert '[WorkspaceSkills] Cannot access skills path "/skills": ' in caplog.text
+    assert '(did you mean to use the relative path "skills"?)' in caplog.text
+
+
+async def test_location_aliases(fixture_root: Path) -> None:
+    skills = skills_of(workspace(fixture_root))
+    skills.register_location_alias("/home/agent/skills/pdf/SKILL.md", "skills/pdf-tools")
+    by_alias = await skills.get("/home/agent/skills/pdf")
+    assert by_alias is not None and by_alias.path == "skills/pdf-tools"
+    assert await skills.has("/home/agent/skills/pdf/SKILL.md")
+
+
+async def test_concurrent_requests_keep_their_skills(tmp_path: Path) -> None:
+    import anyio
+
+    for user in ("ann", "ben", "cat"):
+        put(tmp_path, f"{user}/private/SKILL.md", skill_md("private", body=f"{user} only"))
+    ws = workspace(tmp_path, lambda ctx: [ctx.get("user")], bm25=True)
+    seen: dict[str, list[str]] = {}
+
+    async def request(user: str) -> None:
+        ctx = RequestContext([("user", user)])
+        tools = await tools_of(ws, ctx)
+        outs = []
+        for _ in range(3):
+            outs.append(str(await tools["skill"].execute({"name": "private"}, request_context=ctx)))
+            outs.append(
+                str(await tools["skill_search"].execute({"query": "only"}, request_context=ctx))
+            )
+        seen[user] = outs
+
+    async with anyio.create_task_group() as tg:
+        for user in ("ann", "ben", "cat") * 2:
+            tg.start_soon(request, user)
+    for user, outs in seen.items():
+        assert all(f"{user} only" in out for out in outs), outs
+        assert not any(other in out for out in outs for other in {"ann", "ben", "cat"} - {user})

@@ -8,6 +8,7 @@ to one directory apart from two skills) and ``walk`` (a whole tree in few reques
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import posixpath
@@ -242,7 +243,13 @@ class TreeCache:
             self._walks[key] = None
             return None
         except OSError as exc:
-            _log.warning('[WorkspaceSkills] Cannot access skills path "%s": %s', path, exc)
+            hint = ""
+            if path.startswith("/") and isinstance(exc, PermissionError):
+                # "/skills" on a contained filesystem is a host path; "skills" was likely meant.
+                with contextlib.suppress(OSError):
+                    if await self.source.exists(path[1:]):
+                        hint = f' (did you mean to use the relative path "{path[1:]}"?)'
+            _log.warning('[WorkspaceSkills] Cannot access skills path "%s": %s%s', path, exc, hint)
             self._walks[key] = None
             return None
         walked = Tree({e.name: e for e in entries}, depth)
