@@ -437,3 +437,28 @@ async def test_search_config_errors() -> None:
         Workspace(filesystem=LocalFilesystem("/tmp"), vector_store=DotStore(), embedder=animal_embedder, search_index_name="1abc")
     with pytest.raises(SearchNotAvailableError):
         await Workspace(filesystem=LocalFilesystem("/tmp")).search("x")
+
+
+async def test_hnsw_vectors_persist_beside_the_index(tmp_path: Path) -> None:
+    from agentvfs import HnswVectorStore
+
+    base = tmp_path / "files"
+    base.mkdir()
+    (base / "a.txt").write_text("penguins live in the antarctic")
+    (base / "b.txt").write_text("camels cross the desert")
+    embedder = CountingEmbedder()
+
+    def make() -> Workspace:
+        return Workspace(
+            filesystem=LocalFilesystem(base), bm25=True, vector_store=HnswVectorStore(), embedder=embedder,
+            auto_index_paths=["."], index_dir=str(tmp_path / "idx"),
+        )  # fmt: skip
+
+    async with make():
+        pass
+    assert embedder.texts and (tmp_path / "idx" / "vectors").is_dir()
+    embedder.texts.clear()
+    async with make() as again:
+        hits = await again.search("penguins antarctic", mode="vector", top_k=1)
+        assert [h.id for h in hits] == ["a.txt"]
+    assert embedder.texts == ["penguins antarctic"]  # only the query: no file embedded again

@@ -59,6 +59,7 @@ __all__ = [
     "FilesystemError",
     "FilesystemNotAvailableError",
     "FsspecFilesystem",
+    "HnswVectorStore",
     "InvalidPathError",
     "IsDirectory",
     "IsolationUnavailableError",
@@ -74,6 +75,7 @@ __all__ = [
     "SandboxNotAvailableError",
     "SandboxTimeoutError",
     "SearchNotAvailableError",
+    "SearchResult",
     "StaleFileError",
     "ToolMedia",
     "Workspace",
@@ -83,6 +85,17 @@ __all__ = [
     "WorkspaceReadOnlyError",
     "WorkspaceTool",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # Search pulls in DuckDB, NumPy and hnswlib: imported on first use, so processes that
+    # never search (a mount server, a sandbox command) start faster.
+    if name in ("HnswVectorStore", "SearchResult"):
+        from . import search
+
+        return getattr(search, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 RequestContext.__module__ = __name__
 Workspace.__module__ = __name__

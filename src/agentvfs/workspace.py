@@ -272,7 +272,11 @@ class Workspace:
         self._search_index_name: str | None = None
         # 7. the index name is only needed (and so only checked) for vector search
         if vector_store is not None and embedder is not None:
-            index_name = search_index_name or re.sub(r"[^A-Za-z0-9_]", "_", f"{self._id}_search")
+            # A persistent index keeps one name across Workspace instances (the id-based
+            # default changes with every instance and would orphan the stored vectors).
+            persistent = index_dir is not None or self._default_index_dir() is not None
+            default = "workspace_search" if persistent else re.sub(r"[^A-Za-z0-9_]", "_", f"{self._id}_search")
+            index_name = search_index_name or default
             if not _INDEX_NAME.match(index_name):
                 raise WorkspaceError(
                     f'Invalid search_index_name: "{index_name}". Must start with a letter or underscore, '

@@ -192,6 +192,16 @@ class HnswVectorStore:
         """The store's directory, or ``None`` in memory."""
         return self._store.dir
 
+    def adopt_directory(self, path: str | os.PathLike[str]) -> bool:
+        """Give a store made without a ``path`` a directory, before its first use: a
+        Workspace with an ``index_dir`` keeps the vectors beside its BM25 index this way.
+        Returns False (and changes nothing) if the store has a path or was already used."""
+        store = self._store
+        if store.dir is not None or store._con is not None:
+            return False
+        store.dir = Path(os.fspath(path))
+        return True
+
     def __repr__(self) -> str:
         where = "memory" if self._store.dir is None else str(self._store.dir)
         return f"HnswVectorStore({where})"

@@ -186,6 +186,11 @@ class WorkspaceSearch:
         path = self.path
         if path is not None:
             os.makedirs(self.index_dir or ".", exist_ok=True)
+            adopt = getattr(self._vector_store, "adopt_directory", None)
+            if self.index_dir is not None and callable(adopt):
+                # An in-memory HnswVectorStore would forget the vectors the persistent file
+                # records say exist: keep them beside the BM25 index instead.
+                self._owns_vectors = bool(adopt(os.path.join(self.index_dir, "vectors")))
         bm25: BM25Index | None = None
         if self._bm25_config is not None or path is not None:
             k1, b, options = self._bm25_config or (1.5, 0.75, None)
@@ -210,6 +215,7 @@ class WorkspaceSearch:
         return engine
 
     _store: BM25Index | None = None
+    _owns_vectors = False
 
     @staticmethod
     def _create_tables(bm25: BM25Index) -> None:
@@ -348,6 +354,9 @@ class WorkspaceSearch:
         engine, self._engine = self._engine, None
         if engine is not None:
             await engine.close()
+        if self._owns_vectors:
+            # Graphs are written at close: the next Workspace on this index_dir finds them.
+            await self._vector_store.close()
         self._store = None
 
     # -- files ------------------------------------------------------------------------------------------
