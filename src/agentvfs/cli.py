@@ -104,7 +104,11 @@ async def _demo(storage: str, out: list[str]) -> None:
                 for line in str(result).splitlines():
                     say(f"    {line}")
             await _demo_mount(files, say)
+            await _demo_search(files, say)
             await _demo_sandbox(say)
+            from .skills._demo import demo_skills
+
+            await demo_skills(say)
             info = await ws.get_info(include_file_count=True)
             say(f"get_info: status={info['status']} provider={info['filesystem']['provider']} total_files={info['filesystem']['total_files']}")
         say(f"workspace destroyed: status={ws.status}")
@@ -145,6 +149,34 @@ async def _demo_mount(files: Any, say: Any) -> None:
             text = await files.read_file("notes/shell.txt", encoding="utf-8")
             say(f"  $ echo ... > <mnt>/notes/shell.txt; echo more >> ... -> the API reads {text!r}")
         say("unmounted")
+
+
+async def _demo_search(files: Any, say: Any) -> None:
+    """Index the demo files (BM25 plus vectors from the bundled hashing embedder) and search
+    them, through the API and the search tool."""
+    from . import Workspace
+    from .search import HashingEmbedder, HnswVectorStore
+
+    with tempfile.TemporaryDirectory(prefix="agentvfs-index-") as index_dir:
+        ws = Workspace(
+            filesystem=files,
+            bm25=True,
+            vector_store=HnswVectorStore(),
+            embedder=HashingEmbedder(),
+            auto_index_paths=["."],
+            index_dir=index_dir,
+        )
+        async with ws:
+            say(f"search index in <tmp>/{os.path.basename(os.path.join(index_dir, 'search.duckdb'))}: bm25 + vectors")
+            for query, mode in (("greet by name", "bm25"), ("main hello todo", "hybrid")):
+                results = await ws.search(query, mode=mode, top_k=3)
+                shown = ", ".join(f"{r.id} {r.score:.3f}" + (f" lines {r.line_range[0]}-{r.line_range[1]}" if r.line_range else "") for r in results)
+                say(f"  search {query!r} ({mode}): {shown}")
+            tools = await ws.create_tools()
+            output = await tools["mastra_workspace_search"].execute({"query": "TODO", "topK": 2})
+            say("  mastra_workspace_search {'query': 'TODO', 'topK': 2}")
+            for line in str(output).splitlines():
+                say(f"    {line}")
 
 
 @contextlib.contextmanager
