@@ -3,6 +3,8 @@
 The public names live here; implementation modules are private.
 """
 
+from typing import TYPE_CHECKING
+
 from . import errors as errors
 from ._context import RequestContext as RequestContext
 from .errors import DirectoryNotEmpty as DirectoryNotEmpty
@@ -85,6 +87,10 @@ __all__ = [
     "WorkspaceReadOnlyError",
     "WorkspaceTool",
 ]
+
+if TYPE_CHECKING:
+    from .search import HnswVectorStore as HnswVectorStore
+    from .search import SearchResult as SearchResult
 
 
 def __getattr__(name: str) -> object:
