@@ -340,7 +340,7 @@ async def test_selective_filters_still_return_top_k() -> None:
         assert [int(h["id"]) for h in hits] == brute_force(x, q, 10, allowed)
         # 2 allowed: all of them
         assert sorted(int(h["id"]) for h in await store.query("docs", q.tolist(), 10, {"rare": True})) == [5, 2999]
-        # 50 % and 6 % allowed: hnswlib with the filter, top_k results, all allowed
+        # 50 % and 6 % allowed: hnswlib, then the filter; top_k results, all allowed
         cases: list[tuple[dict[str, Any], Callable[[int], bool]]] = [
             ({"half": 1}, lambda i: i % 2 == 1),
             ({"bucket": {"$in": list(range(6))}}, lambda i: i % 100 < 6),
@@ -354,39 +354,41 @@ async def test_selective_filters_still_return_top_k() -> None:
 
 
 class ShortGraph:
-    """An hnswlib graph whose first ``failures`` searches find too few items (hnswlib raises)."""
+    """An hnswlib graph whose searches reach too few items (hnswlib raises)."""
 
-    def __init__(self, graph: Any, failures: int) -> None:
-        self.graph, self.failures, self.efs = graph, failures, list[int]()
+    def __init__(self, graph: Any) -> None:
+        self.graph, self.calls = graph, list[tuple[int, int]]()
 
-    def knn_query(self, *args: Any, **kwargs: Any) -> Any:
-        self.efs.append(self.graph.ef)
-        if len(self.efs) <= self.failures:
-            raise RuntimeError("Cannot return the results in a contiguous 2D array. Probably ef or M is too small")
-        return self.graph.knn_query(*args, **kwargs)
+    def knn_query(self, data: Any, k: int) -> Any:
+        self.calls.append((k, self.graph.ef))
+        raise RuntimeError("Cannot return the results in a contiguous 2D array. Probably ef or M is too small")
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.graph, name)
 
 
-async def test_filtered_search_widens_until_top_k_found() -> None:
+async def test_filtered_search_fetches_more_and_falls_back_to_exact() -> None:
     store = HnswVectorStore(exact_limit=0, ef_search=10)
     x = clustered(2000, 8, seed=3)
     await store.create_index("docs", 8)
-    await store.upsert("docs", x.tolist(), [{"tenth": i % 10 == 0} for i in range(2000)], [str(i) for i in range(2000)])
+    far = set(np.argsort(x @ x[1])[:200].tolist())  # the 10 % least similar to x[1]
+    metadata = [{"tenth": i % 10 == 0, "far": i in far} for i in range(2000)]
+    await store.upsert("docs", x.tolist(), metadata, [str(i) for i in range(2000)])
     ix = store._store._indexes["docs"]
     graph = ix.graph
-    allowed = [i for i in range(2000) if i % 10 == 0]
-    # ef starts at ef_search / share allowed = 100, then grows fourfold per shortfall
-    ix.graph = short = ShortGraph(graph, failures=2)
+    tenth = [i for i in range(2000) if i % 10 == 0]
+    # 10 % allowed: 4 * 20 / 0.1 = 800 neighbours fetched with ef = 10 / 0.1 = 100 raised to 800
+    ix.graph = short = ShortGraph(graph)
     hits = await store.query("docs", x[1].tolist(), 20, {"tenth": True})
-    assert short.efs == [100, 400, 1600] and len(hits) == 20
-    assert {int(h["id"]) for h in hits} <= set(allowed)
-    # when even ef = every item falls short, exact search answers
-    ix.graph = short = ShortGraph(graph, failures=10)
+    assert short.calls == [(800, 800)]
+    assert [int(h["id"]) for h in hits] == brute_force(x, x[1], 20, tenth)  # exact answered
+    ix.graph = graph
     hits = await store.query("docs", x[1].tolist(), 20, {"tenth": True})
-    assert short.efs == [100, 400, 1600, 2000]
-    assert [int(h["id"]) for h in hits] == brute_force(x, x[1], 20, allowed)
+    assert len(hits) == 20 and {int(h["id"]) for h in hits} <= set(tenth)
+    assert len({int(h["id"]) for h in hits} & set(brute_force(x, x[1], 20, tenth))) >= 18
+    # the allowed items are not among the 800 nearest: exact search finds them
+    hits = await store.query("docs", x[1].tolist(), 20, {"far": True})
+    assert [int(h["id"]) for h in hits] == brute_force(x, x[1], 20, sorted(far))
     assert graph.ef == 10  # restored
 
 
