@@ -1418,14 +1418,26 @@ def _exact(ix: _Index, q: _Floats, labels: npt.NDArray[np.intp], k: int) -> list
 
 
 def _score(metric: str, vectors: _Floats, q: _Floats) -> npt.NDArray[np.floating[Any]]:
-    # np.vecdot runs one single-threaded dot per row. A BLAS matrix-vector product would be
-    # multi-threaded and, on a busy machine, wait milliseconds for its helper threads.
-    dots: npt.NDArray[np.floating[Any]] = np.vecdot(vectors, q)
+    dots = _rowdot(vectors, q)
     if metric == "euclidean":
-        squared = np.vecdot(vectors, vectors) - 2.0 * dots + float(np.vecdot(q, q))
+        squared = _rowdot(vectors, vectors) - 2.0 * dots + float(_rowdot(q, q))
         distance: npt.NDArray[np.floating[Any]] = np.sqrt(np.maximum(squared, 0.0))
         return 1.0 / (1.0 + distance)
     return np.clip(dots, -1.0, 1.0) if metric == "cosine" else dots
+
+
+def _rowdot(a: _Floats, b: _Floats) -> npt.NDArray[np.floating[Any]]:
+    """Dot products along the last axis, one single-threaded dot per row. A BLAS matrix-vector
+    product would be multi-threaded and, on a busy machine, wait milliseconds for its helper
+    threads. ``np.vecdot`` is NumPy 2; ``einsum`` does the same on NumPy 1."""
+    if _VECDOT is not None:
+        result: npt.NDArray[np.floating[Any]] = _VECDOT(a, b)
+    else:
+        result = np.einsum("...i,...i->...", a, b)
+    return result
+
+
+_VECDOT: Callable[..., Any] | None = getattr(np, "vecdot", None)
 
 
 def _scores_from_distances(
