@@ -93,8 +93,11 @@ class CountingEmbedder(HashingEmbedder):
 # -- checks 45-47 ----------------------------------------------------------------------------------------
 
 
-async def test_check_45_bm25_numbers_min_score_and_missing_vector_config(tmp_path: Path) -> None:
-    ws = Workspace(filesystem=LocalFilesystem(tmp_path), bm25=True)
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_check_45_bm25_numbers_min_score_and_missing_vector_config(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    ws = Workspace(filesystem=harness_for(backend, request, tmp_path).fs, bm25=True)
     async with ws:
         for path, text in DOCS.items():
             await ws.index(path, text)
@@ -115,8 +118,11 @@ async def test_check_45_bm25_numbers_min_score_and_missing_vector_config(tmp_pat
         assert (ws.can_bm25, ws.can_vector, ws.can_hybrid) == (True, False, False)
 
 
-async def test_check_46_search_and_index_tools_on_a_bm25_workspace(tmp_path: Path) -> None:
-    ws = Workspace(filesystem=LocalFilesystem(tmp_path), bm25=True)
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_check_46_search_and_index_tools_on_a_bm25_workspace(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    ws = Workspace(filesystem=harness_for(backend, request, tmp_path).fs, bm25=True)
     async with ws:
         tools = await ws.create_tools()
         names = list(tools)
@@ -149,9 +155,13 @@ async def test_index_tool_is_dropped_on_a_read_only_filesystem(tmp_path: Path) -
     await ws.destroy()
 
 
-async def test_check_47_hybrid_fusion_and_the_filter_the_store_receives(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_check_47_hybrid_fusion_and_the_filter_the_store_receives(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
     store = DotStore()
-    ws = Workspace(filesystem=LocalFilesystem(tmp_path), bm25=True, vector_store=store, embedder=animal_embedder)
+    fs = harness_for(backend, request, tmp_path).fs
+    ws = Workspace(filesystem=fs, bm25=True, vector_store=store, embedder=animal_embedder)
     async with ws:
         await ws.index("d1", "The quick brown fox jumps over the lazy dog")
         await ws.index("d2", "cat sleeps all day long")
