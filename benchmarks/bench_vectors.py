@@ -199,7 +199,7 @@ class LsaEmbedder:
         for i, (buckets, weights) in enumerate(features):
             rows[i, buckets] = weights * self.idf[buckets]
         norms = np.linalg.norm(rows, axis=1, keepdims=True)
-        return np.divide(rows, norms, out=rows, where=norms > 0)
+        return np.asarray(np.divide(rows, norms, out=rows, where=norms > 0))
 
     def fit_transform(self, texts: list[str]) -> np.ndarray:
         features = [self._features(t) for t in texts]
@@ -213,15 +213,15 @@ class LsaEmbedder:
             gram += block.T @ block
         _, vectors = np.linalg.eigh(gram)
         self.basis = np.ascontiguousarray(vectors[:, ::-1][:, : self.dim], np.float32)
-        return np.concatenate([self._project(features[i : i + 5000]) for i in range(0, len(features), 5000)])
+        return np.asarray(np.concatenate([self._project(features[i : i + 5000]) for i in range(0, len(features), 5000)]))
 
     def _project(self, features: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
         out = self._rows(features) @ self.basis
         norms = np.linalg.norm(out, axis=1, keepdims=True)
-        return np.divide(out, norms, out=out, where=norms > 0)
+        return np.asarray(np.divide(out, norms, out=out, where=norms > 0))
 
     def __call__(self, text: str) -> np.ndarray:
-        return self._project([self._features(text)])[0]
+        return np.asarray(self._project([self._features(text)])[0])
 
 
 # -- measurement ---------------------------------------------------------------------------
@@ -304,7 +304,9 @@ async def build(
     started = time.perf_counter()
     for start in range(0, len(x), args.batch):
         end = start + args.batch
-        await store.upsert("chunks", x[start:end], metadata[start:end], ids[start:end])
+        # The store takes any sequence of rows; an array slice is one (no copy to lists).
+        rows: Any = x[start:end]
+        await store.upsert("chunks", rows, metadata[start:end], ids[start:end])
     return store, time.perf_counter() - started
 
 
