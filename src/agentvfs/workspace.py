@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 
+from ._aio import maybe_await as _maybe_await
 from ._context import RequestContext
 from .errors import SearchNotAvailableError, WorkspaceError, WorkspaceNotReadyError
 from .vfs import CompositeFilesystem, LocalFilesystem, WorkspaceFilesystem
@@ -44,11 +45,6 @@ _DYNAMIC_SANDBOX_TEXT = (
     "at tool execution time."
 )
 
-
-async def _maybe_await(value: Any) -> Any:
-    if inspect.isawaitable(value):
-        return await value
-    return value
 
 
 async def _call_lifecycle(provider: Any, method: str) -> None:

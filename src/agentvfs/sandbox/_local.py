@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import logging
 import math
 import os
@@ -17,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.to_thread
 
+from .._aio import maybe_await as _maybe_await
 from ..errors import SandboxError, SandboxNotReadyError
 from ..vfs._base import new_id
 from ._isolation import (
@@ -56,9 +56,6 @@ def shell_quote(arg: str) -> str:
         return arg
     return "'" + arg.replace("'", "'\\''") + "'"
 
-
-async def _maybe_await(value: Any) -> Any:
-    return await value if inspect.isawaitable(value) else value
 
 
 class LocalSandbox:

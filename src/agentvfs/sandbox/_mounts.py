@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import inspect
 import json
 import logging
 import os
@@ -25,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import anyio.to_thread
 
+from .._aio import maybe_await as _maybe_await
 from ..errors import MountToolNotFoundError
 from ..vfs import LocalFilesystem, WorkspaceFilesystem
 
@@ -143,9 +143,6 @@ def canonical_mount_path(mount_path: str) -> str:
 def _markers_dir() -> str:
     return os.path.join(tempfile.gettempdir(), ".agentvfs-mounts")
 
-
-async def _maybe_await(value: Any) -> Any:
-    return await value if inspect.isawaitable(value) else value
 
 
 class MountManager:

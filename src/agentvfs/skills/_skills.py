@@ -15,7 +15,6 @@ workspace-level search never returns them.
 from __future__ import annotations
 
 import builtins
-import inspect
 import logging
 import time
 import weakref
@@ -27,6 +26,7 @@ from urllib.parse import quote
 
 import anyio
 
+from .._aio import maybe_await
 from .._context import RequestContext
 from ._discovery import (
     Discovery,
@@ -214,9 +214,7 @@ class WorkspaceSkills:
         config = self._config
         if not callable(config):
             return config
-        value = config(request_context if request_context is not None else RequestContext())
-        if inspect.isawaitable(value):
-            value = await value
+        value = await maybe_await(config(request_context if request_context is not None else RequestContext()))
         if (
             isinstance(value, str)
             or not isinstance(value, Sequence)

@@ -3,7 +3,6 @@ wrappers of the reference (§12), in its order: write lock, hooks, read tracking
 
 from __future__ import annotations
 
-import inspect
 import json
 import logging
 import re
@@ -13,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 
+from .._aio import maybe_await as _maybe_await
 from .._context import RequestContext
 from ..errors import FilesystemNotAvailableError, SandboxNotAvailableError, WorkspaceReadOnlyError
 from ..vfs import FileStat, WorkspaceFilesystem
@@ -99,9 +99,6 @@ class ToolSpec:
     #: advertises (the search tool takes any mode and falls back to an available one).
     accepts: dict[str, Any] | None = None
 
-
-async def _maybe_await(value: Any) -> Any:
-    return await value if inspect.isawaitable(value) else value
 
 
 # ANSI escapes: OSC strings (hyperlinks, titles) and CSI / single-character sequences.

@@ -13,8 +13,9 @@ from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .._aio import maybe_await as _maybe_await
 from ..errors import SandboxFeatureNotSupportedError
-from ._core import ToolCall, ToolSpec, _maybe_await
+from ._core import ToolCall, ToolSpec
 from ._names import WORKSPACE_TOOLS
 from ._output import DEFAULT_MAX_OUTPUT_TOKENS, apply_tail, apply_token_limit_sandwich
 from ._schema import field as schema_field
