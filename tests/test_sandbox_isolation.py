@@ -13,6 +13,7 @@ from typing import Any
 import anyio
 import pytest
 
+from _procs import live_members, read, write
 from agentvfs import LocalFilesystem
 from agentvfs.errors import IsolationUnavailableError
 from agentvfs.sandbox import _isolation
@@ -44,30 +45,7 @@ def wd(tmp_path: Any) -> str:
     return path
 
 
-def write(path: str, text: str) -> None:
-    with open(path, "w") as f:
-        f.write(text)
 
-
-def read(path: str) -> str:
-    with open(path) as f:
-        return f.read()
-
-
-def live_members(pgid: int) -> list[int]:
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                raw = f.read()
-        except OSError:
-            continue
-        fields = raw[raw.rfind(b")") + 2 :].split()
-        if fields[0] not in (b"Z", b"X") and int(fields[2]) == pgid:
-            found.append(int(name))
-    return found
 
 
 # -- the command line ---------------------------------------------------------------------------

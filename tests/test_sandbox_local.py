@@ -6,12 +6,12 @@ from __future__ import annotations
 import os
 import re
 import threading
-from collections.abc import Callable
 from typing import Any
 
 import anyio
 import pytest
 
+from _procs import assert_group_gone, eventually, read, write
 from agentvfs import LocalFilesystem, RequestContext, Workspace
 from agentvfs.errors import SandboxError, SandboxNotReadyError
 from agentvfs.sandbox._local import LocalSandbox, shell_quote
@@ -30,31 +30,7 @@ def wd(tmp_path: Any) -> str:
     return os.path.join(str(tmp_path), "wd")
 
 
-def live_members(pgid: int) -> list[int]:
-    """Processes (not zombies) in process group ``pgid``."""
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                raw = f.read()
-        except OSError:
-            continue
-        fields = raw[raw.rfind(b")") + 2 :].split()
-        if fields[0] not in (b"Z", b"X") and int(fields[2]) == pgid:
-            found.append(int(name))
-    return found
 
-
-def write(path: str, text: str) -> None:
-    with open(path, "w") as f:
-        f.write(text)
-
-
-def read(path: str) -> str:
-    with open(path) as f:
-        return f.read()
 
 
 def gone_or_zombie(pid: int) -> bool:
@@ -65,16 +41,6 @@ def gone_or_zombie(pid: int) -> bool:
         return True
 
 
-async def eventually(predicate: Callable[[], object], seconds: float = 5) -> None:
-    with anyio.fail_after(seconds):
-        while not predicate():  # noqa: ASYNC110 (state changed by other threads and processes)
-            await anyio.sleep(0.01)
-
-
-async def assert_group_gone(pgid: int) -> None:
-    with anyio.move_on_after(3):
-        await eventually(lambda: not live_members(pgid))
-    assert live_members(pgid) == [], f"processes left in group {pgid}"
 
 
 # -- construction -------------------------------------------------------------------------------

@@ -8,13 +8,13 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import anyio
 import anyio.lowlevel
 import pytest
 
+from _procs import assert_group_gone, eventually, live_members
 from agentvfs.errors import SandboxExecutionError
 from agentvfs.sandbox._processes import (
     LocalProcessManager,
@@ -40,34 +40,7 @@ def manager(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> LocalProcessManag
     return LocalProcessManager()
 
 
-def live_members(pgid: int) -> list[int]:
-    """Processes (not zombies) in process group ``pgid``."""
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                raw = f.read()
-        except OSError:
-            continue
-        fields = raw[raw.rfind(b")") + 2 :].split()
-        if fields[0] not in (b"Z", b"X") and int(fields[2]) == pgid:
-            found.append(int(name))
-    return found
 
-
-async def eventually(predicate: Callable[[], object], seconds: float = 5) -> None:
-    """Wait until ``predicate()`` holds (state changed by other threads and processes)."""
-    with anyio.fail_after(seconds):
-        while not predicate():  # noqa: ASYNC110
-            await anyio.sleep(0.01)
-
-
-async def assert_group_gone(pgid: int) -> None:
-    with anyio.move_on_after(3):
-        await eventually(lambda: not live_members(pgid))
-    assert live_members(pgid) == [], f"processes left in group {pgid}"
 
 
 # -- RetainedOutputBuffer -----------------------------------------------------------------------
