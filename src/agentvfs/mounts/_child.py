@@ -36,7 +36,7 @@ from typing import IO, Any
 from ..errors import MountError
 from ..vfs._base import WorkspaceFilesystem
 from ._options import MountOptions
-from ._server import Mount, cleanup_stale_mount, fuse_available
+from ._server import Mount, cleanup_stale_mount, prepare_mountpoint
 
 __all__ = ["ProcessMount", "rebuild", "recipe_for"]
 
@@ -162,12 +162,7 @@ class ProcessMount:
         MountError
             See the class.
         """
-        reason = fuse_available()
-        if reason is not None:
-            raise MountError(f"FUSE is not available: {reason}")
-        cleanup_stale_mount(self.mountpoint)
-        if not os.path.isdir(self.mountpoint):
-            raise MountError(f"Mount point {self.mountpoint} is not a directory")
+        prepare_mountpoint(self.mountpoint)
         options = {name: getattr(self.options, name) for name in self.options.__dataclass_fields__}
         request = {"recipe": self._recipe, "mountpoint": self.mountpoint, "read_only": self.read_only, "options": options}
         self._proc = subprocess.Popen(

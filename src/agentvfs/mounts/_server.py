@@ -104,6 +104,23 @@ def cleanup_stale_mount(path: str) -> bool:
     raise MountError(f"Mount point {point} is already in use by another mount")
 
 
+def prepare_mountpoint(mountpoint: str) -> None:
+    """Check that FUSE works and ``mountpoint`` is a free directory, removing a dead mount a
+    killed process left there (which also makes the directory readable again).
+
+    Raises
+    ------
+    MountError
+        FUSE is unavailable, the path is not a directory, or a live mount is there.
+    """
+    reason = fuse_available()
+    if reason is not None:
+        raise MountError(f"FUSE is not available: {reason}")
+    cleanup_stale_mount(mountpoint)
+    if not os.path.isdir(mountpoint):
+        raise MountError(f"Mount point {mountpoint} is not a directory")
+
+
 def _tune(mountpoint: str, options: MountOptions) -> None:
     """Raise the kernel's read-ahead and background-request limits of this FUSE connection
     (root only; silently kept as they are elsewhere)."""
@@ -238,14 +255,7 @@ class Mount:
         MountError
             See the class.
         """
-        reason = fuse_available()
-        if reason is not None:
-            raise MountError(f"FUSE is not available: {reason}")
-        if not os.path.isdir(self.mountpoint):
-            cleanup_stale_mount(self.mountpoint)
-            if not os.path.isdir(self.mountpoint):
-                raise MountError(f"Mount point {self.mountpoint} is not a directory")
-        cleanup_stale_mount(self.mountpoint)
+        prepare_mountpoint(self.mountpoint)
         if not _session_lock.acquire(blocking=False):
             raise MountError("Another mount is already served by this process (one FUSE session per process)")
         self._holds_session = True
