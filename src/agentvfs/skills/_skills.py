@@ -534,29 +534,25 @@ class WorkspaceSkills:
         InvalidSkillPathError
             ``Invalid reference path: <path>`` for absolute paths and ``..``.
         """
-        skill = await self._lookup(skill_name)
-        if skill is None:
-            _assert_relative(reference_path, "reference")
-            return None
-        data = await self._read(skill, reference_path, "reference")
+        data = await self._fetch(skill_name, reference_path, "reference")
         return None if data is None else data.decode("utf-8", "replace")
 
     async def get_script(self, skill_name: str, script_path: str) -> str | None:
         """As :meth:`get_reference` (``scripts/run.sh``); ``Invalid script path: ...``."""
-        skill = await self._lookup(skill_name)
-        if skill is None:
-            _assert_relative(script_path, "script")
-            return None
-        data = await self._read(skill, script_path, "script")
+        data = await self._fetch(skill_name, script_path, "script")
         return None if data is None else data.decode("utf-8", "replace")
 
     async def get_asset(self, skill_name: str, asset_path: str) -> bytes | None:
         """As :meth:`get_reference` but the bytes (``assets/logo.png``); ``Invalid asset path: ...``."""
+        return await self._fetch(skill_name, asset_path, "asset")
+
+    async def _fetch(self, skill_name: str, path: str, kind: str) -> bytes | None:
+        # A bad path is refused even when the skill is unknown.
         skill = await self._lookup(skill_name)
         if skill is None:
-            _assert_relative(asset_path, "asset")
+            _assert_relative(path, kind)
             return None
-        return await self._read(skill, asset_path, "asset")
+        return await self._read(skill, path, kind)
 
     async def list_references(self, skill_name: str) -> builtins.list[str]:
         """Files below the skill's ``references/`` (relative to it)."""
