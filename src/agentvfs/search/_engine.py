@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -543,15 +543,3 @@ def _looks_missing(exc: BaseException) -> bool:
         or "unknown index" in text
     )
 
-
-async def gather_limited(jobs: Iterable[Callable[[], Awaitable[Any]]], limit: int) -> None:
-    """Run ``jobs`` with at most ``limit`` at once."""
-    limiter = anyio.Semaphore(limit)
-
-    async def run(job: Callable[[], Awaitable[Any]]) -> None:
-        async with limiter:
-            await job()
-
-    async with anyio.create_task_group() as tg:
-        for job in jobs:
-            tg.start_soon(run, job)

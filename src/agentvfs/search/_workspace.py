@@ -400,8 +400,7 @@ class WorkspaceSearch:
         if prune:
             wanted = set(files)
             for path in sorted(set(known) - wanted):
-                await engine.remove_source(path)
-                await anyio.to_thread.run_sync(self._save_source, path, None)
+                await self._drop(engine, path)
                 counts["removed"] += 1
         return counts
 
@@ -495,30 +494,33 @@ class WorkspaceSearch:
 
     async def refresh_path(self, fs: WorkspaceFilesystem, path: str) -> bool:
         """Re-index ``path`` if it is indexed (after a write through the tools); True if it was."""
-        if not await self._is_indexed(path):
-            return False
         engine = await self.engine()
+        known = await anyio.to_thread.run_sync(self._load_sources)
+        if not self._indexed(engine, known, path):
+            return False
         try:
             stat = await fs.stat(path)
         except FileNotFoundError:
-            await self.forget_path(path)
+            await self._drop(engine, path)
             return True
-        known = await anyio.to_thread.run_sync(self._load_sources)
         await self._index_files(engine, fs, [path], known, {path: _Signature.of(stat)})
         return True
 
     async def forget_path(self, path: str) -> bool:
         """Drop ``path`` from the index (after a delete); True if it was indexed."""
-        if not await self._is_indexed(path):
-            return False
-        engine = await self.engine()
-        await engine.remove_source(path)
-        await anyio.to_thread.run_sync(self._save_source, path, None)
-        return True
-
-    async def _is_indexed(self, path: str) -> bool:
         engine = await self.engine()
         known = await anyio.to_thread.run_sync(self._load_sources)
+        if not self._indexed(engine, known, path):
+            return False
+        await self._drop(engine, path)
+        return True
+
+    async def _drop(self, engine: SearchEngine, path: str) -> None:
+        await engine.remove_source(path)
+        await anyio.to_thread.run_sync(self._save_source, path, None)
+
+    @staticmethod
+    def _indexed(engine: SearchEngine, known: Mapping[str, _Source], path: str) -> bool:
         if path in known:
             return True
         bm25 = engine.bm25
