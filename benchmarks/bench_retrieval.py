@@ -26,7 +26,6 @@ import argparse
 import hashlib
 import importlib
 import importlib.metadata
-import math
 import os
 import platform
 import shlex
@@ -38,9 +37,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import _cranfield
 import anyio
 import numpy as np
 import numpy.typing as npt
+from _cranfield import ndcg_recall
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
@@ -50,10 +51,6 @@ from agentvfs.search._embedders import HashingEmbedder  # noqa: E402
 from agentvfs.search._engine import Document, Fusion, SearchEngine  # noqa: E402
 from agentvfs.search._minilm import MiniLMEmbedder, missing_requirements  # noqa: E402
 
-CRANFIELD = Path(os.environ.get("CRANFIELD_DIR", ROOT.parent / "shared" / "data" / "cranfield"))
-if not CRANFIELD.exists():
-    CRANFIELD = Path("/work/shared/data/cranfield")
-
 TOKENIZERS: dict[str, dict[str, Any] | None] = {"reference": None, "stemmed": {"stem": True}}
 FUSIONS: tuple[Fusion, ...] = ("linear", "minmax", "rrf")
 EMBEDDERS = ("hashing", "minilm")
@@ -62,40 +59,9 @@ K = 10
 # ------------------------------------------------------------------------------- data
 
 
+
 def cranfield() -> tuple[list[tuple[str, str]], list[str], dict[int, dict[str, int]]]:
-    """Documents (id, .W text), queries in file order, qrels query number -> doc -> gain."""
-
-    def records(text: str) -> list[dict[str, str]]:
-        out: list[dict[str, str]] = []
-        field = ""
-        for line in text.split("\n"):
-            if line.startswith(".I "):
-                out.append({"I": line[3:].strip()})
-                field = ""
-            elif len(line) == 2 and line.startswith("."):
-                field = line[1]
-                out[-1][field] = ""
-            elif field and out:
-                out[-1][field] += line + "\n"
-        return out
-
-    docs = [(r["I"], r.get("W", "")) for r in records((CRANFIELD / "cran.all.1400").read_text())]
-    queries = [r.get("W", "").strip() for r in records((CRANFIELD / "cran.qry").read_text())]
-    qrels: dict[int, dict[str, int]] = {}
-    for line in (CRANFIELD / "cranqrel").read_text().split("\n"):
-        parts = line.split()
-        # cranqrel numbers the queries 1-225 in file order; code -1 (and 5) is not relevant.
-        if len(parts) == 3 and 1 <= int(parts[2]) <= 4:
-            qrels.setdefault(int(parts[0]), {})[parts[1]] = 5 - int(parts[2])
-    return docs, queries, qrels
-
-
-def ndcg_recall(ranked: Sequence[str], gains: dict[str, int], k: int = K) -> tuple[float, float]:
-    dcg = sum(gains.get(d, 0) / math.log2(i + 2) for i, d in enumerate(ranked[:k]))
-    ideal = sorted(gains.values(), reverse=True)[:k]
-    idcg = sum(g / math.log2(i + 2) for i, g in enumerate(ideal))
-    recall = len(set(ranked[:k]) & set(gains)) / len(gains)
-    return (dcg / idcg if idcg else 0.0), recall
+    return _cranfield.cranfield(with_title=False)
 
 
 # ------------------------------------------------------------------------------- embedders

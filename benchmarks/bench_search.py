@@ -24,7 +24,6 @@ import gzip
 import hashlib
 import importlib.metadata
 import json
-import math
 import os
 import pickle
 import platform
@@ -42,12 +41,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import _cranfield
+from _cranfield import CRANFIELD, ndcg_recall
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-CRANFIELD = Path(os.environ.get("CRANFIELD_DIR", ROOT.parent / "shared" / "data" / "cranfield"))
-if not CRANFIELD.exists():
-    CRANFIELD = Path("/work/shared/data/cranfield")
 
 ENGINES = {
     "agentvfs": "agentvfs BM25Index (DuckDB, postings cached in NumPy)",
@@ -138,43 +137,9 @@ def name_queries(docs: Sequence[tuple[str, str]], n: int, seed: int = 42) -> lis
     return found[:n]
 
 
+
 def cranfield() -> tuple[list[tuple[str, str]], list[str], dict[int, dict[str, int]]]:
-    """Documents (id, title + text), queries in file order, qrels query -> doc -> gain 5 - code."""
-
-    def records(text: str) -> list[dict[str, str]]:
-        out: list[dict[str, str]] = []
-        field = ""
-        for line in text.split("\n"):
-            if line.startswith(".I "):
-                out.append({"I": line[3:].strip()})
-                field = ""
-            elif len(line) == 2 and line.startswith("."):
-                field = line[1]
-                out[-1][field] = ""
-            elif field and out:
-                out[-1][field] += line + "\n"
-        return out
-
-    # Title and text, the usual fields (the text often repeats the title).
-    docs = [
-        (r["I"], r.get("T", "") + "\n" + r.get("W", ""))
-        for r in records((CRANFIELD / "cran.all.1400").read_text())
-    ]
-    queries = [r.get("W", "").strip() for r in records((CRANFIELD / "cran.qry").read_text())]
-    qrels: dict[int, dict[str, int]] = {}
-    for line in (CRANFIELD / "cranqrel").read_text().split("\n"):
-        parts = line.split()
-        if len(parts) == 3 and 1 <= int(parts[2]) <= 4:
-            qrels.setdefault(int(parts[0]), {})[parts[1]] = 5 - int(parts[2])
-    return docs, queries, qrels
-
-
-def ndcg_recall(ranked: list[str], gains: dict[str, int], k: int = 10) -> tuple[float, float]:
-    dcg = sum(gains.get(d, 0) / math.log2(i + 2) for i, d in enumerate(ranked[:k]))
-    ideal = sorted(gains.values(), reverse=True)[:k]
-    idcg = sum(g / math.log2(i + 2) for i, g in enumerate(ideal))
-    recall = len(set(ranked[:k]) & set(gains)) / len(gains)
-    return (dcg / idcg if idcg else 0.0), recall
+    return _cranfield.cranfield(with_title=True)
 
 
 # ------------------------------------------------------------------------------- engines
