@@ -2,7 +2,9 @@
 # Prepare a checkout for tests or the demo: system packages, then .venv with agentvfs installed
 # in editable mode. Idempotent: rerunning it changes nothing once everything is in place.
 #
-# Usage: scripts/setup.sh [EXTRAS]     (EXTRAS defaults to "test", e.g. "test" or "dev")
+# Usage: scripts/setup.sh [EXTRAS]     (EXTRAS defaults to "test", e.g. "test", "bench" or "dev")
+# "test" and "bench" also install what `agentvfs bench --peers` compares with: rclone, s3fs-fuse,
+# fio and libfuse2 (apt) and s3rver, the S3 server of the throughput figures (npm, into .venv).
 # Environment: PYTHON (default python3) picks the interpreter for a new venv;
 #              AGENTVFS_SETUP_FORCE=1 reinstalls even when nothing changed.
 set -euo pipefail
@@ -10,6 +12,8 @@ set -euo pipefail
 extras="${1:-test}"
 python="${PYTHON:-python3}"
 apt_packages=(fuse3 libfuse3-dev pkg-config bubblewrap gcc g++ python3-venv python3-dev)
+peer_packages=(rclone s3fs fio libfuse2)
+s3rver_version=3.7.1
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -17,6 +21,10 @@ log() { printf '[setup] %s\n' "$*"; }
 die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
 
 install_system_packages() {
+    local apt_packages=("${apt_packages[@]}")
+    # The peers are measured by the benchmark and exercised by its tests.
+    [[ $extras == *test* || $extras == *bench* || $extras == dev ]] && apt_packages+=("${peer_packages[@]}")
+    command -v npm >/dev/null 2>&1 || apt_packages+=(nodejs npm)
     if [[ $(id -u) -ne 0 ]]; then
         log "warning: not root, skipping apt; make sure these are installed: ${apt_packages[*]}"
         return
@@ -75,7 +83,25 @@ install_project() {
     printf '%s\n' "$want" >"$stamp"
 }
 
+install_s3rver() {
+    [[ $extras == *test* || $extras == *bench* || $extras == dev ]] || return 0
+    local dir=.venv/opt/s3rver
+    if [[ -x $dir/node_modules/.bin/s3rver ]] && grep -q "\"version\": \"$s3rver_version\"" \
+        "$dir/node_modules/s3rver/package.json" 2>/dev/null; then
+        log "s3rver $s3rver_version present"
+        return
+    fi
+    if ! command -v npm >/dev/null 2>&1; then
+        log "warning: npm not found; agentvfs bench --backend s3 will need S3RVER or --s3-server moto"
+        return
+    fi
+    log "installing s3rver $s3rver_version (npm) into $dir"
+    mkdir -p "$dir"
+    npm install --silent --no-audit --no-fund --prefix "$dir" "s3rver@$s3rver_version" >/dev/null
+}
+
 install_system_packages
 create_venv
 install_project
+install_s3rver
 log "done"

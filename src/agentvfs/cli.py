@@ -364,7 +364,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="a mount option (metadata_ttl, part_size, prefetch_parts, staging_dir, staging_limit, uid, gid, "
         "allow_other, ...) or else an fsspec storage option (endpoint_url, key, secret, anon, ...)",
     )  # fmt: skip
+    from .bench._cli import add_arguments as add_bench_arguments
+    from .bench._cli import main as bench_main
+
+    bench = sub.add_parser(
+        "bench",
+        help="measure backends and mount layers side by side; write a report and plots",
+        description="Run the io, metadata, agent, search and sandbox suites on each backend through each layer "
+        "(direct fsspec, the agentvfs mount and, with --peers, local disk, fsspec.fuse, rclone mount and s3fs), "
+        "then write results.json, report.md and PNG plots to --out. Needs root for cold figures and mounts.",
+    )
+    add_bench_arguments(bench)
     args = parser.parse_args(argv)
+    if args.command == "bench":
+        args.argv = list(argv) if argv is not None else sys.argv[1:]
+        return bench_main(args, bench)
     if args.command == "mount":
         return _mount(args, mnt)
     commands = {"demo": lambda: anyio.run(_demo, args.storage, []), "mcp": lambda: _mcp(args, mcp)}

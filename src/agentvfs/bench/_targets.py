@@ -1,0 +1,357 @@
+"""One set of timed file operations, done through a directory or through an fsspec API.
+
+Every suite speaks to a `Target`, so the same case runs unchanged on direct fsspec access,
+on the agentvfs mount, on a peer mounter and on local disk: the mechanism that makes rows
+comparable. Each timed method returns seconds and checks what it did (byte counts, entry
+counts), raising `OSError` when the layer returned something else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import subprocess
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from ._context import Timeout
+
+__all__ = ["FsspecTarget", "PathTarget", "Target"]
+
+BLOCK = 1 << 20  # dd-like block for sequential reads
+
+
+class Target(ABC):
+    """Timed operations on one layer; paths are relative to the layer's root.
+
+    Parameters
+    ----------
+    layer, backend : str
+        Names for messages.
+    kill : callable, optional
+        Stops the layer's server when an operation hangs (a mount's watchdog); the pending
+        system calls then fail with ENOTCONN and the operation reports `Timeout`.
+    """
+
+    #: A directory where shell commands see the layer's files, or None (API access only).
+    path: str | None = None
+
+    def __init__(self, layer: str, backend: str, kill: Callable[[], None] | None = None) -> None:
+        self.layer = layer
+        self.backend = backend
+        self._kill = kill
+
+    @contextlib.contextmanager
+    def guard(self, seconds: float, what: str) -> Iterator[None]:
+        """Kill the layer if the block runs longer than ``seconds``; raise `Timeout` then."""
+        kill = self._kill
+        if kill is None:
+            yield
+            return
+        fired = threading.Event()
+
+        def fire() -> None:
+            fired.set()
+            kill()
+
+        timer = threading.Timer(seconds, fire)
+        timer.daemon = True
+        timer.start()
+        try:
+            yield
+        except OSError as exc:
+            if fired.is_set():
+                raise Timeout(f"{what} still running after {seconds:.0f} s; the mount was killed") from exc
+            raise
+        finally:
+            timer.cancel()
+        if fired.is_set():
+            raise Timeout(f"{what} still running after {seconds:.0f} s; the mount was killed")
+
+    @abstractmethod
+    def makedirs(self, rel: str) -> None: ...
+
+    @abstractmethod
+    def write_file(self, rel: str, block: bytes, count: int, *, fsync: bool = True) -> float:
+        """Create ``rel`` from ``count`` writes of ``block``; seconds until close returned."""
+
+    @abstractmethod
+    def read_file(self, rel: str, expect: int) -> float:
+        """Read ``rel`` from start to end; seconds."""
+
+    @abstractmethod
+    def read_ranges(self, rel: str, offsets: Sequence[int], length: int) -> list[float]:
+        """Read ``length`` bytes at each offset, in order; seconds of each read."""
+
+    @abstractmethod
+    def write_ranges(self, rel: str, offsets: Sequence[int], block: bytes) -> float:
+        """Overwrite ``block`` at each offset of the existing ``rel``, then make it durable."""
+
+    @abstractmethod
+    def create_files(self, rel_dir: str, names: Sequence[str], payload: bytes) -> float: ...
+
+    @abstractmethod
+    def stat_files(self, rel_dir: str, names: Sequence[str]) -> float: ...
+
+    @abstractmethod
+    def list_long(self, rel_dir: str, expect: int, timeout: float) -> float:
+        """List ``rel_dir`` with sizes and times (``ls -l``); checks the entry count."""
+
+    @abstractmethod
+    def unlink_files(self, rel_dir: str, names: Sequence[str]) -> float: ...
+
+    @abstractmethod
+    def sha256(self, rel: str) -> str:
+        """Digest of ``rel`` (untimed, to verify what a timed operation did)."""
+
+    @abstractmethod
+    def remove(self, rel: str) -> None:
+        """Remove a file or a whole tree; missing is fine."""
+
+
+class PathTarget(Target):
+    """Plain ``os`` calls on a directory: a mount point, or local disk as the physical limit."""
+
+    def __init__(self, layer: str, backend: str, root: str, kill: Callable[[], None] | None = None) -> None:
+        super().__init__(layer, backend, kill)
+        self.path = root
+
+    def _p(self, rel: str) -> str:
+        return os.path.join(self.path or "", rel)
+
+    def makedirs(self, rel: str) -> None:
+        os.makedirs(self._p(rel), exist_ok=True)
+
+    def write_file(self, rel: str, block: bytes, count: int, *, fsync: bool = True) -> float:
+        # Dirty pages of earlier steps are written out first, or the disk is still busy with
+        # them and whichever layer runs next pays for it.
+        os.sync()
+        path = self._p(rel)
+        t0 = time.perf_counter()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            for _ in range(count):
+                if os.write(fd, block) != len(block):
+                    raise OSError(f"short write to {path}")
+            if fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        return time.perf_counter() - t0
+
+    def read_file(self, rel: str, expect: int) -> float:
+        path = self._p(rel)
+        view = memoryview(bytearray(BLOCK))
+        total = 0
+        t0 = time.perf_counter()
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            while n := os.readv(fd, [view]):
+                total += n
+        finally:
+            os.close(fd)
+        dt = time.perf_counter() - t0
+        if total != expect:
+            raise OSError(f"read {total} bytes from {path}, expected {expect}")
+        return dt
+
+    def read_ranges(self, rel: str, offsets: Sequence[int], length: int) -> list[float]:
+        path = self._p(rel)
+        times: list[float] = []
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            for off in offsets:
+                t0 = time.perf_counter()
+                n = len(os.pread(fd, length, off))
+                times.append(time.perf_counter() - t0)
+                if n != length:
+                    raise OSError(f"pread of {length} bytes at {off} in {path} returned {n}")
+        finally:
+            os.close(fd)
+        return times
+
+    def write_ranges(self, rel: str, offsets: Sequence[int], block: bytes) -> float:
+        path = self._p(rel)
+        t0 = time.perf_counter()
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            for off in offsets:
+                if os.pwrite(fd, block, off) != len(block):
+                    raise OSError(f"short pwrite to {path} at {off}")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return time.perf_counter() - t0
+
+    def create_files(self, rel_dir: str, names: Sequence[str], payload: bytes) -> float:
+        d = self._p(rel_dir)
+        t0 = time.perf_counter()
+        for name in names:
+            fd = os.open(os.path.join(d, name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.write(fd, payload)
+            finally:
+                os.close(fd)
+        return time.perf_counter() - t0
+
+    def stat_files(self, rel_dir: str, names: Sequence[str]) -> float:
+        d = self._p(rel_dir)
+        stat, join = os.stat, os.path.join
+        t0 = time.perf_counter()
+        for name in names:
+            stat(join(d, name))
+        return time.perf_counter() - t0
+
+    def list_long(self, rel_dir: str, expect: int, timeout: float) -> float:
+        d = self._p(rel_dir)
+        t0 = time.perf_counter()
+        try:
+            out = subprocess.run(["ls", "-l", d], capture_output=True, timeout=timeout, check=False)
+        except subprocess.TimeoutExpired as exc:
+            raise Timeout(f"ls -l still running after {timeout:.0f} s") from exc
+        dt = time.perf_counter() - t0
+        if out.returncode != 0:
+            raise OSError(f"ls -l {d} exited {out.returncode}: {out.stderr.decode(errors='replace').strip()[:300]}")
+        entries = len(out.stdout.splitlines()) - 1  # minus the "total" line
+        if entries != expect:
+            raise OSError(f"ls -l {d} listed {entries} entries, expected {expect}")
+        return dt
+
+    def unlink_files(self, rel_dir: str, names: Sequence[str]) -> float:
+        d = self._p(rel_dir)
+        t0 = time.perf_counter()
+        for name in names:
+            os.unlink(os.path.join(d, name))
+        return time.perf_counter() - t0
+
+    def sha256(self, rel: str) -> str:
+        h = hashlib.sha256()
+        with open(self._p(rel), "rb", buffering=0) as f:
+            while chunk := f.read(4 * BLOCK):
+                h.update(chunk)
+        return h.hexdigest()
+
+    def remove(self, rel: str) -> None:
+        import shutil
+
+        path = self._p(rel)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+
+
+class FsspecTarget(Target):
+    """The backend's own fsspec API, in this process: the baseline of every ratio.
+
+    Object stores have no in-place write, so `write_ranges` does what an API user must: read
+    the whole object, patch it, write it back.
+    """
+
+    def __init__(self, layer: str, backend: str, fs: Any, root: str) -> None:
+        super().__init__(layer, backend)
+        self.fs = fs
+        self.root = root.rstrip("/")
+
+    def _p(self, rel: str) -> str:
+        return f"{self.root}/{rel}" if rel else self.root
+
+    def _fresh(self) -> None:
+        # A listing cache would make every second call free; the mounts are measured cold too.
+        with contextlib.suppress(Exception):
+            self.fs.invalidate_cache()
+
+    def makedirs(self, rel: str) -> None:
+        self.fs.makedirs(self._p(rel), exist_ok=True)
+
+    def write_file(self, rel: str, block: bytes, count: int, *, fsync: bool = True) -> float:
+        path = self._p(rel)
+        t0 = time.perf_counter()
+        with self.fs.open(path, "wb") as f:
+            for _ in range(count):
+                f.write(block)
+        if fsync and self._local_path(path) is not None:
+            # Local files are durable only once synced; the other layers' writes include it.
+            fd = os.open(self._local_path(path) or "", os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        return time.perf_counter() - t0
+
+    def _local_path(self, path: str) -> str | None:
+        protocol = self.fs.protocol
+        return path if "file" in (protocol if isinstance(protocol, tuple) else (protocol,)) else None
+
+    def read_file(self, rel: str, expect: int) -> float:
+        t0 = time.perf_counter()
+        n = len(self.fs.cat_file(self._p(rel)))
+        dt = time.perf_counter() - t0
+        if n != expect:
+            raise OSError(f"cat_file returned {n} bytes, expected {expect}")
+        return dt
+
+    def read_ranges(self, rel: str, offsets: Sequence[int], length: int) -> list[float]:
+        path = self._p(rel)
+        times: list[float] = []
+        for off in offsets:
+            t0 = time.perf_counter()
+            n = len(self.fs.cat_file(path, start=off, end=off + length))
+            times.append(time.perf_counter() - t0)
+            if n != length:
+                raise OSError(f"ranged read of {length} bytes at {off} returned {n}")
+        return times
+
+    def write_ranges(self, rel: str, offsets: Sequence[int], block: bytes) -> float:
+        path = self._p(rel)
+        t0 = time.perf_counter()
+        data = bytearray(self.fs.cat_file(path))
+        for off in offsets:
+            data[off : off + len(block)] = block
+        self.fs.pipe_file(path, bytes(data))
+        return time.perf_counter() - t0
+
+    def create_files(self, rel_dir: str, names: Sequence[str], payload: bytes) -> float:
+        d = self._p(rel_dir)
+        t0 = time.perf_counter()
+        for name in names:
+            self.fs.pipe_file(f"{d}/{name}", payload)
+        return time.perf_counter() - t0
+
+    def stat_files(self, rel_dir: str, names: Sequence[str]) -> float:
+        d = self._p(rel_dir)
+        self._fresh()
+        t0 = time.perf_counter()
+        for name in names:
+            self.fs.info(f"{d}/{name}")
+        return time.perf_counter() - t0
+
+    def list_long(self, rel_dir: str, expect: int, timeout: float) -> float:
+        d = self._p(rel_dir)
+        self._fresh()
+        t0 = time.perf_counter()
+        n = len(self.fs.ls(d, detail=True))
+        dt = time.perf_counter() - t0
+        if n != expect:
+            raise OSError(f"ls {d} listed {n} entries, expected {expect}")
+        return dt
+
+    def unlink_files(self, rel_dir: str, names: Sequence[str]) -> float:
+        d = self._p(rel_dir)
+        t0 = time.perf_counter()
+        for name in names:
+            self.fs.rm_file(f"{d}/{name}")
+        return time.perf_counter() - t0
+
+    def sha256(self, rel: str) -> str:
+        return hashlib.sha256(self.fs.cat_file(self._p(rel))).hexdigest()
+
+    def remove(self, rel: str) -> None:
+        with contextlib.suppress(FileNotFoundError, OSError):
+            self.fs.rm(self._p(rel), recursive=True)
+        self._fresh()
