@@ -245,22 +245,28 @@ class WorkspaceSearch:
             ).fetchall()
         return {r[0]: _Source(_Signature(r[1], r[2], r[3]), r[4], r[5]) for r in rows}
 
-    def _save_source(self, path: str, source: _Source | None) -> None:
+    def _save_sources(self, changes: Mapping[str, _Source | None]) -> None:
+        """Record (or, for None, forget) the sources of many paths in one transaction: a
+        transaction per file made indexing a tree several times slower than the index itself."""
         store = self._store
         if store is None:
-            if source is None:
-                self._sources.pop(path, None)
-            else:
-                self._sources[path] = source
+            for path, source in changes.items():
+                if source is None:
+                    self._sources.pop(path, None)
+                else:
+                    self._sources[path] = source
+            return
+        if not changes:
             return
         with store.transaction() as cur:
-            cur.execute("DELETE FROM agentvfs_sources WHERE path = ?", [path])
-            if source is not None:
-                sig = source.signature
-                cur.execute(
-                    "INSERT INTO agentvfs_sources VALUES (?, ?, ?, ?, ?, ?)",
-                    [path, sig.size, sig.mtime_ns, sig.etag, source.digest, source.chunks],
-                )
+            cur.executemany("DELETE FROM agentvfs_sources WHERE path = ?", [[p] for p in changes])
+            rows = [
+                [p, s.signature.size, s.signature.mtime_ns, s.signature.etag, s.digest, s.chunks]
+                for p, s in changes.items()
+                if s is not None
+            ]
+            if rows:
+                cur.executemany("INSERT INTO agentvfs_sources VALUES (?, ?, ?, ?, ?, ?)", rows)
 
     def _meta(self, key: str) -> str | None:
         store = self._store
@@ -487,9 +493,8 @@ class WorkspaceSearch:
                 path,
                 failed.get(path, "embedding failed"),
             )
-        for path, source in sources.items():
-            if path not in bad_sources:
-                await anyio.to_thread.run_sync(self._save_source, path, source)
+        good = {p: src for p, src in sources.items() if p not in bad_sources}
+        await anyio.to_thread.run_sync(self._save_sources, good)
         return len(sources) - len(bad_sources)
 
     async def refresh_path(self, fs: WorkspaceFilesystem, path: str) -> bool:
@@ -517,7 +522,7 @@ class WorkspaceSearch:
 
     async def _drop(self, engine: SearchEngine, path: str) -> None:
         await engine.remove_source(path)
-        await anyio.to_thread.run_sync(self._save_source, path, None)
+        await anyio.to_thread.run_sync(self._save_sources, {path: None})
 
     @staticmethod
     def _indexed(engine: SearchEngine, known: Mapping[str, _Source], path: str) -> bool:
