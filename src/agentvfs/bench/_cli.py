@@ -84,7 +84,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "s3rver and gcs fake-gcs-server on 127.0.0.1 unless --endpoint is given")
     p.add_argument("--peers", action="store_true",
                    help="also run the peers: local disk, fsspec.fuse, rclone mount, s3fs-fuse (each skipped with "
-                        "a message when not installed), and for search SQLite FTS5, DuckDB fts and bm25s")
+                        "a message when not installed), and for search SQLite FTS5, DuckDB fts, bm25s and tantivy")
     p.add_argument("--size", choices=sorted(SIZES), default="small",
                    help="data sizes: tiny (seconds, for tests), small (default), full (1 GiB files, "
                         "up to 100,000 entries)")
