@@ -29,6 +29,7 @@ import contextlib
 import hashlib
 import os
 import random
+import subprocess
 import time
 from collections.abc import Callable
 
@@ -125,10 +126,11 @@ def run(ctx: Context) -> None:
                     with spec.open(ctx.harness) as target:
                         _round(ctx, backend.name, spec, target, direct, rnd, size, count, sha, block, write_sha,
                                read_offsets, write_offsets, patch, label_size, backend.remote)
-                except MountFailed as exc:
+                except (MountFailed, OSError, Timeout, subprocess.SubprocessError) as exc:
+                    # A layer that fails outside a timed step fails this round, not the run.
                     ms = ctx.measurement(SUITE, "seq_read_cold", backend.name, spec.name,
                                          f"sequential read, {label_size}, cold", "MiB/s", size)
-                    ms.errors.append(f"MountFailed: {exc}")
+                    ms.errors.append(f"{type(exc).__name__}: {exc}")
                     ctx.progress.log(f"  error: {backend.name} / {spec.name}: {exc}")
                 ctx.progress.advance(f"round {rnd + 1}: {spec.name}")
         if ctx.fio:

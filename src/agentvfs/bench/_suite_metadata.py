@@ -14,9 +14,10 @@ estimate, so a slow peer cannot hold the run for hours.
 
 from __future__ import annotations
 
+import subprocess
 import time
 
-from ._context import Context
+from ._context import Context, Timeout
 from ._layers import LayerSpec, MountFailed
 from ._model import DIRECT, Measurement
 from ._system import drop_caches
@@ -112,8 +113,9 @@ def _round(ctx: Context, spec: LayerSpec, ms: dict[str, Measurement], names: lis
             with target.guard(limit, "unlink"):
                 ctx.record(ms["unlink"], lambda: target.unlink_files(rel, names))
             target.remove(rel)
-    except MountFailed as exc:
-        ms["create"].errors.append(f"MountFailed: {exc}")
+    except (MountFailed, OSError, Timeout, subprocess.SubprocessError) as exc:
+        # A layer that cannot even make the directory (or mount) fails this round, not the run.
+        ms["create"].errors.append(f"{type(exc).__name__}: {exc}")
         ctx.progress.log(f"  error: {spec.name}: {exc}")
 
 
