@@ -137,8 +137,10 @@ class Context:
     def record(self, m: Measurement, fn: Callable[[], float], *, warmup: bool = False) -> bool:
         """Run ``fn`` (which returns seconds, or a score for unit ``score``) into ``m``.
 
-        With ``warmup`` the call is first made ``self.warmup`` times untimed. An error is
-        recorded on the measurement, logged, and not raised; ``KeyboardInterrupt`` passes.
+        With ``warmup`` the call is first made ``self.warmup`` times untimed. Any error (a
+        client library's own exception types included: a truncated HTTP response is an
+        ``aiohttp`` error, not an ``OSError``) is recorded on the measurement, logged, and not
+        raised; ``KeyboardInterrupt`` passes.
         """
         try:
             if warmup:
@@ -146,7 +148,7 @@ class Context:
                     fn()
             m.samples.append(fn())
             return True
-        except (OSError, Timeout, RuntimeError, ValueError, TimeoutError) as exc:
+        except Exception as exc:
             msg = f"{type(exc).__name__}: {exc}"
             m.errors.append(msg)
             self.progress.log(f"  error: {m.backend} / {m.layer} / {m.label}: {msg}")

@@ -29,12 +29,11 @@ import contextlib
 import hashlib
 import os
 import random
-import subprocess
 import time
 from collections.abc import Callable
 
 from ._context import Context, MiB, Timeout
-from ._layers import LayerSpec, MountFailed
+from ._layers import LayerSpec
 from ._model import DIRECT, Measurement
 from ._system import drop_caches
 from ._targets import FsspecTarget, Target
@@ -126,7 +125,7 @@ def run(ctx: Context) -> None:
                     with spec.open(ctx.harness) as target:
                         _round(ctx, backend.name, spec, target, direct, rnd, size, count, sha, block, write_sha,
                                read_offsets, write_offsets, patch, label_size, backend.remote)
-                except (MountFailed, OSError, Timeout, subprocess.SubprocessError) as exc:
+                except Exception as exc:
                     # A layer that fails outside a timed step fails this round, not the run.
                     ms = ctx.measurement(SUITE, "seq_read_cold", backend.name, spec.name,
                                          f"sequential read, {label_size}, cold", "MiB/s", size)
@@ -215,7 +214,7 @@ def _check(m: Measurement, fn: Callable[[], bool], message: str) -> None:
     try:
         if not fn():
             m.errors.append(message)
-    except (OSError, Timeout) as exc:
+    except Exception as exc:
         m.errors.append(f"{message.split(' differs')[0]}: cannot verify: {type(exc).__name__}: {exc}")
 
 
@@ -226,7 +225,7 @@ def _verify_patch(m: Measurement, checker: Target, name: str, offsets: list[int]
     while True:
         try:
             data = _read_all(checker, name)
-        except OSError as exc:
+        except Exception as exc:
             m.errors.append(f"cannot read back {name}: {exc}")
             return
         if all(data[o : o + len(patch)] == patch for o in offsets):

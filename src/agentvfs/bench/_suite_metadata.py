@@ -14,11 +14,10 @@ estimate, so a slow peer cannot hold the run for hours.
 
 from __future__ import annotations
 
-import subprocess
 import time
 
-from ._context import Context, Timeout
-from ._layers import LayerSpec, MountFailed
+from ._context import Context
+from ._layers import LayerSpec
 from ._model import DIRECT, Measurement
 from ._system import drop_caches
 from ._targets import FsspecTarget, Target
@@ -113,7 +112,7 @@ def _round(ctx: Context, spec: LayerSpec, ms: dict[str, Measurement], names: lis
             with target.guard(limit, "unlink"):
                 ctx.record(ms["unlink"], lambda: target.unlink_files(rel, names))
             target.remove(rel)
-    except (MountFailed, OSError, Timeout, subprocess.SubprocessError) as exc:
+    except Exception as exc:
         # A layer that cannot even make the directory (or mount) fails this round, not the run.
         ms["create"].errors.append(f"{type(exc).__name__}: {exc}")
         ctx.progress.log(f"  error: {spec.name}: {exc}")
