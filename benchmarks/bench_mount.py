@@ -61,7 +61,6 @@ import os
 import platform
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -73,6 +72,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any
+
+from agentvfs.bench._context import Timeout
+from agentvfs.bench._system import (
+    _first_line,
+    _git_head,
+    _version,
+    free_port,
+    stop_process,
+    unmount,
+)
+from agentvfs.bench._system import drop_caches as _drop_caches
+from agentvfs.bench._system import tail as _tail
+from agentvfs.bench._targets import ls_long as timed_ls
+from agentvfs.bench._targets import read_path as timed_read
+from agentvfs.bench._targets import sha256_path as sha256_file
+from agentvfs.bench._targets import write_path
+from agentvfs.mounts import is_mounted
 
 MiB = 1 << 20
 BLOCK = MiB  # dd-like block size for every read and write
@@ -96,34 +112,13 @@ def log(msg: str) -> None:
 # -- machine ---------------------------------------------------------------------------------
 
 
-def _version(dist: str) -> str:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
+def drop_caches() -> None:
+    if not _drop_caches():
+        raise PermissionError("cannot write /proc/sys/vm/drop_caches (needs root)")
 
 
-def _first_line(argv: list[str]) -> str:
-    """First output line of a version command, or "not installed"."""
-    if shutil.which(argv[0]) is None:
-        return "not installed"
-    try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-    text = (out.stdout or out.stderr).strip()
-    return text.splitlines()[0] if text else "unknown"
-
-
-def _git_head() -> str:
-    try:
-        head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True, timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return f"{head}{' (modified)' if dirty else ''}"
+def timed_write(path: str, block: bytes, count: int, fsync: bool) -> float:
+    return write_path(path, block, count, fsync=fsync)
 
 
 def machine_description(s3rver: str | None) -> dict[str, str]:
@@ -150,7 +145,7 @@ def machine_description(s3rver: str | None) -> dict[str, str]:
         "memory": mem,
         "kernel": platform.release(),
         "python": f"{platform.python_implementation()} {platform.python_version()}",
-        "agentvfs": f"{_version('agentvfs')} at {_git_head()}",
+        "agentvfs": f"{_version('agentvfs')} at {_git_head() or 'unknown'}",
         "pyfuse3": _version("pyfuse3"),
         "trio": _version("trio"),
         "libfuse3 (fusermount3)": _first_line(["fusermount3", "-V"]),
@@ -166,72 +161,6 @@ def machine_description(s3rver: str | None) -> dict[str, str]:
 
 
 # -- process, mount and cache helpers --------------------------------------------------------
-
-
-def drop_caches() -> None:
-    """Write back dirty pages, then drop page cache, dentries and inodes (root only).
-
-    Dropping dentries and inodes also makes the kernel forget FUSE inodes, so a mount's next
-    lookup goes to its server: "cold" then means cold in the kernel on every layer."""
-    os.sync()
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3")
-
-
-def is_mounted(path: str) -> bool:
-    """True while ``path`` is in the mount table, even when its server is gone (ENOTCONN),
-    which ``os.path.ismount`` cannot tell from a plain directory."""
-    real = os.path.realpath(path)
-    with open("/proc/self/mounts") as f:
-        for line in f:
-            fields = line.split()
-            # /proc/mounts escapes space, tab, newline and backslash as octal.
-            if len(fields) > 1 and fields[1].encode().decode("unicode_escape") == real:
-                return True
-    return False
-
-
-def unmount(path: str) -> None:
-    """``fusermount3 -u``, then lazy ``-uz`` if the mount is busy or its server is stuck."""
-    for flags in ("-u", "-uz"):
-        if not is_mounted(path):
-            return
-        subprocess.run(["fusermount3", flags, path], capture_output=True, timeout=30, check=False)
-        time.sleep(0.1)
-    if is_mounted(path):
-        log(f"warning: {path} is still mounted after fusermount3 -uz")
-
-
-def stop_process(proc: subprocess.Popen[bytes], grace: float = 10.0) -> bool:
-    """SIGTERM then SIGKILL a process we started (by its pid). True when it exited in time."""
-    if proc.poll() is not None:
-        return True
-    proc.terminate()
-    try:
-        proc.wait(grace)
-        return True
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(10)
-        return False
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def _tail(path: Path, n: int = 8) -> str:
-    with contextlib.suppress(OSError):
-        lines = path.read_text(errors="replace").strip().splitlines()
-        return " | ".join(lines[-n:])
-    return ""
-
-
-class Timeout(Exception):
-    """An operation on a mount ran past its watchdog limit."""
 
 
 class MountFailed(RuntimeError):
@@ -313,68 +242,6 @@ def io_limit(nbytes: int) -> float:
 
 
 # -- timed operations --------------------------------------------------------------------------
-
-
-def timed_read(path: str, expect: int) -> float:
-    """Read ``path`` sequentially in 1 MiB reads (unbuffered, as dd does); seconds."""
-    buf = bytearray(BLOCK)
-    view = memoryview(buf)
-    total = 0
-    t0 = time.perf_counter()
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        while n := os.readv(fd, [view]):
-            total += n
-    finally:
-        os.close(fd)
-    dt = time.perf_counter() - t0
-    if total != expect:
-        raise OSError(f"read {total} bytes from {path}, expected {expect}")
-    return dt
-
-
-def sha256_file(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb", buffering=0) as f:
-        while chunk := f.read(4 * MiB):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def timed_write(path: str, block: bytes, count: int, fsync: bool) -> float:
-    """Create ``path`` and write ``block`` ``count`` times; optionally fsync; seconds until
-    ``close`` returns (close is where many mounts upload).
-
-    Dirty pages left by earlier steps are written out first: otherwise the disk is still busy
-    with the previous run's data and whichever layer is measured next pays for it."""
-    os.sync()
-    t0 = time.perf_counter()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        for _ in range(count):
-            if os.write(fd, block) != len(block):
-                raise OSError(f"short write to {path}")
-        if fsync:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-    return time.perf_counter() - t0
-
-
-def timed_ls(path: str, expect: int, timeout: float) -> float:
-    """``ls -l path`` as a subprocess (output discarded); seconds. Checks the entry count."""
-    t0 = time.perf_counter()
-    try:
-        out = subprocess.run(["ls", "-l", path], capture_output=True, timeout=timeout, check=False)
-    except subprocess.TimeoutExpired as exc:
-        raise Timeout(f"ls -l still running after {timeout:.0f} s") from exc
-    dt = time.perf_counter() - t0
-    if out.returncode != 0:
-        raise OSError(f"ls -l {path} exited {out.returncode}: {out.stderr.decode(errors='replace').strip()[:300]}")
-    entries = len(out.stdout.splitlines()) - 1  # minus the "total" line
-    if entries != expect:
-        raise OSError(f"ls -l {path} listed {entries} entries, expected {expect}")
-    return dt
 
 
 def timed_stats(paths: list[str]) -> float:

@@ -55,24 +55,19 @@ def _backend_name(text: str) -> str:
     return text
 
 
-def _positive(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
-    return n
+def _at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: a whole number not below ``low``."""
 
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if n < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {n}")
+        return n
 
-def _nonnegative(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"must not be negative, got {n}")
-    return n
+    return parse
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -88,8 +83,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--size", choices=sorted(SIZES), default="small",
                    help="data sizes: tiny (seconds, for tests), small (default), full (1 GiB files, "
                         "up to 100,000 entries)")
-    p.add_argument("--repeat", type=_positive, default=3, help="rounds per case, median reported (default 3)")
-    p.add_argument("--warmup", type=_nonnegative, default=1,
+    p.add_argument("--repeat", type=_at_least(1), default=3, help="rounds per case, median reported (default 3)")
+    p.add_argument("--warmup", type=_at_least(0), default=1,
                    help="untimed runs before timing warm cases (default 1; never before cold ones)")
     p.add_argument("--budget", type=float, default=300.0, metavar="SECONDS",
                    help="skip a larger size of a case on a layer whose estimate exceeds this (default 300)")

@@ -76,11 +76,17 @@ def _records(text: str) -> list[dict[str, str]]:
     return out
 
 
-def cranfield(path: Path) -> tuple[list[tuple[str, str]], list[str], dict[int, dict[str, int]]]:
-    """Documents (id, title + text), queries in file order, and qrels: query number (1-225, in
-    file order) -> doc id -> gain (5 - code; codes -1 and 5 are not relevant)."""
+def cranfield(
+    path: Path, *, with_title: bool = True
+) -> tuple[list[tuple[str, str]], list[str], dict[int, dict[str, int]]]:
+    """Documents (id, title + text, or the text alone without ``with_title``), queries in file
+    order, and qrels: query number (1-225, in file order) -> doc id -> gain (5 - code; codes
+    -1 and 5 are not relevant)."""
     records = _records((path / "cran.all.1400").read_text())
-    docs = [(r["I"], r.get("T", "") + "\n" + r.get("W", "")) for r in records]
+    if with_title:
+        docs = [(r["I"], r.get("T", "") + "\n" + r.get("W", "")) for r in records]
+    else:
+        docs = [(r["I"], r.get("W", "")) for r in records]
     queries = [r.get("W", "").strip() for r in _records((path / "cran.qry").read_text())]
     qrels: dict[int, dict[str, int]] = {}
     for line in (path / "cranqrel").read_text().split("\n"):

@@ -20,9 +20,71 @@ from typing import Any
 
 from ._context import Timeout
 
-__all__ = ["FsspecTarget", "PathTarget", "Target"]
+__all__ = ["FsspecTarget", "PathTarget", "Target", "ls_long", "read_path", "sha256_path", "write_path"]
 
 BLOCK = 1 << 20  # dd-like block for sequential reads
+
+
+def write_path(path: str, block: bytes, count: int, *, fsync: bool = True) -> float:
+    """Create ``path`` from ``count`` writes of ``block``, optionally ``fsync``; seconds until
+    ``close`` returned (close is where many mounts upload).
+
+    Dirty pages of earlier steps are written out first, or the disk is still busy with them and
+    whichever layer runs next pays for it."""
+    os.sync()
+    t0 = time.perf_counter()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        for _ in range(count):
+            if os.write(fd, block) != len(block):
+                raise OSError(f"short write to {path}")
+        if fsync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    return time.perf_counter() - t0
+
+
+def read_path(path: str, expect: int) -> float:
+    """Read ``path`` start to end in 1 MiB ``readv`` calls (unbuffered, as dd does); seconds."""
+    view = memoryview(bytearray(BLOCK))
+    total = 0
+    t0 = time.perf_counter()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        while n := os.readv(fd, [view]):
+            total += n
+    finally:
+        os.close(fd)
+    dt = time.perf_counter() - t0
+    if total != expect:
+        raise OSError(f"read {total} bytes from {path}, expected {expect}")
+    return dt
+
+
+def ls_long(path: str, expect: int, timeout: float) -> float:
+    """``ls -l path`` as a subprocess (output discarded); seconds. Checks the entry count."""
+    t0 = time.perf_counter()
+    try:
+        out = subprocess.run(["ls", "-l", path], capture_output=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired as exc:
+        raise Timeout(f"ls -l still running after {timeout:.0f} s") from exc
+    dt = time.perf_counter() - t0
+    if out.returncode != 0:
+        raise OSError(f"ls -l {path} exited {out.returncode}: {out.stderr.decode(errors='replace').strip()[:300]}")
+    entries = len(out.stdout.splitlines()) - 1  # minus the "total" line
+    if entries != expect:
+        raise OSError(f"ls -l {path} listed {entries} entries, expected {expect}")
+    return dt
+
+
+def sha256_path(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb", buffering=0) as f:
+        while chunk := f.read(4 * BLOCK):
+            h.update(chunk)
+    return h.hexdigest()
+
 
 
 class Target(ABC):
@@ -127,37 +189,10 @@ class PathTarget(Target):
         os.makedirs(self._p(rel), exist_ok=True)
 
     def write_file(self, rel: str, block: bytes, count: int, *, fsync: bool = True) -> float:
-        # Dirty pages of earlier steps are written out first, or the disk is still busy with
-        # them and whichever layer runs next pays for it.
-        os.sync()
-        path = self._p(rel)
-        t0 = time.perf_counter()
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            for _ in range(count):
-                if os.write(fd, block) != len(block):
-                    raise OSError(f"short write to {path}")
-            if fsync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        return time.perf_counter() - t0
+        return write_path(self._p(rel), block, count, fsync=fsync)
 
     def read_file(self, rel: str, expect: int) -> float:
-        path = self._p(rel)
-        view = memoryview(bytearray(BLOCK))
-        total = 0
-        t0 = time.perf_counter()
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            while n := os.readv(fd, [view]):
-                total += n
-        finally:
-            os.close(fd)
-        dt = time.perf_counter() - t0
-        if total != expect:
-            raise OSError(f"read {total} bytes from {path}, expected {expect}")
-        return dt
+        return read_path(self._p(rel), expect)
 
     def read_ranges(self, rel: str, offsets: Sequence[int], length: int) -> list[float]:
         path = self._p(rel)
@@ -207,19 +242,7 @@ class PathTarget(Target):
         return time.perf_counter() - t0
 
     def list_long(self, rel_dir: str, expect: int, timeout: float) -> float:
-        d = self._p(rel_dir)
-        t0 = time.perf_counter()
-        try:
-            out = subprocess.run(["ls", "-l", d], capture_output=True, timeout=timeout, check=False)
-        except subprocess.TimeoutExpired as exc:
-            raise Timeout(f"ls -l still running after {timeout:.0f} s") from exc
-        dt = time.perf_counter() - t0
-        if out.returncode != 0:
-            raise OSError(f"ls -l {d} exited {out.returncode}: {out.stderr.decode(errors='replace').strip()[:300]}")
-        entries = len(out.stdout.splitlines()) - 1  # minus the "total" line
-        if entries != expect:
-            raise OSError(f"ls -l {d} listed {entries} entries, expected {expect}")
-        return dt
+        return ls_long(self._p(rel_dir), expect, timeout)
 
     def unlink_files(self, rel_dir: str, names: Sequence[str]) -> float:
         d = self._p(rel_dir)
@@ -229,11 +252,7 @@ class PathTarget(Target):
         return time.perf_counter() - t0
 
     def sha256(self, rel: str) -> str:
-        h = hashlib.sha256()
-        with open(self._p(rel), "rb", buffering=0) as f:
-            while chunk := f.read(4 * BLOCK):
-                h.update(chunk)
-        return h.hexdigest()
+        return sha256_path(self._p(rel))
 
     def remove(self, rel: str) -> None:
         import shutil
