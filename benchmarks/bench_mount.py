@@ -36,8 +36,8 @@ mountpoint lazily unmounted, and the operation is reported as a timeout. Whateve
 
 Needs root (to drop the page cache and to mount). Peers that are not installed are skipped
 with a message: ``apt-get install rclone s3fs libfuse2``, ``pip install fusepy`` (into the
-interpreter running this script), ``npm install s3rver@3.7.1`` in /work/ext-bench (or put
-``s3rver`` on PATH, or point ``S3RVER`` at its executable).
+interpreter running this script), ``scripts/setup.sh`` (s3rver into .venv/opt; or put ``s3rver`` on PATH, or point ``S3RVER`` at
+its executable).
 
 Usage::
 
@@ -58,14 +58,12 @@ import importlib.metadata
 import importlib.util
 import json
 import os
-import platform
 import shutil
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -73,20 +71,21 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from agentvfs.bench._backends import find_s3rver
 from agentvfs.bench._context import Timeout
 from agentvfs.bench._system import (
     _first_line,
-    _git_head,
-    _version,
     free_port,
     stop_process,
     unmount,
 )
 from agentvfs.bench._system import drop_caches as _drop_caches
+from agentvfs.bench._system import machine_description as shared_machine_description
 from agentvfs.bench._system import tail as _tail
 from agentvfs.bench._targets import ls_long as timed_ls
 from agentvfs.bench._targets import read_path as timed_read
 from agentvfs.bench._targets import sha256_path as sha256_file
+from agentvfs.bench._targets import watchdog as target_watchdog
 from agentvfs.bench._targets import write_path
 from agentvfs.mounts import is_mounted
 
@@ -122,42 +121,12 @@ def timed_write(path: str, block: bytes, count: int, fsync: bool) -> float:
 
 
 def machine_description(s3rver: str | None) -> dict[str, str]:
-    mem = "unknown"
-    with contextlib.suppress(OSError), open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemTotal:"):
-                mem = f"{int(line.split()[1]) / 1024 / 1024:.1f} GiB"
-                break
-    cpu = platform.processor() or "unknown"
-    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
     s3rver_version = "not installed"
     if s3rver is not None:
         pkg = Path(s3rver).resolve().parent.parent / "package.json"
         with contextlib.suppress(OSError, ValueError):
             s3rver_version = str(json.loads(pkg.read_text())["version"])
-    return {
-        "cores": str(os.cpu_count()),
-        "cpu": cpu,
-        "memory": mem,
-        "kernel": platform.release(),
-        "python": f"{platform.python_implementation()} {platform.python_version()}",
-        "agentvfs": f"{_version('agentvfs')} at {_git_head() or 'unknown'}",
-        "pyfuse3": _version("pyfuse3"),
-        "trio": _version("trio"),
-        "libfuse3 (fusermount3)": _first_line(["fusermount3", "-V"]),
-        "fsspec": _version("fsspec"),
-        "s3fs (python)": _version("s3fs"),
-        "boto3": _version("boto3"),
-        "fusepy": _version("fusepy"),
-        "rclone": _first_line(["rclone", "version"]),
-        "s3fs-fuse": _first_line(["s3fs", "--version"]),
-        "s3rver": s3rver_version,
-        "node": _first_line(["node", "--version"]),
-    }
+    return shared_machine_description({"s3rver": s3rver_version, "node": _first_line(["node", "--version"])})
 
 
 # -- process, mount and cache helpers --------------------------------------------------------
@@ -215,26 +184,13 @@ def watchdog(m: RunningMount | None, seconds: float, what: str) -> Iterator[None
     if m is None:
         yield
         return
-    fired = threading.Event()
 
-    def fire() -> None:
-        fired.set()
+    def kill() -> None:
         log(f"  watchdog: {what} on {m.layer} still running after {seconds:.0f} s; killing the mount")
         m.kill()
 
-    timer = threading.Timer(seconds, fire)
-    timer.daemon = True
-    timer.start()
-    try:
+    with target_watchdog(kill, seconds, what):
         yield
-    except OSError as exc:
-        if fired.is_set():
-            raise Timeout(f"timeout after {seconds:.0f} s ({what})") from exc
-        raise
-    finally:
-        timer.cancel()
-    if fired.is_set():
-        raise Timeout(f"timeout after {seconds:.0f} s ({what})")
 
 
 def io_limit(nbytes: int) -> float:
@@ -679,13 +635,6 @@ DIRECT_RANGED = "direct boto3 (8 MiB ranged GETs, 4 threads)"
 DIRECT_S3FS = "direct s3fs (cat_file / open('wb') / ls)"
 
 
-def find_s3rver() -> str | None:
-    for cand in (os.environ.get("S3RVER"), shutil.which("s3rver"), "/work/ext-bench/node_modules/.bin/s3rver"):
-        if cand and os.access(cand, os.X_OK):
-            return cand
-    return None
-
-
 def start_s3rver(h: Harness, exe: str) -> str:
     """Start s3rver with a fresh data dir on a free port; return its endpoint once it answers."""
     data = h.scratch("s3rver-data")
@@ -1005,7 +954,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"command: `{' '.join([os.path.basename(sys.executable), *sys.argv])}`\n")
     for k, v in machine.items():
         print(f"- {k}: {v}")
-    print(f"- load average at start: {' / '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    # (the machine description above ends with the load average at start)
     print(f"- repetitions: {cfg.repeat_big} for big reads/writes, {cfg.repeat_small} for listings/stat; "
           "medians, [min–max] when repeated\n")
     sys.stdout.flush()
@@ -1021,7 +970,7 @@ def main(argv: list[str] | None = None) -> int:
             bench_local(h, cfg, local)
         if args.only in (None, "s3"):
             if s3rver is None:
-                log("s3: skipped: s3rver not found (npm install s3rver@3.7.1 in /work/ext-bench, or set S3RVER)")
+                log("s3: skipped: s3rver not found (scripts/setup.sh installs it, or set S3RVER)")
                 h.problems.append("s3 part skipped: s3rver not installed")
             else:
                 bench_s3(h, cfg, s3, s3rver, skipped)

@@ -20,9 +20,37 @@ from typing import Any
 
 from ._context import Timeout
 
-__all__ = ["FsspecTarget", "PathTarget", "Target", "ls_long", "read_path", "sha256_path", "write_path"]
+__all__ = ["FsspecTarget", "PathTarget", "Target", "ls_long", "read_path", "sha256_path", "watchdog", "write_path"]
 
 BLOCK = 1 << 20  # dd-like block for sequential reads
+
+
+@contextlib.contextmanager
+def watchdog(kill: Callable[[], None] | None, seconds: float, what: str) -> Iterator[None]:
+    """Call ``kill`` (which stops a mount's server, so the pending system calls fail with
+    ENOTCONN) if the block runs longer than ``seconds``, and raise `Timeout` then."""
+    if kill is None:
+        yield
+        return
+    fired = threading.Event()
+
+    def fire() -> None:
+        fired.set()
+        kill()
+
+    timer = threading.Timer(seconds, fire)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    except OSError as exc:
+        if fired.is_set():
+            raise Timeout(f"{what} still running after {seconds:.0f} s; the mount was killed") from exc
+        raise
+    finally:
+        timer.cancel()
+    if fired.is_set():
+        raise Timeout(f"{what} still running after {seconds:.0f} s; the mount was killed")
 
 
 def write_path(path: str, block: bytes, count: int, *, fsync: bool = True) -> float:
@@ -107,32 +135,9 @@ class Target(ABC):
         self.backend = backend
         self._kill = kill
 
-    @contextlib.contextmanager
-    def guard(self, seconds: float, what: str) -> Iterator[None]:
+    def guard(self, seconds: float, what: str) -> contextlib.AbstractContextManager[None]:
         """Kill the layer if the block runs longer than ``seconds``; raise `Timeout` then."""
-        kill = self._kill
-        if kill is None:
-            yield
-            return
-        fired = threading.Event()
-
-        def fire() -> None:
-            fired.set()
-            kill()
-
-        timer = threading.Timer(seconds, fire)
-        timer.daemon = True
-        timer.start()
-        try:
-            yield
-        except OSError as exc:
-            if fired.is_set():
-                raise Timeout(f"{what} still running after {seconds:.0f} s; the mount was killed") from exc
-            raise
-        finally:
-            timer.cancel()
-        if fired.is_set():
-            raise Timeout(f"{what} still running after {seconds:.0f} s; the mount was killed")
+        return watchdog(self._kill, seconds, what)
 
     @abstractmethod
     def makedirs(self, rel: str) -> None: ...
