@@ -31,7 +31,10 @@ class MountOptions:
     prefetch_parts : int
         Parts read ahead (in parallel) once a handle reads sequentially.
     read_cache_bytes : int
-        Memory shared by all read-ahead buffers of the mount.
+        Memory shared by all read-ahead buffers and random-read windows of the mount.
+    random_read_size : int
+        Bytes fetched, aligned, around a random read of a remote file and kept for the same
+        handle's next reads (a few more bytes per request, far fewer requests).
     staging_dir : str or None
         Directory for staged copies of files being written (default: a private temporary
         directory, removed at unmount).
@@ -75,6 +78,7 @@ class MountOptions:
     part_size: int = 16 * _MiB
     prefetch_parts: int = 6
     read_cache_bytes: int = 256 * _MiB
+    random_read_size: int = _MiB
     staging_dir: str | None = None
     staging_limit: int = 8 * 1024 * _MiB
     stream_threshold: int = 320 * _MiB
