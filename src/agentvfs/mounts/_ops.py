@@ -1291,9 +1291,14 @@ class MountOperations(pyfuse3.Operations):
         handle.next_offset = end
         # A file replaced in storage while open keeps reading under the name it was opened by.
         path = self.path_of(node) if node.links else handle.path.lstrip("/")
+        width = self.options.random_read_size
+        if handle.windows and all(i in handle.windows for i in range(off // width, (end - 1) // width + 1)):
+            # Within windows a random read fetched: the kernel splits one read into several
+            # requests, and the rest of the window is what the next requests ask for.
+            return await self._read_windows(handle, path, off, end)
         if not sequential and off != 0 and end - off <= part_size:
             self._drop_parts(handle, keep_from=None)
-            if self.options.random_read_size <= 0:
+            if width <= 0:
                 return await read_range(self.fs, path, off, end)  # windows off: exact ranges
             return await self._read_windows(handle, path, off, end)
         parts = self._layout
