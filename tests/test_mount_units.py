@@ -58,3 +58,39 @@ def test_bad_options_name_what_is_wrong(given: object, message: str) -> None:
     with pytest.raises(WorkspaceError, match=message) as info:
         MountOptions.from_value(given)  # type: ignore[arg-type]
     assert info.value.code == "INVALID_CONFIG"
+
+
+def test_directory_nlink_follows_its_subdirectories_through_every_change() -> None:
+    import stat
+
+    from agentvfs.mounts._nodes import Node
+
+    def node(ino: int, kind: int) -> Node:
+        return Node(ino, kind, 0o755, uid=0, gid=0)
+
+    root = node(1, stat.S_IFDIR)
+    assert root.nlink == 2
+    children = root.children
+    assert children is not None
+    children["a"] = node(2, stat.S_IFDIR)
+    children["b"] = node(3, stat.S_IFDIR)
+    children["f"] = node(4, stat.S_IFREG)
+    assert root.nlink == 4
+    children["b"] = node(5, stat.S_IFREG)  # replaced by a file
+    assert root.nlink == 3
+    assert children.pop("a").ino == 2 and root.nlink == 2
+    assert children.pop("missing", None) is None and root.nlink == 2
+    children.setdefault("c", node(6, stat.S_IFDIR))
+    children.update({"d": node(7, stat.S_IFDIR)})
+    assert root.nlink == 4
+    del children["c"]
+    assert root.nlink == 3
+    # A listing replaces the entries wholesale: the count is taken from the new ones.
+    root.children = {"x": node(8, stat.S_IFDIR), "y": node(9, stat.S_IFDIR), "z": node(10, stat.S_IFREG)}
+    assert root.nlink == 4
+    listed = root.children
+    assert listed is not None
+    listed.clear()
+    assert root.nlink == 2
+    with pytest.raises(KeyError):
+        listed.pop("nothing")

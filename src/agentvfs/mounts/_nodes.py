@@ -8,7 +8,65 @@ from typing import Any
 
 import trio
 
-__all__ = ["Node", "now_ns"]
+__all__ = ["Children", "Node", "now_ns"]
+
+
+class Children(dict[str, "Node"]):
+    """A directory's entries that keep count of its subdirectories as they change.
+
+    ``nlink`` of a directory (2 + subdirectories) is asked for on every getattr, and the
+    kernel asks for the parent's attributes after each create or unlink in it: counting the
+    entries each time made filling a directory quadratic in its size.
+    """
+
+    __slots__ = ("subdirs",)
+
+    def __init__(self, entries: dict[str, Node] | None = None) -> None:
+        super().__init__(entries or {})
+        self.subdirs = sum(1 for node in self.values() if node.is_dir)
+
+    def __setitem__(self, name: str, node: Node) -> None:
+        old = self.get(name)
+        if old is not None and old.is_dir:
+            self.subdirs -= 1
+        super().__setitem__(name, node)
+        if node.is_dir:
+            self.subdirs += 1
+
+    def __delitem__(self, name: str) -> None:
+        node = self[name]
+        super().__delitem__(name)
+        if node.is_dir:
+            self.subdirs -= 1
+
+    def pop(self, name: str, *default: Any) -> Any:
+        if name not in self:
+            if default:
+                return default[0]
+            raise KeyError(name)
+        node = super().pop(name)
+        if node.is_dir:
+            self.subdirs -= 1
+        return node
+
+    def popitem(self) -> tuple[str, Node]:
+        name, node = super().popitem()
+        if node.is_dir:
+            self.subdirs -= 1
+        return name, node
+
+    def clear(self) -> None:
+        super().clear()
+        self.subdirs = 0
+
+    def setdefault(self, name: str, default: Node) -> Node:
+        if name not in self:
+            self[name] = default
+        return self[name]
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        for name, node in dict(*args, **kwargs).items():
+            self[name] = node
 
 
 def now_ns() -> int:
@@ -25,9 +83,9 @@ class Node:
     """
 
     __slots__ = (
+        "_children",
         "atime",
         "checked_at",
-        "children",
         "ctime",
         "dirty",
         "etag",
@@ -88,7 +146,7 @@ class Node:
         self.etag = etag
         #: ``(directory, name)`` of every name this node has; empty once unlinked.
         self.links: list[tuple[Node, str]] = []
-        self.children: dict[str, Node] | None = {} if kind == stat_module.S_IFDIR else None
+        self._children: Children | None = Children() if kind == stat_module.S_IFDIR else None
         self.listed_at = 0.0 if stored else float("inf")
         self.checked_at = time.monotonic()
         self.lookups = 0
@@ -113,6 +171,15 @@ class Node:
         self.lock = trio.Lock()
 
     @property
+    def children(self) -> Children | None:
+        """Entries of a directory by name (None for other nodes)."""
+        return self._children
+
+    @children.setter
+    def children(self, entries: dict[str, Node] | None) -> None:
+        self._children = None if entries is None else entries if isinstance(entries, Children) else Children(entries)
+
+    @property
     def is_dir(self) -> bool:
         return self.kind == stat_module.S_IFDIR
 
@@ -125,8 +192,7 @@ class Node:
         if self.is_dir:
             if not self.links and self.ino != 1:
                 return 0
-            subdirs = sum(1 for c in (self.children or {}).values() if c.is_dir)
-            return 2 + subdirs
+            return 2 + (self._children.subdirs if self._children is not None else 0)
         return len(self.links)
 
     def touch(self, *, content: bool = True) -> None:

@@ -372,7 +372,7 @@ class MountOperations(pyfuse3.Operations):
         return directory.children or {}
 
     def _reconcile(self, directory: Node, stats: list[FileStat]) -> None:
-        old = directory.children or {}
+        old: dict[str, Node] = directory.children or {}
         fresh: dict[str, Node] = {}
         for st in stats:
             name = st.name
@@ -689,7 +689,7 @@ class MountOperations(pyfuse3.Operations):
             for part in parts:
                 assert node is not None
                 parent = node
-                node = (node.children or {}).get(part) if node.is_dir else None
+                node = node.children.get(part) if node.is_dir and node.children is not None else None
                 if node is None:
                     missing = part
                     break
