@@ -12,6 +12,7 @@ import collections
 import contextlib
 import errno
 import functools
+import itertools
 import logging
 import os
 import shutil
@@ -238,6 +239,7 @@ class MountOperations(pyfuse3.Operations):
         self._own_staging = options.staging_dir is None
         self.staging_dir = options.staging_dir or _default_staging(filesystem)
         os.makedirs(self.staging_dir, exist_ok=True)
+        self._stage_names = itertools.count()
         self.staged_bytes = 0
         self.read_cache_used = 0
         self.nursery: trio.Nursery | None = None
@@ -468,6 +470,20 @@ class MountOperations(pyfuse3.Operations):
         except pyfuse3.FUSEError:
             return f"<unlinked inode {node.ino}>"
 
+    def _new_stage_file(self) -> tuple[int, str]:
+        """A new, empty, private file in the staging directory.
+
+        Names come from a counter: ``tempfile.mkstemp`` draws random names and was most of
+        the time a ``create`` took.
+        """
+        while True:
+            path = os.path.join(self.staging_dir, f"stage-{os.getpid()}-{next(self._stage_names)}")
+            try:
+                flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+                return os.open(path, flags, 0o600), path
+            except FileExistsError:
+                continue  # left by an earlier mount that shared this staging directory
+
     async def _materialize(self, node: Node, *, truncate_to: int | None = None) -> None:
         """Give a file a staged local copy holding its content (or its first
         ``truncate_to`` bytes), so it can be written anywhere."""
@@ -476,9 +492,9 @@ class MountOperations(pyfuse3.Operations):
         async with node.lock:
             if _has_stage(node):
                 return  # staged by a concurrent request while this one waited
-            fd, path = tempfile.mkstemp(dir=self.staging_dir, prefix="stage-")
+            fd, path = self._new_stage_file()
             # Publishing may link this very file into place (local disk): give it the file's
-            # permission bits rather than mkstemp's 0600.
+            # permission bits rather than 0600.
             os.fchmod(fd, node.perm & 0o777)
             try:
                 keep = node.size if truncate_to is None else min(truncate_to, node.size)
@@ -506,7 +522,7 @@ class MountOperations(pyfuse3.Operations):
         copy it first, so storage only ever changes by the next atomic publish."""
         if node.stage is None or os.fstat(node.stage_fd).st_nlink <= 1:
             return
-        fd, path = tempfile.mkstemp(dir=self.staging_dir, prefix="stage-")
+        fd, path = self._new_stage_file()
         os.fchmod(fd, node.perm & 0o777)
         try:
             with open(node.stage, "rb") as src, open(fd, "wb", closefd=False) as dest:
