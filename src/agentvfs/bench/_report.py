@@ -10,6 +10,7 @@ matplotlib is imported inside `render_plots` only: the CLI imports this module o
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 import os
@@ -116,9 +117,10 @@ def _fmt_params(params: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def _case_label(m: Measurement) -> str:
+def _case_label(m: Measurement, varying: bool = True) -> str:
+    """The case in words, with its parameters when they tell rows of one case apart."""
     label = m.label or m.case
-    return f"{label} ({_fmt_params(m.params)})" if m.params else label
+    return f"{label} ({_fmt_params(m.params)})" if m.params and varying else label
 
 
 def _cell_text(text: str) -> str:
@@ -272,9 +274,12 @@ def _backend_table(run: RunResult, ms: Sequence[Measurement], first_note: int) -
     notes = _Footnotes(first_note)
     rows = []
     any_ratio = False
-    for case, params in _ordered_rows(ms):
+    ordered = _ordered_rows(ms)
+    per_case = collections.Counter(case for case, _ in ordered)
+    for case, params in ordered:
         first = by_cell[next((case, params, layer) for layer in layers if (case, params, layer) in by_cell)]
-        row = [_cell_text(_case_label(first))]
+        # A parameter every row shares (the corpus, the tree size) is noise in each label.
+        row = [_cell_text(_case_label(first, varying=per_case[case] > 1))]
         for layer in layers:
             text, has_ratio = _cell(run, by_cell.get((case, params, layer)), notes)
             row.append(text)
