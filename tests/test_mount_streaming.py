@@ -5,13 +5,16 @@ from __future__ import annotations
 import errno
 import os
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
 from _mounted import wait_until
+from agentvfs import FsspecFilesystem
 from agentvfs.mounts import Mount, fuse_available, is_mounted
 from agentvfs.testing import Harness, MotoServer
 from conftest import S3_BUCKET, s3_harness
@@ -82,6 +85,53 @@ def test_an_overwrite_behind_the_stream_falls_back_to_a_whole_upload(moto: MotoS
         os.close(fd)
         assert h.get("edited.bin") == bytes(data)
         assert wait_until(lambda: _uploads(client, _prefix(h)) == [])
+
+
+def test_a_write_into_a_part_still_in_flight_is_not_lost(moto: MotoServer, mnt: str,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # The first part is read from the staged copy, then held before it reaches storage; a
+    # write into its range meanwhile must break the stream, or the old bytes win.
+    h = s3_harness(moto)
+    fs = h.fs
+    assert isinstance(fs, FsspecFilesystem)
+    held, release = threading.Event(), threading.Event()
+    open_upload = fs.open_upload
+
+    class Holding:
+        def __init__(self, upload: Any) -> None:
+            self.upload, self.first = upload, True
+
+        async def write(self, data: bytes) -> None:
+            if self.first:
+                self.first = False
+                held.set()
+                await trio.to_thread.run_sync(release.wait)
+            await self.upload.write(data)
+
+        async def commit(self) -> None:
+            await self.upload.commit()
+
+        async def abort(self) -> None:
+            await self.upload.abort()
+
+    async def holding_upload(path: str, *, part_size: int) -> Any:
+        upload = await open_upload(path, part_size=part_size)
+        return None if upload is None else Holding(upload)
+
+    monkeypatch.setattr(fs, "open_upload", holding_upload)
+    data = bytearray(os.urandom(12 * MiB))
+    with Mount(fs, mnt, options=OPTIONS):
+        fd = os.open(f"{mnt}/raced.bin", os.O_CREAT | os.O_RDWR, 0o644)
+        for i in range(6):
+            os.write(fd, data[i * MiB : (i + 1) * MiB])
+        assert held.wait(10), "the first part was never sent"
+        os.pwrite(fd, b"RACE", 1000)  # inside the part in flight, beyond nothing sent yet
+        data[1000:1004] = b"RACE"
+        release.set()
+        for i in range(6, 12):
+            os.write(fd, data[i * MiB : (i + 1) * MiB])
+        os.close(fd)
+        assert h.get("raced.bin") == bytes(data)
 
 
 def test_unlinking_a_file_being_streamed_leaves_no_upload(moto: MotoServer, mnt: str) -> None:

@@ -180,11 +180,14 @@ class _Stream:
     parts while the writer goes on; the staged copy stays the source of truth, so a broken
     stream only means the file is uploaded whole at close instead."""
 
-    __slots__ = ("broken", "closing", "lock", "sent", "upload", "wake")
+    __slots__ = ("broken", "closing", "lock", "read_to", "sent", "upload", "wake")
 
     def __init__(self, upload: UploadStream) -> None:
         self.upload = upload
         self.sent = 0
+        #: End of the staged bytes read for sending, sent or still in flight: a write below
+        #: it changes bytes the upload already holds.
+        self.read_to = 0
         self.broken = False
         self.closing = False
         self.lock = trio.Lock()
@@ -611,6 +614,7 @@ class MountOperations(pyfuse3.Operations):
                     async with stream.lock:
                         if _stream_done(stream):
                             break  # closed or broken while this waited for the lock
+                        stream.read_to = stream.sent + part  # before the read: a write may race it
                         data = await trio.to_thread.run_sync(os.pread, node.stage_fd, part, stream.sent)
                         await stream.upload.write(data)
                         stream.sent += len(data)
@@ -635,6 +639,7 @@ class MountOperations(pyfuse3.Operations):
                 try:
                     while stream.sent < node.size:
                         size = min(part, node.size - stream.sent)
+                        stream.read_to = stream.sent + size
                         data = await trio.to_thread.run_sync(os.pread, node.stage_fd, size, stream.sent)
                         await stream.upload.write(data)
                         stream.sent += len(data)
@@ -796,7 +801,7 @@ class MountOperations(pyfuse3.Operations):
             size = attr.st_size
             await self._materialize(node, truncate_to=size)
             self._own_stage(node)
-            if node.stream is not None and size < node.stream.sent:
+            if node.stream is not None and size < node.stream.read_to:
                 self._break_stream(node)
             elif size == 0:
                 self._break_stream(node)
@@ -1435,7 +1440,9 @@ class MountOperations(pyfuse3.Operations):
             self._reserve(node, end)
         if off != node.size and (node.fresh or node.stream is not None):
             stream = node.stream
-            if stream is None or off < stream.sent or off > node.size:
+            # Below read_to, not sent: a part read for sending but still in flight holds the
+            # old bytes, and completing the upload with it would lose this write.
+            if stream is None or off < stream.read_to or off > node.size:
                 self._break_stream(node)  # no longer a plain in-order write
         written = os.pwrite(node.stage_fd, buf, off)
         if end > node.size:
