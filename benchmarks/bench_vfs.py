@@ -42,7 +42,6 @@ import contextlib
 import gc
 import importlib.metadata
 import json
-import platform
 import shutil
 import statistics
 import sys
@@ -57,6 +56,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
+from agentvfs.bench._system import machine_description as shared_machine_description
 from agentvfs.vfs import FsspecFilesystem
 
 BACKENDS = ("memory", "local", "s3")
@@ -80,31 +80,7 @@ def _version(dist: str) -> str:
 
 
 def machine_description() -> dict[str, Any]:
-    mem_total = "unknown"
-    with contextlib.suppress(OSError), open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemTotal:"):
-                kib = int(line.split()[1])
-                mem_total = f"{kib / 1024 / 1024:.1f} GiB"
-                break
-    cpu_model = platform.processor() or "unknown"
-    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                cpu_model = line.split(":", 1)[1].strip()
-                break
-    return {
-        "cores": os.cpu_count(),
-        "cpu": cpu_model,
-        "memory": mem_total,
-        "kernel": platform.release(),
-        "python": f"{platform.python_implementation()} {platform.python_version()}",
-        "fsspec": _version("fsspec"),
-        "s3fs": _version("s3fs"),
-        "moto": _version("moto"),
-        "anyio": _version("anyio"),
-        "agentvfs": _version("agentvfs"),
-    }
+    return shared_machine_description({"moto": _version("moto"), "anyio": _version("anyio")})
 
 
 def _loadavg() -> str:

@@ -31,6 +31,7 @@ import os
 import random
 import time
 from collections.abc import Callable
+from typing import Any
 
 from ._context import Context, MiB, Timeout
 from ._layers import LayerSpec
@@ -54,24 +55,21 @@ def _limit(nbytes: int) -> float:
 
 
 def _write_source(target: Target, rel: str, size: int, seed: int) -> str:
-    """Write ``size`` seeded random bytes to ``rel`` (untimed); returns their SHA-256."""
+    """Write ``size`` seeded random (incompressible) bytes to ``rel``, untimed, a block at a
+    time; returns their SHA-256."""
     rng = random.Random(seed)
     h = hashlib.sha256()
-    chunks = []
-    left = size
-    while left:
-        chunk = rng.randbytes(min(BLOCK, left))
-        h.update(chunk)
-        chunks.append(chunk)
-        left -= len(chunk)
     if isinstance(target, FsspecTarget):
-        with target.fs.open(target._p(rel), "wb") as f:
-            for c in chunks:
-                f.write(c)
+        opened: Any = target.fs.open(target._p(rel), "wb")
     else:
-        with open(os.path.join(target.path or "", rel), "wb") as f:
-            for c in chunks:
-                f.write(c)
+        opened = open(os.path.join(target.path or "", rel), "wb")  # noqa: SIM115 (closed below)
+    with opened as f:
+        left = size
+        while left:
+            chunk = rng.randbytes(min(BLOCK, left))
+            h.update(chunk)
+            f.write(chunk)
+            left -= len(chunk)
     return h.hexdigest()
 
 
