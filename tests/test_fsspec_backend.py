@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -89,6 +90,34 @@ async def test_s3_markers_keep_directories(moto: MotoServer) -> None:
     assert [e.name for e in await fs.readdir("")] == ["d", "empty"]
     await fs.rmdir("empty/dir")
     assert keys() == ["d/", "empty/"]
+
+
+@pytest.mark.s3
+async def test_s3_forced_delete_of_a_listed_file_sends_only_the_delete(moto: MotoServer) -> None:
+    root = f"{S3_BUCKET}/{unique('fd')}"
+    raw = moto.s3fs(use_listings_cache=False)
+    fs = FsspecFilesystem(raw, root=root, listing_ttl=60)
+    await fs.write_file("d/a.txt", "a")
+    await fs.write_file("d/b.txt", "b")  # the write checks keep the listing of d
+    await fs.mkdir("d/sub")
+    calls: list[str] = []
+    call_s3 = raw._call_s3
+
+    async def counting(method: str, *args: Any, **kwargs: Any) -> Any:
+        calls.append(method)
+        return await call_s3(method, *args, **kwargs)
+
+    raw._call_s3 = counting
+    await fs.delete_file("d/a.txt", force=True)
+    assert calls == ["delete_object"]
+    # Without force, or for what the listing shows as a directory, the check stays.
+    calls.clear()
+    await fs.delete_file("d/b.txt")
+    assert calls[0] == "head_object" and "delete_object" in calls
+    with pytest.raises(IsDirectory):
+        await fs.delete_file("d/sub", force=True)
+    assert not await fs.exists("d/a.txt") and not await fs.exists("d/b.txt")
+    assert (await fs.stat("d/sub")).type == "directory"
 
 
 @pytest.mark.s3
