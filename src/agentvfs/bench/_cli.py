@@ -212,10 +212,11 @@ def run(args: argparse.Namespace, progress: Progress) -> RunResult:
             for suite in suites:
                 current = f"the {suite} suite"
                 module: Any = importlib.import_module(SUITES[suite], __package__)
-                if suite not in MOUNT_SUITES:
-                    ctx.layers = {b.name: [s for s in layers[b.name] if not s.mounted] for b in backends}
-                else:
-                    ctx.layers = layers
+                ctx.layers = {
+                    b.name: [s for s in layers[b.name]
+                             if (suite in MOUNT_SUITES or not s.mounted) and (s.suites is None or suite in s.suites)]
+                    for b in backends
+                }  # fmt: skip
                 module.run(ctx)
     except KeyboardInterrupt as exc:
         run_result.partial = True

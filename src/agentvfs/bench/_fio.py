@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ._backends import Backend
 from ._context import Context, MiB
-from ._layers import LayerSpec, MountFailed
+from ._layers import LOCAL_DISK, LayerSpec, MountFailed
 from ._system import drop_caches
 
 __all__ = ["JOBS", "job_files", "run_jobs"]
@@ -50,7 +50,8 @@ def run_jobs(ctx: Context, backend: Backend, layers: list[LayerSpec]) -> None:
     if shutil.which("fio") is None:
         ctx.run.skip_once("fio: not installed (apt-get install fio); --fio jobs not run")
         return
-    targets = [s for s in layers if s.name != "direct"]
+    # Directories only: the mounts and local disk (the API layers have nothing to point fio at).
+    targets = [s for s in layers if s.mounted or s.name == LOCAL_DISK]
     files = job_files()
     size = min(ctx.size.fio_bytes, ctx.size.io_remote_bytes if backend.remote else ctx.size.fio_bytes)
     env = {**os.environ, "AGENTVFS_FIO_SIZE": str(size), "AGENTVFS_FIO_RUNTIME": f"{ctx.size.fio_runtime}s"}

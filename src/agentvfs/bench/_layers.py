@@ -27,7 +27,7 @@ from ..mounts import is_mounted
 from ._backends import Backend
 from ._model import DIRECT
 from ._system import stop_process, tail, unmount
-from ._targets import FsspecTarget, PathTarget, Target
+from ._targets import Boto3Target, FsspecTarget, PathTarget, Target
 
 __all__ = ["AGENTVFS", "LOCAL_DISK", "PEERS", "Harness", "LayerSpec", "MountFailed", "layers_for"]
 
@@ -161,6 +161,8 @@ class LayerSpec:
     open: Callable[[Harness], AbstractContextManager[Target]]
     #: True for layers that reach the backend through a kernel mount (a directory).
     mounted: bool = True
+    #: The suites that run this layer (None: every suite that runs layers).
+    suites: tuple[str, ...] | None = None
 
 
 def _direct(b: Backend) -> LayerSpec:
@@ -170,6 +172,34 @@ def _direct(b: Backend) -> LayerSpec:
 
     how = f"fsspec.filesystem({b.protocol!r}) calls in the measuring process (cat_file, open('wb'), ls, info)"
     return LayerSpec(DIRECT, how, open_, mounted=False)
+
+
+BOTO3 = "boto3"
+
+
+def _boto3(b: Backend) -> LayerSpec | str:
+    """The AWS SDK against the same S3 server: the limit of the io and metadata figures."""
+    if b.name != "s3":
+        return f"{BOTO3}: S3 only"
+    try:
+        import boto3
+        import botocore.config
+    except ImportError:
+        return f"{BOTO3}: not installed (pip install boto3)"
+    bucket, _, prefix = b.root.partition("/")
+
+    @contextlib.contextmanager
+    def open_(h: Harness) -> Iterator[Target]:
+        client = boto3.client(
+            "s3", endpoint_url=b.endpoint, aws_access_key_id=b.key, aws_secret_access_key=b.secret,
+            region_name="us-east-1",
+            config=botocore.config.Config(s3={"addressing_style": "path"}, max_pool_connections=16),
+        )  # fmt: skip
+        yield Boto3Target(BOTO3, b.name, client, bucket, prefix)
+
+    return LayerSpec(BOTO3, "boto3 in the measuring process: streamed GET, managed (multipart) upload, "
+                     "list_objects_v2: the server's limit for a client", open_, mounted=False,
+                     suites=("io", "metadata"))
 
 
 def _local_disk(b: Backend) -> LayerSpec:
@@ -328,6 +358,9 @@ def layers_for(b: Backend, *, peers: bool) -> tuple[list[LayerSpec], list[str]]:
     skipped: list[str] = []
     if peers:
         layers.insert(1, _local_disk(b))
+        limit = _boto3(b)
+        if isinstance(limit, LayerSpec):
+            layers.insert(1, limit)
         for make in (_fsspec_fuse, _rclone, _s3fs_fuse):
             made = make(b)
             if isinstance(made, str):

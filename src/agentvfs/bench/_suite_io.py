@@ -37,7 +37,7 @@ from ._context import Context, MiB, Timeout
 from ._layers import LayerSpec
 from ._model import DIRECT, Measurement
 from ._system import drop_caches
-from ._targets import FsspecTarget, Target
+from ._targets import FsspecTarget, PathTarget, Target
 
 __all__ = ["run"]
 
@@ -140,7 +140,8 @@ def _round(ctx: Context, backend: str, spec: LayerSpec, target: Target, direct: 
            patch: bytes, label_size: str, remote: bool) -> None:
     layer = spec.name
     src = "io/source.bin"
-    if not spec.mounted and target is not direct and not isinstance(target, FsspecTarget):
+    own_copy = isinstance(target, PathTarget) and not spec.mounted
+    if own_copy:
         # Local disk holds its own copy: the physical limit of the same operations.
         target.makedirs("io")
         _write_source(target, src, size, seed=1)
@@ -181,7 +182,8 @@ def _round(ctx: Context, backend: str, spec: LayerSpec, target: Target, direct: 
     t0 = time.perf_counter()
     with target.guard(limit, "write"):
         wrote = ctx.record(sw, lambda: target.write_file(name, block, count, fsync=True))
-    checker: Target = direct if spec.mounted or isinstance(target, FsspecTarget) else target
+    # What the write left in the backend is read back directly; local disk reads its own copy.
+    checker: Target = direct if spec.mounted else target
     vis = meas("seq_write_visible", f"sequential write, {label_size}: until in the backend", "MiB/s", size)
     if wrote and spec.mounted:
         # Some mounts upload after close (rclone); the time until the backend has the whole
@@ -203,7 +205,7 @@ def _round(ctx: Context, backend: str, spec: LayerSpec, target: Target, direct: 
             rw.notes.append("direct API: no in-place write; the whole object is read, patched and written back")
     with contextlib.suppress(OSError):
         target.remove(name)
-    if not spec.mounted and not isinstance(target, FsspecTarget):
+    if own_copy:
         target.remove("io")
 
 
@@ -235,9 +237,4 @@ def _verify_patch(m: Measurement, checker: Target, name: str, offsets: list[int]
 
 
 def _read_all(t: Target, rel: str) -> bytes:
-    if isinstance(t, FsspecTarget):
-        t._fresh()
-        data: bytes = t.fs.cat_file(t._p(rel))
-        return data
-    with open(os.path.join(t.path or "", rel), "rb") as f:
-        return f.read()
+    return t.read_all(rel)

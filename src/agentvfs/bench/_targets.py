@@ -20,7 +20,7 @@ from typing import Any
 
 from ._context import Timeout
 
-__all__ = ["FsspecTarget", "PathTarget", "Target", "ls_long", "read_path", "sha256_path", "watchdog", "write_path"]
+__all__ = ["Boto3Target", "FsspecTarget", "PathTarget", "Target", "ls_long", "read_path", "sha256_path", "watchdog", "write_path"]
 
 BLOCK = 1 << 20  # dd-like block for sequential reads
 
@@ -179,6 +179,10 @@ class Target(ABC):
     def remove(self, rel: str) -> None:
         """Remove a file or a whole tree; missing is fine."""
 
+    @abstractmethod
+    def read_all(self, rel: str) -> bytes:
+        """The whole content of ``rel`` (untimed, to verify)."""
+
 
 class PathTarget(Target):
     """Plain ``os`` calls on a directory: a mount point, or local disk as the physical limit."""
@@ -258,6 +262,10 @@ class PathTarget(Target):
 
     def sha256(self, rel: str) -> str:
         return sha256_path(self._p(rel))
+
+    def read_all(self, rel: str) -> bytes:
+        with open(self._p(rel), "rb") as f:
+            return f.read()
 
     def remove(self, rel: str) -> None:
         import shutil
@@ -375,7 +383,118 @@ class FsspecTarget(Target):
     def sha256(self, rel: str) -> str:
         return hashlib.sha256(self.fs.cat_file(self._p(rel))).hexdigest()
 
+    def read_all(self, rel: str) -> bytes:
+        self._fresh()
+        data: bytes = self.fs.cat_file(self._p(rel))
+        return data
+
     def remove(self, rel: str) -> None:
         with contextlib.suppress(FileNotFoundError, OSError):
             self.fs.rm(self._p(rel), recursive=True)
         self._fresh()
+
+
+class Boto3Target(Target):
+    """S3 through boto3, the AWS SDK: the limit of what a client of the same server gets.
+
+    Reads are single streamed GETs (the fastest read of a whole object measured on s3rver and
+    moto), writes go through boto3's managed transfer (multipart with parallel parts above
+    8 MiB), listings are ``list_objects_v2`` pages. Random writes read, patch and put back,
+    as any object-store client must.
+    """
+
+    def __init__(self, layer: str, backend: str, client: Any, bucket: str, prefix: str) -> None:
+        super().__init__(layer, backend)
+        self.client = client
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+
+    def _k(self, rel: str) -> str:
+        return f"{self.prefix}/{rel}" if self.prefix else rel
+
+    def makedirs(self, rel: str) -> None:
+        return None  # prefixes exist through their keys
+
+    def write_file(self, rel: str, block: bytes, count: int, *, fsync: bool = True) -> float:
+        import io
+
+        body = io.BytesIO(block * count)  # built before the clock: the upload is measured
+        t0 = time.perf_counter()
+        self.client.upload_fileobj(body, self.bucket, self._k(rel))
+        return time.perf_counter() - t0
+
+    def read_file(self, rel: str, expect: int) -> float:
+        t0 = time.perf_counter()
+        body = self.client.get_object(Bucket=self.bucket, Key=self._k(rel))["Body"]
+        total = sum(len(c) for c in body.iter_chunks(BLOCK))
+        dt = time.perf_counter() - t0
+        if total != expect:
+            raise OSError(f"GET returned {total} bytes, expected {expect}")
+        return dt
+
+    def read_ranges(self, rel: str, offsets: Sequence[int], length: int) -> list[float]:
+        times: list[float] = []
+        for off in offsets:
+            t0 = time.perf_counter()
+            got = self.client.get_object(Bucket=self.bucket, Key=self._k(rel), Range=f"bytes={off}-{off + length - 1}")
+            n = len(got["Body"].read())
+            times.append(time.perf_counter() - t0)
+            if n != length:
+                raise OSError(f"ranged GET of {length} bytes at {off} returned {n}")
+        return times
+
+    def write_ranges(self, rel: str, offsets: Sequence[int], block: bytes) -> float:
+        t0 = time.perf_counter()
+        data = bytearray(self.client.get_object(Bucket=self.bucket, Key=self._k(rel))["Body"].read())
+        for off in offsets:
+            data[off : off + len(block)] = block
+        self.client.put_object(Bucket=self.bucket, Key=self._k(rel), Body=bytes(data))
+        return time.perf_counter() - t0
+
+    def create_files(self, rel_dir: str, names: Sequence[str], payload: bytes) -> float:
+        t0 = time.perf_counter()
+        for name in names:
+            self.client.put_object(Bucket=self.bucket, Key=self._k(f"{rel_dir}/{name}"), Body=payload)
+        return time.perf_counter() - t0
+
+    def stat_files(self, rel_dir: str, names: Sequence[str]) -> float:
+        t0 = time.perf_counter()
+        for name in names:
+            self.client.head_object(Bucket=self.bucket, Key=self._k(f"{rel_dir}/{name}"))
+        return time.perf_counter() - t0
+
+    def list_long(self, rel_dir: str, expect: int, timeout: float) -> float:
+        t0 = time.perf_counter()
+        n = 0
+        pages = self.client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=self._k(rel_dir) + "/", Delimiter="/")
+        for page in pages:
+            n += len(page.get("Contents", [])) + len(page.get("CommonPrefixes", []))
+        dt = time.perf_counter() - t0
+        if n != expect:
+            raise OSError(f"list_objects_v2 listed {n} entries, expected {expect}")
+        return dt
+
+    def unlink_files(self, rel_dir: str, names: Sequence[str]) -> float:
+        t0 = time.perf_counter()
+        for name in names:
+            self.client.delete_object(Bucket=self.bucket, Key=self._k(f"{rel_dir}/{name}"))
+        return time.perf_counter() - t0
+
+    def sha256(self, rel: str) -> str:
+        h = hashlib.sha256()
+        for chunk in self.client.get_object(Bucket=self.bucket, Key=self._k(rel))["Body"].iter_chunks(4 * BLOCK):
+            h.update(chunk)
+        return h.hexdigest()
+
+    def read_all(self, rel: str) -> bytes:
+        data: bytes = self.client.get_object(Bucket=self.bucket, Key=self._k(rel))["Body"].read()
+        return data
+
+    def remove(self, rel: str) -> None:
+        key = self._k(rel)
+        with contextlib.suppress(Exception):
+            self.client.delete_object(Bucket=self.bucket, Key=key)
+            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=key + "/"):
+                for obj in page.get("Contents", []):
+                    self.client.delete_object(Bucket=self.bucket, Key=obj["Key"])
