@@ -121,24 +121,7 @@ async def walk_source(source: SkillSource, path: str, max_depth: int) -> list[Fi
 
 async def read_files(source: SkillSource, paths: Sequence[str]) -> dict[str, bytes | OSError]:
     """Read many files at once; each path maps to its bytes or to the error reading it."""
-    if isinstance(source, WorkspaceFilesystem):
-        return await vfs_read_many(source, list(paths), concurrency=READ_CONCURRENCY)
-    out: dict[str, bytes | OSError] = {}
-    limiter = anyio.Semaphore(READ_CONCURRENCY)
-
-    async def one(path: str) -> None:
-        async with limiter:
-            try:
-                data = await source.read_file(path)
-            except OSError as exc:
-                out[path] = exc
-                return
-            out[path] = data if isinstance(data, bytes) else data.encode("utf-8")
-
-    async with anyio.create_task_group() as tg:
-        for path in paths:
-            tg.start_soon(one, path)
-    return out
+    return await vfs_read_many(source, list(paths), concurrency=READ_CONCURRENCY)
 
 
 class Tree:

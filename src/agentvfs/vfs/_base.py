@@ -170,9 +170,15 @@ async def read_range(fs: WorkspaceFilesystem, path: str, start: int, end: int) -
     return (data if isinstance(data, bytes) else data.encode())[start:end]
 
 
-async def read_many(fs: WorkspaceFilesystem, paths: Sequence[str], *, concurrency: int = 8) -> dict[str, bytes | OSError]:
+class ReadsFiles(Protocol):
+    """Anything that reads a whole file by path: a filesystem, or a skill source."""
+
+    async def read_file(self, path: str) -> str | bytes: ...
+
+
+async def read_many(fs: ReadsFiles, paths: Sequence[str], *, concurrency: int = 8) -> dict[str, bytes | OSError]:
     """Read many files: natively in batches where the filesystem can, else ``concurrency``
-    reads at a time. Each path maps to its bytes or to its error."""
+    reads at a time. Each path maps to its bytes (text is encoded as UTF-8) or to its error."""
     if isinstance(fs, SupportsReadMany):
         return await fs.read_many(paths)
     out: dict[str, bytes | OSError] = {}
