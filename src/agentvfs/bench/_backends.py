@@ -19,7 +19,7 @@ import urllib.parse
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from ..testing._servers import FakeGcsServer, MotoServer, _EmulatorProcess
 
@@ -135,8 +135,6 @@ def check_endpoint(url: str) -> None:
 
 class BackendSet:
     """Builds the backends of a run and owns the servers started for them (``close`` stops them)."""
-
-    servers: ClassVar[tuple[str, ...]] = ("s3rver", "moto")
 
     def __init__(self, workdir: Path, *, endpoint: str | None = None, key: str | None = None,
                  secret: str | None = None, bucket: str | None = None, s3_server: str = "s3rver") -> None:

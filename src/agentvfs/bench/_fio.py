@@ -57,43 +57,42 @@ def run_jobs(ctx: Context, backend: Backend, layers: list[LayerSpec]) -> None:
     env = {**os.environ, "AGENTVFS_FIO_SIZE": str(size), "AGENTVFS_FIO_RUNTIME": f"{ctx.size.fio_runtime}s"}
     ctx.progress.start(f"fio on {backend.name} ({len(JOBS)} jobs, {ctx.size.fio_runtime} s each)",
                        len(targets) * len(JOBS))
-    for rnd in range(1):
-        for spec in targets:
-            if (backend.name, spec.name) in ctx.harness.broken:
-                continue
-            for job in JOBS:
-                jobs = 4 if job.endswith("_4t") else 1
-                label = f"fio {job.removesuffix('_4t').replace('_', ' ')}, {jobs} job{'s' if jobs > 1 else ''}, 256 KiB"
-                m = ctx.measurement("io", f"fio_{job}", backend.name, spec.name, label, "MiB/s", 0, jobs=jobs)
-                try:
-                    with spec.open(ctx.harness) as target:
-                        d = os.path.join(target.path or "", f"fio-{job}-{rnd}")
-                        os.makedirs(d, exist_ok=True)
-                        argv = ["fio", "--output-format=json", f"--directory={d}", str(files[job])]
-                        limit = 120.0 + 4 * ctx.size.fio_runtime + jobs * size / MiB / 2
-                        with target.guard(limit, f"fio {job}"):
-                            out = None
-                            if "read" in job:
-                                # Lay the files out first, untimed, so the timed run starts cold.
-                                out = subprocess.run([*argv, "--create_only=1"], env=env, capture_output=True,
-                                                     text=True, timeout=limit, check=False)
-                                if ctx.cold:
-                                    drop_caches()
-                            if out is None or out.returncode == 0:
-                                out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=limit,
-                                                     check=False)
-                        if out.returncode != 0:
-                            what = "laying out the files" if "--create_only=1" in out.args else "the job"
-                            detail = (out.stderr.strip() or out.stdout.strip())[-300:]
-                            m.errors.append(f"fio exited {out.returncode} in {what}: {detail}")
-                        else:
-                            nbytes, seconds = _parse(out.stdout, job)
-                            # amount varies per run (time based): keep bytes per second as the sample
-                            # by normalising to 1 MiB moved in `seconds * MiB / nbytes`.
-                            m.amount = MiB
-                            m.samples.append(seconds * MiB / nbytes if nbytes else float("inf"))
-                        shutil.rmtree(d, ignore_errors=True)
-                except (MountFailed, OSError, subprocess.SubprocessError, ValueError, KeyError) as exc:
-                    m.errors.append(f"{type(exc).__name__}: {str(exc)[:300]}")
-                    ctx.progress.log(f"  error: fio {job} on {backend.name} / {spec.name}: {exc}")
-                ctx.progress.advance(f"fio {job}: {spec.name}")
+    for spec in targets:
+        if (backend.name, spec.name) in ctx.harness.broken:
+            continue
+        for job in JOBS:
+            jobs = 4 if job.endswith("_4t") else 1
+            label = f"fio {job.removesuffix('_4t').replace('_', ' ')}, {jobs} job{'s' if jobs > 1 else ''}, 256 KiB"
+            m = ctx.measurement("io", f"fio_{job}", backend.name, spec.name, label, "MiB/s", 0, jobs=jobs)
+            try:
+                with spec.open(ctx.harness) as target:
+                    d = os.path.join(target.path or "", f"fio-{job}")
+                    os.makedirs(d, exist_ok=True)
+                    argv = ["fio", "--output-format=json", f"--directory={d}", str(files[job])]
+                    limit = 120.0 + 4 * ctx.size.fio_runtime + jobs * size / MiB / 2
+                    with target.guard(limit, f"fio {job}"):
+                        out = None
+                        if "read" in job:
+                            # Lay the files out first, untimed, so the timed run starts cold.
+                            out = subprocess.run([*argv, "--create_only=1"], env=env, capture_output=True,
+                                                 text=True, timeout=limit, check=False)
+                            if ctx.cold:
+                                drop_caches()
+                        if out is None or out.returncode == 0:
+                            out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=limit,
+                                                 check=False)
+                    if out.returncode != 0:
+                        what = "laying out the files" if "--create_only=1" in out.args else "the job"
+                        detail = (out.stderr.strip() or out.stdout.strip())[-300:]
+                        m.errors.append(f"fio exited {out.returncode} in {what}: {detail}")
+                    else:
+                        nbytes, seconds = _parse(out.stdout, job)
+                        # amount varies per run (time based): keep bytes per second as the sample
+                        # by normalising to 1 MiB moved in `seconds * MiB / nbytes`.
+                        m.amount = MiB
+                        m.samples.append(seconds * MiB / nbytes if nbytes else float("inf"))
+                    shutil.rmtree(d, ignore_errors=True)
+            except (MountFailed, OSError, subprocess.SubprocessError, ValueError, KeyError) as exc:
+                m.errors.append(f"{type(exc).__name__}: {str(exc)[:300]}")
+                ctx.progress.log(f"  error: fio {job} on {backend.name} / {spec.name}: {exc}")
+            ctx.progress.advance(f"fio {job}: {spec.name}")

@@ -159,7 +159,7 @@ def _round(ctx: Context, backend: str, spec: LayerSpec, target: Target, direct: 
         ok = ctx.record(cold, lambda: target.read_file(src, size))
     if ok and rnd == 0:
         with target.guard(limit, "verify read"):
-            _check(cold, lambda: target.sha256(src) == sha, "content read differs from the file written")
+            _check(cold, lambda: target.sha256(src) == sha, "content read", "differs from the file written")
     warm = meas("seq_read_warm", f"sequential re-read, {label_size}, warm", "MiB/s", size)
     with target.guard(limit, "warm read"):
         ctx.record(warm, lambda: target.read_file(src, size))
@@ -193,7 +193,7 @@ def _round(ctx: Context, backend: str, spec: LayerSpec, target: Target, direct: 
         # Direct writes and local disk are in place when close returns: the same figure.
         vis.samples.append(sw.samples[-1])
     if wrote:
-        _check(sw, lambda: checker.sha256(name) == write_sha, "the file in the backend differs from the data written")
+        _check(sw, lambda: checker.sha256(name) == write_sha, "the file in the backend", "differs from the data written")
     rw = meas("rand_write", f"random writes, {len(write_offsets)} × {rlen >> 10} KiB into it, fsync", "MiB/s",
               len(write_offsets) * rlen)
     if wrote:
@@ -209,13 +209,13 @@ def _round(ctx: Context, backend: str, spec: LayerSpec, target: Target, direct: 
         target.remove("io")
 
 
-def _check(m: Measurement, fn: Callable[[], bool], message: str) -> None:
+def _check(m: Measurement, fn: Callable[[], bool], subject: str, mismatch: str) -> None:
     """Untimed verification: a mismatch or a failure to check is an error of ``m``."""
     try:
         if not fn():
-            m.errors.append(message)
+            m.errors.append(f"{subject} {mismatch}")
     except Exception as exc:
-        m.errors.append(f"{message.split(' differs')[0]}: cannot verify: {type(exc).__name__}: {exc}")
+        m.errors.append(f"{subject}: cannot verify: {type(exc).__name__}: {exc}")
 
 
 def _verify_patch(m: Measurement, checker: Target, name: str, offsets: list[int], patch: bytes, wait: bool) -> None:
@@ -224,7 +224,7 @@ def _verify_patch(m: Measurement, checker: Target, name: str, offsets: list[int]
     deadline = time.monotonic() + (VISIBLE_TIMEOUT_S if wait else 0)
     while True:
         try:
-            data = _read_all(checker, name)
+            data = checker.read_all(name)
         except Exception as exc:
             m.errors.append(f"cannot read back {name}: {exc}")
             return
@@ -234,7 +234,3 @@ def _verify_patch(m: Measurement, checker: Target, name: str, offsets: list[int]
             m.errors.append("random writes are not all in the backend after close")
             return
         time.sleep(0.1)
-
-
-def _read_all(t: Target, rel: str) -> bytes:
-    return t.read_all(rel)

@@ -289,6 +289,8 @@ class FsspecTarget(Target):
         super().__init__(layer, backend)
         self.fs = fs
         self.root = root.rstrip("/")
+        protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+        self._local = "file" in protocols  # paths are local paths: writes can be fsynced
 
     def _p(self, rel: str) -> str:
         return f"{self.root}/{rel}" if rel else self.root
@@ -307,18 +309,14 @@ class FsspecTarget(Target):
         with self.fs.open(path, "wb") as f:
             for _ in range(count):
                 f.write(block)
-        if fsync and self._local_path(path) is not None:
+        if fsync and self._local:
             # Local files are durable only once synced; the other layers' writes include it.
-            fd = os.open(self._local_path(path) or "", os.O_RDONLY)
+            fd = os.open(path, os.O_RDONLY)
             try:
                 os.fsync(fd)
             finally:
                 os.close(fd)
         return time.perf_counter() - t0
-
-    def _local_path(self, path: str) -> str | None:
-        protocol = self.fs.protocol
-        return path if "file" in (protocol if isinstance(protocol, tuple) else (protocol,)) else None
 
     def read_file(self, rel: str, expect: int) -> float:
         t0 = time.perf_counter()
