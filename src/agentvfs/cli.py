@@ -364,8 +364,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="a mount option (metadata_ttl, part_size, prefetch_parts, staging_dir, staging_limit, uid, gid, "
         "allow_other, ...) or else an fsspec storage option (endpoint_url, key, secret, anon, ...)",
     )  # fmt: skip
-    from .bench._cli import add_arguments as add_bench_arguments
-    from .bench._cli import main as bench_main
+    from .bench._args import add_arguments as add_bench_arguments
 
     bench = sub.add_parser(
         "bench",
@@ -377,6 +376,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_bench_arguments(bench)
     args = parser.parse_args(argv)
     if args.command == "bench":
+        from .bench._cli import main as bench_main
+
         args.argv = list(argv) if argv is not None else sys.argv[1:]
         return bench_main(args, bench)
     if args.command == "mount":

@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from ..testing._servers import FakeGcsServer, MotoServer, _EmulatorProcess
+from ._args import BACKENDS
 
 __all__ = ["BACKENDS", "Backend", "BenchError", "S3rverServer", "check_endpoint", "find_s3rver"]
 
-BACKENDS = ("memory", "local", "s3", "gcs")
 BUCKET = "agentvfs-bench"
 S3RVER_CREDENTIALS = ("S3RVER", "S3RVER")  # s3rver accepts only its fixed key pair
 S3RVER_VERSION = "3.7.1"
