@@ -5,6 +5,8 @@ filesystem to the kernel with pyfuse3 on a thread of this process, so shell comm
 bucket as ordinary files. The semantics are written down in ``docs/mount-semantics.md``.
 """
 
+# First: the passthrough library must be loaded before pyfuse3 is imported.
+from . import _passthrough  # noqa: F401  # isort: skip
 from ._options import MountOptions as MountOptions
 from ._server import Mount as Mount
 from ._server import cleanup_stale_mount as cleanup_stale_mount

@@ -85,6 +85,10 @@ class Node:
     __slots__ = (
         "_children",
         "atime",
+        "backing_fd",
+        "backing_id",
+        "backing_mtime",
+        "backing_writable",
         "checked_at",
         "ctime",
         "dirty",
@@ -101,6 +105,9 @@ class Node:
         "mtime",
         "opens",
         "perm",
+        "pt_opens",
+        "pt_writers",
+        "pt_wrote",
         "rdev",
         "size",
         "stage",
@@ -168,6 +175,17 @@ class Node:
         #: is kept across opens only while it equals ``kernel_version``.
         self.version = 0
         self.kernel_version = -1
+        #: FUSE passthrough: the file on disk the kernel reads and writes directly while
+        #: ``pt_opens`` handles are open (one per inode, as the kernel requires), its backing
+        #: id, its mtime when last looked at, and whether it was opened for writing.
+        self.backing_fd = -1
+        self.backing_id = 0
+        self.backing_mtime = 0
+        self.backing_writable = False
+        self.pt_opens = 0
+        self.pt_writers = 0
+        #: A passthrough writer was open since the backing file was attached.
+        self.pt_wrote = False
         self.lock = trio.Lock()
 
     @property

@@ -39,6 +39,7 @@ from ..vfs._base import (
     upload_file,
 )
 from ..vfs._records import FileStat
+from . import _passthrough
 from ._nodes import Node, now_ns
 from ._options import MountOptions
 
@@ -108,6 +109,16 @@ def notify_kernel(parent: int | None, name: str | None, ino: int | None) -> None
             pyfuse3.invalidate_entry(parent, os.fsencode(name))
         if ino is not None:
             pyfuse3.invalidate_inode(ino, attr_only=False)
+
+
+def _on_local_disk(filesystem: WorkspaceFilesystem) -> bool:
+    where = getattr(filesystem, "local_path", None)
+    if not callable(where):
+        return False
+    try:
+        return isinstance(where(""), str)
+    except Exception:
+        return False
 
 
 def _ns(moment: datetime) -> int:
@@ -198,7 +209,8 @@ class _Handle:
     """An open file: its node, its access mode and its read-ahead state."""
 
     __slots__ = (
-        "append", "fd", "fd_state", "next_offset", "node", "parts", "path", "sequential", "windows", "writable",
+        "append", "fd", "fd_state", "next_offset", "node", "parts", "passthrough", "path", "sequential", "windows",
+        "writable",
     )  # fmt: skip
 
     def __init__(self, node: Node, *, writable: bool, append: bool) -> None:
@@ -215,6 +227,8 @@ class _Handle:
         #: the node's (write_seq, version) it was opened at.
         self.fd = -1
         self.fd_state = (0, 0)
+        #: Served by the kernel from the node's backing file (FUSE passthrough).
+        self.passthrough = False
 
 
 class MountOperations(pyfuse3.Operations):
@@ -251,6 +265,17 @@ class MountOperations(pyfuse3.Operations):
         self._layout = _PartLayout(options.part_size)
         self.failed_uploads: dict[str, str] = {}
         self.atomic_rename = filesystem.capabilities.atomic_rename
+        #: FUSE passthrough, asked for at mount time where files are on local disk; used once
+        #: the kernel has granted it (see ``passthrough_granted``).
+        self.passthrough = (
+            _passthrough.LIBRARY
+            if options.passthrough
+            and not self.enable_writeback_cache
+            and _on_local_disk(filesystem)
+            else None
+        )
+        self._passthrough_on = False
+        self._backing_lib = self.passthrough
 
     # -- helpers: paths, nodes, attributes -----------------------------------------------
 
@@ -301,6 +326,8 @@ class MountOperations(pyfuse3.Operations):
         return node
 
     def attrs(self, node: Node) -> pyfuse3.EntryAttributes:
+        if node.pt_writers:
+            self._sync_backing(node)  # written by the kernel, unseen here
         entry = pyfuse3.EntryAttributes()
         entry.st_ino = node.ino
         entry.generation = 0
@@ -680,6 +707,9 @@ class MountOperations(pyfuse3.Operations):
     def close_staging(self) -> None:
         """Drop staged copies of clean files; remove the staging area if it is ours and empty."""
         for node in self.inodes.values():
+            if node.backing_fd >= 0:
+                os.close(node.backing_fd)  # the session is gone, and its backing ids with it
+                node.backing_fd, node.backing_id = -1, 0
             if not node.dirty:
                 self._drop_stage(node)
         if self._own_staging:
@@ -790,14 +820,27 @@ class MountOperations(pyfuse3.Operations):
         ctx: pyfuse3.RequestContext,
     ) -> pyfuse3.EntryAttributes:
         node = self._node(inode)
-        changes_content = fields.update_size
-        if (changes_content or fields.update_mode or fields.update_uid or fields.update_gid) and self.read_only:
+        resize = fields.update_size
+        if (resize or fields.update_mode or fields.update_uid or fields.update_gid) and self.read_only:
             raise _fail(errno.EROFS)
-        if fields.update_size:
+        if node.backing_fd >= 0:
+            self._sync_backing(node)  # writes before this call are older than what it sets
+        if resize:
             if node.is_dir:
                 raise _fail(errno.EISDIR)
             if not node.is_file:
                 raise _fail(errno.EINVAL)
+            size = attr.st_size
+            if node.backing_fd >= 0:
+                # Passed through: the file on disk is the file.
+                if not node.backing_writable:
+                    raise _fail(errno.EACCES)
+                os.ftruncate(node.backing_fd, size)
+                self._sync_backing(node)
+                node.touch()
+                node.pt_wrote = True
+                resize = False
+        if resize:
             size = attr.st_size
             await self._materialize(node, truncate_to=size)
             self._own_stage(node)
@@ -828,6 +871,10 @@ class MountOperations(pyfuse3.Operations):
             node.atime = attr.st_atime_ns
         if fields.update_mtime:
             node.mtime = attr.st_mtime_ns
+        if (fields.update_atime or fields.update_mtime) and node.backing_fd >= 0 and node.backing_writable:
+            # The file on disk takes the times too, so later reads of them agree.
+            os.utime(node.backing_fd, ns=(node.atime, node.mtime))
+            node.backing_mtime = node.mtime
         if fields.update_mode or fields.update_uid or fields.update_gid or fields.update_atime or fields.update_mtime:
             node.ctime = now_ns()
         if fields.update_ctime:
@@ -1022,7 +1069,7 @@ class MountOperations(pyfuse3.Operations):
     async def _remove_name(self, directory: Node, name: str, node: Node) -> None:
         self._break_stream(node)
         if node.is_file and node.stored:
-            if node.opens and node.stage is None and len(node.links) == 1:
+            if node.opens and node.stage is None and node.backing_fd < 0 and len(node.links) == 1:
                 # Open descriptors keep working after the last name goes: keep a copy.
                 await self._materialize(node)
             await self.fs.delete_file(self._child_path(directory, name), force=True)
@@ -1127,7 +1174,14 @@ class MountOperations(pyfuse3.Operations):
         self._break_stream(node)
         if target is not None:
             self._break_stream(target)
-        if target is not None and target.is_file and target.opens and target.stage is None and len(target.links) == 1:
+        if (
+            target is not None
+            and target.is_file
+            and target.opens
+            and target.stage is None
+            and target.backing_fd < 0
+            and len(target.links) == 1
+        ):
             await self._materialize(target)  # its open descriptors keep their data
         if node.dirty and node.stage is not None:
             # Publish the staged content under the new name, then drop the old one.
@@ -1215,6 +1269,10 @@ class MountOperations(pyfuse3.Operations):
             info = await self._open(existing, flags)
             return info, self._entry(existing)
         uid, gid = self._owner(directory, ctx)
+        if self.passthrough_granted():
+            created = await self._create_passthrough(directory, text, mode, flags, uid, gid)
+            if created is not None:
+                return created[0], self._entry(created[1])
         node = await self._create_file(directory, text, mode, uid, gid)
         fh = self._open_handle(node, flags)
         info = pyfuse3.FileInfo(fh=fh, keep_cache=True)
@@ -1233,7 +1291,23 @@ class MountOperations(pyfuse3.Operations):
             self._check_writable()
         if not node.is_file:
             raise _fail(errno.ENXIO if node.kind in (stat_module.S_IFIFO, stat_module.S_IFSOCK) else errno.ENODEV)
-        if flags & os.O_TRUNC and accmode != os.O_RDONLY:
+        truncate = bool(flags & os.O_TRUNC) and accmode != os.O_RDONLY
+        if (
+            not truncate
+            and node.stored
+            and not node.dirty
+            and not node.writers
+            and node.links
+            and time.monotonic() - node.checked_at >= self._ttl
+        ):
+            # Close-to-open: a file opened again is checked against storage (one stat when
+            # its attributes are older than the TTL).
+            await self._check_file(node)
+        if self._passes_through(node):
+            info = self._open_passthrough(node, flags, truncate=truncate)
+            if info is not None:
+                return info
+        if truncate:
             await self._materialize(node, truncate_to=0)
             self._own_stage(node)
             self._break_stream(node)
@@ -1244,16 +1318,6 @@ class MountOperations(pyfuse3.Operations):
             node.dirty = True
             node.write_seq += 1
             node.touch()
-        elif (
-            node.stored
-            and not node.dirty
-            and not node.writers
-            and node.links
-            and time.monotonic() - node.checked_at >= self._ttl
-        ):
-            # Close-to-open: a file opened again is checked against storage (one stat when
-            # its attributes are older than the TTL).
-            await self._check_file(node)
         fh = self._open_handle(node, flags)
         handle = self.handles[fh]
         handle.path = self._safe_path(node)
@@ -1279,12 +1343,176 @@ class MountOperations(pyfuse3.Operations):
         except OSError:
             return -1
 
+    # -- passthrough ------------------------------------------------------------------------
+
+    def passthrough_granted(self) -> bool:
+        """The kernel serves files of this mount from their backing files (asked for at mount
+        time, granted at the kernel's first request)."""
+        if not self._passthrough_on and self.passthrough is not None:
+            self._passthrough_on = self.passthrough.granted()
+        return self._passthrough_on and self.passthrough is not None
+
+    def _passes_through(self, node: Node) -> bool:
+        """Whether the next open of ``node`` is served from its file on disk."""
+        if node.pt_opens:
+            return True  # the kernel requires every open of an inode to pass through while one does
+        if node.opens or not node.is_file or not self.passthrough_granted():
+            return False  # ... and refuses passthrough while it caches other opens of it
+        # One name (storage keeps a copy per hard link) and nothing staged or uploading.
+        return (
+            node.stored
+            and len(node.links) == 1
+            and node.stage is None
+            and not node.dirty
+            and node.stream is None
+        )
+
+    def _attach_backing(self, node: Node, fd: int = -1) -> bool:
+        """Open ``node``'s file on disk (or take ``fd``, opened read-write) and register it
+        with the kernel as the backing file of the inode. False, holding nothing, when that
+        is not possible: the open is then served through the mount as usual."""
+        assert self.passthrough is not None
+        writable = True
+        if fd < 0:
+            writable = not self.read_only
+            try:
+                host = self.fs.local_path(self.path_of(node))  # type: ignore[attr-defined]
+                base = os.O_CLOEXEC | os.O_NOFOLLOW
+                try:
+                    fd = os.open(host, (os.O_RDWR if writable else os.O_RDONLY) | base)
+                except PermissionError:
+                    if not writable:
+                        raise
+                    writable = False  # a file this process may only read: readers pass through
+                    fd = os.open(host, os.O_RDONLY | base)
+            except (OSError, _errors.FilesystemError, pyfuse3.FUSEError):
+                return False
+        try:
+            st = os.fstat(fd)
+            if not stat_module.S_ISREG(st.st_mode):
+                raise OSError(errno.EINVAL, "not a regular file")
+            backing_id = self.passthrough.open_backing(fd)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTTY):
+                # Registering backing files needs CAP_SYS_ADMIN: no use trying again.
+                _log.warning("FUSE passthrough off for this mount: %s", exc.strerror)
+                self.passthrough = None
+            return False
+        node.backing_fd, node.backing_id = fd, backing_id
+        node.backing_mtime = st.st_mtime_ns
+        node.backing_writable = writable
+        node.size = st.st_size
+        return True
+
+    def _sync_backing(self, node: Node) -> None:
+        """Take size and times from the backing file, which the kernel writes unseen."""
+        try:
+            st = os.fstat(node.backing_fd)
+        except OSError:
+            return
+        node.size = st.st_size
+        if st.st_mtime_ns != node.backing_mtime:
+            node.backing_mtime = st.st_mtime_ns
+            node.mtime = st.st_mtime_ns
+            node.ctime = max(node.ctime, st.st_ctime_ns)
+
+    def _open_passthrough(
+        self, node: Node, flags: int, *, truncate: bool
+    ) -> pyfuse3.FileInfo | None:
+        """Open ``node`` in passthrough; None when it cannot be (served the usual way)."""
+        if node.backing_fd < 0 and not self._attach_backing(node):
+            return None
+        writable = flags & os.O_ACCMODE != os.O_RDONLY
+        if writable and not node.backing_writable:
+            raise _fail(errno.EACCES)
+        if truncate:
+            os.ftruncate(node.backing_fd, 0)
+            self._sync_backing(node)
+            node.touch()
+        assert self._backing_lib is not None
+        fh = self._open_handle(node, flags)
+        try:
+            self._backing_lib.attach(fh, node.backing_id)
+        except OSError:
+            # Thousands of opens waiting for their replies: refuse this one.
+            self.handles.pop(fh)
+            node.opens -= 1
+            node.writers -= writable
+            if not node.pt_opens:
+                self._backing_lib.close_backing(node.backing_id)
+                os.close(node.backing_fd)
+                node.backing_fd, node.backing_id = -1, 0
+            raise _fail(errno.EMFILE) from None
+        handle = self.handles[fh]
+        handle.passthrough = True
+        handle.path = self._safe_path(node)
+        node.pt_opens += 1
+        if writable:
+            node.pt_writers += 1
+            node.pt_wrote = True
+        return pyfuse3.FileInfo(fh=fh, keep_cache=False)
+
+    async def _create_passthrough(
+        self, directory: Node, name: str, mode: int, flags: int, uid: int, gid: int
+    ) -> tuple[pyfuse3.FileInfo, Node] | None:
+        """Create a file directly on disk and open it in passthrough; None when the usual
+        staged create must serve it."""
+        try:
+            host = self.fs.local_path(self._child_path(directory, name))  # type: ignore[attr-defined]
+            fd = os.open(
+                host, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+            )
+        except (OSError, _errors.FilesystemError, pyfuse3.FUSEError):
+            return None
+        with contextlib.suppress(OSError):
+            os.fchmod(fd, mode & 0o777)
+        node = self._new_node(_S_IFREG, mode, uid=uid, gid=gid, stored=True)
+        self._add_link(directory, name, node)
+        directory.touch()
+        info = (
+            self._open_passthrough(node, flags, truncate=False)
+            if self._attach_backing(node, fd)
+            else None
+        )
+        if info is None:
+            info = await self._open(node, flags & ~os.O_TRUNC)  # on disk, empty: opened as usual
+        return info, node
+
+    async def _release_backing(self, node: Node) -> None:
+        """The last passthrough handle of ``node`` closed: give its backing file back."""
+        wrote = node.pt_wrote
+        if wrote:
+            self._sync_backing(node)
+        if self._backing_lib is not None:
+            self._backing_lib.close_backing(node.backing_id)
+        os.close(node.backing_fd)
+        node.backing_fd, node.backing_id, node.pt_wrote = -1, 0, False
+        if not wrote:
+            return
+        # Storage changed in place: the next look at it adopts its new version tag, and pages
+        # the kernel still holds from opens before are dropped at the next open.
+        node.etag = None
+        node.checked_at = time.monotonic()
+        node.kernel_version = -1
+
+    async def _copy_to_other_names(self, node: Node) -> None:
+        """A file linked while open for writing: storage keeps a copy under each name, so
+        the others follow what the kernel wrote into the first (at each close)."""
+        first = self.path_of(node)
+        for parent, name in node.links[1:]:
+            await self.fs.copy_file(first, self._child_path(parent, name))
+
     @_fuse_errors
     async def read(self, fh: int, off: int, size: int) -> bytes:
         handle = self.handles.get(fh)
         if handle is None:
             raise _fail(errno.EBADF)
         node = handle.node
+        if handle.passthrough:
+            # The kernel reads the backing file itself; a request here is served from it too.
+            through: bytes = os.pread(node.backing_fd, size, off)
+            return through
         if node.stage is not None:
             data: bytes = os.pread(node.stage_fd, size, off)
             return data
@@ -1431,6 +1659,8 @@ class MountOperations(pyfuse3.Operations):
             raise _fail(errno.EBADF)
         self._check_writable()
         node = handle.node
+        if handle.passthrough:
+            return os.pwrite(node.backing_fd, buf, node.size if handle.append else off)
         await self._materialize(node)
         self._own_stage(node)
         if handle.append and not self.enable_writeback_cache:
@@ -1461,6 +1691,8 @@ class MountOperations(pyfuse3.Operations):
         handle = self.handles.get(fh)
         if handle is None:
             raise _fail(errno.EBADF)
+        if handle.passthrough and handle.writable and len(handle.node.links) > 1:
+            await self._copy_to_other_names(handle.node)
         if handle.node.dirty:
             await self.commit(handle.node)
 
@@ -1470,6 +1702,13 @@ class MountOperations(pyfuse3.Operations):
         if handle is None:
             raise _fail(errno.EBADF)
         node = handle.node
+        if node.backing_fd >= 0:
+            fd = os.dup(node.backing_fd)  # the file itself, written by the kernel
+            try:
+                await trio.to_thread.run_sync(os.fdatasync if datasync else os.fsync, fd)
+            finally:
+                os.close(fd)
+            return
         if node.dirty:
             await self.commit(node)
         if node.stage is not None and os.fstat(node.stage_fd).st_nlink > 1:
@@ -1487,6 +1726,19 @@ class MountOperations(pyfuse3.Operations):
         if handle is None:
             return
         node = handle.node
+        if handle.passthrough:
+            if self._backing_lib is not None:
+                self._backing_lib.detach(fh)  # when the open was never answered
+            node.opens -= 1
+            node.pt_opens -= 1
+            if handle.writable:
+                node.writers -= 1
+                node.pt_writers -= 1
+            if not node.pt_opens:
+                await self._release_backing(node)
+            if not node.opens and not node.links and not node.lookups:
+                self.inodes.pop(node.ino, None)
+            return
         self._drop_parts(handle, keep_from=None)
         self._drop_windows(handle)
         if handle.fd >= 0:

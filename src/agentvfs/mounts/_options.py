@@ -62,6 +62,11 @@ class MountOptions:
         holds written data until the file is closed (no upload can stream while it is being
         written), may send pages out of order, and on local disk the page cache would hold
         every byte twice. Worth it for workloads of many tiny writes to remote storage.
+        The kernel allows no passthrough with it.
+    passthrough : bool
+        On a local-directory filesystem, let the kernel read and write open files directly
+        on disk (FUSE passthrough) where this installation and the kernel support it (see
+        ``docs/mount-semantics.md``): reads and writes then cost what they cost on the disk.
     read_ahead_kb : int
         Kernel read-ahead of the mount, set through sysfs when permitted (0 keeps the kernel's).
     max_background : int
@@ -90,6 +95,7 @@ class MountOptions:
     dir_mode: int = 0o755
     allow_other: bool = True
     writeback_cache: bool = False
+    passthrough: bool = True
     read_ahead_kb: int = 1024
     max_background: int = 64
     max_tasks: int = 64

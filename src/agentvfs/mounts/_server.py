@@ -10,6 +10,7 @@ import logging
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import threading
 from collections.abc import AsyncIterator, Mapping
@@ -23,6 +24,7 @@ import trio
 
 from ..errors import MountError
 from ..vfs._base import WorkspaceFilesystem
+from . import _passthrough
 from ._ops import MountOperations, notify_kernel
 from ._options import MountOptions
 
@@ -162,7 +164,7 @@ def _syncfs(path: str) -> None:
 
 
 def _stop_unmount_helper(mountpoint: str) -> None:
-    """End the ``fusermount3 --auto-unmount`` helper libfuse left for ``mountpoint``.
+    """End the ``fusermount3`` auto-unmount helper libfuse left for ``mountpoint``.
 
     It waits for this process to die (then unmounts), so after a clean unmount it would live
     on for every mount this process ever made; and were the path mounted again by someone
@@ -183,11 +185,33 @@ def _stop_unmount_helper(mountpoint: str) -> None:
                 args = f.read().split(b"\0")
         except (OSError, IndexError):
             continue
-        if b"fusermount" in args[0] and any(b"auto_unmount" in a for a in args) and os.fsencode(mountpoint) in args:
+        # "-o auto_unmount" up to libfuse 3.16, "--auto-unmount" from 3.17
+        auto_unmount = any(b"auto_unmount" in a or a == b"--auto-unmount" for a in args)
+        if b"fusermount" in args[0] and auto_unmount and os.fsencode(mountpoint) in args:
             with contextlib.suppress(OSError):
                 # It ignores SIGTERM; the mount it guards is gone already.
                 os.kill(int(pid), signal.SIGKILL)
                 os.waitpid(int(pid), 0)
+    _close_unmount_socket()
+
+
+def _close_unmount_socket() -> None:
+    """Close this process's end of the auto-unmount helper's socket (libfuse >= 3.17).
+
+    libfuse names it in ``_FUSE_COMMFD2`` of the C environment and never closes it: one
+    descriptor per mount for the life of the process otherwise. Closed only once the helper
+    is gone (closing it tells a live helper to unmount).
+    """
+    libc = ctypes.CDLL(None)
+    libc.getenv.restype = ctypes.c_char_p
+    value = libc.getenv(b"_FUSE_COMMFD2")
+    if not value:
+        return
+    libc.unsetenv(b"_FUSE_COMMFD2")
+    with contextlib.suppress(ValueError, OSError):
+        fd = int(value)
+        if stat.S_ISSOCK(os.fstat(fd).st_mode):
+            os.close(fd)
 
 
 class Mount:
@@ -307,6 +331,9 @@ class Mount:
             flags.add("ro")
         if self.options.debug:
             flags.add("debug")
+        if _passthrough.LIBRARY is not None:
+            # Asked for (or not) at the kernel's first request, which this session answers.
+            _passthrough.LIBRARY.request(ops.passthrough is not None)
         pyfuse3.init(ops, self.mountpoint, flags)
         try:
             self._token = trio.lowlevel.current_trio_token()

@@ -1,0 +1,213 @@
+/*
+ * FUSE passthrough for agentvfs mounts (Linux >= 6.9, libfuse >= 3.16).
+ *
+ * With passthrough, the kernel serves reads and writes of an open file from a
+ * "backing" file the server names at open time: the bytes never travel through
+ * /dev/fuse and the server, and the backing file's own page cache is used.
+ *
+ * pyfuse3 has no API for it, so this small library sits between pyfuse3 and
+ * libfuse. Loaded with RTLD_GLOBAL before pyfuse3 is imported, its definitions
+ * of three libfuse functions are the ones pyfuse3 binds to:
+ *
+ * - fuse_session_new_versioned: wraps the init callback, to ask the kernel for
+ *   passthrough (when the Python side asked for it) and to record whether the
+ *   kernel granted it;
+ * - fuse_session_mount: records the session's /dev/fuse descriptor, which the
+ *   backing-file ioctls go through;
+ * - fuse_reply_open and fuse_reply_create: add the backing id the Python side
+ *   registered for the handle (agentvfs_pt_attach) to the reply.
+ *
+ * Every other call goes to libfuse unchanged. Nothing here allocates per
+ * request; the pending-handle table is tiny because a handle is attached just
+ * before its open is answered.
+ */
+#define _GNU_SOURCE
+#define FUSE_USE_VERSION 317
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <fuse_lowlevel.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/ioctl.h>
+
+#define PENDING_SLOTS 64
+
+/* The kernel's ABI (include/uapi/linux/fuse.h since Linux 6.9); older system headers lack it. */
+struct backing_map {
+    int32_t fd;
+    uint32_t flags;
+    uint64_t padding;
+};
+#define BACKING_OPEN _IOW(229, 1, struct backing_map)
+#define BACKING_CLOSE _IOW(229, 2, uint32_t)
+
+typedef struct fuse_session *(*session_new_fn)(struct fuse_args *, const struct fuse_lowlevel_ops *, size_t,
+                                               struct libfuse_version *, void *);
+typedef int (*session_mount_fn)(struct fuse_session *, const char *);
+typedef int (*reply_open_fn)(fuse_req_t, const struct fuse_file_info *);
+typedef int (*reply_create_fn)(fuse_req_t, const struct fuse_entry_param *, const struct fuse_file_info *);
+typedef void (*init_fn)(void *, struct fuse_conn_info *);
+
+static int requested;          /* ask the kernel for passthrough at init */
+static int granted;            /* the kernel agreed */
+static int session_fd = -1;    /* /dev/fuse of the mounted session */
+static init_fn inner_init;     /* pyfuse3's init callback */
+static struct fuse_lowlevel_ops wrapped_ops;
+
+static pthread_mutex_t pending_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+    uint64_t fh;
+    int32_t backing_id; /* 0: free slot */
+} pending[PENDING_SLOTS];
+
+static void *next_symbol(const char *name)
+{
+    return dlsym(RTLD_NEXT, name);
+}
+
+static void init_wrapper(void *userdata, struct fuse_conn_info *conn)
+{
+    if (inner_init != NULL)
+        inner_init(userdata, conn);
+    granted = 0;
+    if (!requested || !(conn->capable & FUSE_CAP_PASSTHROUGH))
+        return;
+    /* The kernel turns passthrough off when the writeback cache is on. */
+    if (conn->want & FUSE_CAP_WRITEBACK_CACHE)
+        return;
+    conn->want |= FUSE_CAP_PASSTHROUGH;
+    /* Backing files may live on a plain filesystem only, not on a stacked one. */
+    conn->max_backing_stack_depth = 1;
+    granted = 1;
+}
+
+struct fuse_session *fuse_session_new_versioned(struct fuse_args *args, const struct fuse_lowlevel_ops *op,
+                                                size_t op_size, struct libfuse_version *version, void *userdata)
+{
+    session_new_fn real = (session_new_fn)next_symbol("fuse_session_new_versioned");
+    if (real == NULL) {
+        errno = ENOSYS;
+        return NULL;
+    }
+    if (op_size > sizeof(wrapped_ops))
+        return real(args, op, op_size, version, userdata);
+    memset(&wrapped_ops, 0, sizeof(wrapped_ops));
+    memcpy(&wrapped_ops, op, op_size);
+    inner_init = wrapped_ops.init;
+    wrapped_ops.init = init_wrapper;
+    granted = 0;
+    session_fd = -1;
+    return real(args, &wrapped_ops, op_size, version, userdata);
+}
+
+int fuse_session_mount(struct fuse_session *se, const char *mountpoint)
+{
+    session_mount_fn real = (session_mount_fn)next_symbol("fuse_session_mount");
+    if (real == NULL)
+        return -1;
+    int rc = real(se, mountpoint);
+    session_fd = rc == 0 ? fuse_session_fd(se) : -1;
+    return rc;
+}
+
+/* The backing id registered for fh, removed from the table; 0 when none. */
+static int32_t take_pending(uint64_t fh)
+{
+    int32_t id = 0;
+    pthread_mutex_lock(&pending_lock);
+    for (int i = 0; i < PENDING_SLOTS; i++) {
+        if (pending[i].backing_id != 0 && pending[i].fh == fh) {
+            id = pending[i].backing_id;
+            pending[i].backing_id = 0;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&pending_lock);
+    return id;
+}
+
+int fuse_reply_open(fuse_req_t req, const struct fuse_file_info *fi)
+{
+    reply_open_fn real = (reply_open_fn)next_symbol("fuse_reply_open");
+    int32_t id = take_pending(fi->fh);
+    if (id <= 0)
+        return real(req, fi);
+    struct fuse_file_info copy = *fi;
+    copy.backing_id = id;
+    copy.keep_cache = 0; /* no page cache of ours is involved */
+    return real(req, &copy);
+}
+
+int fuse_reply_create(fuse_req_t req, const struct fuse_entry_param *e, const struct fuse_file_info *fi)
+{
+    reply_create_fn real = (reply_create_fn)next_symbol("fuse_reply_create");
+    int32_t id = take_pending(fi->fh);
+    if (id <= 0)
+        return real(req, e, fi);
+    struct fuse_file_info copy = *fi;
+    copy.backing_id = id;
+    copy.keep_cache = 0;
+    return real(req, e, &copy);
+}
+
+/* -- called from Python (ctypes) ------------------------------------------------------ */
+
+int agentvfs_pt_version(void)
+{
+    return 1;
+}
+
+void agentvfs_pt_request(int on)
+{
+    requested = on != 0;
+}
+
+int agentvfs_pt_granted(void)
+{
+    return granted && session_fd >= 0;
+}
+
+/* A backing id for the open descriptor fd, or -errno. */
+int agentvfs_pt_open_backing(int fd)
+{
+    if (!granted || session_fd < 0)
+        return -EOPNOTSUPP;
+    struct backing_map map;
+    memset(&map, 0, sizeof(map));
+    map.fd = fd;
+    int id = ioctl(session_fd, BACKING_OPEN, &map);
+    return id > 0 ? id : -errno;
+}
+
+int agentvfs_pt_close_backing(int backing_id)
+{
+    if (session_fd < 0)
+        return -EBADF;
+    uint32_t id = (uint32_t)backing_id;
+    return ioctl(session_fd, BACKING_CLOSE, &id) == 0 ? 0 : -errno;
+}
+
+/* Answer the next open or create of handle fh in passthrough to backing_id. */
+int agentvfs_pt_attach(uint64_t fh, int backing_id)
+{
+    int rc = -ENOSPC;
+    pthread_mutex_lock(&pending_lock);
+    for (int i = 0; i < PENDING_SLOTS; i++) {
+        if (pending[i].backing_id == 0) {
+            pending[i].fh = fh;
+            pending[i].backing_id = backing_id;
+            rc = 0;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&pending_lock);
+    return rc;
+}
+
+/* Forget a registration whose open was never answered (the handler failed after attaching). */
+void agentvfs_pt_detach(uint64_t fh)
+{
+    take_pending(fh);
+}
