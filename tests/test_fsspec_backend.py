@@ -121,6 +121,31 @@ async def test_s3_forced_delete_of_a_listed_file_sends_only_the_delete(moto: Mot
 
 
 @pytest.mark.s3
+async def test_s3_list_stats_feeds_the_write_checks(moto: MotoServer) -> None:
+    """A FUSE mount lists a directory before it deletes in it: that listing is enough."""
+    root = f"{S3_BUCKET}/{unique('ls')}"
+    writer = FsspecFilesystem(moto.s3fs(), root=root)
+    await writer.write_file("d/a.txt", "a")
+    await writer.mkdir("d/sub")
+    raw = moto.s3fs(use_listings_cache=False)
+    fs = FsspecFilesystem(raw, root=root, listing_ttl=60)  # knows nothing of d yet
+    assert [st.name for st in await fs.list_stats("d")] == ["a.txt", "sub"]
+    calls: list[str] = []
+    call_s3 = raw._call_s3
+
+    async def counting(method: str, *args: Any, **kwargs: Any) -> Any:
+        calls.append(method)
+        return await call_s3(method, *args, **kwargs)
+
+    raw._call_s3 = counting
+    await fs.delete_file("d/a.txt", force=True)
+    assert calls == ["delete_object"]
+    with pytest.raises(IsDirectory):
+        await fs.delete_file("d/sub", force=True)
+    assert not await fs.exists("d/a.txt")
+
+
+@pytest.mark.s3
 async def test_s3_write_onto_directory_made_elsewhere(moto: MotoServer) -> None:
     # A bucket of its own: moto's listing time grows with the bucket, and the listing is
     # trusted for ten times what it cost.

@@ -1,5 +1,5 @@
 /*
- * FUSE passthrough for agentvfs mounts (Linux >= 6.9, libfuse >= 3.16).
+ * FUSE passthrough for agentvfs mounts (Linux >= 6.9, libfuse >= 3.17).
  *
  * With passthrough, the kernel serves reads and writes of an open file from a
  * "backing" file the server names at open time: the bytes never travel through
@@ -7,7 +7,7 @@
  *
  * pyfuse3 has no API for it, so this small library sits between pyfuse3 and
  * libfuse. Loaded with RTLD_GLOBAL before pyfuse3 is imported, its definitions
- * of three libfuse functions are the ones pyfuse3 binds to:
+ * of four libfuse functions are the ones pyfuse3 binds to:
  *
  * - fuse_session_new_versioned: wraps the init callback, to ask the kernel for
  *   passthrough (when the Python side asked for it) and to record whether the

@@ -2,7 +2,7 @@
 
 A mount of a local directory otherwise carries every byte through ``/dev/fuse``, pyfuse3 and
 this process (four copies per write), and re-reads come from the FUSE page cache, not the
-one of the filesystem underneath. With passthrough (Linux >= 6.9, libfuse >= 3.16) the
+one of the filesystem underneath. With passthrough (Linux >= 6.9, libfuse >= 3.17) the
 server names the file on disk at open time and the kernel does the rest.
 
 pyfuse3 has no API for it. ``scripts/setup.sh`` builds libfuse 3.17 into the venv, pyfuse3

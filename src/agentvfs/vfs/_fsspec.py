@@ -625,7 +625,13 @@ class FsspecFilesystem(WorkspaceFilesystem):
         return await self._call(self._list_stats_sync, rel, path)
 
     def _list_stats_sync(self, rel: str, display: str) -> list[FileStat]:
+        started = time.monotonic()
         children = self._listed(rel, display)
+        if self._object:
+            # A fresh listing: write checks and forced deletes in this directory (a FUSE mount
+            # lists before it deletes) need no request of their own for a while.
+            kinds = {n: "directory" if i.get("type") == "directory" else "file" for n, i in children.items()}
+            self._keep_listing(rel, kinds, time.monotonic() - started)
         return [
             self._stat_from_info(_paths.join(rel, name) if rel else name, info)
             for name, info in sorted(children.items())
@@ -1226,8 +1232,7 @@ class FsspecFilesystem(WorkspaceFilesystem):
             self._fs.invalidate_cache(self._bpath(rel))
         cost = time.monotonic() - started
         if len(raw) > _LISTING_CACHE_LIMIT:
-            self._listings.put(rel, None, cost)
-            return None
+            return self._keep_listing(rel, {}, cost, too_big=True)
         names: dict[str, str] = {}
         own = self._bpath(rel).rstrip("/")
         for info in raw:
@@ -1237,6 +1242,16 @@ class FsspecFilesystem(WorkspaceFilesystem):
             base = posixpath.basename(full)
             if names.get(base) != "directory":
                 names[base] = "directory" if info.get("type") == "directory" else "file"
+        return self._keep_listing(rel, names, cost)
+
+    def _keep_listing(
+        self, rel: str, names: dict[str, str], cost: float, *, too_big: bool = False
+    ) -> dict[str, str] | None:
+        """Keep the names of ``rel`` for write checks; a directory too large to keep is
+        remembered as such (its writes then check their own name)."""
+        if too_big or len(names) > _LISTING_CACHE_LIMIT:
+            self._listings.put(rel, None, cost)
+            return None
         self._listings.put(rel, names, cost)
         return names
 
