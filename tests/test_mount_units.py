@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import random
+import re
+from pathlib import Path
 
 import pytest
 
+from agentvfs import LocalFilesystem
 from agentvfs.errors import WorkspaceError
-from agentvfs.mounts import MountOptions
-from agentvfs.mounts._ops import _PartLayout
+from agentvfs.mounts import MountOptions, _passthrough
+from agentvfs.mounts._ops import MountOperations, _PartLayout
 from agentvfs.mounts._options import parse_option_strings
+from conftest import memory_harness
 
 MiB = 1024 * 1024
 
@@ -94,3 +98,27 @@ def test_directory_nlink_follows_its_subdirectories_through_every_change() -> No
     assert root.nlink == 2
     with pytest.raises(KeyError):
         listed.pop("nothing")
+
+
+def test_libfuse_version_and_passthrough_state_are_reported() -> None:
+    assert re.fullmatch(r"3\.\d+\.\d+", _passthrough.libfuse_version())
+    reason = _passthrough.unavailable_reason()
+    # Either usable, or a sentence naming what is missing.
+    assert (reason is None) == (_passthrough.LIBRARY is not None)
+    assert reason is None or len(reason) > 10
+
+
+def test_passthrough_is_asked_only_for_local_disk_without_writeback(tmp_path: Path) -> None:
+    local = LocalFilesystem(base_path=str(tmp_path))
+    cases = [
+        (local, MountOptions(), _passthrough.LIBRARY),
+        (local, MountOptions(passthrough=False), None),
+        (local, MountOptions(writeback_cache=True), None),  # the kernel allows one of the two
+        (memory_harness().fs, MountOptions(), None),  # no file on disk to pass through to
+    ]
+    for fs, options, expected in cases:
+        ops = MountOperations(fs, options, read_only=False)
+        try:
+            assert ops.passthrough is expected
+        finally:
+            ops.close_staging()

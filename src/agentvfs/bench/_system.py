@@ -33,6 +33,21 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
+def _libfuse() -> str:
+    from ..mounts import _passthrough
+
+    return _passthrough.libfuse_version() or "unknown"
+
+
+def _passthrough_state() -> str:
+    from ..mounts import _passthrough
+
+    reason = _passthrough.unavailable_reason()
+    if reason is None and os.geteuid() != 0:
+        reason = "needs root"
+    return "available (local-directory mounts)" if reason is None else f"off: {reason}"
+
+
 def _first_line(argv: list[str]) -> str:
     """First output line of a version command, or "not installed"."""
     if shutil.which(argv[0]) is None:
@@ -84,7 +99,8 @@ def machine_description(extra: dict[str, str] | None = None) -> dict[str, str]:
         "python": f"{platform.python_implementation()} {platform.python_version()}",
         "agentvfs": _version("agentvfs") + (f" at {head}" if head else ""),
         "pyfuse3": _version("pyfuse3"),
-        "libfuse3 (fusermount3)": _first_line(["fusermount3", "-V"]),
+        "libfuse3 (pyfuse3)": _libfuse(),
+        "FUSE passthrough": _passthrough_state(),
         "fsspec": _version("fsspec"),
         "s3fs": _version("s3fs"),
         "gcsfs": _version("gcsfs"),

@@ -14,6 +14,7 @@ and mounts work as before.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib.util
 import logging
@@ -21,7 +22,7 @@ import os
 import sys
 from pathlib import Path
 
-__all__ = ["LIBRARY", "Passthrough", "unavailable_reason"]
+__all__ = ["LIBRARY", "Passthrough", "libfuse_version", "unavailable_reason"]
 
 _log = logging.getLogger("agentvfs.mounts")
 
@@ -126,6 +127,19 @@ def _load() -> tuple[Passthrough | None, str]:
 
 
 LIBRARY, _REASON = _load()
+
+
+def libfuse_version() -> str:
+    """The version of the libfuse pyfuse3 runs on in this process (``""`` when unknown)."""
+    import pyfuse3  # noqa: F401  # loads libfuse
+
+    with contextlib.suppress(OSError, AttributeError), open("/proc/self/maps", encoding="utf-8") as f:
+        paths = {line.split()[-1] for line in f if "libfuse3.so" in line}
+        for path in sorted(paths):
+            version = ctypes.CDLL(path).fuse_pkgversion
+            version.restype = ctypes.c_char_p
+            return str(version().decode())
+    return ""
 
 
 def unavailable_reason() -> str | None:
