@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import mmap
 import os
 import subprocess
 from collections.abc import Iterator
@@ -317,3 +318,23 @@ def test_unmount_gives_back_every_descriptor(disk: Path, mnt: Path) -> None:
             with contextlib.suppress(OSError):
                 os.close(fd)
     assert len(os.listdir("/proc/self/fd")) <= before
+
+
+def test_mmap_of_the_process_own_mount(disk: Path, mnt: Path) -> None:
+    """Page faults go to the file on disk, not to this process's FUSE thread: mapping a file
+    of a mount this process serves is safe with passthrough."""
+    (disk / "mapped").write_bytes(b"a" * 8192)
+    handle, _ops, count = _mounted(disk, mnt)
+    try:
+        fd = os.open(mnt / "mapped", os.O_RDWR)
+        try:
+            with mmap.mmap(fd, 8192) as view:
+                view[0:5] = b"HELLO"
+                view.flush()
+                assert view[8000:8003] == b"aaa"
+        finally:
+            os.close(fd)
+        assert (disk / "mapped").read_bytes()[:6] == b"HELLOa"
+        assert count.reads == count.writes == 0
+    finally:
+        handle.close()

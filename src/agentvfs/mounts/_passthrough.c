@@ -18,8 +18,9 @@
  *   registered for the handle (agentvfs_pt_attach) to the reply.
  *
  * Every other call goes to libfuse unchanged. Nothing here allocates per
- * request; the pending-handle table is tiny because a handle is attached just
- * before its open is answered.
+ * request; a handle stays in the pending table only between its attach and its
+ * open reply, so it holds at most one entry per request served at once
+ * (max_tasks), far below its size.
  */
 #define _GNU_SOURCE
 #define FUSE_USE_VERSION 317
@@ -32,7 +33,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 
-#define PENDING_SLOTS 64
+#define PENDING_SLOTS 1024
 
 /* The kernel's ABI (include/uapi/linux/fuse.h since Linux 6.9); older system headers lack it. */
 struct backing_map {
