@@ -127,9 +127,14 @@ def test_every_kind_of_write_lands_on_disk(disk: Path, mnt: Path) -> None:
         finally:
             os.close(fd)
         assert (disk / "f.txt").read_bytes() == b"0123XY67"
-        os.truncate(f, 3)  # by path, with no file open
+        inode = (disk / "f.txt").stat().st_ino
+        os.truncate(f, 3)  # by path, with no file open: on disk, in place (no staged copy)
         assert f.stat().st_size == 3
         assert (disk / "f.txt").read_bytes() == b"012"
+        assert (disk / "f.txt").stat().st_ino == inode
+        os.truncate(f, 5)  # up: zeros
+        assert f.read_bytes() == b"012\0\0"
+        os.truncate(f, 3)
         with open(f, "wb") as out:  # O_TRUNC
             out.write(b"new")
         assert (disk / "f.txt").read_bytes() == b"new"

@@ -831,14 +831,20 @@ class MountOperations(pyfuse3.Operations):
             if not node.is_file:
                 raise _fail(errno.EINVAL)
             size = attr.st_size
-            if node.backing_fd >= 0:
-                # Passed through: the file on disk is the file.
-                if not node.backing_writable:
-                    raise _fail(errno.EACCES)
-                os.ftruncate(node.backing_fd, size)
-                self._sync_backing(node)
-                node.touch()
-                node.pt_wrote = True
+            held = node.backing_fd >= 0
+            if held or (self._passes_through(node) and self._attach_backing(node)):
+                # Passed through (open, or a truncate(2) of a file nobody has open): the
+                # file on disk is the file.
+                try:
+                    if not node.backing_writable:
+                        raise _fail(errno.EACCES)
+                    os.ftruncate(node.backing_fd, size)
+                    self._sync_backing(node)
+                    node.touch()
+                    node.pt_wrote = True
+                finally:
+                    if not held:
+                        await self._release_backing(node)
                 resize = False
         if resize:
             size = attr.st_size
