@@ -342,3 +342,16 @@ def test_mmap_of_the_process_own_mount(disk: Path, mnt: Path) -> None:
         assert count.reads == count.writes == 0
     finally:
         handle.close()
+
+
+def test_free_space_is_the_disk_s(disk: Path, mnt: Path) -> None:
+    """Writes in place are bounded by the disk, not by the staging budget."""
+    handle, _ops, _count = _mounted(disk, mnt, staging_limit=1024 * 1024)
+    try:
+        seen, real = os.statvfs(mnt), os.statvfs(disk)
+        seen_free, real_free = seen.f_bavail * seen.f_frsize, real.f_bavail * real.f_frsize
+        assert abs(seen_free - real_free) <= max(real_free // 100, 64 * 1024 * 1024)
+        if real_free > 2 * 1024 * 1024:
+            assert seen_free > 1024 * 1024  # not the 1 MiB budget
+    finally:
+        handle.close()

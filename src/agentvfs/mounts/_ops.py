@@ -943,9 +943,11 @@ class MountOperations(pyfuse3.Operations):
         out.f_bsize = 4096
         out.f_frsize = 4096
         # Storage has no fixed size: report the staging budget still free as the free space,
-        # since that is what bounds a write through the mount.
-        free = max(0, self.options.staging_limit - self.staged_bytes)
-        free = min(free, local.f_bavail * local.f_frsize)
+        # since that is what bounds a write through the mount; with passthrough, writes go to
+        # the disk holding the files (the staging area sits on it), and its free space does.
+        free = local.f_bavail * local.f_frsize
+        if not self.passthrough_granted():
+            free = min(free, max(0, self.options.staging_limit - self.staged_bytes))
         out.f_blocks = max(free, 1 << 40) // 4096
         out.f_bfree = free // 4096
         out.f_bavail = free // 4096
