@@ -355,3 +355,31 @@ def test_free_space_is_the_disk_s(disk: Path, mnt: Path) -> None:
             assert seen_free > 1024 * 1024  # not the 1 MiB budget
     finally:
         handle.close()
+
+
+def test_unlink_acts_on_disk_without_the_filesystem_object(
+    disk: Path, mnt: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As create does: no hop through the filesystem object's worker threads."""
+    for name in ("a", "b"):
+        (disk / name).write_bytes(b"x")
+    handle, ops, _count = _mounted(disk, mnt)
+    try:
+        calls: list[str] = []
+        delete = ops.fs.delete_file
+
+        async def counted(path: str, *, force: bool = False) -> None:
+            calls.append(path)
+            await delete(path, force=force)
+
+        monkeypatch.setattr(ops.fs, "delete_file", counted)
+        os.unlink(mnt / "a")
+        assert not (disk / "a").exists() and not (mnt / "a").exists()
+        assert calls == []
+        (disk / "b").unlink()  # gone behind the mount's back: unlink still succeeds
+        os.unlink(mnt / "b")
+        with pytest.raises(FileNotFoundError):
+            os.unlink(mnt / "b")
+        assert sorted(os.listdir(mnt)) == []
+    finally:
+        handle.close()

@@ -1080,7 +1080,9 @@ class MountOperations(pyfuse3.Operations):
             if node.opens and node.stage is None and node.backing_fd < 0 and len(node.links) == 1:
                 # Open descriptors keep working after the last name goes: keep a copy.
                 await self._materialize(node)
-            await self.fs.delete_file(self._child_path(directory, name), force=True)
+            path = self._child_path(directory, name)
+            if not self._unlink_on_disk(path):
+                await self.fs.delete_file(path, force=True)
         assert directory.children is not None
         directory.children.pop(name, None)
         self._drop_link(node, directory, name)
@@ -1503,6 +1505,20 @@ class MountOperations(pyfuse3.Operations):
         node.etag = None
         node.checked_at = time.monotonic()
         node.kernel_version = -1
+
+    def _unlink_on_disk(self, path: str) -> bool:
+        """With passthrough, remove a file's name on disk right here, as ``create`` makes it:
+        a call through the filesystem object costs a hop to a worker thread, most of what an
+        unlink took. False when the filesystem object must do it (errors are its to tell)."""
+        if not self.passthrough_granted():
+            return False
+        try:
+            os.unlink(self.fs.local_path(path))  # type: ignore[attr-defined]
+        except FileNotFoundError:
+            return True  # gone already: a forced delete succeeds
+        except (OSError, _errors.FilesystemError, pyfuse3.FUSEError):
+            return False
+        return True
 
     async def _copy_to_other_names(self, node: Node) -> None:
         """A file linked while open for writing: storage keeps a copy under each name, so
