@@ -15,7 +15,8 @@ apt_packages=(fuse3 libfuse3-dev pkg-config bubblewrap gcc g++ python3-venv pyth
 peer_packages=(rclone s3fs fio libfuse2)
 s3rver_version=3.7.1
 # FUSE passthrough (the kernel serves reads and writes of files on local-directory mounts from the
-# files themselves) needs libfuse >= 3.16; Debian 12 ships 3.14. This release's source is Debian's.
+# files themselves) needs libfuse >= 3.16, and our passthrough library >= 3.17; Debian 12 ships
+# 3.14. This release's source is Debian's.
 libfuse_version=3.17.2
 libfuse_sha256=3d932431ad94e86179e5265cddde1d67aa3bb2fb09a5bd35c641f86f2b5ed06f
 libfuse_url="http://deb.debian.org/debian/pool/main/f/fuse3/fuse3_${libfuse_version}.orig.tar.gz"

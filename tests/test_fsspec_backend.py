@@ -92,14 +92,8 @@ async def test_s3_markers_keep_directories(moto: MotoServer) -> None:
     assert keys() == ["d/", "empty/"]
 
 
-@pytest.mark.s3
-async def test_s3_forced_delete_of_a_listed_file_sends_only_the_delete(moto: MotoServer) -> None:
-    root = f"{S3_BUCKET}/{unique('fd')}"
-    raw = moto.s3fs(use_listings_cache=False)
-    fs = FsspecFilesystem(raw, root=root, listing_ttl=60)
-    await fs.write_file("d/a.txt", "a")
-    await fs.write_file("d/b.txt", "b")  # the write checks keep the listing of d
-    await fs.mkdir("d/sub")
+def _count_s3_calls(raw: Any) -> list[str]:
+    """The S3 methods ``raw`` (s3fs) calls from now on, in order."""
     calls: list[str] = []
     call_s3 = raw._call_s3
 
@@ -108,6 +102,18 @@ async def test_s3_forced_delete_of_a_listed_file_sends_only_the_delete(moto: Mot
         return await call_s3(method, *args, **kwargs)
 
     raw._call_s3 = counting
+    return calls
+
+
+@pytest.mark.s3
+async def test_s3_forced_delete_of_a_listed_file_sends_only_the_delete(moto: MotoServer) -> None:
+    root = f"{S3_BUCKET}/{unique('fd')}"
+    raw = moto.s3fs(use_listings_cache=False)
+    fs = FsspecFilesystem(raw, root=root, listing_ttl=60)
+    await fs.write_file("d/a.txt", "a")
+    await fs.write_file("d/b.txt", "b")  # the write checks keep the listing of d
+    await fs.mkdir("d/sub")
+    calls = _count_s3_calls(raw)
     await fs.delete_file("d/a.txt", force=True)
     assert calls == ["delete_object"]
     # Without force, or for what the listing shows as a directory, the check stays.
@@ -130,14 +136,7 @@ async def test_s3_list_stats_feeds_the_write_checks(moto: MotoServer) -> None:
     raw = moto.s3fs(use_listings_cache=False)
     fs = FsspecFilesystem(raw, root=root, listing_ttl=60)  # knows nothing of d yet
     assert [st.name for st in await fs.list_stats("d")] == ["a.txt", "sub"]
-    calls: list[str] = []
-    call_s3 = raw._call_s3
-
-    async def counting(method: str, *args: Any, **kwargs: Any) -> Any:
-        calls.append(method)
-        return await call_s3(method, *args, **kwargs)
-
-    raw._call_s3 = counting
+    calls = _count_s3_calls(raw)
     await fs.delete_file("d/a.txt", force=True)
     assert calls == ["delete_object"]
     with pytest.raises(IsDirectory):

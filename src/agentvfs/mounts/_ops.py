@@ -783,16 +783,20 @@ class MountOperations(pyfuse3.Operations):
     @_fuse_errors
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         node = self._node(inode)
-        if (
-            node.is_file
-            and node.stored
-            and not node.dirty
-            and not node.writers
-            and node.links
-            and time.monotonic() - node.checked_at >= self._ttl
-        ):
+        if node.is_file and self._stale(node):
             await self._check_file(node)
         return self.attrs(node)
+
+    def _stale(self, node: Node) -> bool:
+        """A clean stored file whose attributes are older than the TTL: storage may hold
+        another version now."""
+        return (
+            node.stored
+            and not node.dirty
+            and not node.writers
+            and bool(node.links)
+            and time.monotonic() - node.checked_at >= self._ttl
+        )
 
     async def _check_file(self, node: Node) -> None:
         """One ``stat`` when a file's attributes are older than the TTL: another writer may
@@ -844,7 +848,7 @@ class MountOperations(pyfuse3.Operations):
                     node.pt_wrote = True
                 finally:
                     if not held:
-                        await self._release_backing(node)
+                        self._release_backing(node)
                 resize = False
         if resize:
             size = attr.st_size
@@ -1302,14 +1306,7 @@ class MountOperations(pyfuse3.Operations):
         if not node.is_file:
             raise _fail(errno.ENXIO if node.kind in (stat_module.S_IFIFO, stat_module.S_IFSOCK) else errno.ENODEV)
         truncate = bool(flags & os.O_TRUNC) and accmode != os.O_RDONLY
-        if (
-            not truncate
-            and node.stored
-            and not node.dirty
-            and not node.writers
-            and node.links
-            and time.monotonic() - node.checked_at >= self._ttl
-        ):
+        if not truncate and self._stale(node):
             # Close-to-open: a file opened again is checked against storage (one stat when
             # its attributes are older than the TTL).
             await self._check_file(node)
@@ -1450,9 +1447,8 @@ class MountOperations(pyfuse3.Operations):
             node.opens -= 1
             node.writers -= writable
             if not node.pt_opens:
-                self._backing_lib.close_backing(node.backing_id)
-                os.close(node.backing_fd)
-                node.backing_fd, node.backing_id = -1, 0
+                node.pt_wrote = node.pt_wrote or truncate
+                self._release_backing(node)
             raise _fail(errno.EMFILE) from None
         handle = self.handles[fh]
         handle.passthrough = True
@@ -1489,7 +1485,7 @@ class MountOperations(pyfuse3.Operations):
             info = await self._open(node, flags & ~os.O_TRUNC)  # on disk, empty: opened as usual
         return info, node
 
-    async def _release_backing(self, node: Node) -> None:
+    def _release_backing(self, node: Node) -> None:
         """The last passthrough handle of ``node`` closed: give its backing file back."""
         wrote = node.pt_wrote
         if wrote:
@@ -1759,7 +1755,7 @@ class MountOperations(pyfuse3.Operations):
                 node.writers -= 1
                 node.pt_writers -= 1
             if not node.pt_opens:
-                await self._release_backing(node)
+                self._release_backing(node)
             if not node.opens and not node.links and not node.lookups:
                 self.inodes.pop(node.ino, None)
             return

@@ -1232,7 +1232,7 @@ class FsspecFilesystem(WorkspaceFilesystem):
             self._fs.invalidate_cache(self._bpath(rel))
         cost = time.monotonic() - started
         if len(raw) > _LISTING_CACHE_LIMIT:
-            return self._keep_listing(rel, {}, cost, too_big=True)
+            return self._keep_listing(rel, None, cost)
         names: dict[str, str] = {}
         own = self._bpath(rel).rstrip("/")
         for info in raw:
@@ -1244,12 +1244,10 @@ class FsspecFilesystem(WorkspaceFilesystem):
                 names[base] = "directory" if info.get("type") == "directory" else "file"
         return self._keep_listing(rel, names, cost)
 
-    def _keep_listing(
-        self, rel: str, names: dict[str, str], cost: float, *, too_big: bool = False
-    ) -> dict[str, str] | None:
-        """Keep the names of ``rel`` for write checks; a directory too large to keep is
-        remembered as such (its writes then check their own name)."""
-        if too_big or len(names) > _LISTING_CACHE_LIMIT:
+    def _keep_listing(self, rel: str, names: dict[str, str] | None, cost: float) -> dict[str, str] | None:
+        """Keep the names of ``rel`` for write checks; a directory too large to keep (``names``
+        None, or more than the limit) is remembered as such (its writes then check their own name)."""
+        if names is None or len(names) > _LISTING_CACHE_LIMIT:
             self._listings.put(rel, None, cost)
             return None
         self._listings.put(rel, names, cost)
