@@ -45,6 +45,7 @@ from ._base import (
 )
 from ._grep import compile_pattern, grep_lines
 from ._mime import get_mime_type, is_text_file
+from ._ranged import SignedRangeReader, signed_range_reader
 from ._records import Capabilities, FileEntry, FileStat, FileType, GrepFileResult
 
 __all__ = ["FsspecFilesystem"]
@@ -338,6 +339,8 @@ class FsspecFilesystem(WorkspaceFilesystem):
         self._versions: OrderedDict[str, tuple[int, str]] = OrderedDict()
         self._versions_lock = threading.Lock()
         self._real_root = os.path.realpath(self._root_path) if self._local else ""
+        #: Ranged reads through signed URLs where the store signs them (``_ranged``).
+        self._ranged: SignedRangeReader | None = signed_range_reader(fs) if self._object else None
 
     # -- plumbing ----------------------------------------------------------------------------
 
@@ -1575,7 +1578,24 @@ class FsspecFilesystem(WorkspaceFilesystem):
         rel = self._rel(path)
         if start >= end:
             return b""
-        return await self._call(self._read_sync, rel, path, start, end)
+        return await self._call(self._read_range_sync, rel, path, start, end)
+
+    def _read_range_sync(self, rel: str, display: str, start: int, end: int) -> bytes:
+        if self._ranged is not None and rel:
+            data = self._ranged.read(self._bpath(rel), start, end)
+            if data is not None:
+                return data
+        try:
+            return self._read_sync(rel, display, start, end)
+        except FilesystemError as exc:
+            # Object stores refuse a range that starts past the end (HTTP 416); a file read
+            # there has nothing left, as a local file has.
+            if type(exc) is not FilesystemError:
+                raise
+            info = self._info(rel)
+            if info is None or info.get("type") != "file" or start < int(info.get("size") or 0):
+                raise
+            return b""
 
     async def read_many(self, paths: Sequence[str]) -> dict[str, bytes | OSError]:
         """Read many files in concurrent batches (on object stores one GET each, no HEAD).

@@ -1,0 +1,291 @@
+"""Ranged reads of object-store files over plain HTTP, through signed URLs.
+
+fsspec's object stores read through aiohttp on fsspec's one event-loop thread: every ranged
+read of every worker thread hands its bytes through that thread in small flow-control steps
+and joins them at the end, which on a two-core machine costs as much CPU as the server
+sending them. A signed URL is a plain HTTP resource: a blocking ``http.client`` connection
+in the calling worker thread reads the response straight into one ``bytes`` object (one copy
+out of the socket) with the GIL released while it waits.
+
+Only what can be mirrored exactly takes this way: a store whose fsspec filesystem signs URLs
+(s3fs's ``url``), without request settings that a URL cannot carry (requester pays, extra
+request arguments, proxies). Any answer but the range asked for, and any transport error,
+returns ``None`` and the caller reads through fsspec as before: its retries, and the errors it
+translates, stay the source of truth.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import re
+import ssl
+import sys
+import threading
+import time
+import urllib.parse
+import urllib.request
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["SignedRangeReader", "signed_range_reader"]
+
+#: Lifetime asked for each signed URL; one is reused for half of it.
+_EXPIRES = 3600
+#: Signed URLs kept (one per file read recently).
+_URL_CACHE = 4096
+#: Idle connections kept per reader (a mount runs up to 16 fetches at once).
+_IDLE_CONNECTIONS = 32
+#: After this many transport failures in a row the reader rests for _REST seconds.
+_FAILURES_BEFORE_REST = 3
+_REST = 30.0
+_CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
+
+#: ``sign(backend_path) -> (url, headers)``: where to GET a file, and the headers that
+#: authorise it.
+Signer = Callable[[str], tuple[str, dict[str, str]]]
+
+
+class SignedRangeReader:
+    """Ranged GETs of signed URLs on a pool of blocking HTTP connections to one endpoint.
+
+    Parameters
+    ----------
+    sign : callable
+        ``sign(backend_path) -> (url, headers)``: a URL and the headers that authorise a GET
+        of it (none for a signed URL, a bearer token for a store that takes one).
+    reuse : float
+        Seconds one answer of ``sign`` for a path is used again (0: ask each time).
+    timeout : float
+        Seconds for a connection or a read to make progress.
+    ssl_context : ssl.SSLContext, optional
+        For ``https`` URLs.
+    """
+
+    def __init__(
+        self, sign: Signer, *, reuse: float = 0.0, timeout: float = 60.0, ssl_context: ssl.SSLContext | None = None
+    ) -> None:
+        self._sign = sign
+        self._reuse = reuse
+        self._timeout = timeout
+        self._ssl = ssl_context
+        self._lock = threading.Lock()
+        self._urls: OrderedDict[str, tuple[tuple[str, dict[str, str]], float]] = OrderedDict()
+        self._idle: dict[tuple[str, str, int], list[http.client.HTTPConnection]] = {}
+        self._failures = 0
+        self._resting_until = 0.0
+
+    def read(self, path: str, start: int, end: int) -> bytes | None:
+        """Bytes ``start`` to ``end`` (exclusive) of ``path``, fewer at the end of the file;
+        ``None`` when this way cannot tell (the caller then reads through fsspec)."""
+        if end <= start or time.monotonic() < self._resting_until:
+            return None
+        for fresh_url in (False, True):
+            try:
+                url, auth = self._url(path, fresh_url)
+            except Exception:
+                return None  # signing failed: fsspec will tell why
+            try:
+                return self._get(url, auth, start, end)
+            except _Refused:
+                continue  # signed again, once
+        return None
+
+    def close(self) -> None:
+        """Close the idle connections."""
+        with self._lock:
+            idle, self._idle = self._idle, {}
+        for conns in idle.values():
+            for conn in conns:
+                conn.close()
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _url(self, path: str, fresh: bool) -> tuple[str, dict[str, str]]:
+        if self._reuse <= 0:
+            return self._sign(path)
+        now = time.monotonic()
+        with self._lock:
+            cached = self._urls.get(path)
+            if cached is not None and not fresh and cached[1] > now:
+                self._urls.move_to_end(path)
+                return cached[0]
+        url = self._sign(path)
+        with self._lock:
+            self._urls[path] = (url, now + self._reuse)
+            self._urls.move_to_end(path)
+            while len(self._urls) > _URL_CACHE:
+                self._urls.popitem(last=False)
+        return url
+
+    def _get(self, url: str, auth: dict[str, str], start: int, end: int) -> bytes | None:
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            return None
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        origin = (parts.scheme, parts.hostname, port)
+        target = parts.path + (f"?{parts.query}" if parts.query else "")
+        headers = {**auth, "Range": f"bytes={start}-{end - 1}", "Accept-Encoding": "identity"}
+        # A pooled connection the server closed meanwhile fails at once; one fresh try then.
+        for attempt in range(2):
+            conn, reused = self._connection(origin)
+            try:
+                conn.request("GET", target, headers=headers)
+                response = conn.getresponse()
+                data, clean = self._body(response, start, end)
+            except _Refused:
+                conn.close()
+                raise
+            except (OSError, http.client.HTTPException):
+                conn.close()
+                if reused and attempt == 0:
+                    continue
+                self._failed()
+                return None
+            if clean and not response.will_close:
+                self._release(origin, conn)
+            else:
+                conn.close()
+            self._failures = 0
+            return data
+        return None  # pragma: no cover - the loop returns
+
+    @staticmethod
+    def _body(response: http.client.HTTPResponse, start: int, end: int) -> tuple[bytes | None, bool]:
+        """What the response gives, and whether it was read to its end (the connection
+        can carry the next request).
+
+        Raises
+        ------
+        _Refused
+            On 401 and 403: the URL or token may have expired (or the credentials behind it
+            rotated), so it is worth signing again once.
+        """
+        status = response.status
+        length = response.length
+        if status == 206 and length is not None:
+            match = _CONTENT_RANGE.fullmatch((response.getheader("Content-Range") or "").strip())
+            # Fewer bytes than asked for at the end of the file; anything else is not the range
+            # asked for, and fsspec reads it.
+            if match is not None and int(match[1]) == start and int(match[2]) - start + 1 == length <= end - start:
+                data = response.read(length)
+                if len(data) != length:
+                    raise http.client.IncompleteRead(data, length - len(data))
+                return data, True
+        if status != 206 and length is not None and length <= 64 * 1024:
+            response.read()  # a small error body, drained so the connection can be kept
+            clean = True
+        else:
+            clean = False
+        if status in (401, 403):
+            raise _Refused(status)
+        return None, clean
+
+    def _connection(self, origin: tuple[str, str, int]) -> tuple[http.client.HTTPConnection, bool]:
+        with self._lock:
+            idle = self._idle.get(origin)
+            if idle:
+                return idle.pop(), True
+        scheme, host, port = origin
+        conn: http.client.HTTPConnection
+        if scheme == "https":
+            conn = http.client.HTTPSConnection(host, port, timeout=self._timeout, context=self._ssl)
+        else:
+            conn = http.client.HTTPConnection(host, port, timeout=self._timeout)
+        return conn, False
+
+    def _release(self, origin: tuple[str, str, int], conn: http.client.HTTPConnection) -> None:
+        with self._lock:
+            idle = self._idle.setdefault(origin, [])
+            if len(idle) < _IDLE_CONNECTIONS:
+                idle.append(conn)
+                return
+        conn.close()
+
+    def _failed(self) -> None:
+        self._failures += 1
+        if self._failures >= _FAILURES_BEFORE_REST:
+            self._failures = 0
+            self._resting_until = time.monotonic() + _REST
+
+
+class _Refused(Exception):
+    """The server refused the URL or its headers (401, 403)."""
+
+
+def signed_range_reader(fs: Any) -> SignedRangeReader | None:
+    """A :class:`SignedRangeReader` for the fsspec filesystem ``fs``, or None where its reads
+    must go through fsspec (not a store that signs URLs, or settings a URL cannot carry)."""
+    made = _s3_signer(fs) or _gcs_signer(fs)
+    if made is None:
+        return None
+    sign, reuse, endpoint, verify, timeout = made
+    if _proxied(endpoint):
+        return None
+    try:
+        if verify is False:
+            context = ssl.create_default_context()
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        elif isinstance(verify, str):
+            context = ssl.create_default_context(cafile=verify)
+        else:
+            import certifi  # what botocore and aiohttp's users verify against
+
+            context = ssl.create_default_context(cafile=certifi.where())
+    except (OSError, ssl.SSLError, ImportError):
+        return None
+    return SignedRangeReader(sign, reuse=reuse, timeout=timeout, ssl_context=context)
+
+
+_Made = tuple[Signer, float, str, Any, float]
+
+
+def _s3_signer(fs: Any) -> _Made | None:
+    """s3fs: presigned URLs, each used for half its life."""
+    s3fs = sys.modules.get("s3fs")  # not imported: ``fs`` cannot be one of its filesystems
+    if s3fs is None or not isinstance(fs, s3fs.S3FileSystem) or type(fs).url is not s3fs.S3FileSystem.url:
+        return None
+    if fs.s3_additional_kwargs or fs.req_kw:
+        return None  # SSE-C keys, requester pays ...: headers a plain GET would not send
+    client_kwargs = dict(fs.client_kwargs or {})
+    config = dict(fs.config_kwargs or {})
+    if config.get("proxies"):
+        return None
+    endpoint = fs.endpoint_url or client_kwargs.get("endpoint_url") or "https://s3.amazonaws.com"
+    verify = client_kwargs.get("verify", os.environ.get("AWS_CA_BUNDLE") or None)
+
+    def sign(path: str) -> tuple[str, dict[str, str]]:
+        url: str = fs.url(path, expires=_EXPIRES)
+        return url, {}
+
+    return sign, _EXPIRES / 2, endpoint, verify, float(config.get("read_timeout") or 60.0)
+
+
+def _gcs_signer(fs: Any) -> _Made | None:
+    """gcsfs: the object's media URL with the filesystem's own bearer token (refreshed by its
+    credentials object as it expires), asked for at each read."""
+    gcsfs = sys.modules.get("gcsfs")
+    if gcsfs is None or not isinstance(fs, gcsfs.GCSFileSystem) or type(fs).url is not gcsfs.GCSFileSystem.url:
+        return None
+    if fs.requester_pays or getattr(fs, "session_kwargs", None) or getattr(fs, "_use_client_cert", False):
+        return None  # a billed project, a custom session or a client certificate
+    location = fs._location
+
+    def sign(path: str) -> tuple[str, dict[str, str]]:
+        headers: dict[str, str] = {}
+        fs.credentials.apply(headers)
+        url: str = fs.url(path)
+        return url, headers
+
+    return sign, 0.0, location, None, 60.0
+
+
+def _proxied(url: str) -> bool:
+    """True when the environment routes requests to ``url`` through a proxy."""
+    parts = urllib.parse.urlsplit(url)
+    proxies = urllib.request.getproxies()
+    if parts.scheme not in proxies:
+        return False
+    return not urllib.request.proxy_bypass(parts.hostname or "")

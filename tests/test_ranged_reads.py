@@ -1,0 +1,264 @@
+"""Ranged reads through signed URLs (``agentvfs.vfs._ranged``): on the S3 and GCS emulators
+through ``FsspecFilesystem.read_range``, and against a scripted HTTP server for every answer
+that must send the read back to fsspec."""
+
+from __future__ import annotations
+
+import http.server
+import os
+import re
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from fsspec.implementations.memory import MemoryFileSystem
+
+from agentvfs import FileNotFound, FsspecFilesystem, IsDirectory
+from agentvfs.testing import FakeGcsServer, MotoServer
+from agentvfs.vfs._ranged import SignedRangeReader, signed_range_reader
+from conftest import GCS_BUCKET, S3_BUCKET, unique
+from test_fsspec_backend import _count_s3_calls
+
+pytestmark = pytest.mark.anyio
+
+DATA = bytes(range(256)) * 4096  # 1 MiB, every offset distinguishable
+
+
+def _check_ranges(read: Callable[[int, int], bytes]) -> None:
+    size = len(DATA)
+    for start, end in [(0, 1), (0, 4096), (12345, 678901), (size - 10, size), (size - 10, size + 500), (0, size)]:
+        assert read(start, end) == DATA[start:end], (start, end)
+
+
+@pytest.mark.s3
+async def test_s3_ranges_go_through_signed_urls(moto: MotoServer) -> None:
+    raw = moto.s3fs(use_listings_cache=False)
+    fs = FsspecFilesystem(raw, root=f"{S3_BUCKET}/{unique('rr')}")
+    await fs.write_file("d/big.bin", DATA)
+    await fs.mkdir("d/sub")
+    assert fs._ranged is not None
+    calls = _count_s3_calls(raw)
+    pieces: dict[tuple[int, int], bytes] = {}
+    for start, end in [(0, 1), (0, 4096), (12345, 678901), (len(DATA) - 10, len(DATA)), (len(DATA) - 10, len(DATA) + 500)]:
+        pieces[(start, end)] = await fs.read_range("d/big.bin", start, end)
+    assert calls == []  # not one request through s3fs: each range was one plain GET
+    assert all(data == DATA[start:end] for (start, end), data in pieces.items())
+    # What the signed URL cannot answer goes through s3fs, with its errors.
+    assert await fs.read_range("d/big.bin", len(DATA) + 1, len(DATA) + 10) == b""
+    with pytest.raises(FileNotFound):
+        await fs.read_range("d/missing.bin", 0, 10)
+    with pytest.raises(IsDirectory):
+        await fs.read_range("d/sub", 0, 10)
+    assert "get_object" in calls or "head_object" in calls
+    # Names that URLs must escape.
+    for name in ("d/a b+c%20ü?x#y.bin", "d/~!$&'()*,;=@.bin"):
+        await fs.write_file(name, name.encode())
+        calls.clear()
+        assert await fs.read_range(name, 2, 9) == name.encode()[2:9]
+        assert calls == []
+    # A file replaced reads as the new bytes at once (the URL names the key, not a version).
+    await fs.write_file("d/big.bin", b"replaced")
+    assert await fs.read_range("d/big.bin", 0, 100) == b"replaced"
+
+
+@pytest.mark.s3
+def test_s3_settings_a_url_cannot_carry_keep_reads_in_s3fs(moto: MotoServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert signed_range_reader(moto.s3fs()) is not None
+    assert signed_range_reader(moto.s3fs(requester_pays=True)) is None
+    assert signed_range_reader(moto.s3fs(s3_additional_kwargs={"SSECustomerAlgorithm": "AES256"})) is None
+    assert signed_range_reader(moto.s3fs(config_kwargs={"proxies": {"http": "http://127.0.0.1:9"}})) is None
+    assert signed_range_reader(MemoryFileSystem(skip_instance_cache=True)) is None
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")
+    monkeypatch.setenv("NO_PROXY", "")
+    monkeypatch.delenv("no_proxy", raising=False)
+    assert signed_range_reader(moto.s3fs()) is None  # the proxy would be bypassed
+
+
+@pytest.mark.gcs
+async def test_gcs_ranges_go_through_the_media_url(fake_gcs: FakeGcsServer) -> None:
+    raw = fake_gcs.gcsfs()
+    fs = FsspecFilesystem(raw, root=f"{GCS_BUCKET}/{unique('rr')}")
+    data = DATA[: 512 * 1024]  # a larger body makes aiohttp warn on the upload
+    await fs.write_file("big.bin", data)
+    assert fs._ranged is not None
+    fetched: list[str] = []
+    original = raw.cat_file
+
+    def counting(path: str, *args: Any, **kwargs: Any) -> Any:
+        fetched.append(path)
+        return original(path, *args, **kwargs)
+
+    raw.cat_file = counting
+    for start, end in [(0, 1), (12345, 478901), (len(data) - 10, len(data) + 500)]:
+        assert await fs.read_range("big.bin", start, end) == data[start:end]
+    weird = "a b+c%20ü?x#y.bin"
+    await fs.write_file(weird, weird.encode())
+    assert await fs.read_range(weird, 2, 9) == weird.encode()[2:9]
+    assert fetched == []
+    assert await fs.read_range("big.bin", len(data), len(data) + 10) == b""  # nothing left there
+    with pytest.raises(FileNotFound):
+        await fs.read_range("missing.bin", 0, 10)
+
+
+# -- a scripted server for the answers a real store rarely gives ---------------------------
+
+
+class _Script:
+    """What the server does with each request, and what it saw."""
+
+    def __init__(self) -> None:
+        self.mode = "ok"
+        self.paths: list[str] = []
+        self.headers: list[dict[str, str]] = []
+        self.connections: set[tuple[str, int]] = set()
+        self.refuse_first = 0
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    script: _Script
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        script = self.script
+        script.paths.append(self.path)
+        script.headers.append(dict(self.headers))
+        script.connections.add(self.client_address)
+        if script.refuse_first > 0:
+            script.refuse_first -= 1
+            self._send(403, b"expired", {})
+            return
+        match = re.fullmatch(r"bytes=(\d+)-(\d+)", self.headers.get("Range", ""))
+        assert match is not None
+        start, last = int(match[1]), min(int(match[2]), len(DATA) - 1)
+        body = DATA[start : last + 1]
+        mode = script.mode
+        if mode == "whole":  # a server that ignores Range
+            self._send(200, DATA, {})
+        elif mode == "wrong-range":
+            self._send(206, body, {"Content-Range": f"bytes {start + 1}-{last + 1}/{len(DATA)}"})
+        elif mode == "short":  # promises more than it sends, then hangs up
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {start}-{last}/{len(DATA)}")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body[: len(body) // 2])
+            self.close_connection = True
+        elif mode == "close-after":  # answers, then closes the kept-alive connection
+            self._send(206, body, {"Content-Range": f"bytes {start}-{last}/{len(DATA)}"})
+            self.close_connection = True
+        elif mode == "missing":
+            self._send(404, b"<Error>NoSuchKey</Error>", {})
+        else:
+            self._send(206, body, {"Content-Range": f"bytes {start}-{last}/{len(DATA)}"})
+
+    def _send(self, status: int, body: bytes, headers: dict[str, str]) -> None:
+        self.send_response(status)
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@pytest.fixture
+def scripted() -> Iterator[tuple[_Script, str]]:
+    script = _Script()
+    handler = type("Handler", (_Handler,), {"script": script})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield script, f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _reader(base: str, signed: list[str] | None = None, **kwargs: Any) -> SignedRangeReader:
+    def sign(path: str) -> tuple[str, dict[str, str]]:
+        if signed is not None:
+            signed.append(path)
+        return f"{base}/{path}?sig={len(signed or [])}", {"Authorization": "Bearer t"}
+
+    return SignedRangeReader(sign, timeout=5.0, **kwargs)
+
+
+def test_ranges_and_kept_alive_connections(scripted: tuple[_Script, str]) -> None:
+    script, base = scripted
+    signed: list[str] = []
+    reader = _reader(base, signed, reuse=60.0)
+    _check_ranges(lambda start, end: reader.read("obj", start, end) or b"")
+    assert len(script.connections) == 1  # one connection carried every request
+    assert signed == ["obj"]  # one signature, reused
+    assert all(h["Authorization"] == "Bearer t" for h in script.headers)
+    assert reader.read("obj", 10, 10) is None and len(script.paths) == 6  # nothing to ask
+    reader.close()
+
+
+def test_a_connection_the_server_closed_is_replaced(scripted: tuple[_Script, str]) -> None:
+    script, base = scripted
+    reader = _reader(base)
+    script.mode = "close-after"
+    for start in (0, 100, 200):
+        assert reader.read("obj", start, start + 50) == DATA[start : start + 50]
+    assert len(script.connections) == 3
+
+
+@pytest.mark.parametrize("mode", ["whole", "wrong-range", "short", "missing"])
+def test_answers_other_than_the_range_go_back_to_fsspec(scripted: tuple[_Script, str], mode: str) -> None:
+    script, base = scripted
+    reader = _reader(base)
+    script.mode = mode
+    assert reader.read("obj", 10, 20) is None
+    script.mode = "ok"
+    assert reader.read("obj", 10, 20) == DATA[10:20]  # the reader is still usable
+
+
+def test_a_refused_url_is_signed_again_once(scripted: tuple[_Script, str]) -> None:
+    script, base = scripted
+    signed: list[str] = []
+    reader = _reader(base, signed, reuse=60.0)
+    assert reader.read("obj", 0, 10) == DATA[:10]
+    script.refuse_first = 1  # the cached URL has expired
+    assert reader.read("obj", 0, 10) == DATA[:10]
+    assert signed == ["obj", "obj"] and script.paths[-1].endswith("sig=2")
+    script.refuse_first = 2  # refused however signed: fsspec says why
+    assert reader.read("obj", 0, 10) is None
+    assert len(signed) == 3  # the cached URL refused, then the new one
+
+
+def test_a_failing_signer_goes_back_to_fsspec() -> None:
+    def sign(path: str) -> tuple[str, dict[str, str]]:
+        raise RuntimeError("no credentials")
+
+    assert SignedRangeReader(sign).read("obj", 0, 10) is None
+    # A URL that is not plain HTTP is not read here either.
+    assert SignedRangeReader(lambda p: ("ftp://127.0.0.1/x", {})).read("obj", 0, 10) is None
+
+
+def test_an_unreachable_endpoint_rests_the_reader() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    signed: list[str] = []
+    reader = _reader(f"http://127.0.0.1:{port}", signed)
+    for _ in range(3):
+        assert reader.read("obj", 0, 10) is None
+    assert len(signed) == 3
+    assert reader.read("obj", 0, 10) is None
+    assert len(signed) == 3  # resting: not even signed, straight to fsspec
+
+
+def test_https_uses_the_configured_trust(moto: MotoServer, tmp_path: Any) -> None:
+    # An https endpoint gets a verifying context; a CA bundle that does not exist means the
+    # reads stay with s3fs rather than verifying against the wrong roots.
+    raw = moto.s3fs(client_kwargs={"verify": os.fspath(tmp_path / "missing.pem")})
+    assert signed_range_reader(raw) is None
+    reader = signed_range_reader(moto.s3fs(client_kwargs={"verify": False}))
+    assert reader is not None and reader._ssl is not None and not reader._ssl.check_hostname
