@@ -25,7 +25,9 @@ and ``fsspec.fuse`` (fusepy, in its own process) — is mounted afresh for every
 a cold single-pass read of the big object (never read through that mount, caches dropped), a
 write of a new object of the same size (timed until ``close`` returns, and until the object
 is visible in the bucket with the right size: rclone uploads after close), and ``ls -l`` of
-the small-object prefix (cold, then warm).
+the small-object prefix (cold, then warm). Rounds interleave: each round runs the direct
+clients, then every mount layer, so that a drift of the machine's speed over minutes touches
+all of them alike.
 
 Every mount runs in a separate process so that the reading process here does not share a GIL
 with a Python FUSE server. Every read and write is checked afterwards (untimed: SHA-256 of
@@ -795,7 +797,7 @@ def bench_s3(h: Harness, cfg: Config, results: Results, s3rver: str, skipped: li
             raise OSError(f"listed {n} objects")
         return dt
 
-    for i in range(cfg.repeat_big):
+    def direct_round(i: int) -> None:
         log(f"s3: direct clients, round {i + 1}/{cfg.repeat_big}")
         for layer, fn in ((DIRECT_BOTO, get_single), (DIRECT_RANGED, get_ranged), (DIRECT_S3FS, s3fs_cat)):
             drop_caches()
@@ -808,13 +810,68 @@ def bench_s3(h: Harness, cfg: Config, results: Results, s3rver: str, skipped: li
                 series(results, layer, "write").errors.append("object differs from the data written")
             with contextlib.suppress(Exception):
                 client.delete_object(Bucket=BUCKET, Key=key)
-    for i in range(cfg.repeat_small):
+
+    def direct_listing_round(i: int) -> None:
         log(f"s3: direct listings, round {i + 1}/{cfg.repeat_small}")
         drop_caches()
         record(series(results, DIRECT_BOTO, "ls_cold"), list_boto, "list_objects_v2")
         record(series(results, DIRECT_S3FS, "ls_cold"), list_s3fs, "s3fs ls")
 
-    # -- mounts -------------------------------------------------------------------------------
+    def layer_round(mount_layer: Layer, i: int) -> None:
+        name = mount_layer.name
+        if name in h.broken:
+            return
+        log(f"s3: {name}: read/write round {i + 1}/{cfg.repeat_big}")
+        try:
+            with h.mounted(mount_layer) as m:
+                drop_caches()
+                path = os.path.join(m.mountpoint, "big.bin")
+                with watchdog(m, limit_io, "cold read"):
+                    ok = record(series(results, name, "cold_read"), functools.partial(timed_read, path, cfg.s3_size),
+                                f"{name} cold read")
+                if ok:
+                    with watchdog(m, limit_io, "verify read"):
+                        if sha256_file(path) != big_sha:
+                            series(results, name, "cold_read").errors.append("content read differs from the object")
+                            log(f"  ERROR {name}: content read differs from the object")
+            with h.mounted(mount_layer) as m:
+                key = f"w-{name}-{i}.bin"
+                path = os.path.join(m.mountpoint, key)
+                os.sync()
+                t0 = time.perf_counter()
+                with watchdog(m, limit_io, "write"):
+                    ok = record(series(results, name, "write"),
+                                functools.partial(timed_write, path, block, count, fsync=False), f"{name} write")
+                visible = functools.partial(wait_visible, client, key, cfg.s3_size, t0)
+                if (ok and record(series(results, name, "write_visible"), visible, f"{name} upload")
+                        and object_sha256(client, key) != write_sha):
+                    series(results, name, "write").errors.append("object differs from the data written")
+                    log(f"  ERROR {name}: object differs from the data written")
+        except MountFailed as exc:
+            series(results, name, "cold_read").errors.append(str(exc))
+            log(f"  ERROR {name} mount: {exc}")
+        finally:
+            # Unmounted by now; remove what the mount wrote (it may have flushed late).
+            with contextlib.suppress(Exception):
+                client.delete_object(Bucket=BUCKET, Key=f"w-{name}-{i}.bin")
+
+    def layer_listing_round(mount_layer: Layer, i: int) -> None:
+        name = mount_layer.name
+        if name in h.broken:
+            return
+        log(f"s3: {name}: listing round {i + 1}/{cfg.repeat_small}")
+        try:
+            with h.mounted(mount_layer) as m:
+                drop_caches()
+                d = os.path.join(m.mountpoint, "small")
+                for op in ("ls_cold", "ls_warm"):
+                    if not record(series(results, name, op), functools.partial(timed_ls, d, cfg.s3_entries, limit_ls),
+                                  f"{name} {op}"):
+                        break
+        except MountFailed as exc:
+            series(results, name, "ls_cold").errors.append(str(exc))
+            log(f"  ERROR {name} mount: {exc}")
+
     layers: list[Layer] = []
     made: Layer | str
     for made in (
@@ -828,59 +885,16 @@ def bench_s3(h: Harness, cfg: Config, results: Results, s3rver: str, skipped: li
             layers.append(made)
             h.hows[f"s3 {made.name}"] = made.how
 
-    for mount_layer in layers:
-        name = mount_layer.name
-        for i in range(cfg.repeat_big):
-            if name in h.broken:
-                break
-            log(f"s3: {name}: read/write round {i + 1}/{cfg.repeat_big}")
-            try:
-                with h.mounted(mount_layer) as m:
-                    drop_caches()
-                    path = os.path.join(m.mountpoint, "big.bin")
-                    with watchdog(m, limit_io, "cold read"):
-                        ok = record(series(results, name, "cold_read"), functools.partial(timed_read, path, cfg.s3_size),
-                                    f"{name} cold read")
-                    if ok:
-                        with watchdog(m, limit_io, "verify read"):
-                            if sha256_file(path) != big_sha:
-                                series(results, name, "cold_read").errors.append("content read differs from the object")
-                                log(f"  ERROR {name}: content read differs from the object")
-                with h.mounted(mount_layer) as m:
-                    key = f"w-{name}-{i}.bin"
-                    path = os.path.join(m.mountpoint, key)
-                    os.sync()
-                    t0 = time.perf_counter()
-                    with watchdog(m, limit_io, "write"):
-                        ok = record(series(results, name, "write"),
-                                    functools.partial(timed_write, path, block, count, fsync=False), f"{name} write")
-                    visible = functools.partial(wait_visible, client, key, cfg.s3_size, t0)
-                    if (ok and record(series(results, name, "write_visible"), visible, f"{name} upload")
-                            and object_sha256(client, key) != write_sha):
-                        series(results, name, "write").errors.append("object differs from the data written")
-                        log(f"  ERROR {name}: object differs from the data written")
-            except MountFailed as exc:
-                series(results, name, "cold_read").errors.append(str(exc))
-                log(f"  ERROR {name} mount: {exc}")
-            finally:
-                # Unmounted by now; remove what the mount wrote (it may have flushed late).
-                with contextlib.suppress(Exception):
-                    client.delete_object(Bucket=BUCKET, Key=f"w-{name}-{i}.bin")
-        for i in range(cfg.repeat_small):
-            if name in h.broken:
-                break
-            log(f"s3: {name}: listing round {i + 1}/{cfg.repeat_small}")
-            try:
-                with h.mounted(mount_layer) as m:
-                    drop_caches()
-                    d = os.path.join(m.mountpoint, "small")
-                    for op in ("ls_cold", "ls_warm"):
-                        if not record(series(results, name, op), functools.partial(timed_ls, d, cfg.s3_entries, limit_ls),
-                                      f"{name} {op}"):
-                            break
-            except MountFailed as exc:
-                series(results, name, "ls_cold").errors.append(str(exc))
-                log(f"  ERROR {name} mount: {exc}")
+    # Rounds interleave the direct clients and every mount layer: this VM's speed drifts over
+    # minutes, and a ratio is only fair between figures taken side by side.
+    for i in range(cfg.repeat_big):
+        direct_round(i)
+        for mount_layer in layers:
+            layer_round(mount_layer, i)
+    for i in range(cfg.repeat_small):
+        direct_listing_round(i)
+        for mount_layer in layers:
+            layer_listing_round(mount_layer, i)
 
 
 def s3_table(cfg: Config, results: Results) -> str:

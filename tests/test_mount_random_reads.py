@@ -1,4 +1,5 @@
-"""Random reads of a remote file: aligned windows fetched once, kept per handle, within budget."""
+"""Reads of a remote file through the mount: random reads in aligned windows fetched once, kept
+per handle, within budget; sequential reads in parts whose buffers are reused."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from _mounted import wait_until
 from agentvfs import FsspecFilesystem
 from agentvfs.mounts import Mount, _ops, fuse_available
-from agentvfs.vfs._base import read_range
+from agentvfs.vfs._base import read_range, read_range_into
 
 MiB = 1 << 20
 FUSE = fuse_available()
@@ -108,3 +109,78 @@ def test_zero_window_reads_exact_ranges(tmp_path: Path, data: tuple[FsspecFilesy
             assert calls == [(off, off + 4096)]
         finally:
             os.close(fd)
+
+
+# -- sequential reads: parts, and the buffers they land in --------------------------------
+
+
+@pytest.fixture
+def parts(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int, int]]:
+    """Every part the mount fetches, as (start, length, id of the buffer it lands in)."""
+    seen: list[tuple[int, int, int]] = []
+    original = read_range_into
+
+    async def counting(fs: Any, path: str, start: int, buffer: memoryview) -> int:
+        seen.append((start, len(buffer), id(buffer.obj)))
+        return await original(fs, path, start, buffer)
+
+    monkeypatch.setattr(_ops, "read_range_into", counting)
+    return seen
+
+
+def test_sequential_parts_reuse_their_buffers(tmp_path: Path, parts: list[tuple[int, int, int]]) -> None:
+    root = f"/seq-parts-{os.getpid()}-{tmp_path.name}"
+    raw = fsspec.filesystem("memory")
+    blob = os.urandom(24 * MiB)
+    raw.pipe_file(f"{root}/big.bin", blob)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    try:
+        options = {"part_size": MiB, "prefetch_parts": 2}
+        with Mount(FsspecFilesystem(f"memory://{root}"), str(mnt), options=options) as m:
+            ops = m.operations
+            assert ops is not None
+            # Two readers of one file at once, at different places, each on its own handle:
+            # a buffer refilled under a reader would show as wrong bytes.
+            with open(mnt / "big.bin", "rb", buffering=0) as a, open(mnt / "big.bin", "rb", buffering=0) as b:
+                b.seek(12 * MiB)
+                got_a, got_b = [], []
+                for _ in range(12):
+                    got_a.append(a.read(MiB))
+                    got_b.append(b.read(MiB))
+                assert b"".join(got_a) == blob[: 12 * MiB]
+                assert b"".join(got_b) == blob[12 * MiB :]
+            # Over 20 parts landed in a handful of buffers: per reader the part read and two
+            # ahead, plus the four kept free (prefetch_parts + 2).
+            assert len(parts) >= 20
+            assert len({buffer for _, _, buffer in parts}) <= 2 * 4 + 4
+            # Nothing being read: no part, and no buffer kept.
+            assert wait_until(lambda: ops.read_cache_used == 0 and not ops._buffers.free)
+    finally:
+        raw.rm(root, recursive=True)
+
+
+def test_a_failed_part_gives_back_its_share_of_the_cache(
+    tmp_path: Path, data: tuple[FsspecFilesystem, bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fs, blob = data
+    original = read_range_into
+    failures = [2 * MiB]  # the part at 2 MiB fails once
+
+    async def flaky(fs: Any, path: str, start: int, buffer: memoryview) -> int:
+        if start in failures:
+            failures.remove(start)
+            raise OSError(5, "storage hiccup")
+        return await original(fs, path, start, buffer)
+
+    monkeypatch.setattr(_ops, "read_range_into", flaky)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    with Mount(fs, str(mnt), options={"part_size": MiB, "prefetch_parts": 1}) as m:
+        ops = m.operations
+        assert ops is not None
+        # The kernel's read-ahead meets the failure; the read the reader waits on asks again,
+        # the part is fetched anew, and the file reads whole.
+        assert (mnt / "big.bin").read_bytes() == blob
+        assert failures == []
+        assert wait_until(lambda: ops.read_cache_used == 0)  # the failed part's share too

@@ -52,6 +52,14 @@ async def test_s3_ranges_go_through_signed_urls(moto: MotoServer) -> None:
     with pytest.raises(IsDirectory):
         await fs.read_range("d/sub", 0, 10)
     assert "get_object" in calls or "head_object" in calls
+    # Straight into a caller's buffer, and fewer bytes at the end of the file.
+    calls.clear()
+    buffer = bytearray(300_000)
+    assert await fs.read_range_into("d/big.bin", 5000, memoryview(buffer)) == 300_000
+    assert buffer == DATA[5000:305_000]
+    assert await fs.read_range_into("d/big.bin", len(DATA) - 7, memoryview(buffer)) == 7
+    assert buffer[:7] == DATA[-7:]
+    assert calls == []
     # Names that URLs must escape.
     for name in ("d/a b+c%20ü?x#y.bin", "d/~!$&'()*,;=@.bin"):
         await fs.write_file(name, name.encode())
@@ -262,3 +270,27 @@ def test_https_uses_the_configured_trust(moto: MotoServer, tmp_path: Any) -> Non
     assert signed_range_reader(raw) is None
     reader = signed_range_reader(moto.s3fs(client_kwargs={"verify": False}))
     assert reader is not None and reader._ssl is not None and not reader._ssl.check_hostname
+
+
+def test_read_into_fills_the_buffer_and_stops_at_the_end(scripted: tuple[_Script, str]) -> None:
+    script, base = scripted
+    reader = _reader(base)
+    buffer = bytearray(b"\xff" * 1000)
+    assert reader.read_into("obj", 777, memoryview(buffer)) == 1000
+    assert buffer == DATA[777:1777]
+    assert reader.read_into("obj", len(DATA) - 10, memoryview(buffer)) == 10
+    assert buffer[:10] == DATA[-10:] and buffer[10:] == DATA[787:1777]  # the rest untouched
+    script.mode = "short"
+    assert reader.read_into("obj", 0, memoryview(buffer)) is None
+
+
+async def test_read_into_without_a_native_way_copies(tmp_path: Any) -> None:
+    # A filesystem without signed URLs (memory) reads the range and copies it in.
+    from agentvfs.vfs._base import read_range_into
+
+    raw = MemoryFileSystem(skip_instance_cache=True)
+    fs = FsspecFilesystem(raw, root=f"/{unique('ri')}")
+    await fs.write_file("f.bin", DATA[:5000])
+    buffer = bytearray(4000)
+    assert await read_range_into(fs, "f.bin", 3000, memoryview(buffer)) == 2000
+    assert buffer[:2000] == DATA[3000:5000]

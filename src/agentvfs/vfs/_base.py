@@ -142,6 +142,16 @@ class SupportsRangedRead(Protocol):
 
 
 @runtime_checkable
+class SupportsReadInto(Protocol):
+    """A filesystem that reads part of a file straight into the caller's buffer."""
+
+    async def read_range_into(self, path: str, start: int, buffer: memoryview) -> int:
+        """Read bytes from ``start`` into ``buffer`` (as many as it holds, fewer at the end
+        of the file) and return how many. On error the buffer may hold part of the range."""
+        ...
+
+
+@runtime_checkable
 class SupportsReadMany(Protocol):
     """A filesystem that fetches many files in concurrent batches (one GET each, no HEAD)."""
 
@@ -168,6 +178,16 @@ async def read_range(fs: WorkspaceFilesystem, path: str, start: int, end: int) -
         return await fs.read_range(path, start, end)
     data = await fs.read_file(path)
     return (data if isinstance(data, bytes) else data.encode())[start:end]
+
+
+async def read_range_into(fs: WorkspaceFilesystem, path: str, start: int, buffer: memoryview) -> int:
+    """Read bytes from ``start`` of a file into ``buffer``: natively where the filesystem can
+    (no buffer of its own), else through :func:`read_range` and a copy."""
+    if isinstance(fs, SupportsReadInto):
+        return await fs.read_range_into(path, start, buffer)
+    data = await read_range(fs, path, start, start + len(buffer))
+    buffer[: len(data)] = data
+    return len(data)
 
 
 class ReadsFiles(Protocol):

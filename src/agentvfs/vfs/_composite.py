@@ -18,6 +18,7 @@ from ._base import (
     new_id,
     read_many,
     read_range,
+    read_range_into,
     walk,
 )
 from ._records import FileEntry, FileStat, GrepFileResult, MountInfo
@@ -327,6 +328,11 @@ class CompositeFilesystem(WorkspaceFilesystem):
         """Read part of a file through the owning mount (whole-file read where it cannot)."""
         _, fs, rest = self._route(path)
         return await read_range(fs, rest, start, end)
+
+    async def read_range_into(self, path: str, start: int, buffer: memoryview) -> int:
+        """Read part of a file into ``buffer`` through the owning mount."""
+        _, fs, rest = self._route(path)
+        return await read_range_into(fs, rest, start, buffer)
 
     async def read_many(self, paths: Sequence[str]) -> dict[str, bytes | OSError]:
         """Read many files, each mount's share in one batch."""

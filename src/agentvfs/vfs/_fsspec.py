@@ -1580,11 +1580,36 @@ class FsspecFilesystem(WorkspaceFilesystem):
             return b""
         return await self._call(self._read_range_sync, rel, path, start, end)
 
+    async def read_range_into(self, path: str, start: int, buffer: memoryview) -> int:
+        """Read bytes from ``start`` into ``buffer``; see :func:`agentvfs.vfs._base.read_range_into`.
+
+        On S3 and GCS the response lands in the buffer straight from the socket: a reader
+        that reuses its buffers touches no fresh memory per range.
+        """
+        if self.status != "ready":
+            await self.ensure_ready()
+        rel = self._rel(path)
+        if not len(buffer):
+            return 0
+        return await self._call(self._read_range_into_sync, rel, path, start, buffer)
+
+    def _read_range_into_sync(self, rel: str, display: str, start: int, buffer: memoryview) -> int:
+        if self._ranged is not None and rel:
+            count = self._ranged.read_into(self._bpath(rel), start, buffer)
+            if count is not None:
+                return count
+        data = self._read_range_fsspec(rel, display, start, start + len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
     def _read_range_sync(self, rel: str, display: str, start: int, end: int) -> bytes:
         if self._ranged is not None and rel:
             data = self._ranged.read(self._bpath(rel), start, end)
             if data is not None:
                 return data
+        return self._read_range_fsspec(rel, display, start, end)
+
+    def _read_range_fsspec(self, rel: str, display: str, start: int, end: int) -> bytes:
         try:
             return self._read_sync(rel, display, start, end)
         except FilesystemError as exc:

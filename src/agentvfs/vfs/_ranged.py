@@ -79,6 +79,19 @@ class SignedRangeReader:
     def read(self, path: str, start: int, end: int) -> bytes | None:
         """Bytes ``start`` to ``end`` (exclusive) of ``path``, fewer at the end of the file;
         ``None`` when this way cannot tell (the caller then reads through fsspec)."""
+        data = self._fetch(path, start, end, None)
+        assert not isinstance(data, int)
+        return data
+
+    def read_into(self, path: str, start: int, buffer: memoryview) -> int | None:
+        """Read bytes from ``start`` of ``path`` into ``buffer`` (as many as it holds, fewer
+        at the end of the file); the count, or ``None`` as :meth:`read`. On ``None`` the
+        buffer may hold part of the range."""
+        count = self._fetch(path, start, start + len(buffer), buffer)
+        assert not isinstance(count, bytes)
+        return count
+
+    def _fetch(self, path: str, start: int, end: int, into: memoryview | None) -> bytes | int | None:
         if end <= start or time.monotonic() < self._resting_until:
             return None
         for fresh_url in (False, True):
@@ -87,7 +100,7 @@ class SignedRangeReader:
             except Exception:
                 return None  # signing failed: fsspec will tell why
             try:
-                return self._get(url, auth, start, end)
+                return self._get(url, auth, start, end, into)
             except _Refused:
                 continue  # signed again, once
         return None
@@ -119,7 +132,9 @@ class SignedRangeReader:
                 self._urls.popitem(last=False)
         return url
 
-    def _get(self, url: str, auth: dict[str, str], start: int, end: int) -> bytes | None:
+    def _get(
+        self, url: str, auth: dict[str, str], start: int, end: int, into: memoryview | None
+    ) -> bytes | int | None:
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             return None
@@ -133,7 +148,7 @@ class SignedRangeReader:
             try:
                 conn.request("GET", target, headers=headers)
                 response = conn.getresponse()
-                data, clean = self._body(response, start, end)
+                data, clean = self._body(response, start, end, into)
             except _Refused:
                 conn.close()
                 raise
@@ -152,9 +167,12 @@ class SignedRangeReader:
         return None  # pragma: no cover - the loop returns
 
     @staticmethod
-    def _body(response: http.client.HTTPResponse, start: int, end: int) -> tuple[bytes | None, bool]:
-        """What the response gives, and whether it was read to its end (the connection
-        can carry the next request).
+    def _body(
+        response: http.client.HTTPResponse, start: int, end: int, into: memoryview | None
+    ) -> tuple[bytes | int | None, bool]:
+        """What the response gives (its bytes, or their count once read ``into`` the
+        buffer), and whether it was read to its end (the connection can carry the next
+        request).
 
         Raises
         ------
@@ -169,6 +187,11 @@ class SignedRangeReader:
             # Fewer bytes than asked for at the end of the file; anything else is not the range
             # asked for, and fsspec reads it.
             if match is not None and int(match[1]) == start and int(match[2]) - start + 1 == length <= end - start:
+                if into is not None:
+                    count = response.readinto(into[:length])
+                    if count != length:
+                        raise http.client.IncompleteRead(b"", length - count)
+                    return count, True
                 data = response.read(length)
                 if len(data) != length:
                     raise http.client.IncompleteRead(data, length - len(data))

@@ -13,6 +13,7 @@ from ._base import (
     WorkspaceFilesystem,
     read_many,
     read_range,
+    read_range_into,
     walk,
 )
 from ._records import FileEntry, FileStat, GrepFileResult
@@ -144,6 +145,9 @@ class WrapperFilesystem(WorkspaceFilesystem):
 
     async def read_range(self, path: str, start: int, end: int) -> bytes:
         return await self._wrap("read_range", lambda: read_range(self.inner, path, start, end))
+
+    async def read_range_into(self, path: str, start: int, buffer: memoryview) -> int:
+        return await self._wrap("read_range", lambda: read_range_into(self.inner, path, start, buffer))
 
     async def read_many(self, paths: Sequence[str]) -> dict[str, bytes | OSError]:
         return await self._wrap("read_many", lambda: read_many(self.inner, paths))
