@@ -197,8 +197,8 @@ class _Buffers:
     """Buffers of ``part_size`` bytes kept for the next parts.
 
     A fresh 16 MiB buffer costs 4,096 page faults (each a zeroed page) as the socket's bytes
-    land in it: measured, a fifth of the mount's CPU in a sequential read from S3. Reused
-    buffers are already mapped. At most ``keep`` wait here, within ``read_cache_bytes``
+    land in it: a fifth of the mount's samples in a perf profile of a sequential read from S3.
+    Reused buffers are already mapped. At most ``keep`` wait here, within ``read_cache_bytes``
     together with the parts in use, and none once no read holds parts (see
     ``MountOperations._release_part``).
     """

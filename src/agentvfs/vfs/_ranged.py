@@ -7,9 +7,10 @@ sending them. A signed URL is a plain HTTP resource: a blocking ``http.client`` 
 in the calling worker thread reads the response straight into one ``bytes`` object (one copy
 out of the socket) with the GIL released while it waits.
 
-Only what can be mirrored exactly takes this way: a store whose fsspec filesystem signs URLs
-(s3fs's ``url``), without request settings that a URL cannot carry (requester pays, extra
-request arguments, proxies). Any answer but the range asked for, and any transport error,
+Only what can be mirrored exactly takes this way: s3fs (a presigned URL from its ``url``) and
+gcsfs (the object's media URL with the filesystem's own bearer token), without request
+settings that a plain GET would not carry (requester pays, extra request arguments, proxies,
+a custom session or client certificate). Any answer but the range asked for, and any transport error,
 returns ``None`` and the caller reads through fsspec as before: its retries, and the errors it
 translates, stay the source of truth.
 """
@@ -27,7 +28,7 @@ import urllib.parse
 import urllib.request
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = ["SignedRangeReader", "signed_range_reader"]
 
@@ -240,32 +241,39 @@ class _Refused(Exception):
 def signed_range_reader(fs: Any) -> SignedRangeReader | None:
     """A :class:`SignedRangeReader` for the fsspec filesystem ``fs``, or None where its reads
     must go through fsspec (not a store that signs URLs, or settings a URL cannot carry)."""
-    made = _s3_signer(fs) or _gcs_signer(fs)
-    if made is None:
-        return None
-    sign, reuse, endpoint, verify, timeout = made
-    if _proxied(endpoint):
+    way = _s3_way(fs) or _gcs_way(fs)
+    if way is None or _proxied(way.endpoint):
         return None
     try:
-        if verify is False:
+        if way.verify is False:
             context = ssl.create_default_context()
             context.check_hostname = False
             context.verify_mode = ssl.CERT_NONE
-        elif isinstance(verify, str):
-            context = ssl.create_default_context(cafile=verify)
+        elif isinstance(way.verify, str):
+            context = ssl.create_default_context(cafile=way.verify)
         else:
             import certifi  # what botocore and aiohttp's users verify against
 
             context = ssl.create_default_context(cafile=certifi.where())
     except (OSError, ssl.SSLError, ImportError):
         return None
-    return SignedRangeReader(sign, reuse=reuse, timeout=timeout, ssl_context=context)
+    return SignedRangeReader(way.sign, reuse=way.reuse, timeout=way.timeout, ssl_context=context)
 
 
-_Made = tuple[Signer, float, str, Any, float]
+class _Way(NamedTuple):
+    """How to read one store's files through URLs."""
+
+    sign: Signer
+    #: Seconds one signature is used again.
+    reuse: float
+    #: The store's endpoint, for the proxy check.
+    endpoint: str
+    #: TLS verification as the store's client does it: False, a CA bundle, or None (default).
+    verify: Any
+    timeout: float
 
 
-def _s3_signer(fs: Any) -> _Made | None:
+def _s3_way(fs: Any) -> _Way | None:
     """s3fs: presigned URLs, each used for half its life."""
     s3fs = sys.modules.get("s3fs")  # not imported: ``fs`` cannot be one of its filesystems
     if s3fs is None or not isinstance(fs, s3fs.S3FileSystem) or type(fs).url is not s3fs.S3FileSystem.url:
@@ -283,10 +291,10 @@ def _s3_signer(fs: Any) -> _Made | None:
         url: str = fs.url(path, expires=_EXPIRES)
         return url, {}
 
-    return sign, _EXPIRES / 2, endpoint, verify, float(config.get("read_timeout") or 60.0)
+    return _Way(sign, _EXPIRES / 2, endpoint, verify, float(config.get("read_timeout") or 60.0))
 
 
-def _gcs_signer(fs: Any) -> _Made | None:
+def _gcs_way(fs: Any) -> _Way | None:
     """gcsfs: the object's media URL with the filesystem's own bearer token (refreshed by its
     credentials object as it expires), asked for at each read."""
     gcsfs = sys.modules.get("gcsfs")
@@ -302,7 +310,7 @@ def _gcs_signer(fs: Any) -> _Made | None:
         url: str = fs.url(path)
         return url, headers
 
-    return sign, 0.0, location, None, 60.0
+    return _Way(sign, 0.0, location, None, 60.0)
 
 
 def _proxied(url: str) -> bool:
