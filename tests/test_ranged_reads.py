@@ -60,11 +60,22 @@ async def test_s3_ranges_go_through_signed_urls(moto: MotoServer) -> None:
     assert await fs.read_range_into("d/big.bin", len(DATA) - 7, memoryview(buffer)) == 7
     assert buffer[:7] == DATA[-7:]
     assert calls == []
+    # Whole files: one GET each, no HEAD first.
+    await fs.write_file("d/empty.bin", b"")
+    calls.clear()
+    assert await fs.read_file("d/big.bin") == DATA
+    assert await fs.read_file("d/empty.bin") == b""
+    assert calls == []
+    with pytest.raises(FileNotFound):
+        await fs.read_file("d/missing.bin")
+    with pytest.raises(IsDirectory):
+        await fs.read_file("d/sub")
     # Names that URLs must escape.
     for name in ("d/a b+c%20ü?x#y.bin", "d/~!$&'()*,;=@.bin"):
         await fs.write_file(name, name.encode())
         calls.clear()
         assert await fs.read_range(name, 2, 9) == name.encode()[2:9]
+        assert await fs.read_file(name) == name.encode()
         assert calls == []
     # A file replaced reads as the new bytes at once (the URL names the key, not a version).
     await fs.write_file("d/big.bin", b"replaced")
@@ -104,6 +115,8 @@ async def test_gcs_ranges_go_through_the_media_url(fake_gcs: FakeGcsServer) -> N
     weird = "a b+c%20ü?x#y.bin"
     await fs.write_file(weird, weird.encode())
     assert await fs.read_range(weird, 2, 9) == weird.encode()[2:9]
+    assert await fs.read_file(weird) == weird.encode()
+    assert await fs.read_file("big.bin") == data
     assert fetched == []
     assert await fs.read_range("big.bin", len(data), len(data) + 10) == b""  # nothing left there
     with pytest.raises(FileNotFound):
@@ -140,11 +153,24 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             script.refuse_first -= 1
             self._send(403, b"expired", {})
             return
+        mode = script.mode
+        if "Range" not in self.headers:  # a whole-file GET
+            if mode == "gzip":  # a store that transcodes what it stored compressed
+                self._send(200, DATA, {"Content-Encoding": "gzip"})
+            elif mode == "chunked":  # no length given
+                self.send_response(200)
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(DATA[:100]), DATA[:100]))
+            elif mode == "missing":
+                self._send(404, b"<Error>NoSuchKey</Error>", {})
+            else:
+                self._send(200, DATA, {})
+            return
         match = re.fullmatch(r"bytes=(\d+)-(\d+)", self.headers.get("Range", ""))
         assert match is not None
         start, last = int(match[1]), min(int(match[2]), len(DATA) - 1)
         body = DATA[start : last + 1]
-        mode = script.mode
         if mode == "whole":  # a server that ignores Range
             self._send(200, DATA, {})
         elif mode == "wrong-range":
@@ -294,3 +320,16 @@ async def test_read_into_without_a_native_way_copies(tmp_path: Any) -> None:
     buffer = bytearray(4000)
     assert await read_range_into(fs, "f.bin", 3000, memoryview(buffer)) == 2000
     assert buffer[:2000] == DATA[3000:5000]
+
+
+def test_whole_files_in_one_get(scripted: tuple[_Script, str]) -> None:
+    script, base = scripted
+    reader = _reader(base)
+    assert reader.read_whole("obj") == DATA
+    assert "Range" not in script.headers[-1]
+    assert reader.read_whole("obj") == DATA and len(script.connections) == 1  # kept alive
+    for mode in ("gzip", "chunked", "missing"):
+        script.mode = mode
+        assert reader.read_whole("obj") is None, mode
+    script.mode = "ok"
+    assert reader.read_whole("obj") == DATA

@@ -560,6 +560,11 @@ class FsspecFilesystem(WorkspaceFilesystem):
     def _read_sync(self, rel: str, display: str, start: int | None = None, end: int | None = None) -> bytes:
         if not rel:
             raise IsDirectory(display)
+        if start is None and end is None and self._ranged is not None:
+            # One plain GET (s3fs sizes the object with a HEAD before its GET).
+            whole = self._ranged.read_whole(self._bpath(rel))
+            if whole is not None:
+                return whole
         try:
             data: bytes = self._fs.cat_file(self._bpath(rel), start=start, end=end)
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):

@@ -84,6 +84,12 @@ class SignedRangeReader:
         assert not isinstance(data, int)
         return data
 
+    def read_whole(self, path: str) -> bytes | None:
+        """All of ``path`` in one GET (no ``Range``), or ``None`` as :meth:`read`."""
+        data = self._fetch(path, 0, None, None)
+        assert not isinstance(data, int)
+        return data
+
     def read_into(self, path: str, start: int, buffer: memoryview) -> int | None:
         """Read bytes from ``start`` of ``path`` into ``buffer`` (as many as it holds, fewer
         at the end of the file); the count, or ``None`` as :meth:`read`. On ``None`` the
@@ -92,8 +98,9 @@ class SignedRangeReader:
         assert not isinstance(count, bytes)
         return count
 
-    def _fetch(self, path: str, start: int, end: int, into: memoryview | None) -> bytes | int | None:
-        if end <= start or time.monotonic() < self._resting_until:
+    def _fetch(self, path: str, start: int, end: int | None, into: memoryview | None) -> bytes | int | None:
+        """One GET of ``start`` to ``end``, or of the whole file when ``end`` is None."""
+        if (end is not None and end <= start) or time.monotonic() < self._resting_until:
             return None
         for fresh_url in (False, True):
             try:
@@ -134,7 +141,7 @@ class SignedRangeReader:
         return url
 
     def _get(
-        self, url: str, auth: dict[str, str], start: int, end: int, into: memoryview | None
+        self, url: str, auth: dict[str, str], start: int, end: int | None, into: memoryview | None
     ) -> bytes | int | None:
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -142,7 +149,9 @@ class SignedRangeReader:
         port = parts.port or (443 if parts.scheme == "https" else 80)
         origin = (parts.scheme, parts.hostname, port)
         target = parts.path + (f"?{parts.query}" if parts.query else "")
-        headers = {**auth, "Range": f"bytes={start}-{end - 1}", "Accept-Encoding": "identity"}
+        headers = {**auth, "Accept-Encoding": "identity"}
+        if end is not None:
+            headers["Range"] = f"bytes={start}-{end - 1}"
         # A pooled connection the server closed meanwhile fails at once; one fresh try then.
         for attempt in range(2):
             conn, reused = self._connection(origin)
@@ -169,7 +178,7 @@ class SignedRangeReader:
 
     @staticmethod
     def _body(
-        response: http.client.HTTPResponse, start: int, end: int, into: memoryview | None
+        response: http.client.HTTPResponse, start: int, end: int | None, into: memoryview | None
     ) -> tuple[bytes | int | None, bool]:
         """What the response gives (its bytes, or their count once read ``into`` the
         buffer), and whether it was read to its end (the connection can carry the next
@@ -183,7 +192,15 @@ class SignedRangeReader:
         """
         status = response.status
         length = response.length
-        if status == 206 and length is not None:
+        # Bytes as stored only: a store that transcodes (GCS serves gzip-encoded objects
+        # decompressed, whole) is left to fsspec.
+        stored = (response.getheader("Content-Encoding") or "identity").strip().lower() == "identity"
+        if end is None and status == 200 and length is not None and stored:
+            data = response.read(length)
+            if len(data) != length:
+                raise http.client.IncompleteRead(data, length - len(data))
+            return data, True
+        if end is not None and status == 206 and length is not None and stored:
             match = _CONTENT_RANGE.fullmatch((response.getheader("Content-Range") or "").strip())
             # Fewer bytes than asked for at the end of the file; anything else is not the range
             # asked for, and fsspec reads it.
@@ -197,7 +214,7 @@ class SignedRangeReader:
                 if len(data) != length:
                     raise http.client.IncompleteRead(data, length - len(data))
                 return data, True
-        if status != 206 and length is not None and length <= 64 * 1024:
+        if status not in (200, 206) and length is not None and length <= 64 * 1024:
             response.read()  # a small error body, drained so the connection can be kept
             clean = True
         else:
