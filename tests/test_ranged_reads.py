@@ -70,6 +70,19 @@ async def test_s3_ranges_go_through_signed_urls(moto: MotoServer) -> None:
         await fs.read_file("d/missing.bin")
     with pytest.raises(IsDirectory):
         await fs.read_file("d/sub")
+    # Batches (read_many, grep): one GET each; a missing file is reported as missing.
+    calls.clear()
+    many = await fs.read_many(["d/big.bin", "d/empty.bin", "d/missing.bin"])
+    assert many["d/big.bin"] == DATA and many["d/empty.bin"] == b""
+    assert isinstance(many["d/missing.bin"], FileNotFound)
+    assert [c for c in calls if c != "list_objects_v2"] == ["get_object"]  # only the missing one
+    calls.clear()
+    await fs.write_file("d/needle.txt", "hay\nneedle here\nhay\n")
+    calls.clear()
+    found = await fs.grep("needle", "d")
+    assert [(r.path, len(r.matches)) for r in found] == [("d/needle.txt", 1)]
+    assert "get_object" not in calls  # the files were read through their URLs
+    calls.clear()
     # Names that URLs must escape.
     for name in ("d/a b+c%20ü?x#y.bin", "d/~!$&'()*,;=@.bin"):
         await fs.write_file(name, name.encode())
