@@ -158,6 +158,7 @@ async def test_grep_and_list_requests_on_s3(moto: Any) -> None:
 
     from agentvfs import FsspecFilesystem
     from conftest import S3_BUCKET, unique
+    from test_safety import count_url_gets
 
     root = f"{S3_BUCKET}/{unique('reqs')}"
     moto.s3fs().pipe({f"{root}/d{i}/sub/f{j}.ts": f"line\nTODO {i}.{j}\n".encode() for i in range(10) for j in range(10)})
@@ -165,12 +166,15 @@ async def test_grep_and_list_requests_on_s3(moto: Any) -> None:
     raw.connect()
     sent: Counter[str] = Counter()
     raw.s3.meta.events.register("before-call.s3", lambda model, **kw: sent.update([model.name]))
-    tools = await Workspace(filesystem=FsspecFilesystem(raw, root=root)).create_tools()
+    fs = FsspecFilesystem(raw, root=root)
+    count_url_gets(fs, sent)  # files are read through their signed URLs, not s3fs
+    tools = await Workspace(filesystem=fs).create_tools()
     out = await grep(tools, pattern="TODO")
     assert out.startswith("100 matches across 100 files")
     # the tree in one listing, one GET per candidate file (no HEAD per file), and a constant
-    # few for the target's stat and the .gitignore lookup, whatever the number of files
-    assert sent["GetObject"] == 100 and sent["ListObjectsV2"] <= 4 and sent["HeadObject"] <= 4, sent
+    # few for the target's stat and the .gitignore lookup (a GET, then a HEAD when missing),
+    # whatever the number of files
+    assert sent["GetObject"] == 100 + 1 and sent["ListObjectsV2"] <= 4 and sent["HeadObject"] <= 4, sent
     sent.clear()
     listing = await ls(tools, maxDepth=3)
     assert listing.endswith("20 directories, 100 files")
