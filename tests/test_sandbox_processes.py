@@ -388,7 +388,9 @@ async def test_stdin_pipe(manager: LocalProcessManager) -> None:
 
 async def test_stdin_ignore_returns_immediately(manager: LocalProcessManager) -> None:
     with anyio.fail_after(5):
-        handle = await manager.spawn("cat", stdin_mode="ignore")
+        # cat reads end-of-file at once; the sleep keeps the process alive while stdin is
+        # tried (on an exited process the error is that it has exited).
+        handle = await manager.spawn("sleep 1; cat", stdin_mode="ignore")
         with pytest.raises(SandboxExecutionError, match="does not have stdin available"):
             await handle.send_stdin("x")
         result = await handle.wait()
