@@ -196,24 +196,13 @@ class SignedRangeReader:
         # decompressed, whole) is left to fsspec.
         stored = (response.getheader("Content-Encoding") or "identity").strip().lower() == "identity"
         if end is None and status == 200 and length is not None and stored:
-            data = response.read(length)
-            if len(data) != length:
-                raise http.client.IncompleteRead(data, length - len(data))
-            return data, True
+            return _read_exactly(response, length, into), True
         if end is not None and status == 206 and length is not None and stored:
             match = _CONTENT_RANGE.fullmatch((response.getheader("Content-Range") or "").strip())
             # Fewer bytes than asked for at the end of the file; anything else is not the range
             # asked for, and fsspec reads it.
             if match is not None and int(match[1]) == start and int(match[2]) - start + 1 == length <= end - start:
-                if into is not None:
-                    count = response.readinto(into[:length])
-                    if count != length:
-                        raise http.client.IncompleteRead(b"", length - count)
-                    return count, True
-                data = response.read(length)
-                if len(data) != length:
-                    raise http.client.IncompleteRead(data, length - len(data))
-                return data, True
+                return _read_exactly(response, length, into), True
         if status not in (200, 206) and length is not None and length <= 64 * 1024:
             response.read()  # a small error body, drained so the connection can be kept
             clean = True
@@ -249,6 +238,19 @@ class SignedRangeReader:
         if self._failures >= _FAILURES_BEFORE_REST:
             self._failures = 0
             self._resting_until = time.monotonic() + _REST
+
+
+def _read_exactly(response: http.client.HTTPResponse, length: int, into: memoryview | None) -> bytes | int:
+    """The ``length`` bytes of the body (or their count, read ``into`` the buffer)."""
+    if into is not None:
+        count = response.readinto(into[:length])
+        if count != length:
+            raise http.client.IncompleteRead(b"", length - count)
+        return count
+    data = response.read(length)
+    if len(data) != length:
+        raise http.client.IncompleteRead(data, length - len(data))
+    return data
 
 
 class _Refused(Exception):
