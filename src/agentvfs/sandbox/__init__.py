@@ -5,6 +5,7 @@ background processes in its process manager, and mounts workspace filesystems in
 working directory through the mount manager.
 """
 
+from ._isolation import detect_isolation as detect_isolation
 from ._local import LocalSandbox as LocalSandbox
 from ._local import shell_quote as shell_quote
 from ._mounts import MountEntry as MountEntry
@@ -30,6 +31,7 @@ __all__ = [
     "ProcessHandle",
     "RetainedOutputBuffer",
     "SandboxProcessManager",
+    "detect_isolation",
     "shell_quote",
 ]
 

@@ -5,6 +5,14 @@ Third-party backends run the same suite: subclass :class:`FilesystemTests` and p
 Installing agentvfs registers this package's pytest plugin (the ``anyio`` marker backend).
 """
 
+from ._adversary import ATTACKS as ATTACKS
+from ._adversary import Arena as Arena
+from ._adversary import Attack as Attack
+from ._adversary import AttackReport as AttackReport
+from ._adversary import attack as attack
+from ._adversary import load_attacks as load_attacks
+from ._adversary import requirement_missing as requirement_missing
+from ._adversary import run_attack as run_attack
 from ._harness import Harness as Harness
 from ._harness import composite_harness as composite_harness
 from ._harness import fsspec_harness as fsspec_harness
@@ -16,13 +24,21 @@ from ._servers import free_port as free_port
 from ._suite import FilesystemTests as FilesystemTests
 
 __all__ = [
+    "ATTACKS",
+    "Arena",
+    "Attack",
+    "AttackReport",
     "FakeGcsServer",
     "FilesystemTests",
     "Harness",
     "MotoServer",
+    "attack",
     "composite_harness",
     "free_port",
     "fsspec_harness",
+    "load_attacks",
     "local_harness",
     "mounted_harness",
+    "requirement_missing",
+    "run_attack",
 ]
