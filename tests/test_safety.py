@@ -4,12 +4,13 @@ credentials are never reported."""
 from __future__ import annotations
 
 import errno
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
-from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
 from agentvfs import FilesystemError, FsspecFilesystem, Workspace, WorkspaceReadOnlyError
@@ -128,27 +129,33 @@ async def test_s3_list_and_grep_take_one_listing(moto: MotoServer) -> None:
     assert requests["ListObjectsV2"] == 1 and requests["GetObject"] == 20, requests
 
 
-class FailingLocal(LocalFileSystem):  # type: ignore[misc]
-    """Writes half the data, then fails, as a full disk or a dropped connection would."""
-
-    def pipe_file(self, path: str, value: bytes, **kw: Any) -> None:
-        with open(path, "wb") as handle:
-            handle.write(value[: len(value) // 2])
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-
 class FailingMemory(MemoryFileSystem):  # type: ignore[misc]
     def pipe_file(self, path: str, value: bytes, **kw: Any) -> None:
         raise OSError(errno.EIO, "backend went away")
 
 
-async def test_failed_local_write_keeps_old_file(tmp_path: Path) -> None:
+_FULL_DISK_WRITE = """
+import asyncio, resource, signal, sys
+from agentvfs import FsspecFilesystem
+# A file-size limit makes the kernel refuse the write part way (EFBIG), as a full disk would.
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (16, 16))
+fs = FsspecFilesystem("file://" + sys.argv[1])
+try:
+    asyncio.run(fs.write_file("a.txt", b"new content that is much longer than the limit"))
+except OSError as exc:
+    print(type(exc).__name__, exc.errno, exc)
+else:
+    print("no error")
+"""
+
+
+def test_failed_local_write_keeps_old_file(tmp_path: Path) -> None:
     (tmp_path / "a.txt").write_bytes(b"old content")
-    fs = FsspecFilesystem(FailingLocal(skip_instance_cache=True), root=str(tmp_path))
-    with pytest.raises(FilesystemError) as info:
-        await fs.write_file("a.txt", b"new content that is longer")
-    assert info.value.errno == errno.ENOSPC
-    assert "a.txt" in str(info.value)
+    done = subprocess.run(
+        [sys.executable, "-c", _FULL_DISK_WRITE, str(tmp_path)], capture_output=True, text=True, check=True
+    )
+    assert done.stdout.startswith(f"FilesystemError {errno.EFBIG} write_file failed on a.txt"), done
     assert (tmp_path / "a.txt").read_bytes() == b"old content"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt"]
 

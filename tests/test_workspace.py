@@ -13,6 +13,7 @@ from typing import Any
 
 import anyio
 import pytest
+from fsspec.implementations.dirfs import DirFileSystem
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
@@ -323,7 +324,10 @@ async def test_operation_timeout_leaves_no_file(tmp_path: Path) -> None:
     root = tmp_path / "slow"
     root.mkdir()
     (root / "old.txt").write_text("old")
-    ws = Workspace(filesystem=FsspecFilesystem(SlowLocal(skip_instance_cache=True), root=str(root)), operation_timeout=100)
+    # A backend with real directories that is not local disk (local disk has its own class):
+    # slow storage behind fsspec's directory wrapper.
+    slow = DirFileSystem(path=str(root), fs=SlowLocal(skip_instance_cache=True))
+    ws = Workspace(filesystem=FsspecFilesystem(slow), operation_timeout=100)
     assert ws.filesystem is not None
     with pytest.raises(TimeoutError, match="timed out after 100ms"):
         await ws.filesystem.write_file("new.txt", "data")
@@ -334,6 +338,26 @@ async def test_operation_timeout_leaves_no_file(tmp_path: Path) -> None:
     assert (root / "old.txt").read_text() == "old"
     with pytest.raises(TimeoutError):
         await ws.filesystem.read_file("old.txt")
+
+
+async def test_operation_timeout_on_local_disk_leaves_no_file(tmp_path: Path) -> None:
+    root = tmp_path / "disk"
+    root.mkdir()
+    (root / "old.txt").write_text("old")
+    ws = Workspace(filesystem=LocalFilesystem(str(root)), operation_timeout=5)
+    assert ws.filesystem is not None
+    big = b"x" * (64 << 20)  # far more than 5 ms of writing
+    with pytest.raises(TimeoutError, match="timed out after 5ms"):
+        await ws.filesystem.write_file("old.txt", big)
+    with pytest.raises(TimeoutError):
+        await ws.filesystem.write_file("new.txt", big)
+    # The writes go on in their threads, find their callers gone and publish nothing.
+    for _ in range(100):
+        await anyio.sleep(0.1)
+        if sorted(p.name for p in root.iterdir()) == ["old.txt"]:
+            break
+    assert sorted(p.name for p in root.iterdir()) == ["old.txt"]
+    assert (root / "old.txt").read_text() == "old"
 
 
 async def test_request_context_mapping() -> None:

@@ -22,6 +22,7 @@ from .errors import MountError as MountError
 from .errors import NameTooLongError as NameTooLongError
 from .errors import NoMountError as NoMountError
 from .errors import NotDirectory as NotDirectory
+from .errors import NotRegularFile as NotRegularFile
 from .errors import PermissionDenied as PermissionDenied
 from .errors import SandboxError as SandboxError
 from .errors import SandboxNotAvailableError as SandboxNotAvailableError
@@ -71,6 +72,7 @@ __all__ = [
     "NameTooLongError",
     "NoMountError",
     "NotDirectory",
+    "NotRegularFile",
     "PermissionDenied",
     "RequestContext",
     "SandboxError",

@@ -30,6 +30,7 @@ builtin so that ``except FileNotFoundError`` works and ``errno`` is set:
   * ``FileDecodeError`` (``EILSEQ``, ``ValueError``)
   * ``NameTooLongError`` (``ENAMETOOLONG``)
   * ``NoMountError`` (``ENOENT``, ``FileNotFoundError``)
+  * ``NotRegularFile`` (``EINVAL``: a FIFO, device or socket where contents were expected)
 
 * ``SandboxError`` (``code``, ``details``)
 
@@ -69,6 +70,7 @@ __all__ = [
     "NameTooLongError",
     "NoMountError",
     "NotDirectory",
+    "NotRegularFile",
     "PermissionDenied",
     "SandboxAbortError",
     "SandboxError",
@@ -416,6 +418,31 @@ class NameTooLongError(FilesystemError):
 
     def __init__(self, path: str) -> None:
         super().__init__(f"File name too long: {path}", "ENAMETOOLONG", path)
+
+
+class NotRegularFile(FilesystemError):
+    """A FIFO, device or socket was met where file contents were expected (``EINVAL``).
+
+    Reading one could block forever (a FIFO) or never end (``/dev/zero``), so no tool opens
+    them; they still show in listings and ``stat``.
+
+    Parameters
+    ----------
+    path : str
+        The path as given.
+    kind : str
+        ``FIFO``, ``character device``, ``block device`` or ``socket``.
+    """
+
+    default_errno = _errno.EINVAL
+
+    def __init__(self, path: str, kind: str) -> None:
+        super().__init__(
+            f"Not a regular file: {path} (a {kind}; only regular files can be read or written)",
+            "EINVAL",
+            path,
+        )
+        self.kind = kind
 
 
 # --------------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar, cast
 
@@ -28,7 +29,7 @@ import pyfuse3
 import trio
 
 from .. import errors as _errors
-from ..vfs import _paths
+from ..vfs import SupportsLocalFiles, _paths
 from ..vfs._base import (
     SupportsStreamingUpload,
     UploadStream,
@@ -87,18 +88,39 @@ def _fuse_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def _default_staging(filesystem: WorkspaceFilesystem) -> str:
+@dataclass(frozen=True, slots=True)
+class _Staging:
+    """Where a mount stages: ``path`` to work in, ``shown`` in messages; a directory held by
+    descriptor ``fd`` also has the ``parent`` it was made in and its ``name`` there."""
+
+    path: str
+    shown: str
+    fd: int = -1
+    parent: str = ""
+    name: str = ""
+
+
+def _default_staging(filesystem: WorkspaceFilesystem) -> _Staging:
     """Stage beside the files where the filesystem offers a place (local disk: publishing is
-    then a link and a rename), else in a private temporary directory."""
+    then a link and a rename), else in a private temporary directory.
+
+    A directory beside the files may be within reach of whoever else writes there, so it is
+    held by a descriptor and used through ``/proc/self/fd/N``: a rename or a symlink swapped
+    in afterwards cannot redirect what the mount stages.
+    """
     hint = getattr(filesystem, "local_staging_dir", None)
     where = hint() if callable(hint) else None
     if isinstance(where, str):
         try:
-            os.makedirs(where, exist_ok=True)
-            return tempfile.mkdtemp(prefix="s", dir=where)
+            made = tempfile.mkdtemp(prefix="s", dir=where)
+            fd = os.open(made, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
-            pass
-    return tempfile.mkdtemp(prefix="agentvfs-staging-")
+            _release_staging(filesystem)
+        else:
+            shown = os.readlink(f"/proc/self/fd/{fd}")
+            return _Staging(f"/proc/self/fd/{fd}", shown, fd, where, os.path.basename(made))
+    made = tempfile.mkdtemp(prefix="agentvfs-staging-")
+    return _Staging(made, made)
 
 
 def notify_kernel(parent: int | None, name: str | None, ino: int | None) -> None:
@@ -112,14 +134,14 @@ def notify_kernel(parent: int | None, name: str | None, ino: int | None) -> None
             pyfuse3.invalidate_inode(ino, attr_only=False)
 
 
+def _release_staging(filesystem: WorkspaceFilesystem) -> None:
+    release = getattr(filesystem, "local_staging_release", None)
+    if callable(release):
+        release()
+
+
 def _on_local_disk(filesystem: WorkspaceFilesystem) -> bool:
-    where = getattr(filesystem, "local_path", None)
-    if not callable(where):
-        return False
-    try:
-        return isinstance(where(""), str)
-    except Exception:
-        return False
+    return isinstance(filesystem, SupportsLocalFiles)
 
 
 def _ns(moment: datetime) -> int:
@@ -291,8 +313,15 @@ class MountOperations(pyfuse3.Operations):
         self.handles: dict[int, _Handle] = {}
         self.dir_handles: dict[int, list[tuple[str, Node]]] = {}
         self._own_staging = options.staging_dir is None
-        self.staging_dir = options.staging_dir or _default_staging(filesystem)
-        os.makedirs(self.staging_dir, exist_ok=True)
+        if options.staging_dir is None:
+            self._staging = _default_staging(filesystem)
+        else:
+            self._staging = _Staging(options.staging_dir, options.staging_dir)
+            os.makedirs(options.staging_dir, exist_ok=True)
+        #: Where staged copies live (a ``/proc/self/fd`` path when held by descriptor).
+        self.staging_dir = self._staging.path
+        #: The same place as a plain path, for messages.
+        self.staging_shown = self._staging.shown
         self._stage_names = itertools.count()
         self.staged_bytes = 0
         self.read_cache_used = 0
@@ -753,12 +782,18 @@ class MountOperations(pyfuse3.Operations):
         if self._own_staging:
             # Dirty copies remain when an upload failed: never delete data that did not
             # reach storage (rmdir fails on a non-empty directory).
+            staging, self._staging = self._staging, _Staging(self._staging.shown, self._staging.shown)
+            self._own_staging = False  # once: the descriptor is gone after this
             with contextlib.suppress(OSError):
-                os.rmdir(self.staging_dir)
-            parent = os.path.dirname(self.staging_dir)
-            if ".agentvfs-tmp-" in os.path.basename(parent):
-                with contextlib.suppress(OSError):
-                    os.rmdir(parent)  # the hidden per-process directory beside the files
+                if staging.fd >= 0:
+                    # By name in the directory it was made in (itself held by descriptor).
+                    os.close(staging.fd)
+                    try:
+                        os.rmdir(os.path.join(staging.parent, staging.name))
+                    finally:
+                        _release_staging(self.fs)
+                else:
+                    os.rmdir(staging.path)
 
     # -- change feed from the same filesystem object ----------------------------------------
 
@@ -1377,15 +1412,11 @@ class MountOperations(pyfuse3.Operations):
     def _open_local(self, node: Node) -> int:
         """A descriptor of the stored file on local disk, or -1: reads then go straight to
         it (the kernel's own read-ahead streams it) instead of through ranged reads."""
-        where = getattr(self.fs, "local_path", None)
-        if not callable(where):
+        if not isinstance(self.fs, SupportsLocalFiles):
             return -1
         try:
-            path = where(self.path_of(node))
-            if not isinstance(path, str):
-                return -1
-            return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
+            return self.fs.local_open(self.path_of(node), os.O_RDONLY)
+        except (OSError, pyfuse3.FUSEError):
             return -1
 
     # -- passthrough ------------------------------------------------------------------------
@@ -1420,17 +1451,18 @@ class MountOperations(pyfuse3.Operations):
         writable = True
         if fd < 0:
             writable = not self.read_only
+            if not isinstance(self.fs, SupportsLocalFiles):
+                return False
             try:
-                host = self.fs.local_path(self.path_of(node))  # type: ignore[attr-defined]
-                base = os.O_CLOEXEC | os.O_NOFOLLOW
+                path = self.path_of(node)
                 try:
-                    fd = os.open(host, (os.O_RDWR if writable else os.O_RDONLY) | base)
+                    fd = self.fs.local_open(path, (os.O_RDWR if writable else os.O_RDONLY) | os.O_NOFOLLOW)
                 except PermissionError:
                     if not writable:
                         raise
                     writable = False  # a file this process may only read: readers pass through
-                    fd = os.open(host, os.O_RDONLY | base)
-            except (OSError, _errors.FilesystemError, pyfuse3.FUSEError):
+                    fd = self.fs.local_open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            except (OSError, pyfuse3.FUSEError):
                 return False
         try:
             st = os.fstat(fd)
@@ -1502,12 +1534,13 @@ class MountOperations(pyfuse3.Operations):
     ) -> tuple[pyfuse3.FileInfo, Node] | None:
         """Create a file directly on disk and open it in passthrough; None when the usual
         staged create must serve it."""
+        if not isinstance(self.fs, SupportsLocalFiles):
+            return None
         try:
-            host = self.fs.local_path(self._child_path(directory, name))  # type: ignore[attr-defined]
-            fd = os.open(
-                host, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+            fd = self.fs.local_open(
+                self._child_path(directory, name), os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600
             )
-        except (OSError, _errors.FilesystemError, pyfuse3.FUSEError):
+        except (OSError, pyfuse3.FUSEError):
             return None
         with contextlib.suppress(OSError):
             os.fchmod(fd, mode & 0o777)
@@ -1544,13 +1577,13 @@ class MountOperations(pyfuse3.Operations):
         """With passthrough, remove a file's name on disk right here, as ``create`` makes it:
         a call through the filesystem object costs a hop to a worker thread, most of what an
         unlink took. False when the filesystem object must do it (errors are its to tell)."""
-        if not self.passthrough_granted():
+        if not self.passthrough_granted() or not isinstance(self.fs, SupportsLocalFiles):
             return False
         try:
-            os.unlink(self.fs.local_path(path))  # type: ignore[attr-defined]
+            self.fs.local_unlink(path)
         except FileNotFoundError:
             return True  # gone already: a forced delete succeeds
-        except (OSError, _errors.FilesystemError, pyfuse3.FUSEError):
+        except (OSError, pyfuse3.FUSEError):
             return False
         return True
 

@@ -394,8 +394,8 @@ class Mount:
             listed = "; ".join(f"{path}: {why}" for path, why in sorted(failures.items()))
             assert ops is not None
             raise MountError(
-                f"Unmounted {self.mountpoint} with uploads that failed (kept in {ops.staging_dir}): {listed}",
-                {"failed": failures, "staging_dir": ops.staging_dir},
+                f"Unmounted {self.mountpoint} with uploads that failed (kept in {ops.staging_shown}): {listed}",
+                {"failed": failures, "staging_dir": ops.staging_shown},
             )
 
     def _stop_thread(self) -> None:

@@ -28,6 +28,8 @@ import anyio
 
 from .._aio import maybe_await
 from .._context import RequestContext
+from ..errors import NotRegularFile
+from ..vfs import SupportsReadBeneath
 from ._discovery import (
     Discovery,
     add_skill,
@@ -44,7 +46,14 @@ from ._records import (
     SkillMetadata,
     SkillSearchResult,
 )
-from ._sources import LocalSkillSource, SkillSource, join_path, norm_path, read_files
+from ._sources import (
+    READ_CONCURRENCY,
+    LocalSkillSource,
+    SkillSource,
+    join_path,
+    norm_path,
+    read_files,
+)
 
 if TYPE_CHECKING:
     from ..search._engine import SearchResult
@@ -490,6 +499,18 @@ class WorkspaceSkills:
         relative = _assert_relative(path, label)
         if not relative:
             return None
+        if isinstance(self.source, SupportsReadBeneath):
+            # Resolved beneath the skill directory in one go: a link that leads out, even one
+            # swapped in during the read, is refused instead of followed.
+            try:
+                found = await self.source.read_file_beneath(skill.path, relative)
+            except PermissionError:
+                raise InvalidSkillPathError(
+                    f"Invalid {label} path: {path} (it leads outside the skill)"
+                ) from None
+            except (FileNotFoundError, IsADirectoryError, NotADirectoryError, NotRegularFile):
+                return None
+            return found
         target = join_path(skill.path, relative)
         realpath = getattr(self.source, "realpath", None)
         if callable(realpath):
@@ -680,7 +701,7 @@ class WorkspaceSkills:
             for skill in skills
             for ref in skill.references
         }
-        contents = await read_files(self.source, list(refs)) if refs else {}
+        contents = await self._read_references(refs) if refs else {}
         for skill in skills:
             doc = self._doc_id(skill.path, "SKILL.md")
             docs.append((doc, skill.instructions, self._doc_metadata(skill.path, "SKILL.md")))
@@ -700,6 +721,29 @@ class WorkspaceSkills:
         for path, docs_of_skill in ids.items():
             self._indexed[path] = docs_of_skill
             self._shared_ids.update(docs_of_skill)
+
+    async def _read_references(
+        self, refs: dict[str, tuple[Skill, str]]
+    ) -> dict[str, bytes | OSError]:
+        """The bytes of each reference (by its full path), read without leaving its skill
+        where the source can (a link out of the skill is skipped, not indexed)."""
+        if not isinstance(self.source, SupportsReadBeneath):
+            return await read_files(self.source, list(refs))
+        source = self.source
+        out: dict[str, bytes | OSError] = {}
+        limiter = anyio.Semaphore(READ_CONCURRENCY)
+
+        async def one(path: str, skill: Skill, ref: str) -> None:
+            async with limiter:
+                try:
+                    out[path] = await source.read_file_beneath(skill.path, f"references/{ref}")
+                except OSError as exc:
+                    out[path] = exc
+
+        async with anyio.create_task_group() as group:
+            for path, (skill, ref) in refs.items():
+                group.start_soon(one, path, skill, ref)
+        return out
 
     async def _heal_index(self, catalog: _Catalog) -> None:
         """Index again if the documents are gone (``rebuild_search_index`` clears the index,
@@ -838,7 +882,12 @@ class WorkspaceSkills:
                     for ref in skill.references:
                         if len(results) >= top_k:
                             break
-                        data = await self._read(skill, f"references/{ref}", "reference")
+                        try:
+                            data = await self._read(skill, f"references/{ref}", "reference")
+                        except InvalidSkillPathError as exc:
+                            # One bad reference must not break the search of every skill.
+                            _log.warning("skill search skipped %s: %s", skill.path, exc)
+                            continue
                         text = data.decode("utf-8", "replace") if data is not None else None
                         if text and needle in text.lower():
                             results.append(

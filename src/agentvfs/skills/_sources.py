@@ -20,9 +20,17 @@ from typing import Protocol, runtime_checkable
 import anyio
 import anyio.to_thread
 
-from ..errors import DirectoryNotFound, FileNotFound, IsDirectory, NotDirectory
+from ..errors import (
+    DirectoryNotFound,
+    FileNotFound,
+    IsDirectory,
+    NotDirectory,
+    NotRegularFile,
+    PermissionDenied,
+)
 from ..vfs import FileEntry, FileStat, WorkspaceFilesystem, get_mime_type
 from ..vfs import read_many as vfs_read_many
+from ..vfs._disk import ContainmentError, Disk, NotRegularFileError
 
 __all__ = [
     "LocalSkillSource",
@@ -263,6 +271,8 @@ class LocalSkillSource:
         self.base_path = os.path.abspath(
             os.fspath(base_path) if base_path is not None else os.getcwd()
         )
+        # Skills may live anywhere on this machine; only their own files are confined.
+        self._disk = Disk(["/"])
 
     def _resolve(self, path: str) -> str:
         return path if os.path.isabs(path) else os.path.normpath(os.path.join(self.base_path, path))
@@ -319,6 +329,34 @@ class LocalSkillSource:
             raise FileNotFound(path) from None
         except IsADirectoryError:
             raise IsDirectory(path) from None
+
+    async def read_file_beneath(self, directory: str, path: str) -> bytes:
+        """Read ``path`` (relative) below ``directory`` without leaving it: symlinks are
+        followed only while they stay below it, resolved beneath a descriptor of it (see
+        :func:`agentvfs.vfs.read_file_beneath`).
+
+        Raises
+        ------
+        PermissionDenied
+            ``path`` leads out of ``directory``.
+        FileNotFound, IsDirectory
+            ``ENOENT``, ``EISDIR``.
+        """
+        shown = f"{directory.rstrip('/')}/{path}"
+
+        def read() -> bytes:
+            try:
+                return self._disk.read_beneath(os.path.normpath(self._resolve(directory)), path)
+            except ContainmentError:
+                raise PermissionDenied(path, "access (it leads outside its directory)") from None
+            except IsADirectoryError:
+                raise IsDirectory(shown) from None
+            except (FileNotFoundError, NotADirectoryError):
+                raise FileNotFound(shown) from None
+            except NotRegularFileError as exc:
+                raise NotRegularFile(shown, exc.kind) from None
+
+        return await anyio.to_thread.run_sync(read)
 
     async def readdir(self, path: str) -> list[FileEntry]:
         """The entries of a directory, sorted by name; links are reported with the type of

@@ -6,10 +6,13 @@ directories of one tree.
 """
 
 from ._base import SupportsGrep as SupportsGrep
+from ._base import SupportsLocalFiles as SupportsLocalFiles
 from ._base import SupportsRangedRead as SupportsRangedRead
+from ._base import SupportsReadBeneath as SupportsReadBeneath
 from ._base import SupportsReadMany as SupportsReadMany
 from ._base import SupportsWalk as SupportsWalk
 from ._base import WorkspaceFilesystem as WorkspaceFilesystem
+from ._base import read_file_beneath as read_file_beneath
 from ._base import read_many as read_many
 from ._base import read_range as read_range
 from ._base import walk as walk
@@ -38,12 +41,15 @@ __all__ = [
     "LocalFilesystem",
     "MountInfo",
     "SupportsGrep",
+    "SupportsLocalFiles",
     "SupportsRangedRead",
+    "SupportsReadBeneath",
     "SupportsReadMany",
     "SupportsWalk",
     "WorkspaceFilesystem",
     "get_mime_type",
     "is_text_file",
+    "read_file_beneath",
     "read_many",
     "read_range",
     "walk",

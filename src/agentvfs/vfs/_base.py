@@ -219,6 +219,47 @@ async def read_many(fs: ReadsFiles, paths: Sequence[str], *, concurrency: int = 
 
 
 @runtime_checkable
+class SupportsReadBeneath(Protocol):
+    """Backends with symlinks that can read a file without leaving a given directory."""
+
+    async def read_file_beneath(self, directory: str, path: str) -> bytes:
+        """Read ``path`` (relative) below ``directory``, never leaving it."""
+        ...
+
+
+async def read_file_beneath(fs: ReadsFiles, directory: str, path: str) -> bytes:
+    """Read the file ``path`` (relative to ``directory``) without leaving ``directory``.
+
+    On local disk symlinks are followed only while they stay below ``directory``, and the
+    whole resolution happens beneath a descriptor of it (a link swapped in meanwhile cannot
+    lead out). Storage without symlinks needs only the lexical check.
+
+    Raises
+    ------
+    PermissionDenied
+        ``path`` is absolute, climbs above ``directory`` with ``..``, or (local disk) leads
+        out of it through a symlink.
+    """
+    if isinstance(fs, SupportsReadBeneath):
+        return await fs.read_file_beneath(directory, path)
+    parts: list[str] = []
+    for part in path.split("/"):
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if not parts:
+                raise PermissionDenied(path, "access (it leads outside its directory)")
+            parts.pop()
+            continue
+        parts.append(part)
+    if path.startswith("/"):
+        raise PermissionDenied(path, "access (it leads outside its directory)")
+    target = "/".join([directory.rstrip("/"), *parts]) if directory.strip("/") else "/".join(parts)
+    data = await fs.read_file(target)
+    return data if isinstance(data, bytes) else data.encode("utf-8")
+
+
+@runtime_checkable
 class SupportsListStats(Protocol):
     """Backends that return full metadata of every child in one listing request."""
 
@@ -312,6 +353,25 @@ def _write_local(local_path: str, data: bytes) -> None:
 def copy_local(src: str, dest: str) -> None:
     """Copy a local file's bytes (kernel-side where the OS can)."""
     shutil.copyfile(src, dest)
+
+
+@runtime_checkable
+class SupportsLocalFiles(Protocol):
+    """Backends on this machine's disk that hand out descriptors of their files, for readers
+    and writers that work on descriptors (a FUSE mount's passthrough). Synchronous: they are
+    called from threads that must not wait for an event loop.
+
+    Descriptors, not paths: a path handed out could be redirected by a symlink swapped in
+    before it is opened; a descriptor names what the backend resolved, inside its root.
+    """
+
+    def local_open(self, path: str, flags: int, mode: int = 0o600) -> int:
+        """Open the regular file at ``path`` with ``os.open`` ``flags``; a new descriptor."""
+        ...
+
+    def local_unlink(self, path: str) -> None:
+        """Remove the name ``path`` on disk."""
+        ...
 
 
 @runtime_checkable

@@ -16,6 +16,7 @@ from ._base import (
     drop_hidden,
     filter_extension,
     new_id,
+    read_file_beneath,
     read_many,
     read_range,
     read_range_into,
@@ -349,6 +350,12 @@ class CompositeFilesystem(WorkspaceFilesystem):
             for path, rest in members.items():
                 out[path] = got[rest]
         return out
+
+    async def read_file_beneath(self, directory: str, path: str) -> bytes:
+        """Read ``path`` below ``directory`` without leaving it, through the mount that holds
+        ``directory`` (see :func:`agentvfs.vfs.read_file_beneath`)."""
+        _, fs, rest = self._route(directory)
+        return await read_file_beneath(fs, rest, path)
 
     async def exists(self, path: str) -> bool:
         """Synthetic directories and mount points always exist."""

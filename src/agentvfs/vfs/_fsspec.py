@@ -6,9 +6,6 @@ import contextlib
 import errno as _errno
 import os
 import posixpath
-import secrets
-import shutil
-import stat as stat_module
 import threading
 import time
 from collections import OrderedDict
@@ -44,6 +41,8 @@ from ._base import (
     order_tree,
     run_sync,
 )
+from ._disk import TMP_MARK as _TMP_MARK
+from ._disk import staged_name
 from ._grep import compile_pattern, grep_lines
 from ._mime import get_mime_type, is_text_file
 from ._ranged import SignedRangeReader, signed_range_reader
@@ -57,20 +56,11 @@ T = TypeVar("T")
 _OBJECT_STORES = frozenset({"s3", "s3a", "gs", "gcs", "abfs", "abfss", "az", "adl", "oss", "r2"})
 _PROVIDER_ALIASES = {"gs": "gcs", "local": "file", "s3a": "s3", "abfss": "abfs", "az": "abfs"}
 
-# Staged writes use a hidden sibling with this marker in its name; listings hide such names.
-_TMP_MARK = ".agentvfs-tmp-"
 _UPLOAD_CHUNK = 160 * 1024 * 1024
 # Files read at once by a batch read through signed URLs (read_many, grep).
 _READ_THREADS = 16
 
 
-def _link_or_copy(src: str, dest: str) -> None:
-    """Put the bytes of ``src`` at ``dest``: a hard link when both are on one device (no
-    copy at all), else a kernel-side copy."""
-    try:
-        os.link(src, dest)
-    except OSError:
-        shutil.copyfile(src, dest)
 _EPOCH = datetime.fromtimestamp(0, UTC)
 _DEFAULT_MAX_DEPTH = 100
 # A directory whose listing is larger than this is not cached for write checks; a write
@@ -81,6 +71,16 @@ _LISTING_TTL_CAP = 30.0
 
 
 _NEVER = threading.Event()
+
+
+def _names_local_disk(fs_or_url: Any) -> bool:
+    """Whether ``FsspecFilesystem(fs_or_url)`` would sit on this machine's disk."""
+    if isinstance(fs_or_url, LocalFileSystem):
+        return True
+    if isinstance(fs_or_url, str) and "::" not in fs_or_url:
+        protocol, _ = fsspec.core.split_protocol(fs_or_url)
+        return protocol in (None, "file", "local")
+    return False
 
 
 class _Cancelled(Exception):
@@ -277,6 +277,14 @@ class FsspecFilesystem(WorkspaceFilesystem):
 
     name = "FsspecFilesystem"
 
+    def __new__(cls, fs_or_url: Any = None, *args: Any, **kwargs: Any) -> FsspecFilesystem:
+        # One class per storage kind, chosen here: local disk gets the descriptor-based one.
+        if cls is FsspecFilesystem and _names_local_disk(fs_or_url):
+            from ._disk_fs import DiskFilesystem
+
+            return super().__new__(DiskFilesystem)
+        return super().__new__(cls)
+
     def __init__(
         self,
         fs_or_url: fsspec.AbstractFileSystem | str,
@@ -341,7 +349,6 @@ class FsspecFilesystem(WorkspaceFilesystem):
         self._listings = _Listings(listing_ttl)
         self._versions: OrderedDict[str, tuple[int, str]] = OrderedDict()
         self._versions_lock = threading.Lock()
-        self._real_root = os.path.realpath(self._root_path) if self._local else ""
         #: Ranged reads through signed URLs where the store signs them (``_ranged``).
         self._ranged: SignedRangeReader | None = signed_range_reader(fs) if self._object else None
 
@@ -361,21 +368,7 @@ class FsspecFilesystem(WorkspaceFilesystem):
         return self._prefix + rel if rel else self._root_path
 
     def _rel(self, path: str) -> str:
-        rel = _paths.normalize(path)
-        if self._local and rel:
-            self._guard_local(path, rel)
-        return rel
-
-    def _guard_local(self, display: str, rel: str) -> None:
-        # On local disk a symlink inside the root may point anywhere; resolve the deepest
-        # existing ancestor and refuse anything that lands outside (this also stops creating
-        # files through a symlinked directory that points out).
-        if not self._contained_real(self._prefix + rel):
-            raise PermissionDenied(display, "access")
-
-    def _contained_real(self, host_path: str) -> bool:
-        """Tell whether a local host path stays inside the root once symlinks resolve."""
-        return _paths.realpath_contained(host_path, [self._real_root])
+        return _paths.normalize(path)
 
     def _is_root(self, rel: str) -> bool:
         return not rel
@@ -480,7 +473,6 @@ class FsspecFilesystem(WorkspaceFilesystem):
             modified_at=modified,
             mime_type=get_mime_type(name) if kind == "file" else None,
             etag=str(etag).strip('"') if etag is not None and kind == "file" else None,
-            mode=stat_module.S_IMODE(info["mode"]) if self._local and "mode" in info else None,
         )
         if stat.etag is not None:
             self._remember_version(rel, stat)
@@ -688,7 +680,7 @@ class FsspecFilesystem(WorkspaceFilesystem):
                 with open(local_path, "rb") as f:
                     self._fs.pipe_file(bpath, f.read())
             else:
-                self._publish(rel, display, lambda tmp: _link_or_copy(local_path, tmp), True, cancel)
+                self._publish(rel, display, lambda tmp: self._fs.put_file(local_path, tmp), True, cancel)
         except _Cancelled:
             return
         except FilesystemError:
@@ -725,22 +717,6 @@ class FsspecFilesystem(WorkspaceFilesystem):
         except Exception as exc:
             raise self._translate(exc, display, "open_upload") from exc
 
-    def local_path(self, path: str) -> str | None:
-        """The host path of a file on local disk (inside the root; None elsewhere), for
-        readers that can read it directly."""
-        if not self._local:
-            return None
-        rel = self._rel(path)
-        self._guard_local(path, rel)
-        return self._bpath(rel)
-
-    def local_staging_dir(self) -> str | None:
-        """A directory beside the files (local disk only) where a FUSE mount stages writes, so
-        that publishing one is a link and a rename instead of a copy; hidden from listings."""
-        if not self._local:
-            return None
-        return f"{self._bpath('').rstrip('/') or '/'}/.mount{_TMP_MARK}{os.getpid()}"
-
     async def download_file(self, path: str, local_path: str) -> None:
         """Copy ``path`` into the local file ``local_path`` in a streamed transfer."""
         if self.status != "ready":
@@ -749,16 +725,12 @@ class FsspecFilesystem(WorkspaceFilesystem):
         await self._call(self._download_sync, rel, path, local_path)
 
     def _download_sync(self, rel: str, display: str, local_path: str) -> None:
-        self._guard_local(display, rel)
         bpath = self._bpath(rel)
         try:
-            if self._memory or self._local:
-                # get_file of these copies through Python; a plain copy is kernel-side.
-                if self._memory:
-                    with open(local_path, "wb") as f:
-                        f.write(self._fs.cat_file(bpath))
-                else:
-                    shutil.copyfile(bpath, local_path)
+            if self._memory:
+                # get_file copies through Python a block at a time; this is one write.
+                with open(local_path, "wb") as f:
+                    f.write(self._fs.cat_file(bpath))
             else:
                 self._fs.get_file(bpath, local_path)
         except FilesystemError:
@@ -782,12 +754,7 @@ class FsspecFilesystem(WorkspaceFilesystem):
     def _entry(self, name: str, info: dict[str, Any]) -> FileEntry:
         kind: FileType = "directory" if info.get("type") == "directory" else "file"
         link = bool(info.get("islink"))
-        target = None
-        if link and self._local:
-            with contextlib.suppress(OSError):
-                target = os.readlink(info["name"])
-            # The entry's type is its target's (a broken link lists as a file).
-            kind = "directory" if os.path.isdir(info["name"]) else "file"
+        target = info.get("destination") if link else None
         return FileEntry(
             name=name,
             type=kind,
@@ -893,8 +860,6 @@ class FsspecFilesystem(WorkspaceFilesystem):
         return self._children(rel, raw, display)
 
     def _walk_sync(self, rel: str, display: str, max_depth: int) -> list[FileEntry]:
-        if self._local:
-            return self._walk_local(rel, display, max_depth)
         bpath = self._bpath(rel)
         try:
             # No maxdepth: with one, s3fs and gcsfs fall back to one listing per directory;
@@ -936,42 +901,6 @@ class FsspecFilesystem(WorkspaceFilesystem):
         if not found and rel:
             self._require_dir(rel, display)
         return order_tree(entries)
-
-    def _walk_local(self, rel: str, display: str, max_depth: int) -> list[FileEntry]:
-        top = self._bpath(rel)
-        if not os.path.isdir(top):
-            raise DirectoryNotFound(display) if not os.path.lexists(top) else NotDirectory(display)
-        out: list[FileEntry] = []
-
-        def visit(directory: str, prefix: str, depth: int, seen: frozenset[tuple[int, int]]) -> None:
-            try:
-                with os.scandir(directory) as it:
-                    items = sorted(it, key=lambda d: d.name)
-            except OSError:
-                return
-            for item in items:
-                if _TMP_MARK in item.name:
-                    continue
-                sub = f"{prefix}{item.name}"
-                link = item.is_symlink()
-                is_dir = item.is_dir(follow_symlinks=True)
-                target = os.readlink(item.path) if link else None
-                size = item.stat().st_size if not is_dir and not link else None
-                out.append(FileEntry(sub, "directory" if is_dir else "file", size, link, target))
-                # Symlinked directories are followed only while they stay inside the root, and
-                # never into a directory already on the way down (a link cycle).
-                if is_dir and depth < max_depth and (not link or self._contained_real(item.path)):
-                    try:
-                        info = os.stat(item.path)
-                    except OSError:
-                        continue
-                    key = (info.st_dev, info.st_ino)
-                    if key not in seen:
-                        visit(item.path, sub + "/", depth + 1, seen | {key})
-
-        top_info = os.stat(top)
-        visit(top, "", 1, frozenset({(top_info.st_dev, top_info.st_ino)}))
-        return out
 
     # -- write side ---------------------------------------------------------------------------------
 
@@ -1109,34 +1038,16 @@ class FsspecFilesystem(WorkspaceFilesystem):
         overwrite: bool,
         cancel: threading.Event,
     ) -> None:
-        """Stage new content in a hidden sibling with ``stage(tmp)``, then move it into place in
-        one step: a rename, or without ``overwrite`` an exclusive hard link.
-
-        On local disk a symlink is written through to its (contained) target and an existing
-        file keeps its permission bits, as an in-place write would.
-        """
+        """Stage new content in a hidden sibling with ``stage(tmp)``, then move it into place
+        (backends with real directories but no atomic write; local disk has its own)."""
         bpath = self._bpath(rel)
-        if self._local:
-            if os.path.islink(bpath):
-                bpath = os.path.realpath(bpath)
-            if os.path.isdir(bpath):
-                raise IsDirectory(display)
         tmp = self._tmp_path(bpath)
         try:
             stage(tmp)
-            if self._local:
-                with contextlib.suppress(FileNotFoundError):
-                    os.chmod(tmp, stat_module.S_IMODE(os.stat(bpath).st_mode))
             if cancel.is_set():
                 raise _Cancelled
             if not overwrite:
                 self._link_exclusive(tmp, bpath, display)
-            elif self._local:
-                os.replace(tmp, bpath)
-                if os.path.lexists(tmp):
-                    # rename(2) of two links to one inode does nothing: the staged copy was
-                    # already the file (a hard-linked publish of unchanged content).
-                    os.unlink(tmp)
             else:
                 self._fs.mv(tmp, bpath)
         except BaseException:
@@ -1145,21 +1056,6 @@ class FsspecFilesystem(WorkspaceFilesystem):
             raise
 
     def _link_exclusive(self, tmp: str, bpath: str, display: str) -> None:
-        if self._local:
-            try:
-                # A hard link fails if the target exists: an atomic create-exclusive.
-                os.link(tmp, bpath)
-            except FileExistsError:
-                raise FileExists(display) from None
-            except OSError as exc:
-                if exc.errno not in (_errno.EPERM, _errno.ENOTSUP, _errno.EXDEV):
-                    raise
-                fd = os.open(bpath, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-                os.close(fd)
-                os.replace(tmp, bpath)
-                return
-            os.unlink(tmp)
-            return
         if self._fs.exists(bpath):
             raise FileExists(display)
         self._fs.mv(tmp, bpath)
@@ -1167,9 +1063,7 @@ class FsspecFilesystem(WorkspaceFilesystem):
     @staticmethod
     def _tmp_path(bpath: str) -> str:
         parent, _, name = bpath.rpartition("/")
-        # Keep the staged name within 255 bytes however long the real name is.
-        short = name.encode()[:120].decode("utf-8", "ignore")
-        return f"{parent}/.{short}{_TMP_MARK}{secrets.token_hex(6)}"
+        return f"{parent}/{staged_name(name)}"
 
     def _prepare_parent(self, rel: str, display: str, recursive: bool) -> None:
         """Make sure the parent directory exists (real-directory backends)."""
@@ -1272,45 +1166,11 @@ class FsspecFilesystem(WorkspaceFilesystem):
             self._fs.pipe_file(self._bpath(parent) + "/", b"")
 
     async def append_file(self, path: str, content: str | bytes) -> None:
-        """Append to a file, creating it and its parents if missing.
-
-        On local disk the bytes are appended in place and the file is cut back to its old
-        length if the append fails; elsewhere the whole object is rewritten with a version
-        check, so a concurrent writer is never silently overwritten.
-        """
+        """Append to a file, creating it and its parents if missing: the whole object is
+        rewritten with a version check, so a concurrent writer is never silently overwritten
+        (local disk appends in place)."""
         self._check_writable("append_file")
-        if not self._local:
-            await super().append_file(path, content)
-            return
-        data = _as_bytes(content)
-        if self.status != "ready":
-            await self.ensure_ready()
-        rel = self._rel(path)
-        await self._call(self._append_local, rel, path, data)
-
-    def _append_local(self, rel: str, display: str, data: bytes) -> None:
-        if not rel:
-            raise IsDirectory(display)
-        self._prepare_parent(rel, display, True)
-        bpath = self._bpath(rel)
-        try:
-            fd = os.open(bpath, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
-        except OSError as exc:
-            raise self._translate(exc, display, "append_file") from exc
-        try:
-            size = os.fstat(fd).st_size
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
-            except BaseException:
-                # Unbuffered, so cutting back cannot trip over data still waiting to be flushed.
-                os.ftruncate(fd, size)
-                raise
-        except OSError as exc:
-            raise self._translate(exc, display, "append_file") from exc
-        finally:
-            os.close(fd)
+        await super().append_file(path, content)
 
     async def delete_file(self, path: str, *, force: bool = False) -> None:
         """Delete a file; see :meth:`WorkspaceFilesystem.delete_file`."""
@@ -1508,13 +1368,7 @@ class FsspecFilesystem(WorkspaceFilesystem):
         try:
             self._prepare_parent(dest_rel, dest, True)
             bsrc, bdest = self._bpath(src_rel), self._bpath(dest_rel)
-            if self._local:
-                if not overwrite and info.get("type") != "directory":
-                    self._link_exclusive(bsrc, bdest, dest)
-                    return
-                os.replace(bsrc, bdest)
-            else:
-                self._fs.mv(bsrc, bdest, recursive=info.get("type") == "directory")
+            self._fs.mv(bsrc, bdest, recursive=info.get("type") == "directory")
         except FilesystemError:
             raise
         except Exception as exc:
@@ -1652,9 +1506,6 @@ class FsspecFilesystem(WorkspaceFilesystem):
         return out
 
     def _cat_many(self, rels: list[str]) -> dict[str, bytes]:
-        if self._local:
-            # A listing shows links; reading follows them, so only contained targets are read.
-            rels = [r for r in rels if self._contained_real(self._bpath(r))]
         if not rels:
             return {}
         paths = {self._bpath(r): r for r in rels}

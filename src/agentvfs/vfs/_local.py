@@ -11,7 +11,8 @@ from fsspec.implementations.local import LocalFileSystem
 from ..errors import PermissionDenied
 from . import _paths
 from ._base import new_id
-from ._fsspec import FsspecFilesystem
+from ._disk import Disk
+from ._disk_fs import DiskFilesystem
 from ._records import FileStat
 
 __all__ = ["LocalFilesystem"]
@@ -27,14 +28,18 @@ def _inside(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
-class LocalFilesystem(FsspecFilesystem):
+class LocalFilesystem(DiskFilesystem):
     """A local directory as a workspace filesystem.
 
     Relative paths resolve against ``base_path``. Absolute paths are host paths: with
     ``contained`` (the default) they must lie inside ``base_path`` or an allowed path, else
     :class:`~agentvfs.errors.PermissionDenied` with a hint to use a relative path. Symlinks are
-    resolved: nothing reachable through a link that points outside the roots can be read, and
-    nothing can be created through a linked directory that points outside.
+    followed only while they stay inside those roots (a link may lead from ``base_path`` into
+    an allowed path): nothing reachable through a link that points outside can be read, and
+    nothing can be created through a linked directory that points outside. Each operation
+    resolves its path once, beneath a descriptor of its root, and acts on what it found, so a
+    symlink swapped in during a call cannot lead it out either (see
+    :class:`~agentvfs.vfs._disk.Disk`). FIFOs, devices and sockets are never opened.
 
     Parameters
     ----------
@@ -88,7 +93,6 @@ class LocalFilesystem(FsspecFilesystem):
         self.base_path = base
         self.contained = bool(contained)
         self._allowed: list[str] = []
-        self._real_roots: list[str] = []
         self.set_allowed_paths(list(allowed_paths))
 
     # -- configuration ------------------------------------------------------------------------------
@@ -109,7 +113,7 @@ class LocalFilesystem(FsspecFilesystem):
             raw = _expand(os.fspath(item))
             resolved.append(os.path.normpath(raw if os.path.isabs(raw) else os.path.join(self.base_path, raw)))
         self._allowed = resolved
-        self._real_roots = [os.path.realpath(r) for r in [self.base_path, *resolved]]
+        self._disk = Disk([self.base_path, *resolved] if self.contained else ["/"])
 
     # -- path resolution ------------------------------------------------------------------------------
 
@@ -124,17 +128,15 @@ class LocalFilesystem(FsspecFilesystem):
         _paths.check_name(path)
         raw = _expand(path)
         target = os.path.normpath(raw if os.path.isabs(raw) else os.path.join(self.base_path, raw))
-        if self.contained:
-            roots = [self.base_path, *self._allowed]
-            lexical = any(_inside(target, r) for r in roots)
-            if not lexical and not self._contained_real(target):
-                raise PermissionDenied(path, self._refusal(path))
-            in_allowed = any(_inside(target, r) for r in self._allowed)
-            if not in_allowed and not self._contained_real(target):
-                # Inside lexically, but a symlink on the way leads out (strict rule: this
-                # also covers creating a new name below a linked directory).
-                raise PermissionDenied(target, "access")
+        # Lexically inside a root (by its path or its real path); symlinks on the way are the
+        # business of each operation, which resolves beneath the root's descriptor.
+        if self.contained and not self._disk.contains(target):
+            raise PermissionDenied(path, self._refusal(path))
         return target.lstrip("/")
+
+    def _escape_display(self, rel: str, display: str) -> str:
+        # A symlink that leads out is reported with the host path it was met on.
+        return "/" + rel
 
     def _refusal(self, path: str) -> str:
         if not path.startswith("/"):
@@ -146,11 +148,6 @@ class LocalFilesystem(FsspecFilesystem):
         if os.path.lexists(os.path.join(self.base_path, first)):
             return f'access (path is outside the workspace; use a relative path like "{stripped}")'
         return 'access (path is outside the workspace; use a path relative to the workspace root, without a leading "/")'
-
-    def _contained_real(self, host_path: str) -> bool:
-        if not self.contained:
-            return True
-        return _paths.realpath_contained(host_path, self._real_roots)
 
     def _is_root(self, rel: str) -> bool:
         return not rel or "/" + rel == self.base_path
@@ -186,8 +183,16 @@ class LocalFilesystem(FsspecFilesystem):
         return await self._call(self._realpath_sync, "/" + self._rel(path))
 
     def _realpath_sync(self, host: str) -> str:
-        real, real_base = os.path.realpath(host), self._real_roots[0]
+        try:
+            real = self._disk.realpath(host)
+        except Exception as exc:
+            raise self._refuse(exc, host.lstrip("/"), host, "realpath") from exc
+        real_base = os.path.realpath(self.base_path)
         return os.path.relpath(real, real_base) if _inside(real, real_base) else real
+
+    def _staging_root(self) -> str:
+        # Beside the workspace's own files (never the host's "/", which is the wrapped root).
+        return self.base_path
 
     # -- description ----------------------------------------------------------------------------------
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 from ..errors import InvalidPathError, NameTooLongError, PermissionDenied
 
 __all__ = [
@@ -13,7 +11,6 @@ __all__ = [
     "dirname",
     "join",
     "normalize",
-    "realpath_contained",
 ]
 
 MAX_NAME_BYTES = 255
@@ -91,21 +88,3 @@ def dirname(path: str) -> str:
 def basename(path: str) -> str:
     """Return the last segment of a normalised path."""
     return path[path.rfind("/") + 1 :]
-
-
-def realpath_contained(target: str, roots: list[str]) -> bool:
-    """Tell whether ``target`` stays inside one of ``roots`` once symlinks are resolved.
-
-    The deepest existing ancestor is resolved with ``realpath`` and the rest appended, so a
-    path being created through a symlinked directory that points outside is caught before
-    anything is created (the strict rule).
-
-    Parameters
-    ----------
-    target : str
-        Absolute host path.
-    roots : list of str
-        Absolute host paths, already resolved with ``os.path.realpath``.
-    """
-    resolved = os.path.realpath(target)
-    return any(resolved == root or resolved.startswith(root.rstrip("/") + "/") for root in roots)

@@ -1,0 +1,569 @@
+"""The local-disk kind of :class:`~agentvfs.vfs.FsspecFilesystem`: every operation through
+descriptors of :class:`~agentvfs.vfs._disk.Disk`, so that a symlink swapped during a call
+cannot take it outside the root.
+
+``FsspecFilesystem("file:///path")`` (or around a ``LocalFileSystem`` instance) is built as a
+:class:`DiskFilesystem`, and ``LocalFilesystem`` extends it. The object-store and memory code
+of the parent never runs here: this class replaces each storage step the parent would have
+sent through fsspec's ``LocalFileSystem``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno as _errno
+import os
+import posixpath
+import stat as stat_module
+import threading
+from typing import Any
+
+from ..errors import (
+    DirectoryNotEmpty,
+    DirectoryNotFound,
+    FileExists,
+    FileNotFound,
+    FilesystemError,
+    IsDirectory,
+    NotDirectory,
+    NotRegularFile,
+    PermissionDenied,
+)
+from . import _paths
+from ._disk import (
+    TMP_MARK,
+    ContainmentError,
+    Disk,
+    DiskEntry,
+    NotRegularFileError,
+    copy_into,
+    link_or_copy_from,
+    write_into,
+)
+from ._fsspec import FsspecFilesystem, _display_parent
+from ._records import FileEntry, FileStat, FileType
+
+__all__ = ["DiskFilesystem"]
+
+_O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+def _info_dict(host: str, own: os.stat_result, seen: os.stat_result | None, link: str | None) -> dict[str, Any]:
+    """The info record fsspec's LocalFileSystem gives, from a (possibly followed) status."""
+    out = seen if seen is not None else own
+    mode = out.st_mode
+    kind = "directory" if stat_module.S_ISDIR(mode) else "file" if stat_module.S_ISREG(mode) else "other"
+    info: dict[str, Any] = {
+        "name": host,
+        "size": out.st_size,
+        "type": kind,
+        "created": getattr(out, "st_birthtime", out.st_ctime),
+        "islink": link is not None,
+        "mode": out.st_mode,
+        "uid": out.st_uid,
+        "gid": out.st_gid,
+        "mtime": out.st_mtime,
+        "ino": out.st_ino,
+        "nlink": out.st_nlink,
+    }
+    if link is not None:
+        info["destination"] = link
+    return info
+
+
+class DiskFilesystem(FsspecFilesystem):
+    """A directory on local disk under a root nothing can leave, not even through a race.
+
+    See :class:`FsspecFilesystem` for the parameters; this is what it builds for ``file://``
+    URLs and ``LocalFileSystem`` instances. Symlinks inside the root work while they stay
+    inside (also when created after the check: each call resolves once, beneath a descriptor
+    of the root, and acts on what it found). FIFOs, devices and sockets are listed but never
+    opened: reading or writing one fails with :class:`~agentvfs.errors.NotRegularFile`.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._disk = Disk([self._root_path or "/"])
+        # A FUSE mount stages here (see local_staging_dir), held by descriptor.
+        self._staging_fd = -1
+        self._staging_users = 0
+        self._staging_lock = threading.Lock()
+
+    # -- errors ---------------------------------------------------------------------------------
+
+    def _escape_display(self, rel: str, display: str) -> str:
+        """How a containment refusal names the path (LocalFilesystem names the host path)."""
+        return display
+
+    def _translate(self, exc: BaseException, display: str, operation: str) -> BaseException:
+        if isinstance(exc, ContainmentError):
+            return PermissionDenied(display, "access")
+        if isinstance(exc, NotRegularFileError):
+            return NotRegularFile(display, exc.kind)
+        return super()._translate(exc, display, operation)
+
+    def _refuse(self, exc: BaseException, rel: str, display: str, operation: str) -> BaseException:
+        """Translate ``exc``, naming escapes as :meth:`_escape_display` says."""
+        if isinstance(exc, ContainmentError):
+            return PermissionDenied(self._escape_display(rel, display), "access")
+        return self._translate(exc, display, operation)
+
+    # -- reads ----------------------------------------------------------------------------------
+
+    def _info(self, rel: str) -> dict[str, Any] | None:
+        host = self._bpath(rel)
+        try:
+            own = self._disk.lstat(host)
+            link = None
+            seen = own
+            if stat_module.S_ISLNK(own.st_mode):
+                link = self._disk.readlink(host)
+                seen = self._disk.stat(host)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except ContainmentError:
+            raise PermissionDenied(self._escape_display(rel, self._public_path(rel)), "access") from None
+        return _info_dict(host, own, seen, link)
+
+    def _stat_from_info(self, rel: str, info: dict[str, Any]) -> FileStat:
+        stat = super()._stat_from_info(rel, info)
+        return dataclasses.replace(stat, mode=stat_module.S_IMODE(info["mode"]))
+
+    def _read_sync(self, rel: str, display: str, start: int | None = None, end: int | None = None) -> bytes:
+        if self._is_root(rel):
+            raise IsDirectory(display)
+        try:
+            return self._disk.read(self._bpath(rel), start, end)
+        except IsADirectoryError:
+            raise IsDirectory(display) from None
+        except (FileNotFoundError, NotADirectoryError):
+            raise FileNotFound(display) from None
+        except Exception as exc:
+            raise self._refuse(exc, rel, display, "read_file") from exc
+
+    def _read_range_into_sync(self, rel: str, display: str, start: int, buffer: memoryview) -> int:
+        if self._is_root(rel):
+            raise IsDirectory(display)
+        try:
+            return self._disk.read_into(self._bpath(rel), start, buffer)
+        except IsADirectoryError:
+            raise IsDirectory(display) from None
+        except (FileNotFoundError, NotADirectoryError):
+            raise FileNotFound(display) from None
+        except Exception as exc:
+            raise self._refuse(exc, rel, display, "read_file") from exc
+
+    def _read_range_sync(self, rel: str, display: str, start: int, end: int) -> bytes:
+        return self._read_sync(rel, display, start, end)
+
+    async def read_file_beneath(self, directory: str, path: str) -> bytes:
+        """Read ``path`` (relative) below ``directory`` without leaving it, not even through a
+        symlink swapped in during the call (see :func:`agentvfs.vfs.read_file_beneath`).
+
+        Raises
+        ------
+        PermissionDenied
+            ``path`` leads out of ``directory``.
+        FileNotFound, IsDirectory, NotRegularFile
+            As :meth:`read_file`.
+        """
+        if self.status != "ready":
+            await self.ensure_ready()
+        rel = self._rel(directory)
+        shown = f"{directory.rstrip('/')}/{path}" if directory.strip("/") else path
+        return await self._call(self._read_beneath_sync, rel, path, shown)
+
+    def _read_beneath_sync(self, rel: str, path: str, shown: str) -> bytes:
+        try:
+            return self._disk.read_beneath(self._bpath(rel), path)
+        except ContainmentError:
+            raise PermissionDenied(path, "access (it leads outside its directory)") from None
+        except IsADirectoryError:
+            raise IsDirectory(shown) from None
+        except (FileNotFoundError, NotADirectoryError):
+            raise FileNotFound(shown) from None
+        except Exception as exc:
+            raise self._refuse(exc, rel, shown, "read_file") from exc
+
+    def _cat_many(self, rels: list[str]) -> dict[str, bytes]:
+        # A listing shows links and special files; only contained regular files are read.
+        out: dict[str, bytes] = {}
+        for rel in rels:
+            try:
+                out[rel] = self._disk.read(self._bpath(rel))
+            except (OSError, ValueError):
+                continue
+        return out
+
+    def _download_sync(self, rel: str, display: str, local_path: str) -> None:
+        try:
+            self._disk.copy_out(self._bpath(rel), local_path)
+        except IsADirectoryError:
+            raise IsDirectory(display) from None
+        except (FileNotFoundError, NotADirectoryError):
+            raise FileNotFound(display) from None
+        except Exception as exc:
+            raise self._refuse(exc, rel, display, "download_file") from exc
+
+    # -- listings -------------------------------------------------------------------------------
+
+    def _list_raw(self, rel: str, display: str) -> list[dict[str, Any]]:
+        host = self._bpath(rel)
+        try:
+            entries = self._disk.listdir(host)
+        except FileNotFoundError:
+            raise self._missing_dir(rel, display) from None
+        except NotADirectoryError:
+            raise self._missing_dir(rel, display) from None
+        except Exception as exc:
+            raise self._refuse(exc, rel, display, "readdir") from exc
+        return [
+            _info_dict(posixpath.join(host, e.name), e.lstat, e.stat, e.link) for e in entries
+        ]
+
+    def _listed(self, rel: str, display: str) -> dict[str, dict[str, Any]]:
+        # A directory lists its own entries even when empty; no second look needed.
+        return self._children(rel, self._list_raw(rel, display), display)
+
+    def _entry(self, name: str, info: dict[str, Any]) -> FileEntry:
+        link = bool(info.get("islink"))
+        # A link's type is its target's, where that lies inside (else, or broken: a file).
+        kind: FileType = "directory" if info.get("type") == "directory" else "file"
+        return FileEntry(
+            name=name,
+            type=kind,
+            size=int(info.get("size") or 0) if kind == "file" and not link else None,
+            is_symlink=link,
+            symlink_target=info.get("destination"),
+        )
+
+    def _walk_sync(self, rel: str, display: str, max_depth: int) -> list[FileEntry]:
+        host = self._bpath(rel)
+        try:
+            found = self._disk.walk(host, max_depth=max_depth, skip=lambda name: TMP_MARK in name)
+        except FileNotFoundError:
+            raise self._missing_dir(rel, display) from None
+        except NotADirectoryError:
+            raise NotDirectory(display) from None
+        except Exception as exc:
+            raise self._refuse(exc, rel, display, "readdir") from exc
+        return [self._walk_entry(entry) for entry in found]
+
+    @staticmethod
+    def _walk_entry(entry: DiskEntry) -> FileEntry:
+        is_dir = entry.is_dir
+        link = entry.link is not None
+        size = entry.lstat.st_size if not is_dir and not link else None
+        return FileEntry(entry.name, "directory" if is_dir else "file", size, link, entry.link)
+
+    # -- writes ---------------------------------------------------------------------------------
+
+    def _prepare_parent(self, rel: str, display: str, recursive: bool) -> None:
+        parent = _paths.dirname(rel)
+        if not parent or self._is_root(parent):
+            return
+        host = self._bpath(parent)
+        shown = _display_parent(display)
+        try:
+            if recursive:
+                self._disk.makedirs(host)
+                return
+            info = self._disk.stat(host)
+        except (FileExistsError, NotADirectoryError):
+            # A file on the way: in the way of a recursive write; without ``recursive``, the
+            # directory is simply not there (as on every backend).
+            raise (NotDirectory(shown) if recursive else DirectoryNotFound(shown)) from None
+        except FileNotFoundError:
+            raise DirectoryNotFound(shown) from None
+        except Exception as exc:
+            raise self._refuse(exc, parent, shown, "write_file") from exc
+        if not stat_module.S_ISDIR(info.st_mode):
+            raise NotDirectory(shown)
+
+    def _commit(
+        self,
+        rel: str,
+        display: str,
+        data: bytes,
+        overwrite: bool,
+        cancel: threading.Event,
+        extra: dict[str, Any],
+    ) -> None:
+        self._publish_fill(rel, display, write_into(data), overwrite, cancel)
+
+    def _publish_fill(
+        self, rel: str, display: str, fill: Any, overwrite: bool, cancel: threading.Event
+    ) -> None:
+        try:
+            self._disk.publish(
+                self._bpath(rel), fill, overwrite=overwrite, proceed=lambda: not cancel.is_set()
+            )
+        except IsADirectoryError:
+            raise IsDirectory(display) from None
+        except FileExistsError:
+            raise FileExists(display) from None
+        except FilesystemError:
+            raise
+        except Exception as exc:
+            raise self._refuse(exc, rel, display, "write_file") from exc
+
+    def _upload_sync(self, rel: str, display: str, local_path: str, cancel: threading.Event) -> None:
+        if self._is_root(rel):
+            raise IsDirectory(display)
+        self._prepare_parent(rel, display, True)
+        if cancel.is_set():
+            return
+        self._publish_fill(rel, display, link_or_copy_from(local_path), True, cancel)
+
+    async def append_file(self, path: str, content: str | bytes) -> None:
+        """Append to a file in place, creating it and its parents if missing; the file is cut
+        back to its old length if the append fails."""
+        self._check_writable("append_file")
+        data = content.encode("utf-8") if isinstance(content, str) else bytes(content)
+        if self.status != "ready":
+            await self.ensure_ready()
+        rel = self._rel(path)
+        await self._call(self._append_sync, rel, path, data)
+
+    def _append_sync(self, rel: str, display: str, data: bytes) -> None:
+        if self._is_root(rel):
+            raise IsDirectory(display)
+        self._prepare_parent(rel, display, True)
+        try:
+            self._disk.append(self._bpath(rel), data)
+        except IsADirectoryError:
+            raise IsDirectory(display) from None
+        except Exception as exc:
+            raise self._refuse(exc, rel, display, "append_file") from exc
+
+    def _delete_sync(self, rel: str, display: str, force: bool) -> None:
+        if self._is_root(rel):
+            raise IsDirectory(display)
+        info = self._info(rel)
+        if info is None:
+            # A broken symlink has no info but is a name that can go.
+            try:
+                self._disk.unlink(self._bpath(rel))
+                return
+            except (FileNotFoundError, NotADirectoryError):
+                if force:
+                    return
+                raise FileNotFound(display) from None
+            except Exception as exc:
+                raise self._refuse(exc, rel, display, "delete_file") from exc
+        if info.get("type") == "directory":
+            raise IsDirectory(display)
+        try:
+            self._disk.unlink(self._bpath(rel))
+        except FileNotFoundError:
+            if not force:
+                raise FileNotFound(display) from None
+        except IsADirectoryError:
+            raise IsDirectory(display) from None
+        except Exception as exc:
+            raise self._refuse(exc, rel, display, "delete_file") from exc
+
+    def _mkdir_sync(self, rel: str, display: str, recursive: bool) -> None:
+        if self._is_root(rel):
+            return
+        info = self._info(rel)
+        if info is not None:
+            if info.get("type") == "directory":
+                return
+            raise FileExists(display)
+        host = self._bpath(rel)
+        try:
+            if recursive:
+                self._disk.makedirs(host)
+            else:
+                self._disk.mkdir(host)
+        except FileExistsError:
+            # Made by someone else meanwhile (fine if a directory), or a file in the way.
+            again = self._info(rel)
+            if again is not None and again.get("type") == "directory":
+                return
+            raise (FileExists(display) if again is not None else NotDirectory(_display_parent(display))) from None
+        except NotADirectoryError:
+            raise NotDirectory(_display_parent(display)) from None
+        except FileNotFoundError:
+            raise DirectoryNotFound(_display_parent(display)) from None
+        except Exception as exc:
+            raise self._refuse(exc, rel, display, "mkdir") from exc
+
+    def _rmdir_sync(self, rel: str, display: str, recursive: bool, force: bool) -> None:
+        if self._is_root(rel):
+            raise PermissionDenied(display or ".", "rmdir (the workspace root cannot be removed)")
+        info = self._info(rel)
+        if info is None:
+            if force:
+                return
+            raise DirectoryNotFound(display)
+        if info.get("type") != "directory":
+            raise NotDirectory(display)
+        host = self._bpath(rel)
+        try:
+            if recursive:
+                self._disk.rmtree(host)
+            else:
+                if self._children(rel, self._list_raw(rel, display), display):
+                    raise DirectoryNotEmpty(display)
+                self._disk.rmdir(host)
+        except FilesystemError:
+            raise
+        except FileNotFoundError:
+            if not force:
+                raise DirectoryNotFound(display) from None
+        except OSError as exc:
+            if exc.errno == _errno.ENOTEMPTY:
+                raise DirectoryNotEmpty(display) from None
+            raise self._refuse(exc, rel, display, "rmdir") from exc
+
+    def _copy_sync(
+        self, src_rel: str, src: str, dest_rel: str, dest: str, overwrite: bool, cancel: threading.Event
+    ) -> None:
+        if self._is_root(dest_rel):
+            raise IsDirectory(dest)
+        dinfo = self._info(dest_rel)
+        if dinfo is not None:
+            if dinfo.get("type") == "directory":
+                raise IsDirectory(dest)
+            if not overwrite:
+                raise FileExists(dest)
+        self._prepare_parent(dest_rel, dest, True)
+        try:
+            fd = self._disk.open_regular(self._bpath(src_rel))
+        except IsADirectoryError:
+            raise IsDirectory(src) from None
+        except (FileNotFoundError, NotADirectoryError):
+            raise FileNotFound(src) from None
+        except Exception as exc:
+            raise self._refuse(exc, src_rel, src, "copy_file") from exc
+        try:
+            self._publish_fill(dest_rel, dest, copy_into(fd), overwrite, cancel)
+        finally:
+            os.close(fd)
+
+    def _move_sync(self, src_rel: str, src: str, dest_rel: str, dest: str, overwrite: bool) -> None:
+        if self._is_root(src_rel):
+            raise PermissionDenied(src or ".", "move_file (the workspace root cannot be moved)")
+        info = self._info(src_rel)
+        if info is None:
+            raise FileNotFound(src)
+        if self._is_root(dest_rel):
+            raise IsDirectory(dest)
+        dinfo = self._info(dest_rel)
+        if dinfo is not None:
+            if not overwrite:
+                raise FileExists(dest)
+            if dinfo.get("type") == "directory" and info.get("type") != "directory":
+                raise IsDirectory(dest)
+        if info.get("type") == "directory" and (dest_rel + "/").startswith(src_rel + "/"):
+            raise PermissionDenied(dest, "move_file (cannot move a directory into itself)")
+        self._prepare_parent(dest_rel, dest, True)
+        try:
+            self._disk.rename(self._bpath(src_rel), self._bpath(dest_rel), replace=overwrite)
+        except FileExistsError:
+            raise FileExists(dest) from None
+        except FileNotFoundError:
+            raise FileNotFound(src) from None
+        except IsADirectoryError:
+            raise IsDirectory(dest) from None
+        except OSError as exc:
+            if exc.errno == _errno.ENOTEMPTY:
+                raise DirectoryNotEmpty(dest) from None
+            raise self._refuse(exc, dest_rel, dest, "move_file") from exc
+
+    # -- direct access for mounts -------------------------------------------------------------
+
+    def local_open(self, path: str, flags: int, mode: int = 0o600) -> int:
+        """Open the file at ``path`` on disk, for a reader or writer that works on descriptors
+        (a FUSE mount's passthrough). Only regular files open; symlinks are followed inside.
+
+        Parameters
+        ----------
+        path : str
+            A workspace path.
+        flags : int
+            ``os.open`` flags (``O_CREAT | O_EXCL`` creates; ``O_NOFOLLOW`` refuses a symlink).
+        mode : int
+            Permission bits of a created file.
+
+        Returns
+        -------
+        int
+            A new descriptor (close-on-exec), the caller's to close.
+
+        Raises
+        ------
+        OSError
+            As ``open(2)``; ``PermissionDenied`` for a path that leads out of the root,
+            ``NotRegularFile`` for a FIFO, device or socket.
+        """
+        rel = self._rel(path)
+        try:
+            return self._disk.open_regular(self._bpath(rel), flags, mode)
+        except Exception as exc:
+            raise self._refuse(exc, rel, path, "open") from exc
+
+    def local_unlink(self, path: str) -> None:
+        """Remove the name ``path`` on disk (a symlink itself, not its target).
+
+        Raises
+        ------
+        OSError
+            As ``unlink(2)``; ``PermissionDenied`` for a path that leads out of the root.
+        """
+        rel = self._rel(path)
+        if self._is_root(rel):
+            raise IsDirectory(path)
+        try:
+            self._disk.unlink(self._bpath(rel))
+        except FileNotFoundError:
+            raise
+        except Exception as exc:
+            raise self._refuse(exc, rel, path, "unlink") from exc
+
+    def local_staging_dir(self) -> str | None:
+        """A directory beside the files where a FUSE mount stages writes, so that publishing
+        one is a link and a rename instead of a copy; hidden from listings.
+
+        It is made inside the root through descriptors and named by its descriptor
+        (``/proc/self/fd/N``): nothing that renames or swaps it afterwards redirects what is
+        staged there. Each caller gives it back with :meth:`local_staging_release`. None for a
+        read-only filesystem, or where it cannot be made (a missing root).
+        """
+        if self.read_only:
+            return None  # nothing will be written: no reason to touch the directory
+        with self._staging_lock:
+            if self._staging_fd < 0:
+                try:
+                    self._disk.makedirs(self._staging_name())
+                    self._staging_fd = self._disk.open(
+                        self._staging_name(), os.O_RDONLY | _O_DIRECTORY | _O_NOFOLLOW
+                    )
+                except OSError:
+                    return None
+            self._staging_users += 1
+            return f"/proc/self/fd/{self._staging_fd}"
+
+    def local_staging_release(self) -> None:
+        """One user of :meth:`local_staging_dir` is done; the last one closes it and removes
+        it if empty."""
+        with self._staging_lock:
+            self._staging_users = max(0, self._staging_users - 1)
+            if self._staging_users or self._staging_fd < 0:
+                return
+            os.close(self._staging_fd)
+            self._staging_fd = -1
+            with contextlib.suppress(OSError):  # not empty: a failed upload's copy is kept
+                self._disk.rmdir(self._staging_name())
+
+    def _staging_name(self) -> str:
+        return posixpath.join(self._staging_root(), f".mount{TMP_MARK}{os.getpid()}")
+
+    def _staging_root(self) -> str:
+        return self._root_path or "/"
