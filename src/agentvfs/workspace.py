@@ -303,6 +303,9 @@ class Workspace:
                 embedder=embedder,
                 index_name=self._search_index_name,
                 index_dir=index_dir if index_dir is not None else self._default_index_dir(),
+                # The default lies in the sandbox's working directory, which commands write:
+                # it is made and used through a descriptor, never through a planted link.
+                private_dir=index_dir is None,
             )
 
         # 9. something to work with

@@ -12,10 +12,13 @@ embedding calls; a change of embedding model forces re-embedding.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import logging
 import os
 import posixpath
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -112,6 +115,47 @@ def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def open_private_dir(path: str) -> int:
+    """Make (or find) the directory ``path`` and return a descriptor of it, never following a
+    link in its last component: what someone else planted there (a symlink to a directory of
+    theirs, a file) is moved aside with a warning and a fresh directory made.
+
+    The parent of ``path`` is trusted (it is configuration: a sandbox's working directory);
+    the index is then opened through ``/proc/self/fd/N`` of the returned descriptor, so a
+    rename or swap afterwards cannot redirect it.
+
+    Raises
+    ------
+    OSError
+        The parent does not exist or the directory cannot be made.
+    """
+    parent, name = os.path.split(os.path.abspath(path))
+    os.makedirs(parent, exist_ok=True)
+    parent_fd = os.open(parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for _ in range(8):
+            try:
+                return os.open(
+                    name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd
+                )
+            except FileNotFoundError:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(name, 0o700, dir_fd=parent_fd)
+            except OSError as exc:
+                if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
+                    raise
+                aside = f"{name}.replaced-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+                _log.warning(
+                    "%s is not a directory of its own (a link or a file someone put there): moved "
+                    "it to %s and made a fresh index directory",
+                    os.path.join(parent, name), aside,
+                )  # fmt: skip
+                os.rename(name, aside, src_dir_fd=parent_fd, dst_dir_fd=parent_fd)
+        raise OSError(errno.EAGAIN, "the index directory kept changing while it was opened", path)
+    finally:
+        os.close(parent_fd)
+
+
 class WorkspaceSearch:
     """The search side of a workspace (see the module documentation).
 
@@ -123,6 +167,10 @@ class WorkspaceSearch:
         As ``SearchEngine``.
     index_dir : str, optional
         Where the index persists; None keeps it in memory.
+    private_dir : bool
+        ``index_dir`` lies where someone else may write (a sandbox's working directory): its
+        last component is made and opened without following links, and the index is used
+        through that descriptor only (see :func:`open_private_dir`).
     """
 
     def __init__(
@@ -134,6 +182,7 @@ class WorkspaceSearch:
         index_name: str | None = None,
         index_dir: str | os.PathLike[str] | None = None,
         fusion: Fusion = "linear",
+        private_dir: bool = False,
     ) -> None:
         self._bm25_config = parse_bm25_config(bm25)
         self._vector_store = vector_store
@@ -141,6 +190,8 @@ class WorkspaceSearch:
         self._index_name = index_name
         self._fusion: Fusion = fusion
         self.index_dir = os.fspath(index_dir) if index_dir is not None else None
+        self._private_dir = private_dir
+        self._dir_fd = -1
         self._engine: SearchEngine | None = None
         self._open_lock = anyio.Lock()
         # In-memory state when there is no DuckDB file to keep it in.
@@ -182,15 +233,27 @@ class WorkspaceSearch:
                 self._engine = await anyio.to_thread.run_sync(self._open)
         return self._engine
 
+    def _where(self) -> str | None:
+        """The directory to open files in: ``index_dir``, or the descriptor path of it when
+        it is private (made and held here, see :func:`open_private_dir`)."""
+        if self.index_dir is None:
+            return None
+        if not self._private_dir:
+            os.makedirs(self.index_dir, exist_ok=True)
+            return self.index_dir
+        if self._dir_fd < 0:
+            self._dir_fd = open_private_dir(self.index_dir)
+        return f"/proc/self/fd/{self._dir_fd}"
+
     def _open(self) -> SearchEngine:
-        path = self.path
-        if path is not None:
-            os.makedirs(self.index_dir or ".", exist_ok=True)
+        where = self._where()
+        path = os.path.join(where, INDEX_FILE) if where is not None else None
+        if where is not None:
             adopt = getattr(self._vector_store, "adopt_directory", None)
-            if self.index_dir is not None and callable(adopt):
+            if callable(adopt):
                 # An in-memory HnswVectorStore would forget the vectors the persistent file
                 # records say exist: keep them beside the BM25 index instead.
-                self._owns_vectors = bool(adopt(os.path.join(self.index_dir, "vectors")))
+                self._owns_vectors = bool(adopt(os.path.join(where, "vectors")))
         bm25: BM25Index | None = None
         if self._bm25_config is not None or path is not None:
             k1, b, options = self._bm25_config or (1.5, 0.75, None)
@@ -364,6 +427,9 @@ class WorkspaceSearch:
             # Graphs are written at close: the next Workspace on this index_dir finds them.
             await self._vector_store.close()
         self._store = None
+        if self._dir_fd >= 0:
+            os.close(self._dir_fd)
+            self._dir_fd = -1
 
     # -- files ------------------------------------------------------------------------------------------
 
