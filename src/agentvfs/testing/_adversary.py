@@ -270,7 +270,8 @@ class Arena:
         allowed_paths : sequence of str
             Passed to :class:`~agentvfs.vfs.LocalFilesystem`.
         filesystem : WorkspaceFilesystem, optional
-            Replaces the default ``LocalFilesystem(root)``.
+            Replaces the default ``LocalFilesystem(root)`` (there is none when ``mounts``
+            are given).
         sandbox : LocalSandbox or None, optional
             Replaces the default sandbox; None for a workspace without one.
         **workspace_options
@@ -283,7 +284,7 @@ class Arena:
         await self.close()
         if isolation is None:
             isolation = "bwrap" if detect_isolation()["available"] else "none"
-        if filesystem is None:
+        if filesystem is None and "mounts" not in workspace_options:
             filesystem = LocalFilesystem(str(self.root), allowed_paths=list(allowed_paths))
         if sandbox == "default":
             sandbox = LocalSandbox(
@@ -317,7 +318,7 @@ class Arena:
 
     # -- the agent's means -------------------------------------------------------------------
 
-    async def tool(self, name: str, **args: Any) -> str:
+    async def tool(self, name: str, /, **args: Any) -> str:
         """Call a tool as the agent does; short names work (``"read_file"``).
 
         Returns the tool's text, or ``"<ErrorClass>: <message>"`` when it raised (what an
