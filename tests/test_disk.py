@@ -1,0 +1,242 @@
+"""Local disk through descriptors (agentvfs.vfs._disk): containment by openat2 and by the
+per-component walk (both run every test), links inside and out, several roots, special files,
+atomic publishing, and a racer swapping a directory for a link during the calls."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import os
+import stat
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agentvfs.vfs import _disk
+from agentvfs.vfs._disk import ContainmentError, Disk, NotRegularFileError, write_into
+
+
+@pytest.fixture(params=["openat2", "walk"])
+def resolution(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run each test with openat2 and again with the user-space walk alone."""
+    if request.param == "walk":
+        monkeypatch.setattr(_disk, "_openat2_works", False)
+    elif not _disk._openat2_works:
+        pytest.skip("openat2 is not available on this kernel")
+    return str(request.param)
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    """ws/ (the root) beside host/ (outside) and allowed/ (a second root)."""
+    ws, host, allowed = tmp_path / "ws", tmp_path / "host", tmp_path / "allowed"
+    for d in (ws / "a" / "b", host / "dir", allowed):
+        d.mkdir(parents=True)
+    (ws / "a" / "f.txt").write_text("inside")
+    (host / "secret").write_text("host secret")
+    (host / "dir" / "x").write_text("host x")
+    (allowed / "x").write_text("allowed x")
+    links = {
+        "rel": "a/f.txt", "abs": str(ws / "a" / "f.txt"), "up": "a/b/../f.txt",
+        "esc": "../host/secret", "absesc": str(host / "secret"), "hostdir": str(host / "dir"),
+        "toallowed": "../allowed/x", "alldir": str(allowed), "loop1": "loop2", "loop2": "loop1",
+        "dangling": "nowhere", "a/b/climb": "../../a/f.txt", "a/b/tooHigh": "../../../host/secret",
+    }  # fmt: skip
+    for name, target in links.items():
+        os.symlink(target, ws / name)
+    return tmp_path
+
+
+def host(tree: Path, rel: str) -> str:
+    return str(tree / "ws" / rel)
+
+
+def test_reads_inside_and_links_that_stay(tree: Path, resolution: str) -> None:
+    disk = Disk([str(tree / "ws")])
+    for rel in ("a/f.txt", "rel", "abs", "up", "a/b/climb"):
+        assert disk.read(host(tree, rel)) == b"inside", rel
+    assert disk.realpath(host(tree, "abs")) == str(tree / "ws" / "a" / "f.txt")
+
+
+def test_links_that_leave_are_refused(tree: Path, resolution: str) -> None:
+    disk = Disk([str(tree / "ws")])
+    for rel in ("esc", "absesc", "hostdir/x", "a/b/tooHigh", "toallowed", "alldir/x"):
+        with pytest.raises(ContainmentError):
+            disk.read(host(tree, rel))
+        with pytest.raises(ContainmentError):
+            disk.stat(host(tree, rel))
+    with pytest.raises(ContainmentError):
+        disk.read(str(tree / "host" / "secret"))  # not under the root at all
+
+
+def test_links_between_roots(tree: Path, resolution: str) -> None:
+    disk = Disk([str(tree / "ws"), str(tree / "allowed")])
+    assert disk.read(host(tree, "toallowed")) == b"allowed x"
+    assert disk.read(host(tree, "alldir/x")) == b"allowed x"
+    with pytest.raises(ContainmentError):
+        disk.read(host(tree, "esc"))
+
+
+def test_loops_dangling_and_missing(tree: Path, resolution: str) -> None:
+    disk = Disk([str(tree / "ws")])
+    with pytest.raises(OSError) as info:
+        disk.read(host(tree, "loop1"))
+    assert info.value.errno == errno.ELOOP
+    with pytest.raises(FileNotFoundError):
+        disk.read(host(tree, "dangling"))
+    with pytest.raises(FileNotFoundError):
+        disk.read(host(tree, "a/missing/x"))
+    with pytest.raises(NotADirectoryError):
+        disk.read(host(tree, "a/f.txt/x"))
+    assert not disk.exists(host(tree, "dangling")) and disk.exists(host(tree, "rel"))
+
+
+def test_unconfined_root_follows_everything(tree: Path, resolution: str) -> None:
+    disk = Disk(["/"])
+    assert disk.read(host(tree, "esc")) == b"host secret"
+    assert disk.read(host(tree, "hostdir/x")) == b"host x"
+
+
+def test_special_files_are_never_opened(tree: Path, resolution: str) -> None:
+    disk = Disk([str(tree / "ws")])
+    os.mkfifo(tree / "ws" / "fifo")
+    os.symlink("fifo", tree / "ws" / "fifo-link")
+    started = time.monotonic()
+    for rel in ("fifo", "fifo-link"):
+        with pytest.raises(NotRegularFileError) as info:
+            disk.read(host(tree, rel))
+        assert info.value.kind == "FIFO"
+        with pytest.raises(NotRegularFileError):
+            disk.append(host(tree, rel), b"x")
+    assert time.monotonic() - started < 2  # nothing waited for a writer
+    with pytest.raises(IsADirectoryError):
+        disk.read(host(tree, "a"))
+    if os.geteuid() == 0:
+        os.mknod(tree / "ws" / "zero", 0o666 | stat.S_IFCHR, os.makedev(1, 5))
+        with pytest.raises(NotRegularFileError, match="character device"):
+            disk.read(host(tree, "zero"))
+
+
+def test_publish_is_atomic_and_keeps_mode(tree: Path, resolution: str) -> None:
+    disk = Disk([str(tree / "ws")])
+    target = tree / "ws" / "a" / "f.txt"
+    target.chmod(0o640)
+    disk.publish(str(target), write_into(b"new"), overwrite=True)
+    assert target.read_bytes() == b"new" and stat.S_IMODE(target.stat().st_mode) == 0o640
+    with pytest.raises(FileExistsError):
+        disk.publish(str(target), write_into(b"no"), overwrite=False)
+    disk.publish(host(tree, "a/fresh"), write_into(b"fresh"), overwrite=False)
+    # Through a contained link to its target; the link stays a link.
+    disk.publish(host(tree, "rel"), write_into(b"via link"), overwrite=True)
+    assert target.read_bytes() == b"via link" and (tree / "ws" / "rel").is_symlink()
+    # Withdrawn after staging: nothing changes, nothing is left.
+    disk.publish(str(target), write_into(b"withdrawn"), overwrite=True, proceed=lambda: False)
+    assert target.read_bytes() == b"via link"
+    assert sorted(os.listdir(tree / "ws" / "a")) == ["b", "f.txt", "fresh"]
+    for rel in ("esc", "hostdir/new"):
+        with pytest.raises(ContainmentError):
+            disk.publish(host(tree, rel), write_into(b"out"), overwrite=True)
+    assert (tree / "host" / "secret").read_text() == "host secret"
+    assert sorted(os.listdir(tree / "host" / "dir")) == ["x"]
+
+
+def test_names_mkdirs_rename_rmtree(tree: Path, resolution: str) -> None:
+    disk = Disk([str(tree / "ws")])
+    disk.makedirs(host(tree, "m/n/o"))
+    assert (tree / "ws" / "m" / "n" / "o").is_dir()
+    with pytest.raises(ContainmentError):
+        disk.makedirs(host(tree, "hostdir/new/deeper"))
+    with pytest.raises((FileExistsError, NotADirectoryError)):
+        disk.makedirs(host(tree, "a/f.txt/below"))
+    # A link inside the tree to delete is removed, its target kept.
+    os.symlink(str(tree / "host" / "dir"), tree / "ws" / "m" / "n" / "out")
+    (tree / "ws" / "m" / "n" / "o" / "file").write_text("x")
+    disk.rmtree(host(tree, "m"))
+    assert not (tree / "ws" / "m").exists() and (tree / "host" / "dir" / "x").exists()
+    with pytest.raises(NotADirectoryError):
+        disk.rmtree(host(tree, "hostdir"))  # a link at the top is refused, not followed
+    disk.rename(host(tree, "a/f.txt"), host(tree, "a/g.txt"))
+    (tree / "ws" / "a" / "h.txt").write_text("taken")
+    with pytest.raises(FileExistsError):
+        disk.rename(host(tree, "a/g.txt"), host(tree, "a/h.txt"), replace=False)
+    disk.unlink(host(tree, "esc"))  # the link itself goes
+    assert not os.path.lexists(tree / "ws" / "esc") and (tree / "host" / "secret").exists()
+    with pytest.raises(ContainmentError):
+        disk.unlink(host(tree, "hostdir/x"))
+
+
+def test_listings_follow_only_contained_links(tree: Path, resolution: str) -> None:
+    disk = Disk([str(tree / "ws")])
+    entries = {e.name: e for e in disk.listdir(str(tree / "ws"))}
+    assert entries["rel"].link == "a/f.txt" and entries["rel"].stat is not None
+    assert entries["hostdir"].stat is None and not entries["hostdir"].is_dir
+    assert entries["a"].is_dir and entries["a"].link is None
+    walked = [e.name for e in disk.walk(str(tree / "ws"), max_depth=10)]
+    assert "a/b/climb" in walked and not any(n.startswith("hostdir/") for n in walked)
+
+
+def test_read_beneath_a_directory(tree: Path, resolution: str) -> None:
+    disk = Disk([str(tree / "ws")])
+    skill = tree / "ws" / "skill"
+    (skill / "references").mkdir(parents=True)
+    (skill / "references" / "r.md").write_text("ref")
+    os.symlink("r.md", skill / "references" / "in")
+    os.symlink(str(skill / "references" / "r.md"), skill / "references" / "absin")
+    os.symlink("../../a/f.txt", skill / "references" / "out")
+    for rel in ("references/r.md", "references/in", "references/absin", "references/../references/r.md"):
+        assert disk.read_beneath(str(skill), rel) == b"ref"
+    for rel in ("references/out", "../a/f.txt", "/etc/passwd"):
+        with pytest.raises(ContainmentError):
+            disk.read_beneath(str(skill), rel)
+
+
+_RENAME_EXCHANGE = 2
+
+
+@pytest.fixture
+def racer(tree: Path) -> Iterator[tuple[str, str]]:
+    """A thread swapping ws/race/d (a directory) with ws/race/l (a link to host/dir)."""
+    race = tree / "ws" / "race"
+    (race / "d").mkdir(parents=True)
+    (race / "d" / "x").write_text("inside x")
+    os.symlink(str(tree / "host" / "dir"), race / "l")
+    libc = ctypes.CDLL(None, use_errno=True)
+    a, b = os.fsencode(race / "d"), os.fsencode(race / "l")
+    stop = threading.Event()
+    swaps = [0]
+
+    def run() -> None:
+        while not stop.is_set():
+            if libc.renameat2(-100, a, -100, b, _RENAME_EXCHANGE) == 0:
+                swaps[0] += 1
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield str(race / "d"), str(tree / "host")
+    finally:
+        stop.set()
+        thread.join()
+        assert swaps[0] > 0
+
+
+def test_a_racing_swap_never_leads_out(tree: Path, resolution: str, racer: tuple[str, str]) -> None:
+    target, host_dir = racer
+    disk = Disk([str(tree / "ws")])
+    reads = refused = 0
+    for index in range(3000):
+        try:
+            data = disk.read(f"{target}/x")
+            assert data == b"inside x", data
+            reads += 1
+        except (ContainmentError, FileNotFoundError, NotADirectoryError):
+            refused += 1
+        with contextlib.suppress(ContainmentError, FileNotFoundError, NotADirectoryError):
+            disk.publish(f"{target}/new-{index}", write_into(b"agent"), overwrite=True)
+    assert reads and refused  # both sides of the race were met
+    assert sorted(os.listdir(Path(host_dir) / "dir")) == ["x"]
+    assert (Path(host_dir) / "dir" / "x").read_text() == "host x"
