@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import errno
 import os
 import signal
@@ -422,21 +423,28 @@ def test_an_open_reader_sees_what_is_written_through_the_mount(tmp_path: Path, m
 
 
 @pytest.mark.s3
-def test_cli_mounts_a_bucket_with_storage_options(moto: MotoServer, mnt: str) -> None:
+def test_cli_mounts_a_bucket_with_storage_options(moto: MotoServer, mnt: str, tmp_path: Path) -> None:
     h = s3_harness(moto)
     h.put("seed.txt", b"from the bucket\n")
     root = str(h.fs.root)  # type: ignore[attr-defined]
     exe = os.path.join(os.path.dirname(sys.executable), "agentvfs")
+    # Credentials from files (KEY=@FILE): nothing secret on the command line.
+    (tmp_path / "key").write_text("testing\n")
+    (tmp_path / "secret").write_text("testing\n")
     argv = [
         exe, "mount", f"s3://{root}", mnt,
-        "-o", f"endpoint_url={moto.endpoint_url}", "-o", "key=testing", "-o", "secret=testing",
+        "-o", f"endpoint_url={moto.endpoint_url}", "-o", f"key=@{tmp_path / 'key'}",
+        "-o", f"secret=@{tmp_path / 'secret'}",
         "-o", '{"verify": false}'.join(("client_kwargs=", "")),
         "-o", '{"region_name": "us-east-1"}'.join(("config_kwargs=", "")),
         "-o", "metadata_ttl=0.5",
     ]  # fmt: skip
-    child = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    child = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, env=env)
     try:
         assert wait_until(lambda: is_mounted(mnt), timeout=30)
+        with open(f"/proc/{child.pid}/cmdline", "rb") as f:
+            assert b"testing" not in f.read()
         with open(f"{mnt}/seed.txt", "rb") as f:
             assert f.read() == b"from the bucket\n"
         subprocess.run(["sh", "-c", f"echo written by a shell > {mnt}/out.txt"], check=True)
@@ -447,6 +455,22 @@ def test_cli_mounts_a_bucket_with_storage_options(moto: MotoServer, mnt: str) ->
         if child.poll() is None:
             child.kill()
     assert not is_mounted(mnt)
+
+
+def test_cli_warns_of_credentials_on_the_command_line(tmp_path: Path) -> None:
+    from agentvfs.cli import _storage_option
+
+    (tmp_path / "s").write_text("from-a-file\n")
+    assert _storage_option(f"secret=@{tmp_path / 's'}") == ("secret", "from-a-file")
+    with pytest.raises(argparse.ArgumentTypeError, match="cannot read the value from"):
+        _storage_option(f"secret=@{tmp_path / 'missing'}")
+    done = subprocess.run(
+        [sys.executable, "-c", "from agentvfs.cli import _storage_option as o; o('secret=abc'); o('token=x'); o('anon=true')"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    warnings = done.stderr.splitlines()
+    assert len(warnings) == 2 and "KEY=@FILE" in warnings[0] and "-o secret=..." in warnings[0]
+    assert "abc" not in done.stderr
 
 
 def test_mounting_a_bucket_that_does_not_exist_fails_cleanly(moto: MotoServer, mnt: str) -> None:

@@ -253,10 +253,41 @@ async def _demo_sandbox(say: Any) -> None:
         say(f"sandbox destroyed: /bucket {entry.state}, still mounted: {still}")
 
 
+# Option names whose values are credentials: given literally on the command line, they are
+# visible to every local user (ps, /proc/PID/cmdline) for as long as the command runs.
+_SECRET_WORDS = ("secret", "password", "passwd", "token", "credential", "private_key", "session")
+_SECRET_KEYS = frozenset({"key", "access_key", "access_key_id", "aws_access_key_id", "account_key", "sas_token"})
+_FROM_FILE_HINT = (
+    "give it as KEY=@FILE (the value is read from FILE), or through the environment "
+    "(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, GOOGLE_APPLICATION_CREDENTIALS, ...) or a --config file"
+)
+
+
+def _is_secret(key: str) -> bool:
+    name = key.lower().replace("-", "_")
+    return name in _SECRET_KEYS or any(word in name for word in _SECRET_WORDS)
+
+
 def _storage_option(text: str) -> tuple[str, Any]:
+    """Parse ``-o KEY=VALUE``; ``KEY=@FILE`` reads the value from FILE (its trailing newline
+    dropped), which keeps credentials off the command line."""
     key, sep, value = text.partition("=")
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"expected key=value, got {text!r}")
+    if value.startswith("@") and len(value) > 1:
+        try:
+            with open(os.path.expanduser(value[1:]), encoding="utf-8") as source:
+                return key, source.read().rstrip("\r\n")
+        except OSError as exc:
+            raise argparse.ArgumentTypeError(
+                f"-o {key}=@{value[1:]}: cannot read the value from {value[1:]}: {exc.strerror}"
+            ) from None
+    if _is_secret(key) and value:
+        print(
+            f"agentvfs: warning: -o {key}=... puts a credential on the command line, where every "
+            f"local user can read it (ps); {_FROM_FILE_HINT}",
+            file=sys.stderr,
+        )
     try:
         return key, json.loads(value)  # true, 3, {"a": 1}, "quoted string"
     except ValueError:
@@ -347,7 +378,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     mcp.add_argument("--read-only", action="store_true", help="offer no write tools and refuse writes")
     mcp.add_argument(
         "-o", dest="options", action="append", type=_storage_option, default=[], metavar="KEY=VALUE",
-        help="an fsspec storage option for --url; VALUE is read as JSON when it parses (true, 3, {...}), else as a string",
+        help="an fsspec storage option for --url; VALUE is read as JSON when it parses (true, 3, {...}), else as a "
+        "string; KEY=@FILE reads it from FILE. Never put credentials on the command line (every local user sees "
+        "them in ps): use KEY=@FILE, the environment or --config",
     )  # fmt: skip
     mnt = sub.add_parser(
         "mount",
@@ -362,7 +395,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     mnt.add_argument(
         "-o", dest="options", action="append", type=_storage_option, default=[], metavar="KEY=VALUE",
         help="a mount option (metadata_ttl, part_size, prefetch_parts, staging_dir, staging_limit, uid, gid, "
-        "allow_other, ...) or else an fsspec storage option (endpoint_url, key, secret, anon, ...)",
+        "allow_other, ...) or else an fsspec storage option (endpoint_url, key, secret, anon, ...); KEY=@FILE reads "
+        "the value from FILE. Never put credentials on the command line (every local user sees them in ps): use "
+        "key=@FILE, secret=@FILE or the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)",
     )  # fmt: skip
     from .bench._args import add_arguments as add_bench_arguments
 
