@@ -16,10 +16,11 @@ peer_packages=(rclone s3fs fio libfuse2)
 s3rver_version=3.7.1
 # FUSE passthrough (the kernel serves reads and writes of files on local-directory mounts from the
 # files themselves) needs libfuse >= 3.16, and our passthrough library >= 3.17; Debian 12 ships
-# 3.14. This release's source is Debian's.
+# 3.14. This release's source is Debian's, fetched from the Debian mirror this machine's apt
+# sources name (its pool holds every release's source), checked against its hash.
 libfuse_version=3.17.2
 libfuse_sha256=3d932431ad94e86179e5265cddde1d67aa3bb2fb09a5bd35c641f86f2b5ed06f
-libfuse_url="http://deb.debian.org/debian/pool/main/f/fuse3/fuse3_${libfuse_version}.orig.tar.gz"
+libfuse_pool_path="pool/main/f/fuse3/fuse3_${libfuse_version}.orig.tar.gz"
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -152,6 +153,33 @@ print(*glob.glob(os.path.join(os.path.dirname(spec.origin), "*.so")) if spec and
         || log "warning: pyfuse3 did not build against libfuse $libfuse_version; mounts run without passthrough"
 }
 
+# The first Debian archive (not -security) in apt's sources, deb822 or one-line format.
+debian_mirror() {
+    local file line
+    for file in /etc/apt/sources.list.d/*.sources; do
+        [[ -f $file ]] || continue
+        while read -r line; do
+            case $line in
+                URIs:*) for uri in ${line#URIs:}; do
+                            [[ $uri == */debian || $uri == */debian/ ]] && { echo "${uri%/}"; return 0; }
+                        done ;;
+            esac
+        done <"$file"
+    done
+    for file in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
+        [[ -f $file ]] || continue
+        while read -r line; do
+            # shellcheck disable=SC2086
+            set -- $line
+            [[ ${1:-} == deb || ${1:-} == deb-src ]] || continue
+            shift
+            [[ ${1:-} == \[* ]] && shift  # [arch=... signed-by=...]
+            [[ ${1:-} == */debian || ${1:-} == */debian/ ]] && { echo "${1%/}"; return 0; }
+        done <"$file"
+    done
+    return 1
+}
+
 build_libfuse() {
     local prefix=$1 work rc=0
     work=$(mktemp -d)
@@ -164,7 +192,9 @@ build_libfuse() {
 build_libfuse_in() {
     local prefix=$1 work=$2
     .venv/bin/pip install -q --disable-pip-version-check meson ninja || return 1
-    curl -fsSL --retry 3 -o "$work/fuse.tar.gz" "$libfuse_url" || return 1
+    local mirror
+    mirror=$(debian_mirror) || { echo "no Debian archive in the apt sources"; return 1; }
+    curl -fsSL --retry 3 -o "$work/fuse.tar.gz" "$mirror/$libfuse_pool_path" || return 1
     echo "$libfuse_sha256  $work/fuse.tar.gz" | sha256sum -c - || return 1
     tar -xzf "$work/fuse.tar.gz" -C "$work" || return 1
     rm -rf "$prefix"
