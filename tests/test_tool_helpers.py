@@ -6,10 +6,14 @@ import pytest
 
 from agentvfs.tools._glob import create_glob_matcher, extract_glob_base, is_glob_pattern
 from agentvfs.tools._lines import (
+    MAX_REPORTED_OCCURRENCES,
+    Replacement,
     StringNotFoundError,
     StringNotUniqueError,
     extract_lines,
     format_with_line_numbers,
+    line_numbers,
+    nth_newline,
     replace_string,
 )
 from agentvfs.tools._output import (
@@ -17,6 +21,7 @@ from agentvfs.tools._output import (
     apply_token_limit,
     apply_token_limit_sandwich,
     count_tokens,
+    output_char_budget,
 )
 
 
@@ -70,9 +75,33 @@ def test_replace_string() -> None:
         replace_string(text, "", "y")
     with pytest.raises(StringNotUniqueError, match=r"The specified text appears 2 times\."):
         replace_string(text, "foo", "F")
-    out, at = replace_string(text, "foo", "$& $$ $1", replace_all=True)
-    assert out == "$& $$ $1\nbar\n$& $$ $1\nbaz $x\n" and at == [0, 8]
-    assert replace_string("aaa", "aa", "b", replace_all=True)[0] == "ba"  # non-overlapping
+    done = replace_string(text, "foo", "$& $$ $1", replace_all=True)
+    assert done.text == "$& $$ $1\nbar\n$& $$ $1\nbaz $x\n" and done.positions == [0, 8] and done.count == 2
+    assert replace_string("aaa", "aa", "b", replace_all=True).text == "ba"  # non-overlapping
+    assert replace_string(text, "bar", "B") == Replacement("foo\nB\nfoo\nbaz $x\n", [4], 1)
+    many = replace_string("x" * (MAX_REPORTED_OCCURRENCES + 5), "x", "y", replace_all=True)
+    assert many.count == MAX_REPORTED_OCCURRENCES + 5 and len(many.positions) == MAX_REPORTED_OCCURRENCES
+    assert line_numbers("a\nb\n\nc", [0, 2, 3, 5]) == [1, 2, 2, 4]
+
+
+def test_nth_newline() -> None:
+    text = "a\nbb\n\nccc\n"
+    assert [nth_newline(text, k) for k in range(1, 6)] == [1, 4, 5, 9, -1]
+    assert nth_newline(text, 2, 3) == 5
+    big = "x\n" * 200_000  # longer than one counting slice
+    assert nth_newline(big, 150_000) == 2 * 150_000 - 1 and nth_newline(big, 200_001) == -1
+
+
+def test_token_limit_bounds() -> None:
+    assert output_char_budget(2000) == 2000 * 128 + 4096
+    exact = "".join(f"{i} apples\n" for i in range(100_000))
+    limited = apply_token_limit(exact, 500)  # tokenized only as far as the output reaches
+    assert limited.startswith("0 apples\n1 apples\n") and limited.endswith(" tokens]")
+    estimated = int(limited.rsplit("~", 1)[1].split()[0])
+    assert abs(estimated - count_tokens(exact)) < count_tokens(exact) * 0.1
+    sandwich = apply_token_limit_sandwich(exact * 3, 100)
+    assert sandwich.startswith("0 apples") and sandwich.endswith("99999 apples\n")
+    assert "[...output truncated — showing first ~10 + last ~90 of ~" in sandwich
 
 
 def test_globs() -> None:

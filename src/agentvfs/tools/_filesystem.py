@@ -1,4 +1,16 @@
-"""The filesystem tools: read_file, write_file, edit_file, delete, file_stat, mkdir (§13)."""
+"""The filesystem tools: read_file, write_file, edit_file, delete, file_stat, mkdir (§13).
+
+Memory does not grow with the size of the file read:
+
+* ``read_file`` reads text files over 1 MiB in ranges, keeping only the lines the output can
+  show; with ``encoding`` (base64, hex, binary) it reads only the bytes whose encoding the
+  token limit can show, and the header then says ``first <n> bytes read``. Media parts are
+  read up to ``max_media_bytes``.
+* ``edit_file`` refuses files larger than ``max_file_bytes`` (default 8 MiB) with a
+  ``ValueError`` before changing anything.
+* Every read is a ranged read of at most what is needed, so a file that grows between the
+  ``stat`` and the read is not read whole either.
+"""
 
 from __future__ import annotations
 
@@ -16,11 +28,12 @@ from ._lines import (
     StringNotUniqueError,
     extract_lines,
     format_with_line_numbers,
+    line_numbers,
     replace_string,
 )
 from ._listing import list_files
 from ._names import WORKSPACE_TOOLS
-from ._output import DEFAULT_MAX_OUTPUT_TOKENS, apply_token_limit
+from ._output import DEFAULT_MAX_OUTPUT_TOKENS, apply_token_limit, output_char_budget
 from ._schema import field, object_schema
 from ._search_files import grep
 from ._tracking import iso_ms
@@ -30,11 +43,14 @@ __all__ = ["FILESYSTEM_TOOLS"]
 FS = WORKSPACE_TOOLS.FILESYSTEM
 DEFAULT_MEDIA_TYPES = ("image/png", "image/jpeg", "image/webp", "application/pdf")
 DEFAULT_MAX_MEDIA_BYTES = 10 * 1024 * 1024
+#: edit_file refuses files larger than this (option ``max_file_bytes``): it holds the file,
+#: its text and the edited text in memory at once.
+DEFAULT_MAX_EDIT_BYTES = 8 * 1024 * 1024
 # Text files larger than this are read in ranged chunks instead of whole.
-STREAM_THRESHOLD = 8 * 1024 * 1024
+STREAM_THRESHOLD = 1024 * 1024
 STREAM_CHUNK = 2 * 1024 * 1024
 STREAM_KEEP = 8 * 1024 * 1024  # at most this much of the lines asked for is kept
-STREAM_PREFIX = 256 * 1024  # without offset/limit, more than 2,000 tokens of text
+_ENCODINGS = ("base64", "hex", "binary")
 _TEXT_LIKE = frozenset(
     {
         "application/octet-stream", "application/json", "application/javascript", "application/typescript",
@@ -85,10 +101,10 @@ async def read_file(call: ToolCall) -> ToolResult:
     if stat.type == "file" and mime and media_matcher(call.options.get("media_types"))(mime):
         cap = call.options.get("max_media_bytes", DEFAULT_MAX_MEDIA_BYTES)
         if stat.size <= cap:
-            data = await call.fs.read_file(path)
-            assert isinstance(data, bytes)
-            call.seen = stat
-            return ToolMedia(f"{stat.path} ({stat.size} bytes, {mime})", mime, base64.b64encode(data).decode())
+            data = await read_range(call.fs, path, 0, cap + 1)
+            if len(data) <= cap:
+                return ToolMedia(f"{stat.path} ({stat.size} bytes, {mime})", mime, base64.b64encode(data).decode())
+            # It grew past the cap since the stat: answered as an oversized file.
         if encoding is None:
             return (
                 f"{path} ({stat.size} bytes, {mime}) — exceeds max_media_bytes ({cap}). Returning metadata only; "
@@ -100,17 +116,14 @@ async def read_file(call: ToolCall) -> ToolResult:
             "`encoding` (e.g. `base64`) to read the raw bytes, or configure `media_types` on the read_file "
             "tool to surface it as a media part."
         )
-    if encoding not in ("base64", "hex", "binary") and stat.size > STREAM_THRESHOLD:
-        call.seen = stat
+    if encoding in _ENCODINGS:
+        assert encoding is not None
+        return await _read_encoded(call, stat, encoding, limit)
+    if stat.size > STREAM_THRESHOLD:
         return await _read_large_text(call, stat, limit)
-    raw = await call.fs.read_file(path)
-    assert isinstance(raw, bytes)
-    call.seen = stat
-    if encoding in ("base64", "hex", "binary"):
-        encoded = (
-            base64.b64encode(raw).decode() if encoding == "base64" else raw.hex() if encoding == "hex" else raw.decode("latin-1")
-        )
-        return apply_token_limit(f"{path} ({stat.size} bytes, {encoding})\n{encoded}", limit, "end")
+    raw = await read_range(call.fs, path, 0, STREAM_THRESHOLD + 1)
+    if len(raw) > STREAM_THRESHOLD:
+        return await _read_large_text(call, stat, limit)  # it grew since the stat
     # Like the reference, invalid UTF-8 becomes U+FFFD rather than failing the read.
     content = raw.decode("utf-8", errors="replace")
     offset, count = call.args.get("offset"), call.args.get("limit")
@@ -124,54 +137,80 @@ async def read_file(call: ToolCall) -> ToolResult:
     return apply_token_limit(f"{header}\n{body}", limit, "end")
 
 
+async def _read_encoded(call: ToolCall, stat: FileStat, encoding: str, limit: int) -> str:
+    """Raw bytes as base64, hex or Latin-1 text: only as many bytes as the token limit can
+    show are read; when that is not the whole file, the header says how many were."""
+    path = call.args["path"]
+    budget = output_char_budget(limit)
+    # Bytes whose encoding is longer than the output can show: base64 makes 4 characters of 3
+    # bytes, hex 2 of 1, Latin-1 1 of 1.
+    need = {"base64": budget * 3 // 4 + 3, "hex": budget // 2 + 1}.get(encoding, budget + 1)
+    raw = await read_range(call.fs, path, 0, need + 1)
+    whole = len(raw) <= need
+    if not whole:
+        raw = raw[:need]
+    encoded = base64.b64encode(raw).decode() if encoding == "base64" else raw.hex() if encoding == "hex" else raw.decode("latin-1")
+    if whole:
+        return apply_token_limit(f"{path} ({stat.size} bytes, {encoding})\n{encoded}", limit, "end")
+    header = f"{path} ({stat.size} bytes, {encoding}, first {len(raw)} bytes read)"
+    scale = max(stat.size, len(raw)) / len(raw)
+    return apply_token_limit(f"{header}\n{encoded}", limit, "end", total_scale=scale)
+
+
 async def _read_large_text(call: ToolCall, stat: FileStat, limit: int) -> str:
     """Read a large text file in ranged chunks, keeping only the lines shown.
 
-    Memory stays at a chunk plus the lines kept, whatever the file's size. With ``offset`` or
-    ``limit`` the whole file is scanned once to count its lines (the header names the total);
-    without them only a prefix is read, enough to fill the token budget.
+    Memory stays at a chunk plus the lines kept (no more than the output can show), whatever
+    the file's size. With ``offset`` or ``limit`` the whole file is scanned once to count its
+    lines (the header names the total); without them only a prefix is read, enough to fill
+    the token budget. The end of the file is where a read comes back short, so a file that
+    grew since the stat is read as it is now.
     """
     path = call.args["path"]
     offset, count = call.args.get("offset"), call.args.get("limit")
     ranged = offset is not None or count is not None
     first = max(1, offset or 1)
     last = first + count - 1 if count is not None else None
+    budget = output_char_budget(limit)
+    # Characters are one to four bytes; each line shown costs at least one character.
+    keep_bytes = min(STREAM_KEEP, 4 * budget)
     kept: list[bytes] = []
     kept_bytes = 0
     number = 1
     tail = b""
     position = 0
-    while position < stat.size:
-        chunk = await read_range(call.fs, path, position, min(position + STREAM_CHUNK, stat.size))
-        if not chunk:
-            break
+    complete = False
+    while not complete:
+        chunk = await read_range(call.fs, path, position, position + STREAM_CHUNK)
         position += len(chunk)
+        complete = len(chunk) < STREAM_CHUNK
         data = tail + chunk
         newlines = data.count(b"\n")
         if newlines:
             cut = data.rfind(b"\n")
             # Split into lines only where the chunk holds lines asked for; elsewhere count.
-            if number + newlines > first and (last is None or last >= number) and kept_bytes < STREAM_KEEP:
+            if number + newlines > first and (last is None or last >= number) and kept_bytes < keep_bytes:
                 pieces = data[:cut].split(b"\n")
                 low = max(first - number, 0)
                 high = len(pieces) if last is None else min(len(pieces), last - number + 1)
                 for piece in pieces[low:high]:
-                    if kept_bytes >= STREAM_KEEP:
+                    if kept_bytes >= keep_bytes or len(kept) >= budget:
                         break
                     kept.append(piece)
-                    kept_bytes += len(piece)
+                    kept_bytes += len(piece) + 1
                 del pieces
             number += newlines
             tail = data[cut + 1 :]
         else:
             tail = data
         del data
-        if len(tail) > STREAM_KEEP:
-            tail = tail[:STREAM_KEEP]  # a giant line is shown cut; the rest still counts
-        if not ranged and kept_bytes >= STREAM_PREFIX:
-            break  # enough to fill the token budget; the rest is never fetched
-    complete = position >= stat.size
-    if complete and number >= first and (last is None or number <= last) and kept_bytes < STREAM_KEEP:
+        if len(tail) > keep_bytes:
+            tail = tail[:keep_bytes]  # a giant line is shown cut; the rest still counts
+        if not ranged and kept_bytes + len(tail) >= keep_bytes:
+            break  # enough to fill the token budget (or a giant first line); the rest is never fetched
+    # The last line; or, for a head read stopped early, the start of the next one (a giant
+    # line is shown cut rather than not at all).
+    if (complete or not ranged) and number >= first and (last is None or number <= last) and kept_bytes < keep_bytes:
         kept.append(tail)
     total = number if complete else None
     lines = [piece.decode("utf-8", errors="replace") for piece in kept]
@@ -185,8 +224,8 @@ async def _read_large_text(call: ToolCall, stat: FileStat, limit: int) -> str:
         header = f"{stat.path} ({stat.size} bytes)"
     text = f"{header}\n{body}"
     # The budget's "of ~T tokens" is estimated from the part read when the rest was not.
-    scale = stat.size / position if position else 1.0
-    return apply_token_limit(text, limit, "end", total_scale=scale if not complete else 1.0)
+    scale = max(stat.size, position) / position if position and not complete else 1.0
+    return apply_token_limit(text, limit, "end", total_scale=scale)
 
 
 async def write_file(call: ToolCall) -> ToolResult:
@@ -196,16 +235,25 @@ async def write_file(call: ToolCall) -> ToolResult:
     return f"Wrote {len(content.encode('utf-8'))} bytes to {path}"
 
 
-def _line_of(content: str, offset: int) -> int:
-    return content.count("\n", 0, offset) + 1
-
-
 async def edit_file(call: ToolCall) -> ToolResult:
-    """``mastra_workspace_edit_file``: literal, unique (or all) replacement."""
+    """``mastra_workspace_edit_file``: literal, unique (or all) replacement.
+
+    Raises
+    ------
+    ValueError
+        The file is larger than ``max_file_bytes`` or is not valid UTF-8; nothing is changed.
+    """
     path = call.args["path"]
     old, new, every = call.args["old_string"], call.args["new_string"], call.args["replace_all"]
-    raw = await call.fs.read_file(path)
-    assert isinstance(raw, bytes)
+    cap = call.options.get("max_file_bytes", DEFAULT_MAX_EDIT_BYTES)
+    # One byte more than the cap tells a file that is too large without reading it all.
+    raw = await read_range(call.fs, path, 0, cap + 1)
+    if len(raw) > cap:
+        raise ValueError(
+            f"{path} is larger than edit_file edits ({cap} bytes, max_file_bytes of "
+            "mastra_workspace_edit_file in the tools config), so nothing was changed; raise that "
+            "option, or make the change with a command (sed -i) through execute_command"
+        )
     try:
         content = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -214,20 +262,19 @@ async def edit_file(call: ToolCall) -> ToolResult:
             f"{path} is not valid UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}); "
             "edit_file would corrupt it, so nothing was changed"
         ) from None
+    del raw
     try:
-        updated, positions = replace_string(content, old, new, replace_all=every)
+        done = replace_string(content, old, new, replace_all=every)
     except StringNotFoundError:
         return NOT_FOUND_MESSAGE
     except StringNotUniqueError as exc:
         return str(exc)
-    await call.fs.write_file(path, updated, expected_mtime=call.expected)
+    await call.fs.write_file(path, done.text, expected_mtime=call.expected)
     span = max(new.count("\n"), old.count("\n"))
-    ranges = []
-    for at in positions:
-        start = _line_of(content, at)
-        ranges.append(f"{start}-{start + span}" if span else str(start))
-    count = len(positions)
-    return f"Replaced {count} occurrence{'s' if count != 1 else ''} in {path} (lines {', '.join(ranges)})"
+    ranges = [f"{start}-{start + span}" if span else str(start) for start in line_numbers(content, done.positions)]
+    unlisted = done.count - len(done.positions)
+    shown = ", ".join(ranges) + (f", and {unlisted} more" if unlisted else "")
+    return f"Replaced {done.count} occurrence{'s' if done.count != 1 else ''} in {path} (lines {shown})"
 
 
 async def delete(call: ToolCall) -> ToolResult:

@@ -5,13 +5,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = [
+    "MAX_REPORTED_OCCURRENCES",
     "LineRange",
+    "Replacement",
     "StringNotFoundError",
     "StringNotUniqueError",
     "extract_lines",
     "format_with_line_numbers",
+    "line_numbers",
+    "nth_newline",
     "replace_string",
 ]
+
+#: Offsets of replaced occurrences :func:`replace_string` reports (edit_file names their
+#: lines); further occurrences are replaced and counted, not listed.
+MAX_REPORTED_OCCURRENCES = 1000
 
 NOT_FOUND_MESSAGE = "The specified text was not found. Make sure you use the exact text from the file."
 
@@ -67,8 +75,24 @@ def format_with_line_numbers(lines: list[str], start: int) -> str:
     return "\n".join(f"{str(start + i).rjust(width)}→{line}" for i, line in enumerate(lines))
 
 
-def replace_string(content: str, old: str, new: str, *, replace_all: bool = False) -> tuple[str, list[int]]:
-    """Replace ``old`` literally (no pattern expansion); return the text and the match offsets.
+@dataclass(frozen=True, slots=True)
+class Replacement:
+    """What :func:`replace_string` did."""
+
+    #: The new content.
+    text: str
+    #: Offsets (in the old content, ascending) of the first
+    #: :data:`MAX_REPORTED_OCCURRENCES` occurrences replaced.
+    positions: list[int]
+    #: How many occurrences were replaced.
+    count: int
+
+
+def replace_string(content: str, old: str, new: str, *, replace_all: bool = False) -> Replacement:
+    """Replace ``old`` literally (no pattern expansion) and say where.
+
+    Occurrences do not overlap. The work is linear in the content whatever the number of
+    occurrences (only the first :data:`MAX_REPORTED_OCCURRENCES` offsets are kept).
 
     Raises
     ------
@@ -79,15 +103,46 @@ def replace_string(content: str, old: str, new: str, *, replace_all: bool = Fals
     """
     if not old:
         raise StringNotFoundError
+    count = content.count(old)
+    if not count:
+        raise StringNotFoundError
+    if count > 1 and not replace_all:
+        raise StringNotUniqueError(count)
+    first = content.find(old)
+    if not replace_all:
+        return Replacement(content[:first] + new + content[first + len(old) :], [first], 1)
     positions: list[int] = []
-    at = content.find(old)
-    while at >= 0:
+    at = first
+    while at >= 0 and len(positions) < MAX_REPORTED_OCCURRENCES:
         positions.append(at)
         at = content.find(old, at + len(old))
-    if not positions:
-        raise StringNotFoundError
-    if len(positions) > 1 and not replace_all:
-        raise StringNotUniqueError(len(positions))
-    if not replace_all:
-        return content[: positions[0]] + new + content[positions[0] + len(old) :], positions[:1]
-    return content.replace(old, new), positions
+    return Replacement(content.replace(old, new), positions, count)
+
+
+def line_numbers(content: str, offsets: list[int]) -> list[int]:
+    """The 1-based line of each of ``offsets`` (ascending), counting each newline once."""
+    out: list[int] = []
+    line, last = 1, 0
+    for at in offsets:
+        line += content.count("\n", last, at)
+        last = at
+        out.append(line)
+    return out
+
+
+def nth_newline(text: str, n: int, start: int = 0) -> int:
+    """The offset of the ``n``-th ``\\n`` (``n >= 1``) at or after ``start``, or -1 when there
+    are fewer; without splitting ``text`` into lines (slices are counted in C)."""
+    step = 1 << 16
+    pos = start
+    while pos < len(text):
+        stop = min(len(text), pos + step)
+        here = text.count("\n", pos, stop)
+        if here >= n:
+            at = pos - 1
+            for _ in range(n):
+                at = text.find("\n", at + 1, stop)
+            return at
+        n -= here
+        pos = stop
+    return -1
