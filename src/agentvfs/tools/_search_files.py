@@ -1,35 +1,70 @@
 """``mastra_workspace_grep``: regular-expression search over files (§13.8).
 
-Patterns are written for JavaScript's ``RegExp``; Python's ``re`` runs them. Named groups
+Patterns are written for JavaScript's ``RegExp``; the ``regex`` package runs them (its
+``re``-compatible mode, with a deadline: see :mod:`agentvfs.vfs._grep`). Named groups
 (``(?<name>...)``, ``\\k<name>``) are translated; other differences stay: ``\\d``, ``\\w`` and
 ``\\s`` also match non-ASCII digits, letters and spaces, and JavaScript-only syntax such as the
 ``v`` flag's set operations is reported as an invalid pattern.
+
+Every search is bounded, whatever the files hold:
+
+* **time**: matching may take ``match_timeout_ms`` (default 5,000 ms) over the whole call;
+  then the search stops, what was found is shown, and the summary says where it stopped
+  (`` (search stopped after 5 s of matching in <path>: ...)``). Matching runs in a worker
+  thread that releases the GIL, so the event loop keeps running meanwhile;
+* **line length**: only the first 1,048,576 characters of a line are matched; the summary
+  counts longer lines (`` (<n> lines longer than 1048576 characters: matched on their first
+  1048576)``);
+* **memory**: files up to 1 MiB are read whole in batches, larger ones in 1 MiB ranges with
+  matches and line numbers carried across the ranges; files larger than ``max_file_bytes``
+  (default 256 MiB) are not searched (`` (<n> files skipped: larger than <max> bytes)``);
+  ``contextLines`` above 1,000 is taken as 1,000; output is built only as far as the token
+  limit can show.
 """
 
 from __future__ import annotations
 
 import posixpath
 import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
-from ..vfs import is_text_file, read_many, walk
+import anyio.to_thread
+
+from ..vfs import is_text_file, read_many, read_range, walk
+from ..vfs._grep import MATCH_LINE_LIMIT, BoundedPattern, LineChunker, MatchTimeout, PatternError
 from ._core import ToolCall, ToolResult
 from ._glob import create_glob_matcher, extract_glob_base, is_glob_pattern
 from ._listing import gitignore_for
-from ._output import DEFAULT_MAX_OUTPUT_TOKENS, apply_token_limit
+from ._output import DEFAULT_MAX_OUTPUT_TOKENS, apply_token_limit, output_char_budget
 
-__all__ = ["grep", "translate_js_regex"]
+__all__ = ["DEFAULT_MATCH_TIMEOUT_MS", "DEFAULT_MAX_GREP_FILE_BYTES", "grep", "translate_js_regex"]
 
 MAX_PATTERN_LENGTH = 1000
 MAX_TOTAL_MATCHES = 1000
 MAX_LINE_LENGTH = 500
+#: Milliseconds a search may spend matching, over all its files (option ``match_timeout_ms``).
+DEFAULT_MATCH_TIMEOUT_MS = 5_000
+#: Files larger than this are not searched (option ``max_file_bytes``).
+DEFAULT_MAX_GREP_FILE_BYTES = 256 * 1024 * 1024
+#: Context lines shown at most on each side of a match (they are kept in memory).
+MAX_CONTEXT_LINES = 1000
+#: Files up to this size are read whole; larger ones in ranges of this size.
+GREP_CHUNK = 1024 * 1024
+#: A batch of whole-file reads holds at most this many listed bytes, or this many files.
+BATCH_BYTES = 16 * 1024 * 1024
+BATCH_FILES = 256
 
-_NAMED_GROUP = re.compile(r"\(\?<(?![=!])([A-Za-z_$][\w$]*)>")
-_NAMED_BACKREF = re.compile(r"\\k<([A-Za-z_$][\w$]*)>")
+_JS_NAMED_GROUP = re.compile(r"\(\?<(?![=!])([A-Za-z_$][\w$]*)>")
+_JS_NAMED_BACKREF = re.compile(r"\\k<([A-Za-z_$][\w$]*)>")
+
+T = TypeVar("T")
 
 
 def translate_js_regex(source: str) -> str:
     """Rewrite JavaScript-only regex syntax that Python spells differently (named groups)."""
-    return _NAMED_BACKREF.sub(r"(?P=\1)", _NAMED_GROUP.sub(r"(?P<\1>", source))
+    return _JS_NAMED_BACKREF.sub(r"(?P=\1)", _JS_NAMED_GROUP.sub(r"(?P<\1>", source))
 
 
 def _plural(count: int, one: str, many: str) -> str:
@@ -40,27 +75,194 @@ def _cut(text: str) -> str:
     return text if len(text) <= MAX_LINE_LENGTH else text[:MAX_LINE_LENGTH] + "..."
 
 
+@dataclass
+class _File:
+    """Where the search of one file stands (a file may come in several pieces)."""
+
+    path: str
+    #: Number of the first line of the next piece.
+    next_line: int = 1
+    hits: int = 0
+    #: Still looking for matches (False once its caps are reached or the search stopped).
+    matching: bool = True
+    #: Number of the last line put in the output (0: none yet).
+    last_printed: int = 0
+    #: Context lines still owed after the last match.
+    after_left: int = 0
+    #: The last context-many lines seen, cut for display: what a match in the next piece
+    #: shows before it.
+    tail: list[tuple[int, str]] = field(default_factory=list)
+
+    @property
+    def wanted(self) -> bool:
+        """More of the file is needed: for matches, or for context after the last one."""
+        return self.matching or self.after_left > 0
+
+
+class _Search:
+    """The state of one grep: totals, the output lines and the hunks of context (§13.8).
+
+    Files are fed in path order as text (whole, or in pieces of whole lines); the output is
+    the reference's: ``path:line:col: text`` for a match, ``path:line- text`` for context,
+    ``--`` between hunks when there is context. Output lines past ``char_budget``
+    characters (more than the token limit can show) are counted but not kept.
+    """
+
+    def __init__(self, pattern: BoundedPattern, *, context: int, per_file: int | None, char_budget: int) -> None:
+        self.pattern = pattern
+        self.context = context
+        self.per_file = per_file
+        self.char_budget = char_budget
+        self.lines: list[str] = []
+        self.kept_chars = 0
+        self.total_chars = 0
+        self.emitted = 0
+        self.total = 0
+        self.files = 0
+        self.truncated = False
+        self.read_errors = 0
+        self.too_large = 0
+        #: The file the time budget ran out in, if it did.
+        self.stopped_in: str | None = None
+        #: Nothing more is to be searched (the match cap or the time budget was reached).
+        self.done = False
+
+    def _out(self, line: str) -> None:
+        self.emitted += 1
+        self.total_chars += len(line) + 1
+        if self.kept_chars < self.char_budget:
+            self.lines.append(line)
+            self.kept_chars += len(line) + 1
+
+    def read_error(self, error: object, strict: bool) -> None:
+        """Count a file that could not be read, or raise its error under ``strict``."""
+        if strict and isinstance(error, Exception):
+            raise error
+        self.read_errors += 1
+
+    def feed_files(self, paths: list[str], contents: Mapping[str, bytes | OSError], strict: bool) -> None:
+        """Search whole files, in order."""
+        for path in paths:
+            if self.done:
+                return
+            data = contents.get(path)
+            if not isinstance(data, bytes):
+                self.read_error(data, strict)
+                continue
+            self.feed(_File(path), data.decode("utf-8", errors="replace"), True)
+
+    def feed(self, file: _File, text: str, last: bool = False) -> None:
+        """Search the next piece of ``file``: whole lines joined by ``\\n``. The ``last`` piece
+        ends with the file's last line (empty when the file ends with a newline)."""
+        first = file.next_line
+        file.next_line += text.count("\n") + 1
+        hits: list[tuple[int, int]] = []
+        if file.matching and not self.done:
+            # One match more than fits tells that the output is truncated.
+            cap = MAX_TOTAL_MATCHES - self.total + 1
+            if self.per_file is not None:
+                cap = min(cap, self.per_file - file.hits)
+            try:
+                self.pattern.search_block(text, hits, limit=cap)
+            except MatchTimeout:
+                self.stopped_in = file.path
+                self.done = True
+                file.matching = False
+        lines = text.split("\n") if hits or file.after_left else None
+        for index, column in hits:
+            assert lines is not None
+            number = first + index
+            if self.total >= MAX_TOTAL_MATCHES:
+                self.truncated = self.done = True
+                file.matching = False
+                break
+            self._after(file, lines, first, number)
+            self._before(file, lines, first, number)
+            self._out(f"{file.path}:{number}:{column + 1}: {_cut(lines[index])}")
+            file.last_printed, file.after_left = number, self.context
+            file.hits += 1
+            self.total += 1
+            if file.hits == 1:
+                self.files += 1
+            if self.per_file is not None and file.hits >= self.per_file:
+                file.matching = False
+        if lines is not None:
+            self._after(file, lines, first, first + len(lines))
+        if self.context and file.wanted and not last:
+            self._keep_tail(file, text, lines)
+
+    def _after(self, file: _File, lines: list[str], first: int, upto: int) -> None:
+        """Context owed after the last match, for lines before ``upto`` in this piece."""
+        number = file.last_printed + 1
+        while file.after_left > 0 and number < upto:
+            self._out(f"{file.path}:{number}- {_cut(lines[number - first])}")
+            file.last_printed = number
+            file.after_left -= 1
+            number += 1
+
+    def _before(self, file: _File, lines: list[str], first: int, number: int) -> None:
+        """Start or extend a hunk for a match on line ``number``: ``--`` and the context
+        before it (lines of earlier pieces come from the file's tail)."""
+        if not self.context:
+            return
+        start = max(number - self.context, 1)
+        if file.last_printed == 0 or start > file.last_printed + 1:
+            if self.emitted:
+                self._out("--")
+        else:
+            start = file.last_printed + 1
+        earlier = dict(file.tail) if start < first else {}
+        for n in range(start, number):
+            text = lines[n - first] if n >= first else earlier.get(n, "")
+            self._out(f"{file.path}:{n}- {_cut(text)}")
+
+    def _keep_tail(self, file: _File, text: str, lines: list[str] | None) -> None:
+        count = self.context
+        last = lines[-count:] if lines is not None else text.rsplit("\n", count)[-count:]
+        start = file.next_line - len(last)
+        fresh = [(start + i, line[: MAX_LINE_LENGTH + 1]) for i, line in enumerate(last)]
+        file.tail = (file.tail + fresh)[-count:] if len(fresh) < count else fresh
+
+    def text(self, summary: str) -> tuple[str, float]:
+        """The output, and how much longer the full output would have been (for the token
+        limit's estimate of the total)."""
+        body = "\n" + "\n".join(self.lines) if self.lines else ""
+        text = summary + "\n---" + body
+        full = len(summary) + 4 + self.total_chars
+        return text, (full / len(text) if len(text) < full else 1.0)
+
+
+async def _in_worker(fn: Callable[..., T], *args: Any) -> T:
+    # Abandoned on cancellation (the tool's timeout): the caller then cancels the pattern,
+    # so the thread stops at its next match call.
+    return await anyio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
+
+
 async def grep(call: ToolCall) -> ToolResult:
     """Search text files for a pattern; summary, ``---``, then ``path:line:col: text`` lines."""
     args = call.args
     pattern: str = args["pattern"]
     if len(pattern) > MAX_PATTERN_LENGTH:
         return f"Error: Pattern too long ({len(pattern)} chars, max {MAX_PATTERN_LENGTH}). Use a shorter pattern."
+    match_ms = call.options.get("match_timeout_ms", DEFAULT_MATCH_TIMEOUT_MS)
     try:
-        regex = re.compile(translate_js_regex(pattern), 0 if args["caseSensitive"] else re.IGNORECASE)
-    except re.error as exc:
+        regex = BoundedPattern(
+            translate_js_regex(pattern), case_sensitive=args["caseSensitive"], timeout=match_ms / 1000
+        )
+    except PatternError as exc:
         return f"Error: Invalid regex pattern: {exc}"
     target: str = args["path"]
     hidden: bool = args["includeHidden"]
-    context: int = args["contextLines"]
-    per_file: int | None = args.get("maxCount")
+    context = min(args["contextLines"], MAX_CONTEXT_LINES)
     strict = bool(call.options.get("strict", False))
+    max_bytes = call.options.get("max_file_bytes", DEFAULT_MAX_GREP_FILE_BYTES)
+    limit = call.options.get("max_output_tokens", DEFAULT_MAX_OUTPUT_TOKENS)
     fs = call.fs
     glob = is_glob_pattern(target)
     root = extract_glob_base(target) if glob else target.rstrip("/") or target
     matcher = create_glob_matcher(target, dot=hidden) if glob else None
 
-    files: list[str] = []
+    files: list[tuple[str, int | None]] = []
     skipped = 0
     not_found = False
     if posixpath.basename(posixpath.normpath(root)) != ".git":
@@ -71,62 +273,110 @@ async def grep(call: ToolCall) -> ToolResult:
         else:
             if info.type == "file":
                 if is_text_file(root, fs.text_extensions):
-                    files.append(root)
+                    files.append((root, info.size))
                 else:
                     skipped = 1
             else:
                 files = await _files_below(call, root, hidden, matcher)
 
-    contents = await read_many(fs, files) if files else {}
-    found: list[tuple[str, list[str], dict[int, int]]] = []
-    read_errors = 0
-    total = 0
-    truncated = False
-    for path in sorted(files):
-        data = contents.get(path)
-        if not isinstance(data, bytes):
-            if strict and isinstance(data, Exception):
-                raise data
-            read_errors += 1
-            continue
-        lines = data.decode("utf-8", errors="replace").split("\n")
-        hits: dict[int, int] = {}  # line index -> 1-based column of the line's first match
-        for index, line in enumerate(lines):
-            match = regex.search(line)
-            if match is None:
-                continue
-            if total >= MAX_TOTAL_MATCHES:
-                truncated = True
-                break
-            hits[index] = match.start() + 1
-            total += 1
-            if per_file is not None and len(hits) >= per_file:
-                break
-        if hits:
-            found.append((path, lines, hits))
-        if truncated:
-            break
+    search = _Search(regex, context=context, per_file=args.get("maxCount"), char_budget=output_char_budget(limit))
+    try:
+        await _search_files(call, search, sorted(files), strict=strict, max_bytes=max_bytes)
+    finally:
+        regex.cancel()
 
-    summary = f"{total} {'match' if total == 1 else 'matches'} across {_plural(len(found), 'file', 'files')}"
-    if truncated:
+    total = search.total
+    summary = f"{total} {'match' if total == 1 else 'matches'} across {_plural(search.files, 'file', 'files')}"
+    if search.truncated:
         summary += f" (truncated at {MAX_TOTAL_MATCHES})"
     if skipped:
         summary += f" ({_plural(skipped, 'file', 'files')} skipped: unsupported extension)"
     if not_found:
         summary += " (target path not found: nothing searched)"
-    if read_errors:
-        summary += f" ({_plural(read_errors, 'path', 'paths')} skipped: read error)"
-    body = _render(found, context)
-    text = summary + "\n---" + ("\n" + "\n".join(body) if body else "")
-    return apply_token_limit(text, call.options.get("max_output_tokens", DEFAULT_MAX_OUTPUT_TOKENS), "end")
+    if search.read_errors:
+        summary += f" ({_plural(search.read_errors, 'path', 'paths')} skipped: read error)"
+    if search.too_large:
+        summary += (
+            f" ({_plural(search.too_large, 'file', 'files')} skipped: larger than {max_bytes} bytes; "
+            "raise max_file_bytes to search them)"
+        )
+    if regex.long_lines:
+        summary += (
+            f" ({_plural(regex.long_lines, 'line', 'lines')} longer than {MATCH_LINE_LIMIT} characters: "
+            f"matched on their first {MATCH_LINE_LIMIT})"
+        )
+    if args["contextLines"] > MAX_CONTEXT_LINES:
+        summary += f" (contextLines capped at {MAX_CONTEXT_LINES})"
+    if search.stopped_in is not None:
+        summary += (
+            f" (search stopped after {match_ms / 1000:g} s of matching in {search.stopped_in}: the pattern "
+            "is too slow; simplify it, narrow the path, or raise match_timeout_ms)"
+        )
+    text, scale = search.text(summary)
+    return apply_token_limit(text, limit, "end", total_scale=scale)
 
 
-async def _files_below(call: ToolCall, root: str, hidden: bool, matcher: object) -> list[str]:
-    """Text files below ``root``: no ``.git``, no ignored paths, not through symlinked dirs."""
+async def _search_files(
+    call: ToolCall, search: _Search, files: list[tuple[str, int | None]], *, strict: bool, max_bytes: int
+) -> None:
+    """Feed ``files`` to ``search`` in order: small ones read whole in batches, large ones in
+    ranges, those over ``max_bytes`` skipped."""
+    fs = call.fs
+    batch: list[str] = []
+    batch_bytes = 0
+
+    async def flush() -> None:
+        nonlocal batch, batch_bytes
+        if batch and not search.done:
+            paths, batch, batch_bytes = batch, [], 0
+            contents = await read_many(fs, paths)
+            await _in_worker(search.feed_files, paths, contents, strict)
+
+    for path, size in files:
+        if search.done:
+            break
+        if size is not None and size > max_bytes:
+            search.too_large += 1
+            continue
+        if size is not None and size <= GREP_CHUNK:
+            batch.append(path)
+            batch_bytes += size
+            if batch_bytes >= BATCH_BYTES or len(batch) >= BATCH_FILES:
+                await flush()
+            continue
+        await flush()
+        if not search.done:
+            await _stream_file(call, search, path, strict)
+    await flush()
+
+
+async def _stream_file(call: ToolCall, search: _Search, path: str, strict: bool) -> None:
+    """Search a large file (or one of unknown size) a range at a time."""
+    file = _File(path)
+    chunker = LineChunker(MATCH_LINE_LIMIT)
+    position = 0
+    while file.wanted:
+        try:
+            data = await read_range(call.fs, path, position, position + GREP_CHUNK)
+        except OSError as exc:
+            search.read_error(exc, strict)
+            return
+        position += len(data)
+        text = chunker.feed(data)
+        if text is not None:
+            await _in_worker(search.feed, file, text)
+        if len(data) < GREP_CHUNK:
+            await _in_worker(search.feed, file, chunker.finish(), True)
+            return
+
+
+async def _files_below(call: ToolCall, root: str, hidden: bool, matcher: object) -> list[tuple[str, int | None]]:
+    """Text files below ``root`` with their listed sizes: no ``.git``, no ignored paths, not
+    through symlinked dirs."""
     fs = call.fs
     ignore, base = await gitignore_for(fs, root)
     linked: list[str] = []
-    out: list[str] = []
+    out: list[tuple[str, int | None]] = []
     for entry in await walk(fs, root, include_hidden=hidden):
         parts = entry.name.split("/")
         if ".git" in parts:
@@ -148,30 +398,5 @@ async def _files_below(call: ToolCall, root: str, hidden: bool, matcher: object)
         display = f"{root.rstrip('/')}/{entry.name}"
         if callable(matcher) and not matcher(display):
             continue
-        out.append(display)
+        out.append((display, entry.size))
     return out
-
-
-def _render(found: list[tuple[str, list[str], dict[int, int]]], context: int) -> list[str]:
-    body: list[str] = []
-    for path, lines, hits in found:
-        if context <= 0:
-            body.extend(f"{path}:{i + 1}:{column}: {_cut(lines[i])}" for i, column in hits.items())
-            continue
-        # Merge overlapping or adjacent windows into hunks; "--" separates hunks and files.
-        hunks: list[list[int]] = []
-        for index in hits:
-            start, end = max(0, index - context), min(len(lines) - 1, index + context)
-            if hunks and start <= hunks[-1][1] + 1:
-                hunks[-1][1] = max(hunks[-1][1], end)
-            else:
-                hunks.append([start, end])
-        for start, end in hunks:
-            if body:
-                body.append("--")
-            for index in range(start, end + 1):
-                if index in hits:
-                    body.append(f"{path}:{index + 1}:{hits[index]}: {_cut(lines[index])}")
-                else:
-                    body.append(f"{path}:{index + 1}- {_cut(lines[index])}")
-    return body

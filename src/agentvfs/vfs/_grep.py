@@ -1,24 +1,583 @@
-"""Line-oriented regular-expression search shared by the backends' ``grep``."""
+"""Line-oriented regular-expression search with a time budget, shared by the grep tool and
+the backends' ``grep``.
+
+Patterns run on the ``regex`` package, not ``re``: the same syntax and results for ordinary
+patterns (its ``VERSION0`` mode is ``re``-compatible), but every match call takes a
+``timeout`` and releases the GIL (``concurrent=True``). A pattern that backtracks
+exponentially, ``(a|aa)+$`` on a line of ``a``, therefore stops when the search's budget is
+spent instead of holding the interpreter for hours, and other threads (the event loop) keep
+running meanwhile. ``benchmarks/bench_regex.py`` compares it with RE2 and ``re``.
+
+Matching is bounded three ways:
+
+* time: a :class:`BoundedPattern` carries a budget in seconds for all its match calls
+  together (:data:`DEFAULT_MATCH_TIMEOUT`); when it is spent, :class:`MatchTimeout` is raised;
+* line length: only the first :data:`MATCH_LINE_LIMIT` characters of a line are matched;
+* pattern size: a pattern whose counted repeats would expand to more than
+  :data:`MAX_PATTERN_EXPANSION` steps is refused before compiling (``regex`` expands
+  ``(?:a{1000}){1000}`` into a million nodes, about 270 MB).
+
+Most lines do not match, so a file's lines are searched as one block (one call per matching
+line rather than one per line) whenever that gives the same answer as searching line by
+line; see :func:`search_mode`.
+"""
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable
+import itertools
+import threading
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+import regex
 
 from ._records import GrepFileResult, GrepMatch
 
-__all__ = ["compile_pattern", "grep_lines"]
+__all__ = [
+    "DEFAULT_MATCH_TIMEOUT",
+    "MATCH_LINE_LIMIT",
+    "MAX_PATTERN_EXPANSION",
+    "BoundedPattern",
+    "LineChunker",
+    "MatchTimeout",
+    "PatternError",
+    "compile_pattern",
+    "grep_lines",
+    "search_mode",
+]
+
+#: Seconds one search may spend inside the regex engine, over all its files.
+DEFAULT_MATCH_TIMEOUT = 5.0
+#: Characters of a line that are matched; the rest of a longer line is not searched.
+MATCH_LINE_LIMIT = 1 << 20
+#: Steps a pattern may expand to when its counted repeats are unrolled.
+MAX_PATTERN_EXPANSION = 100_000
+
+#: ``regex`` raises this for a bad pattern (``re.error`` has the same role).
+PatternError = regex.error
+
+_NUMERIC_BRACE = regex.compile(r"(\d*)(?:,(\d*))?")
+# Characters of a block searched per call (rounded up to whole lines).
+_WINDOW = 16 * 1024
 
 
-def compile_pattern(pattern: str, *, case_sensitive: bool) -> re.Pattern[str]:
-    """Compile a Python regular expression, ignoring case unless ``case_sensitive``."""
-    return re.compile(pattern, 0 if case_sensitive else re.IGNORECASE)
+class MatchTimeout(TimeoutError):
+    """A search used up its time budget (or was cancelled) before it finished.
+
+    Attributes
+    ----------
+    pattern : str
+        The pattern's source.
+    seconds : float
+        The budget that ran out.
+    path : str or None
+        The file being searched when it ran out, once a caller knows it.
+    """
+
+    def __init__(self, pattern: str, seconds: float, path: str | None = None) -> None:
+        self.pattern = pattern
+        self.seconds = seconds
+        self.path = path
+        shown = pattern if len(pattern) <= 80 else pattern[:77] + "..."
+        where = f" (stopped in {path})" if path else ""
+        super().__init__(
+            f"grep: matching {shown!r} took longer than {seconds:g} s{where}; simplify the pattern "
+            "(nested quantifiers such as (a+)+ can take exponential time) or search fewer files"
+        )
+
+    def at(self, path: str) -> MatchTimeout:
+        """The same timeout, naming the file it happened in."""
+        return MatchTimeout(self.pattern, self.seconds, path)
+
+
+# Escapes of one character that is never "\n" (outside a class; \b there is a boundary).
+_SAFE_LETTER_ESCAPES = frozenset("dwbBtrfvag")
+# The character some escapes stand for, to check ranges in classes against "\n".
+_ESCAPED_CHARS = {"t": 9, "r": 13, "f": 12, "v": 11, "a": 7, "b": 8}
+_OCTAL = "01234567"
+
+
+def _escape_code(source: str, i: int) -> tuple[int | None, int]:
+    """The code point of the escape at ``source[i]`` (a backslash) when it stands for one
+    character, else None; and the index after it."""
+    kind = source[i + 1 : i + 2]
+    digits = {"x": 2, "u": 4, "U": 8}.get(kind)
+    if digits is not None:
+        text = source[i + 2 : i + 2 + digits]
+        if len(text) == digits and all(c in "0123456789abcdefABCDEF" for c in text):
+            return int(text, 16), i + 2 + digits
+        return None, i + 2
+    # Octal as Python reads it: \0 and up to two more digits, or three octal digits; other
+    # digits are backreferences.
+    if kind == "0":
+        more = "".join(itertools.takewhile(lambda c: c in _OCTAL, source[i + 2 : i + 4]))
+        return int("0" + more, 8), i + 2 + len(more)
+    three = source[i + 1 : i + 4]
+    if len(three) == 3 and all(c in _OCTAL for c in three):
+        return int(three, 8), i + 4
+    if kind in _ESCAPED_CHARS:
+        return _ESCAPED_CHARS[kind], i + 2
+    if kind and not kind.isalnum():
+        return ord(kind), i + 2
+    return None, i + 2
+
+
+def _newline_free(source: str) -> bool:
+    """Whether ``source`` can never match a string holding ``"\\n"`` (read conservatively:
+    ``\\s``, ``\\W``, ``\\D``, ``\\p``, negated classes, classes whose ranges span ``"\\n"``
+    and escapes it does not know all count as possible newlines).
+
+    Lookaround, atomic groups and possessive quantifiers of such a pattern decide the same
+    inside a block of lines as on the line alone: what they look at or keep never reaches
+    past the newline.
+    """
+    i, n = 0, len(source)
+    while i < n:
+        c = source[i]
+        if c == "\n":
+            return False
+        if c == "\\":
+            kind = source[i + 1 : i + 2]
+            code, after = _escape_code(source, i)
+            if code is None and not (kind in _SAFE_LETTER_ESCAPES or kind.isdigit()):
+                return False  # \s \S \W \D \p \P \X \N \h ... (digits: backreferences)
+            if code == 10:
+                return False
+            i = after
+            continue
+        if c == "[":
+            j = i + 1
+            if source[j : j + 1] == "^":
+                return False
+            first = True
+            while j < n and (source[j] != "]" or first):
+                first = False
+                if source.startswith("[:", j):
+                    return False  # POSIX classes such as [:space:]
+                if source[j] == "\\":
+                    kind = source[j + 1 : j + 2]
+                    low, j = _escape_code(source, j)
+                    if low is None:
+                        if kind not in ("d", "w"):
+                            return False
+                        continue
+                else:
+                    low, j = ord(source[j]), j + 1
+                if source[j : j + 1] == "-" and source[j + 1 : j + 2] not in ("]", ""):
+                    if source[j + 1] == "\\":
+                        high, j = _escape_code(source, j + 1)
+                        if high is None:
+                            return False
+                    else:
+                        high, j = ord(source[j + 1]), j + 2
+                    if low <= 10 <= high:
+                        return False
+                elif low == 10:
+                    return False
+            i = j + 1
+            continue
+        i += 1
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    """What :func:`_scan` learns about a pattern."""
+
+    #: A pattern that matches a line wherever ``source`` does (possibly more), safe to search
+    #: a block of lines with; None when the lines must be searched one by one.
+    block: str | None
+    #: ``block`` is ``source`` itself: a block match inside one line is that line's answer.
+    exact: bool
+    #: Steps the pattern expands to when its counted repeats are unrolled.
+    expansion: int
+
+
+def _scan(source: str) -> _Shape:
+    """Read ``source`` once: the block form of :func:`search_mode` and the expansion estimate.
+
+    The reading is textual and errs towards searching line by line: anything it does not
+    recognise (inline flags, verbs, conditionals, fuzzy constraints) gives no block form,
+    which is only slower. The expansion multiplies nested ``{m,n}`` minimums, as ``regex``
+    does when it compiles them.
+    """
+    out: list[str] = []
+    unsafe = removed = backrefs = False
+    # A pattern that never matches "\n" keeps lookaround, atomic groups and possessive
+    # quantifiers as they are: they behave the same in a block as on one line.
+    free = _newline_free(source)
+    depth = 0
+    skipping: int | None = None  # the depth of the lookaround being left out
+    # Per open group: [weight so far, weight of the last item].
+    stack: list[list[int]] = [[0, 0]]
+    i, n = 0, len(source)
+
+    def emit(text: str) -> None:
+        if skipping is None:
+            out.append(text)
+
+    def item(weight: int) -> None:
+        stack[-1][0] += weight
+        stack[-1][1] = weight
+
+    while i < n:
+        c = source[i]
+        if c == "\\":
+            after = source[i + 1 : i + 2]
+            # Anchors tied to the string's ends, \G, \K (resets the start) and \X (a
+            # grapheme may span "\r\n") behave differently inside a block of lines.
+            if after and after in "AZzGKX":
+                unsafe = True
+            if (after.isdigit() and after != "0") or after == "g":
+                backrefs = True
+            emit(source[i : i + 2])
+            item(1)
+            i += 2
+            continue
+        if c == "[":
+            j = i + 1
+            if j < n and source[j] == "^":
+                j += 1
+            if j < n and source[j] == "]":
+                j += 1
+            while j < n and source[j] != "]":
+                j += 2 if source[j] == "\\" else 1
+            emit(source[i : j + 1])
+            item(1)
+            i = j + 1
+            continue
+        if c == "(":
+            opener = "("
+            if source.startswith("(*", i):
+                unsafe = True  # backtracking verbs such as (*PRUNE)
+            elif source.startswith("(?", i):
+                after = source[i + 2 : i + 4]
+                if after[:1] == ":":
+                    opener = "(?:"
+                elif after == "P=":
+                    backrefs = True
+                    close = source.find(")", i)
+                    emit(source[i : close + 1] if close >= 0 else source[i:])
+                    item(1)
+                    i = close + 1 if close >= 0 else n
+                    continue
+                elif after == "P<" or (after[:1] == "<" and after[1:2] not in ("=", "!")):
+                    close = source.find(">", i)
+                    opener = source[i : close + 1] if close >= 0 else source[i:]
+                elif free and (after[:1] in ("=", "!", ">") or after in ("<=", "<!")):
+                    opener = source[i : i + (4 if after in ("<=", "<!") else 3)]
+                elif after[:1] in ("=", "!") or after in ("<=", "<!"):
+                    # Lookaround sees past a line's ends; left out, the pattern matches
+                    # wherever the original does, so it can find the lines to check.
+                    removed = True
+                    emit("(?:)")
+                    if skipping is None:
+                        skipping = depth
+                    opener = ""
+                else:
+                    # Atomic groups (they drop paths), inline flags, conditionals, recursion.
+                    unsafe = True
+            emit(opener)
+            depth += 1
+            stack.append([0, 0])
+            i += max(len(opener), 1) if opener else (4 if after in ("<=", "<!") else 3)
+            continue
+        if c == ")":
+            if depth:
+                depth -= 1
+                if skipping == depth:
+                    skipping = None
+                else:
+                    emit(")")
+            if len(stack) > 1:
+                inner = stack.pop()[0]
+                item(max(inner, 1))
+            i += 1
+            continue
+        if c == "|":
+            emit(c)
+            stack[-1][1] = 0
+            i += 1
+            continue
+        if c in "*+?":
+            if source.startswith("+", i + 1) and not free:
+                unsafe = True  # possessive: drops paths
+            emit(c)
+            i += 1
+            continue
+        if c == "{":
+            j = source.find("}", i + 1)
+            body = source[i + 1 : j] if j >= 0 else ""
+            counted = _NUMERIC_BRACE.fullmatch(body) if j >= 0 else None
+            if counted is not None and (counted.group(1) or counted.group(2)):
+                top = stack[-1]
+                times = max(int(counted.group(1) or 0), 1)
+                top[0] += top[1] * (times - 1)
+                top[1] *= times
+                if source.startswith("+", j + 1) and not free:
+                    unsafe = True
+                emit(source[i : j + 1])
+                i = j + 1
+                continue
+            if any(ch in body for ch in "<=") or body.strip() in ("e", "i", "d", "s"):
+                unsafe = True  # a fuzzy-matching constraint such as {e<=1}
+        emit(c)
+        item(1)
+        i += 1
+    while len(stack) > 1:
+        inner = stack.pop()[0]
+        item(max(inner, 1))
+    # Leaving out a lookaround that holds a group would renumber the groups backreferences use.
+    block = None if unsafe or (removed and backrefs) else "".join(out)
+    return _Shape(block, block is not None and not removed, stack[0][0])
+
+
+def search_mode(source: str) -> Literal["block", "prefilter", "line"]:
+    """How :class:`BoundedPattern` searches the lines of a file for ``source``.
+
+    ``block``: all lines joined by ``\\n`` in one search (multiline mode). The pattern has no
+    construct that looks beyond its own path through the text, so a block match that starts
+    on a line and ends before its newline is that line's first match, and a line with a
+    match always gives a block match on it or before it; a block match that runs across a
+    newline is checked on its line alone.
+
+    ``prefilter``: the pattern has lookaround (which sees past a line's ends). The block is
+    searched for the pattern without its lookarounds, which matches wherever the pattern
+    does, and each line found is checked with the pattern alone.
+
+    ``line``: one search per line, for atomic groups and possessive quantifiers (they drop
+    paths), ``\\A``, ``\\Z``, ``\\G``, ``\\K``, ``\\X``, inline flags, verbs, conditionals,
+    fuzzy constraints, and lookaround together with backreferences.
+    """
+    shape = _scan(source)
+    if shape.block is None:
+        return "line"
+    return "block" if shape.exact else "prefilter"
+
+
+class BoundedPattern:
+    """A compiled pattern whose match calls together may take at most ``timeout`` seconds.
+
+    One object serves one search (all its files); it is not meant to be shared between
+    searches running at the same time.
+
+    Parameters
+    ----------
+    source : str
+        A Python (``regex`` ``VERSION0``) regular expression.
+    case_sensitive : bool
+        Match case exactly; otherwise ignore case.
+    timeout : float
+        Seconds of matching for the whole search.
+    line_limit : int
+        Characters of each line that are matched.
+
+    Raises
+    ------
+    PatternError
+        The pattern is invalid, or it expands past :data:`MAX_PATTERN_EXPANSION` steps.
+    """
+
+    def __init__(
+        self,
+        source: str,
+        *,
+        case_sensitive: bool = True,
+        timeout: float = DEFAULT_MATCH_TIMEOUT,
+        line_limit: int = MATCH_LINE_LIMIT,
+    ) -> None:
+        shape = _scan(source)
+        if shape.expansion > MAX_PATTERN_EXPANSION:
+            raise PatternError(
+                f"the pattern expands to about {shape.expansion:,} steps (nested counted repeats such as "
+                f"(?:a{{1000}}){{1000}}); at most {MAX_PATTERN_EXPANSION:,} are allowed"
+            )
+        flags = regex.VERSION0 | (0 if case_sensitive else regex.IGNORECASE)
+        try:
+            self.line = regex.compile(source, flags)
+            self.block = None if shape.block is None else regex.compile(shape.block, flags | regex.MULTILINE)
+        except RecursionError:
+            raise PatternError("the pattern nests groups too deeply") from None
+        except (OverflowError, ValueError) as exc:
+            raise PatternError(str(exc)) from None
+        #: Whether a block match within one line is that line's answer (no lookaround left out).
+        self.exact = shape.exact
+        self.source = source
+        self.timeout = timeout
+        self.line_limit = line_limit
+        #: Seconds spent matching so far.
+        self.spent = 0.0
+        #: Lines longer than ``line_limit`` met so far (matched on their start only).
+        self.long_lines = 0
+        self._cancelled = threading.Event()
+
+    def cancel(self) -> None:
+        """Make every later match call raise :class:`MatchTimeout` (a search abandoned in its
+        worker thread stops at its next call instead of running out its budget)."""
+        self._cancelled.set()
+
+    def _search(
+        self, compiled: regex.Pattern[str], text: str, pos: int = 0, endpos: int | None = None
+    ) -> regex.Match[str] | None:
+        remaining = self.timeout - self.spent
+        if remaining <= 0 or self._cancelled.is_set():
+            raise MatchTimeout(self.source, self.timeout)
+        started = time.perf_counter()
+        try:
+            return compiled.search(text, pos, endpos, concurrent=True, timeout=remaining)
+        except TimeoutError:
+            self.spent = self.timeout
+            raise MatchTimeout(self.source, self.timeout) from None
+        finally:
+            self.spent += time.perf_counter() - started
+
+    def search_line(self, line: str) -> int | None:
+        """The 0-based column of the first match in ``line`` (its first ``line_limit``
+        characters), or None.
+
+        Raises
+        ------
+        MatchTimeout
+            The budget is spent.
+        """
+        if len(line) > self.line_limit:
+            line = line[: self.line_limit]
+        found = self._search(self.line, line)
+        return None if found is None else found.start()
+
+    def search_block(self, text: str, hits: list[tuple[int, int]], *, limit: int | None = None) -> None:
+        """Append ``(line index, 0-based column)`` for each line of ``text`` (lines joined by
+        ``\\n``; a trailing ``\\n`` makes a last, empty line) whose first ``line_limit``
+        characters match, in order, stopping after ``limit`` of them.
+
+        ``hits`` is filled as lines are found, so it holds what was found when
+        :class:`MatchTimeout` interrupts.
+
+        Raises
+        ------
+        MatchTimeout
+            The budget is spent.
+        """
+        if limit is not None and limit <= 0:
+            return
+        lines: list[str] | None = None
+        if len(text) > self.line_limit:
+            lines = text.split("\n")
+            if max(map(len, lines)) > self.line_limit:
+                cap = self.line_limit
+                self.long_lines += sum(1 for line in lines if len(line) > cap)
+                lines = [line[:cap] if len(line) > cap else line for line in lines]
+                text = "\n".join(lines)
+        found_here = 0
+        if self.block is None:
+            for index, line in enumerate(lines if lines is not None else text.split("\n")):
+                column = self.search_line(line)
+                if column is not None:
+                    hits.append((index, column))
+                    found_here += 1
+                    if limit is not None and found_here >= limit:
+                        return
+            return
+        end = len(text)
+        # ``pos`` is always the start of a line; ``index`` counts the newlines before ``counted``.
+        pos = index = counted = 0
+        while True:
+            # Search a window of whole lines: a match that starts early and runs on across
+            # many lines (``a[^z]*b``) then costs at most a window, not the rest of the text.
+            stop = end if end - pos <= _WINDOW else text.find("\n", pos + _WINDOW)
+            if stop < 0:
+                stop = end
+            found = self._search(self.block, text, pos, stop)
+            if found is None:
+                if stop >= end:
+                    return
+                pos = stop + 1
+                continue
+            start = found.start()
+            index += text.count("\n", counted, start)
+            counted = start
+            newline = text.rfind("\n", pos, start)
+            line_start = pos if newline < 0 else newline + 1
+            line_end = text.find("\n", start)
+            if line_end < 0:
+                line_end = end
+            if self.exact and found.end() <= line_end:
+                column = start - line_start
+            else:
+                # The block's match runs across the newline, or it is the pattern without
+                # its lookarounds: the line alone says.
+                column = self.search_line(text[line_start:line_end])
+            if column is not None:
+                hits.append((index, column))
+                found_here += 1
+                if limit is not None and found_here >= limit:
+                    return
+            if line_end >= end:
+                return
+            pos = line_end + 1
+            index += text.count("\n", counted, pos)
+            counted = pos
+
+
+class LineChunker:
+    """Cut a stream of bytes into text of whole lines, with memory bounded by the line limit.
+
+    :meth:`feed` returns the decoded lines completed so far (joined by ``\\n``, without the
+    last newline) and keeps the unfinished line; :meth:`finish` returns that last line.
+    Bytes of a line beyond ``4 * line_limit + 4`` (more than ``line_limit`` characters in any
+    encoding) are dropped, so one giant line costs at most that much memory. Invalid UTF-8
+    becomes U+FFFD, as a whole-file decode would make it (``\\n`` is never inside a
+    multi-byte sequence).
+    """
+
+    def __init__(self, line_limit: int = MATCH_LINE_LIMIT) -> None:
+        self._keep = 4 * line_limit + 4
+        self._carry = bytearray()
+
+    def feed(self, data: bytes) -> str | None:
+        """The lines ``data`` completes, or None if it completes none."""
+        cut = data.rfind(b"\n")
+        if cut < 0:
+            self._append(data)
+            return None
+        first = data.find(b"\n")
+        self._append(data[:first])
+        head = bytes(self._carry) + data[first:cut]
+        self._carry = bytearray()
+        self._append(data[cut + 1 :])
+        return head.decode("utf-8", errors="replace")
+
+    def finish(self) -> str:
+        """The last line (empty when the data ended with a newline)."""
+        tail = bytes(self._carry)
+        self._carry = bytearray()
+        return tail.decode("utf-8", errors="replace")
+
+    def _append(self, data: bytes) -> None:
+        room = self._keep - len(self._carry)
+        if room > 0:
+            self._carry += data[:room]
+
+
+def compile_pattern(pattern: str, *, case_sensitive: bool, timeout: float | None = None) -> BoundedPattern:
+    """Compile a Python regular expression for one search, ignoring case unless
+    ``case_sensitive``; its matching may take ``timeout`` seconds in all (by default
+    :data:`DEFAULT_MATCH_TIMEOUT`).
+
+    Raises
+    ------
+    PatternError
+        The pattern is invalid or too large once expanded.
+    """
+    seconds = DEFAULT_MATCH_TIMEOUT if timeout is None else timeout
+    return BoundedPattern(pattern, case_sensitive=case_sensitive, timeout=seconds)
 
 
 def grep_lines(
     path: str,
     data: bytes,
-    regex: re.Pattern[str],
+    regex: BoundedPattern,
     *,
     max_count: int | None,
     context_lines: int,
@@ -27,30 +586,36 @@ def grep_lines(
     """Search one file's bytes (decoded as UTF-8, bad bytes replaced) line by line.
 
     The first match on a line counts; ``max_count`` caps matches in this file and ``budget``
-    what is left of the global cap. Returns None when nothing matched.
+    what is left of the global cap. Only the first :data:`MATCH_LINE_LIMIT` characters of a
+    line are matched. Returns None when nothing matched.
+
+    Raises
+    ------
+    MatchTimeout
+        The pattern's time budget ran out (the message names ``path``).
     """
     text = data.decode("utf-8", errors="replace")
+    caps = [x for x in (max_count, budget) if x is not None]
+    # At least one match is reported, as the line-by-line loop did.
+    limit = max(min(caps), 1) if caps else None
+    hits: list[tuple[int, int]] = []
+    try:
+        regex.search_block(text, hits, limit=limit)
+    except MatchTimeout as exc:
+        raise exc.at(path) from None
+    if not hits:
+        return None
     lines = text.split("\n")
     matches: list[GrepMatch] = []
-    limit = min(x for x in (max_count, budget, len(lines)) if x is not None)
-    for number, line in _numbered(lines):
-        found = regex.search(line)
-        if found is None:
-            continue
-        start = number - 1
+    for index, column in hits:
         matches.append(
             GrepMatch(
-                line=number,
-                column=found.start(),
-                text=line,
-                before=tuple(lines[max(0, start - context_lines) : start]) if context_lines else (),
-                after=tuple(lines[start + 1 : start + 1 + context_lines]) if context_lines else (),
+                line=index + 1,
+                column=column,
+                text=lines[index],
+                before=tuple(lines[max(0, index - context_lines) : index]) if context_lines else (),
+                after=tuple(lines[index + 1 : index + 1 + context_lines]) if context_lines else (),
             )
         )
-        if len(matches) >= limit:
-            break
-    return GrepFileResult(path=path, matches=tuple(matches)) if matches else None
+    return GrepFileResult(path=path, matches=tuple(matches))
 
-
-def _numbered(lines: list[str]) -> Iterable[tuple[int, str]]:
-    return enumerate(lines, start=1)
