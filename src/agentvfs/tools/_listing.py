@@ -2,26 +2,43 @@
 
 from __future__ import annotations
 
+import logging
 import posixpath
 from dataclasses import dataclass, field
 
 import pathspec
 
-from ..vfs import FileEntry, WorkspaceFilesystem, walk
+from ..vfs import FileEntry, WorkspaceFilesystem, read_range, walk
 from ._core import ToolCall, ToolResult
 from ._glob import create_glob_matcher
 from ._output import LIST_FILES_MAX_OUTPUT_TOKENS, apply_token_limit
 
-__all__ = ["list_files", "load_gitignore"]
+__all__ = ["MAX_GITIGNORE_BYTES", "list_files", "load_gitignore"]
+
+logger = logging.getLogger("agentvfs")
+
+#: Bytes of the root ``.gitignore`` that are read; the rules past them are not applied.
+MAX_GITIGNORE_BYTES = 1024 * 1024
 
 
 async def load_gitignore(fs: WorkspaceFilesystem) -> pathspec.GitIgnoreSpec | None:
-    """The root ``.gitignore`` as a matcher, or None when it is missing or empty."""
+    """The root ``.gitignore`` as a matcher, or None when it is missing, empty or unreadable.
+
+    Only its first :data:`MAX_GITIGNORE_BYTES` are read (up to the last whole line there),
+    so a huge or sparse file the agent put there costs no more than that.
+    """
     try:
-        raw = await fs.read_file(".gitignore")
-    except (FileNotFoundError, IsADirectoryError, PermissionError):
+        raw = await read_range(fs, ".gitignore", 0, MAX_GITIGNORE_BYTES + 1)
+    except TimeoutError:
+        raise
+    except OSError as exc:
+        # Missing, a directory, out of reach, or not a regular file: no rules, as with none.
+        if not isinstance(exc, FileNotFoundError):
+            logger.info("not using .gitignore: %s", exc)
         return None
-    assert isinstance(raw, bytes)
+    if len(raw) > MAX_GITIGNORE_BYTES:
+        logger.warning(".gitignore is larger than %d bytes; the rules after that are not applied", MAX_GITIGNORE_BYTES)
+        raw = raw[: raw.rfind(b"\n", 0, MAX_GITIGNORE_BYTES) + 1]
     lines = raw.decode("utf-8", errors="replace").splitlines()
     if not any(line.strip() and not line.startswith("#") for line in lines):
         return None
