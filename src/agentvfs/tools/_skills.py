@@ -3,25 +3,43 @@
 They are unprefixed and offered whenever skills are configured. Each works on the skills of
 the calling request (``WorkspaceSkills.get_scoped``) and picks up changes on disk first
 (``maybe_refresh``, cheap within its cooldown).
+
+``skill_read`` is bounded where the reference is not: its output is cut to
+``max_output_tokens`` (default 20,000 tokens, with the reference's truncation marker; page
+with ``startLine`` and ``endLine``), and a file larger than ``max_file_bytes`` (default
+8 MiB, by the skill source's ``stat``) is not read at all: the answer says so.
 """
 
 from __future__ import annotations
 
+import posixpath
 from typing import TYPE_CHECKING
 
 from ..errors import WorkspaceError
 from ._core import ToolCall, ToolResult, ToolSpec
+from ._lines import nth_newline
+from ._output import apply_token_limit
 from ._schema import field, numeric_field, object_schema
 
 if TYPE_CHECKING:
     from ..skills import Skill, WorkspaceSkills
 
-__all__ = ["SKILL_TOOLS", "format_skill_activation"]
+__all__ = [
+    "DEFAULT_SKILL_READ_MAX_BYTES",
+    "DEFAULT_SKILL_READ_MAX_OUTPUT_TOKENS",
+    "SKILL_TOOLS",
+    "format_skill_activation",
+]
 
 #: Characters of each result shown by ``skill_search``.
 PREVIEW_CHARS = 200
 #: Leading characters looked at for a NUL byte when telling binary files from text.
 BINARY_PROBE = 1000
+#: Tokens ``skill_read`` returns at most (option ``max_output_tokens``): larger than the file
+#: tools' 2,000, since a skill's reference is meant to be read whole, about 80 KB of prose.
+DEFAULT_SKILL_READ_MAX_OUTPUT_TOKENS = 20_000
+#: Files larger than this are not read by ``skill_read`` (option ``max_file_bytes``).
+DEFAULT_SKILL_READ_MAX_BYTES = 8 * 1024 * 1024
 
 
 def format_skill_activation(skill: Skill) -> str:
@@ -89,9 +107,9 @@ def _js(value: int | None) -> str:
 
 def _read_range(path: str, content: str, start_line: int | None, end_line: int | None) -> str:
     """The reference's ranged read: a header with the range when one was asked for, a
-    message that stops pagination when the range is empty."""
-    lines = content.split("\n")
-    total = len(lines)
+    message that stops pagination when the range is empty. Lines are found by counting
+    newlines, not by splitting the whole content."""
+    total = content.count("\n") + 1
     start = max(1, start_line if start_line is not None else 1)
     end = min(total, end_line if end_line is not None else total)
     if start > end:
@@ -106,10 +124,30 @@ def _read_range(path: str, content: str, start_line: int | None, end_line: int |
                 "greater than endLine."
             )
         return f'File "{path}" has {total} lines (valid range 1-{total}). {reason}'
-    body = "\n".join(lines[start - 1 : end])
     if start_line is None and end_line is None:
-        return body
+        return content
+    begin = 0 if start == 1 else nth_newline(content, start - 1) + 1
+    stop = nth_newline(content, end - start + 1, begin)
+    body = content[begin : stop if stop >= 0 else len(content)]
     return f"{path} (lines {start}-{end} of {total})\n{body}"
+
+
+async def _size(skills: WorkspaceSkills, skill: Skill, path: str) -> int | None:
+    """The size of a skill's file by the source's ``stat``, or None when that cannot tell.
+
+    Paths the skills would refuse (absolute, with ``..``) are not looked at: reading them
+    gives the refusal.
+    """
+    parts = path.replace("\\", "/").split("/")
+    if path.startswith(("/", "\\")) or ".." in parts:
+        return None
+    base = skill.path.rstrip("/")
+    target = posixpath.join(base, path.strip("/")) if base not in ("", ".") else path.strip("/")
+    try:
+        stat = await skills.source.stat(target)
+    except OSError:
+        return None  # missing or unreachable: the read answers
+    return stat.size if stat.type == "file" else None
 
 
 async def _skill_read(call: ToolCall) -> ToolResult:
@@ -119,6 +157,13 @@ async def _skill_read(call: ToolCall) -> ToolResult:
     found = await _resolve(skills, skill_name)
     if isinstance(found, str):
         return found
+    cap = call.options.get("max_file_bytes", DEFAULT_SKILL_READ_MAX_BYTES)
+    size = await _size(skills, found, path)
+    if size is not None and size > cap:
+        return (
+            f'File "{path}" in skill "{skill_name}" is {size} bytes, more than skill_read reads ({cap} '
+            "bytes, max_file_bytes of skill_read in the tools config); it was not read."
+        )
     data = await skills.read_skill_file(found, path)
     if data is None:
         files = [
@@ -134,7 +179,9 @@ async def _skill_read(call: ToolCall) -> ToolResult:
         text = None
     if text is None or "\0" in text[:BINARY_PROBE]:
         return f"Binary file: {found.path}/{path} ({len(data)} bytes)"
-    return _read_range(path, text, args.get("startLine"), args.get("endLine"))
+    del data
+    limit = call.options.get("max_output_tokens", DEFAULT_SKILL_READ_MAX_OUTPUT_TOKENS)
+    return apply_token_limit(_read_range(path, text, args.get("startLine"), args.get("endLine")), limit, "end")
 
 
 SKILL = ToolSpec(
