@@ -16,6 +16,7 @@ from .._aio import maybe_await as _maybe_await
 from .._context import RequestContext
 from ..errors import FilesystemNotAvailableError, SandboxNotAvailableError, WorkspaceReadOnlyError
 from ..vfs import FileStat, WorkspaceFilesystem
+from ._names import WORKSPACE_TOOLS
 from ._schema import validate_input
 from ._tracking import ReadTracker, WriteLocks
 
@@ -27,6 +28,11 @@ __all__ = ["ToolCall", "ToolMedia", "ToolSpec", "WorkspaceTool", "build_tools", 
 logger = logging.getLogger("agentvfs")
 
 DEFAULT_WRITE_LOCK_TIMEOUT_MS = 30_000
+_EXECUTE_COMMAND = WORKSPACE_TOOLS.SANDBOX.EXECUTE_COMMAND
+#: Wall-clock limit of one tool call (option ``timeout_ms``, top level or per tool; None for
+#: none). Generous: a grep stops matching after 5 s of its own, a read is bounded in size; it
+#: is for a call stuck on slow storage. ``execute_command`` has its own ``timeout`` input.
+DEFAULT_TOOL_TIMEOUT_MS = 120_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +153,7 @@ class WorkspaceTool:
         locks: WriteLocks,
         tracker: ReadTracker,
         write_lock_timeout_ms: float,
+        timeout_ms: float | None = None,
     ) -> None:
         self.spec = spec
         self.name = name
@@ -161,6 +168,7 @@ class WorkspaceTool:
         self._locks = locks
         self._tracker = tracker
         self._lock_timeout_ms = write_lock_timeout_ms
+        self._timeout_ms = timeout_ms
 
     @property
     def id(self) -> str:
@@ -210,7 +218,9 @@ class WorkspaceTool:
         ValueError
             The input does not match the schema (the message names the field).
         TimeoutError
-            A write tool held its file's lock past ``write_lock_timeout_ms``.
+            The call took longer than ``timeout_ms`` (it is cancelled; a staged write it began
+            does not commit), or a write tool held its file's lock past
+            ``write_lock_timeout_ms``.
         FilesystemNotAvailableError, SandboxNotAvailableError
             The provider the tool needs is not configured (or a resolver returned None).
         """
@@ -225,9 +235,21 @@ class WorkspaceTool:
             abort_signal=abort_signal,
         )
         self._workspace.touch()
+        if self._timeout_ms is None:
+            return await self._locked(call, input)
+        with anyio.move_on_after(self._timeout_ms / 1000) as scope:
+            return await self._locked(call, input)
+        if scope.cancelled_caught:
+            raise TimeoutError(
+                f"{self.name} timed out after {self._timeout_ms:g}ms (timeout_ms in the tools config) and "
+                "was abandoned; narrow the request, or raise timeout_ms for this tool"
+            )
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _locked(self, call: ToolCall, input: dict[str, Any]) -> ToolResult:
         if not self.spec.locked:
             return await self._hooked(call, input)
-        path = args["path"]
+        path = call.args["path"]
         async with self._locks.hold(path):
             with anyio.move_on_after(self._lock_timeout_ms / 1000) as scope:
                 return await self._hooked(call, input)
@@ -338,13 +360,18 @@ async def _enabled(value: Any, ctx: dict[str, Any]) -> bool:
         return False
 
 
-_TOP_KEYS = frozenset({"enabled", "require_approval", "hooks", "write_lock_timeout_ms", "auto_reindex"})
+_TOP_KEYS = frozenset({"enabled", "require_approval", "hooks", "write_lock_timeout_ms", "auto_reindex", "timeout_ms"})
 _TOOL_KEYS = frozenset(
     {
         "enabled", "require_approval", "name", "require_read_before_write", "max_output_tokens",
         "media_types", "max_media_bytes", "strict", "background", "background_processes",
+        "timeout_ms", "match_timeout_ms", "max_file_bytes",
     }
 )  # fmt: skip
+# Options that configure the wrapper, not the tool: not passed on in ``ToolCall.options``.
+_WRAPPER_KEYS = ("enabled", "require_approval", "name", "timeout_ms")
+#: Per-tool options that must be positive numbers when given.
+_POSITIVE_KEYS = ("match_timeout_ms", "max_file_bytes", "max_output_tokens", "max_media_bytes")
 _SWITCHES = ("enabled", "require_approval", "require_read_before_write")
 
 
@@ -376,6 +403,18 @@ def _check_background_processes(tool: str, options: Any) -> None:
             raise ValueError(f"{where}.abort_signal must have is_set() (an Event), None or False, got {value!r}")
 
 
+def _positive(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and value > 0
+
+
+def _check_timeout(where: str, value: Any) -> None:
+    if value is not None and not _positive(value):
+        raise ValueError(
+            f"tools config: {where}timeout_ms must be a positive number of milliseconds or None (no limit), "
+            f"got {value!r}"
+        )
+
+
 def validate_tools_config(config: Mapping[str, Any]) -> float:
     """Check a tools configuration; return the write-lock timeout in milliseconds.
 
@@ -403,9 +442,21 @@ def validate_tools_config(config: Mapping[str, Any]) -> float:
                 hint = f" (did you mean {_snake(option)!r}?)" if _snake(option) in _TOOL_KEYS else ""
                 raise ValueError(f"tools config: unknown option {option!r} for {key}{hint}")
         _check_switches(f"{key}.", value)
+        for option in _POSITIVE_KEYS:
+            if option in value and not _positive(value[option]):
+                raise ValueError(f"tools config: {key}.{option} must be a positive number, got {value[option]!r}")
+        if "timeout_ms" in value:
+            if key == _EXECUTE_COMMAND:
+                raise ValueError(
+                    f"tools config: {key} takes no timeout_ms: a command is bounded by the tool's own "
+                    "`timeout` input (and the sandbox's default timeout)"
+                )
+            _check_timeout(f"{key}.", value["timeout_ms"])
         if "background_processes" in value:
             _check_background_processes(key, value["background_processes"])
     _check_switches("", config)
+    if "timeout_ms" in config:
+        _check_timeout("", config["timeout_ms"])
     timeout = config.get("write_lock_timeout_ms", DEFAULT_WRITE_LOCK_TIMEOUT_MS)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
         raise ValueError(f"tools config: write_lock_timeout_ms must be a positive number, got {timeout!r}")
@@ -444,7 +495,11 @@ async def build_tools(
                 f'Duplicate workspace tool name "{name}": tool "{spec.name}" conflicts with an '
                 'already-registered tool. Check your tools config for duplicate "name" values.'
             )
-        options = {**spec.defaults, **{k: v for k, v in own.items() if k not in ("enabled", "require_approval", "name")}}
+        options = {**spec.defaults, **{k: v for k, v in own.items() if k not in _WRAPPER_KEYS}}
+        # A command has its own `timeout` input; every other call gets the wall-clock limit.
+        limit = own.get("timeout_ms", config.get("timeout_ms", DEFAULT_TOOL_TIMEOUT_MS))
+        if spec.name == _EXECUTE_COMMAND:
+            limit = None
         tools[name] = WorkspaceTool(
             spec,
             name=name,
@@ -455,5 +510,6 @@ async def build_tools(
             locks=locks,
             tracker=tracker,
             write_lock_timeout_ms=timeout,
+            timeout_ms=limit,
         )
     return tools
