@@ -12,11 +12,13 @@ mount and replaces one whose configuration changed.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import logging
 import os
 import re
+import stat
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -140,9 +142,6 @@ def canonical_mount_path(mount_path: str) -> str:
     return "/" + "/".join(segments)
 
 
-def _markers_dir() -> str:
-    return os.path.join(tempfile.gettempdir(), ".agentvfs-mounts")
-
 
 
 class MountManager:
@@ -192,6 +191,12 @@ class MountManager:
         """Where ``mount_path`` appears on this machine: ``<working_directory>/<mount path>``."""
         workdir = os.path.abspath(os.path.expanduser(str(self._sandbox.working_directory)))
         return os.path.join(workdir, canonical_mount_path(mount_path).lstrip("/"))
+
+    def protected_paths(self) -> list[str]:
+        """Host-side state of the manager a sandbox must not write (the markers)."""
+        with contextlib.suppress(OSError):
+            return [markers_directory()]
+        return []
 
     def isolation_binds(self) -> list[tuple[str, bool]]:
         """Host paths an isolated command needs bound, with whether they are writable: the
@@ -306,18 +311,21 @@ class MountManager:
             if live.digest == digest and live.alive():
                 return {"success": True}
             await self._release(host)
-        refusal = await anyio.to_thread.run_sync(self._check_target, host, digest, symlink)
+        # The configured directory: what is linked and bound, never what a link now points at.
+        target = os.fspath(filesystem.base_path) if isinstance(filesystem, LocalFilesystem) and symlink else None
+        try:
+            refusal = await anyio.to_thread.run_sync(self._check_target, host, digest, target)
+        except OSError as exc:
+            return {"success": False, "error": f"Cannot mount at {host}: {exc.strerror or exc}"}
         if refusal == "reuse":
-            target = await anyio.to_thread.run_sync(os.path.realpath, host)
             self._live[host] = _Live("symlink", digest, target=target, read_only=False)
             return {"success": True}
         if refusal is not None:
             return {"success": False, "error": refusal}
         try:
-            if symlink:
-                assert isinstance(filesystem, LocalFilesystem)
-                await anyio.to_thread.run_sync(self._make_symlink, host, filesystem.base_path)
-                self._live[host] = _Live("symlink", digest, target=filesystem.base_path, read_only=False)
+            if target is not None:
+                await anyio.to_thread.run_sync(self._make_symlink, host, target)
+                self._live[host] = _Live("symlink", digest, target=target, read_only=False)
             else:
                 handle = await self._fuse_mount(filesystem, host)
                 self._live[host] = _Live("fuse", digest, handle=handle, read_only=filesystem.read_only)
@@ -371,67 +379,149 @@ class MountManager:
             await anyio.to_thread.run_sync(self._undo_target, host)
             await anyio.to_thread.run_sync(_remove_marker, host)
 
-    @staticmethod
-    def _check_target(host: str, digest: str, symlink: bool) -> str | None:
-        """Why ``host`` cannot be mounted on (a message), ``"reuse"`` for our own matching
-        symlink, or None when it is free (a stale mount or our own old symlink is removed)."""
+    def _workdir(self) -> str:
+        return os.path.abspath(os.path.expanduser(str(self._sandbox.working_directory)))
+
+    def _check_target(self, host: str, digest: str, target: str | None) -> str | None:
+        """Why ``host`` cannot be mounted on (a message), ``"reuse"`` for our own symlink that
+        still points at ``target`` (the configured directory of a symlink mount), or None
+        when it is free (a stale mount, or our own symlink pointing elsewhere, is removed).
+
+        The mount point's parents are opened one by one below the working directory without
+        following symlinks, and created where missing, so an agent that replaced one with a
+        symlink cannot make this process create or mount anything outside.
+        """
         from ..mounts import cleanup_stale_mount, is_mounted
 
-        marker = _read_marker(host)
-        ours = marker is not None and marker[0] == host
-        if os.path.islink(host):
-            if not ours:
+        try:
+            parent, name = _open_parent(self._workdir(), host, create=True)
+        except _PathRefused as exc:
+            return str(exc)
+        try:
+            marker = _read_marker(host)
+            ours = marker is not None and marker[0] == host
+            try:
+                info = os.stat(name, dir_fd=parent, follow_symlinks=False)
+            except FileNotFoundError:
+                return None
+            if stat.S_ISLNK(info.st_mode):
+                if not ours:
+                    return (
+                        f"Cannot mount at {host}: path is already occupied by an existing mount or "
+                        "symlink that was not created by this sandbox. Remove it or choose another mount path."
+                    )
+                # Reused only while it still points where the configuration says: the agent
+                # can re-point a link in its working directory, never the configuration.
+                assert marker is not None
+                if target is not None and marker[1] == digest and os.readlink(name, dir_fd=parent) == target:
+                    return "reuse"
+                os.unlink(name, dir_fd=parent)
+                return None
+            if is_mounted(host):
+                try:
+                    if cleanup_stale_mount(host):
+                        return None
+                except Exception:
+                    pass
                 return (
                     f"Cannot mount at {host}: path is already occupied by an existing mount or "
-                    "symlink that was not created by this sandbox. Remove it or choose another mount path."
+                    "symlink that was not created by this sandbox. Unmount it or choose another mount path."
                 )
-            if symlink and marker is not None and marker[1] == digest and os.path.exists(host):
-                return "reuse"
-            os.unlink(host)
-            return None
-        if is_mounted(host):
-            try:
-                if cleanup_stale_mount(host):
-                    return None
-            except Exception:
-                pass
-            return (
-                f"Cannot mount at {host}: path is already occupied by an existing mount or "
-                "symlink that was not created by this sandbox. Unmount it or choose another mount path."
-            )
-        if os.path.isdir(host):
-            if os.listdir(host):
-                return (
-                    f"Cannot mount at {host}: directory exists and is not empty. "
-                    "Empty it or choose another mount path."
-                )
-            return None
-        if os.path.lexists(host):
+            if stat.S_ISDIR(info.st_mode):
+                fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+                try:
+                    if os.listdir(fd):
+                        return (
+                            f"Cannot mount at {host}: directory exists and is not empty. "
+                            "Empty it or choose another mount path."
+                        )
+                finally:
+                    os.close(fd)
+                return None
             return f"Cannot mount at {host}: a file exists at that path. Remove it or choose another mount path."
-        return None
+        finally:
+            os.close(parent)
 
-    @staticmethod
-    def _make_symlink(host: str, target: str) -> None:
-        os.makedirs(os.path.dirname(host), exist_ok=True)
-        if os.path.isdir(host) and not os.path.islink(host):
-            os.rmdir(host)  # checked empty
-        os.symlink(target, host, target_is_directory=True)
+    def _make_symlink(self, host: str, target: str) -> None:
+        parent, name = _open_parent(self._workdir(), host, create=True)
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                info = os.stat(name, dir_fd=parent, follow_symlinks=False)
+                if stat.S_ISDIR(info.st_mode):
+                    os.rmdir(name, dir_fd=parent)  # checked empty
+            os.symlink(target, name, target_is_directory=True, dir_fd=parent)
+        finally:
+            os.close(parent)
 
-    @staticmethod
-    def _undo_target(host: str) -> None:
+    def _undo_target(self, host: str) -> None:
+        """Remove our symlink, or the empty directory we mounted on; nothing when a parent
+        is no longer the directory it was (a symlink: whatever it points at is not ours)."""
         from ..mounts import is_mounted
 
-        if os.path.islink(host):
-            os.unlink(host)
-        elif os.path.isdir(host) and not is_mounted(host):
-            with contextlib.suppress(OSError):
-                os.rmdir(host)  # only the empty directory we mounted on
+        try:
+            parent, name = _open_parent(self._workdir(), host, create=False)
+        except (_PathRefused, OSError):
+            return
+        try:
+            info = os.stat(name, dir_fd=parent, follow_symlinks=False)
+            if stat.S_ISLNK(info.st_mode):
+                os.unlink(name, dir_fd=parent)
+            elif stat.S_ISDIR(info.st_mode) and not is_mounted(host):
+                os.rmdir(name, dir_fd=parent)  # only the empty directory we mounted on
+        except OSError:
+            pass
+        finally:
+            os.close(parent)
+
+    def _mount_point(self, host: str) -> tuple[int, int]:
+        """Create the mount point's directory below the working directory (never through a
+        symlink) and return its ``(st_dev, st_ino)``."""
+        parent, name = _open_parent(self._workdir(), host, create=True)
+        try:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(name, 0o755, dir_fd=parent)
+            try:
+                fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+            except OSError as exc:
+                raise _PathRefused(f"Cannot mount at {host}: it is not a directory ({exc.strerror})") from exc
+            try:
+                info = os.fstat(fd)
+            finally:
+                os.close(fd)
+            return info.st_dev, info.st_ino
+        finally:
+            os.close(parent)
+
+    def _verify_mount_point(self, host: str, identity: tuple[int, int]) -> None:
+        """Just before mounting by path: ``host`` must still resolve, symlink-free, to the
+        directory :meth:`_mount_point` made (an agent may have swapped a parent since)."""
+        parent, name = _open_parent(self._workdir(), host, create=False)
+        try:
+            fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+            try:
+                info = os.fstat(fd)
+            finally:
+                os.close(fd)
+        finally:
+            os.close(parent)
+        if (info.st_dev, info.st_ino) != identity or os.path.realpath(host) != self._expected_real_path(host):
+            raise _PathRefused(f"Cannot mount at {host}: the path changed while it was being mounted")
+
+    def _expected_real_path(self, host: str) -> str:
+        workdir = self._workdir()
+        return os.path.join(os.path.realpath(workdir), os.path.relpath(host, workdir))
+
+    def _landed(self, host: str) -> bool:
+        from ..mounts import is_mounted
+
+        return is_mounted(host) and os.path.realpath(host) == self._expected_real_path(host)
 
     async def _fuse_mount(self, filesystem: WorkspaceFilesystem, host: str) -> Mount | ProcessMount:
         from ..mounts._child import ProcessMount, recipe_for
         from ..mounts._server import Mount
 
-        await anyio.to_thread.run_sync(lambda: os.makedirs(host, exist_ok=True))
+        identity = await anyio.to_thread.run_sync(self._mount_point, host)
+        await anyio.to_thread.run_sync(self._verify_mount_point, host, identity)
         handle: Mount | ProcessMount
         if recipe_for(filesystem) is not None:
             # A filesystem that can be rebuilt is served by a process of its own: any number
@@ -440,6 +530,11 @@ class MountManager:
         else:
             handle = Mount(filesystem, host)
         await anyio.to_thread.run_sync(handle.start)
+        # The kernel resolved the path when it mounted: make sure it landed at ``host``
+        # itself, not where a parent swapped in meanwhile pointed.
+        if not await anyio.to_thread.run_sync(self._landed, host):
+            await anyio.to_thread.run_sync(handle.close)
+            raise _PathRefused(f"Cannot mount at {host}: the path changed while it was being mounted")
         return handle
 
     def __repr__(self) -> str:
@@ -461,28 +556,106 @@ class _Live:
         return bool(getattr(self.handle, "mounted", False))
 
 
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class _PathRefused(Exception):
+    """A mount point's path leaves the working directory (a symlink or a file in the way)."""
+
+
+def _open_parent(workdir: str, host: str, *, create: bool) -> tuple[int, str]:
+    """Open the directory that holds ``host`` (a path below ``workdir``) one component at a
+    time from a descriptor of ``workdir``, never following a symlink, creating missing
+    directories with ``create``; returns ``(descriptor, final name)``.
+
+    Raises
+    ------
+    _PathRefused
+        A component is a symlink or not a directory, or ``host`` is not below ``workdir``.
+    FileNotFoundError
+        A component is missing and ``create`` is false.
+    """
+    relative = os.path.relpath(host, workdir)
+    segments = relative.split(os.sep)
+    if relative.startswith("..") or os.path.isabs(relative) or not segments or "" in segments:
+        raise _PathRefused(f"Cannot mount at {host}: not below the working directory {workdir}")
+    if create:
+        # The working directory itself is configuration, not the agent's: made as given.
+        os.makedirs(workdir, exist_ok=True)
+    fd = os.open(workdir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        walked = workdir
+        for name in segments[:-1]:
+            walked = os.path.join(walked, name)
+            try:
+                child = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(name, 0o755, dir_fd=fd)
+                try:
+                    child = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                except OSError as exc:
+                    raise _PathRefused(f"Cannot mount at {host}: {walked} is not a directory ({exc.strerror})") from exc
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise _PathRefused(
+                        f"Cannot mount at {host}: {walked} is a symlink or not a directory; "
+                        "mount points are created only below the working directory itself"
+                    ) from exc
+                raise
+            os.close(fd)
+            fd = child
+        return fd, segments[-1]
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def markers_directory() -> str:
+    """Where mount markers are kept: a directory of this user's in the system's temporary
+    directory, outside every sandbox's working directory (and bound read-only into a sandbox
+    whose writable paths cover it).
+
+    Raises
+    ------
+    OSError
+        The directory is not this user's own, or is a symlink (another user planted it).
+    """
+    path = os.path.join(tempfile.gettempdir(), f".agentvfs-mounts-{os.getuid()}")
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or stat.S_IMODE(info.st_mode) & 0o022:
+        raise PermissionError(
+            errno.EPERM, f"{path} is not a private directory of this user; remove it so it can be recreated"
+        )
+    return path
+
+
 def _marker_path(host: str) -> str:
-    return os.path.join(_markers_dir(), marker_filename(host))
+    return os.path.join(markers_directory(), marker_filename(host))
 
 
 def _read_marker(host: str) -> tuple[str, str] | None:
     try:
-        with open(_marker_path(host), encoding="utf-8") as f:
-            return parse_marker_content(f.read())
+        fd = os.open(_marker_path(host), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return None
+    with os.fdopen(fd, encoding="utf-8") as f:
+        return parse_marker_content(f.read(4096))
 
 
 def _write_marker(host: str, digest: str) -> None:
-    os.makedirs(_markers_dir(), exist_ok=True)
     path = _marker_path(host)
     tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(f"{host}|{digest}")
     os.replace(tmp, path)
 
 
 def _remove_marker(host: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
+    with contextlib.suppress(OSError):
         os.unlink(_marker_path(host))
-
