@@ -63,7 +63,13 @@ def test_default_command_line() -> None:
     )
     assert args[0] == "/usr/bin/bwrap"
     assert args[-4:] == ["--", "sh", "-c", "echo hi"]
-    assert args[1:5] == ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net"]
+    # Privilege goes first: an unprivileged user of its own, no capabilities, no nested
+    # user namespaces, a session of its own, death with this process.
+    uid, gid = (1000, 1000) if os.getuid() == 0 else (os.getuid(), os.getgid())
+    assert args[1:7] == ["--unshare-user", "--uid", str(uid), "--gid", str(gid), "--disable-userns"]
+    assert args[7:11] == ["--cap-drop", "ALL", "--new-session", "--die-with-parent"]
+    for flag in ("--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net", "--unshare-cgroup-try"):
+        assert flag in args
     for flag, value in (
         ("--proc", "/proc"),
         ("--dev", "/dev"),
@@ -76,6 +82,8 @@ def test_default_command_line() -> None:
     )
     assert pairs(args, "--bind") == ["/w"]
     assert "--die-with-parent" in args
+    assert "--seccomp" not in args  # only with a descriptor
+    assert "--dev-bind" not in args  # /dev is bubblewrap's minimal one
     # The root is made read-only after every bind, just before the command.
     assert args.index("--remount-ro") > max(
         i for i, a in enumerate(args) if a in ("--bind", "--ro-bind", "--ro-bind-try")
@@ -111,10 +119,36 @@ def test_command_line_options() -> None:
     assert "/opt" not in pairs(args, "--ro-bind-try")
 
 
-def test_custom_bwrap_args_replace_everything_before_the_command() -> None:
+def test_custom_bwrap_args_replace_the_layout_but_not_the_hardening() -> None:
     config = normalize_native_sandbox({"bwrap_args": ["--ro-bind", "/", "/"]})
-    args = build_bwrap_args("echo hi", working_directory="/w", config=config)
-    assert args == ["bwrap", "--ro-bind", "/", "/", "--", "sh", "-c", "echo hi"]
+    args = build_bwrap_args("echo hi", working_directory="/w", config=config, seccomp_fd=7)
+    assert args == [
+        "bwrap", "--cap-drop", "ALL", "--new-session", "--die-with-parent", "--seccomp", "7",
+        "--ro-bind", "/", "/", "--", "sh", "-c", "echo hi",
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="--add-seccomp-fd"):
+        normalize_native_sandbox({"bwrap_args": ["--seccomp", "3"]})
+
+
+def test_hardening_descriptors_root_inside_and_protected_paths() -> None:
+    config = normalize_native_sandbox({"run_as_root": True, "read_write_paths": ["/tmp"]})
+    args = build_bwrap_args(
+        "x", working_directory="/w", config=config, seccomp_fd=5, info_fd=6, block_fd=7,
+        protect=["/tmp/.state"],
+    )  # fmt: skip
+    assert args[1:6] == ["--unshare-user", "--uid", "0", "--gid", "0"]
+    assert pairs(args, "--seccomp") == ["5"]
+    assert (pairs(args, "--info-fd"), pairs(args, "--block-fd")) == (["6"], ["7"])
+    # The protected state is bound read-only after the writable binds that cover it.
+    assert args.index("/tmp/.state") > args.index("/tmp")
+    assert pairs(args, "--ro-bind-try")[-1] == "/tmp/.state"
+
+
+def test_without_user_namespaces_capabilities_are_still_dropped() -> None:
+    support = _isolation.BwrapSupport("/usr/bin/bwrap", user_namespace=False, disable_userns=False)
+    args = build_bwrap_args("x", working_directory="/w", config=normalize_native_sandbox(None), support=support)
+    assert "--unshare-user" not in args and "--disable-userns" not in args
+    assert args[1:5] == ["--cap-drop", "ALL", "--new-session", "--die-with-parent"]
 
 
 def test_native_sandbox_validation(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -139,6 +173,16 @@ def test_native_sandbox_validation(tmp_path: Any, monkeypatch: pytest.MonkeyPatc
         normalize_native_sandbox({"read_write_paths": [1]})
     with pytest.raises(ValueError, match="allowNetwork"):
         LocalSandbox(native_sandbox={"allowNetwork": True})
+    with pytest.raises(ValueError, match=r"'max_memory_bytes'\] must be a positive integer number of bytes"):
+        normalize_native_sandbox({"max_memory_bytes": "1G"})
+    with pytest.raises(ValueError, match="max_processes"):
+        normalize_native_sandbox({"max_processes": 0})
+    with pytest.raises(ValueError, match="run_as_root"):
+        normalize_native_sandbox({"run_as_root": "yes"})
+    assert normalize_native_sandbox({"max_cpu_seconds": None})["max_cpu_seconds"] is None
+    defaults = normalize_native_sandbox(None)
+    assert (defaults["max_memory_bytes"], defaults["max_processes"]) == (4 << 30, 1024)
+    assert (defaults["max_cpu_seconds"], defaults["max_file_size_bytes"]) == (3600, 8 << 30)
 
 
 # -- availability -------------------------------------------------------------------------------
@@ -162,7 +206,7 @@ def test_unknown_and_unsupported_backends() -> None:
 @pytest.fixture
 def no_bwrap(monkeypatch: pytest.MonkeyPatch) -> None:
     reason = "Linux bubblewrap (bwrap) not found. Install with: apt install bubblewrap (Debian/Ubuntu) or dnf install bubblewrap (Fedora)"
-    monkeypatch.setattr(_isolation, "_probe_bwrap", lambda: (None, reason))
+    monkeypatch.setattr(_isolation, "bwrap_support", lambda: _isolation.BwrapSupport(None, reason))
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux detection")

@@ -3,6 +3,7 @@ cwd, cancellation, instructions, info, mounts, and the Workspace around it (asyn
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import threading
@@ -181,6 +182,9 @@ class _RecordingMounts:
         self.calls.append("clear")
 
     def isolation_binds(self) -> list[tuple[str, bool]]:
+        return []
+
+    def protected_paths(self) -> list[str]:
         return []
 
 
@@ -476,3 +480,13 @@ async def test_workspace_drives_the_lifecycle(wd: str) -> None:
     assert sandbox.status == "stopped" and handle.exit_code == 128
     await workspace.destroy()
     assert sandbox.status == "destroyed"
+
+
+async def test_no_isolation_is_said_plainly(wd: str, caplog: pytest.LogCaptureFixture) -> None:
+    assert LocalSandbox.__doc__ is not None and "**isolates nothing**" in LocalSandbox.__doc__
+    caplog.set_level(logging.WARNING, "agentvfs.sandbox")
+    sandbox = LocalSandbox(working_directory=wd)
+    await sandbox.start()
+    await sandbox.destroy()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("WITHOUT ISOLATION (isolation='none')" in w and "isolation='bwrap'" in w for w in warnings), warnings

@@ -1,11 +1,31 @@
-"""Native isolation of sandbox commands: bubblewrap on Linux.
+"""Native isolation of sandbox commands: bubblewrap on Linux, without privilege.
 
 With ``isolation="bwrap"`` every command runs as ``bwrap <arguments> -- sh -c <command>``:
-new PID, IPC and UTS namespaces (and network namespace unless ``allow_network``), a fresh
-``/proc``, ``/dev`` and ``/tmp``, the system directories read-only, the working directory
-read-write (read-only with ``read_only``), and nothing else of the host. The root of the
-sandbox is read-only, so a command can write only to its working directory, ``/tmp`` (a
-tmpfs that disappears with it) and the ``read_write_paths``.
+
+* **no privilege**: a new user namespace (``--unshare-user``) where the kernel allows one, in
+  which the command runs as an ordinary user (this user's own uid, or :data:`SANDBOX_UID`
+  when this process is root; uid 0 inside only with ``run_as_root``), with every capability
+  dropped (``--cap-drop ALL``), no way to make further user namespaces
+  (``--disable-userns``, bubblewrap 0.8+), a session of its own (``--new-session``: no
+  ``TIOCSTI`` into a terminal) and the seccomp filter of :mod:`._seccomp` (``--seccomp FD``);
+  it dies with this process (``--die-with-parent``);
+* **nothing of the host**: new PID, IPC, UTS and cgroup namespaces (and network unless
+  ``allow_network``), a fresh ``/proc``, bubblewrap's minimal ``/dev`` (null, zero, full,
+  random, urandom, tty, a private pts), a private ``/tmp``, the system directories
+  read-only, the working directory read-write (read-only with ``read_only``), and nothing
+  else. The root of the sandbox is read-only, so a command writes only to its working
+  directory, ``/tmp`` and the ``read_write_paths``.
+
+:func:`detect_isolation` runs bubblewrap once with these flags and reads the capabilities and
+seccomp state of the process inside: where capabilities survive, or the filter is missing,
+bwrap counts as unavailable.
+
+Custom ``bwrap_args`` replace the namespaces and the binds (everything between the binary and
+``--``, the user namespace included), not the hardening: ``--cap-drop ALL``, the seccomp
+filter, ``--new-session`` and ``--die-with-parent`` are always added in front of them. Dropping privilege costs a custom
+layout nothing, and a sandbox that silently keeps root's capabilities because someone added
+a bind is the failure this module exists to prevent; a custom ``--cap-add`` (which comes
+later) still wins. ``--seccomp`` in custom arguments is refused (use ``--add-seccomp-fd``).
 """
 
 from __future__ import annotations
@@ -16,33 +36,66 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import IsolationUnavailableError
+from ._egress import FORWARDER_SCRIPT, EgressProxy, parse_host_patterns
+from ._limits import LIMIT_DEFAULTS, normalize_limits
+from ._seccomp import build_filter
 
 __all__ = [
     "ISOLATION_BACKENDS",
     "NATIVE_SANDBOX_DEFAULTS",
+    "PROXY_DIRECTORY",
+    "PROXY_PORT",
+    "SANDBOX_UID",
+    "BwrapSupport",
     "build_bwrap_args",
     "bwrap_path",
+    "bwrap_support",
     "check_isolation",
     "detect_isolation",
     "normalize_native_sandbox",
+    "sandbox_ids",
     "working_bwrap",
 ]
 
 #: The isolation names a sandbox accepts (``seatbelt`` is macOS's, which agentvfs lacks).
 ISOLATION_BACKENDS = ("none", "bwrap", "seatbelt")
 
+#: The uid and gid commands run as inside bubblewrap when this process is root (an ordinary
+#: user's, as on most Linux systems); a non-root user keeps its own ids.
+SANDBOX_UID = 1000
+
+#: Where the egress proxy's socket directory appears inside the sandbox, and the loopback
+#: port the in-sandbox forwarder listens on (see :mod:`._egress`).
+PROXY_DIRECTORY = "/run/agentvfs-proxy"
+PROXY_PORT = 3128
+
 #: The options of ``native_sandbox`` and their defaults.
 NATIVE_SANDBOX_DEFAULTS: Mapping[str, Any] = {
     "allow_network": False,
+    "allowed_hosts": None,
     "read_only_paths": (),
     "read_write_paths": (),
     "allow_system_binaries": True,
     "bwrap_args": None,
     "read_only": False,
+    "run_as_root": False,
+    **LIMIT_DEFAULTS,
 }
+
+# Options that only mean something with isolation (the limits apply without it too).
+BWRAP_ONLY_OPTIONS = (
+    "allow_network",
+    "allowed_hosts",
+    "read_only_paths",
+    "read_write_paths",
+    "bwrap_args",
+    "read_only",
+    "run_as_root",
+)
 
 # System paths bound read-only when they exist: what ordinary commands need to run.
 _SYSTEM_PATHS = (
@@ -70,6 +123,9 @@ _INSTALL_HINT = (
     "Install with: apt install bubblewrap (Debian/Ubuntu) or dnf install bubblewrap (Fedora)"
 )
 
+# Every capability set and the seccomp state, as /proc/<pid>/status names them.
+_CAPABILITY_FIELDS = ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")
+
 
 def _platform() -> str:
     # A function, so type checkers do not narrow ``sys.platform`` to the checking machine's.
@@ -81,31 +137,150 @@ def bwrap_path() -> str | None:
     return shutil.which("bwrap")
 
 
-@functools.cache
-def _probe_bwrap() -> tuple[str | None, str | None]:
-    """Find bwrap and prove it can build the namespaces commands run in; cached per process.
+def sandbox_ids(*, run_as_root: bool = False) -> tuple[int, int]:
+    """The ``(uid, gid)`` commands run as inside bubblewrap's user namespace."""
+    if run_as_root:
+        return 0, 0
+    if os.getuid() == 0:
+        return SANDBOX_UID, SANDBOX_UID
+    return os.getuid(), os.getgid()
 
-    Returns ``(path, None)`` when it works, else ``(path or None, reason)``.
+
+@dataclass(frozen=True, slots=True)
+class BwrapSupport:
+    """What bubblewrap can do here, as proven by running it once (see :func:`bwrap_support`).
+
+    Attributes
+    ----------
+    path : str or None
+        The binary.
+    reason : str or None
+        Why bwrap cannot isolate commands here; None when it can.
+    user_namespace : bool
+        Commands get a user namespace of their own (``--unshare-user``).
+    disable_userns : bool
+        ``--disable-userns`` works (bubblewrap 0.8+ on a kernel that allows it).
     """
-    if not _platform().startswith("linux"):
-        return None, f"bubblewrap runs only on Linux, not on {_platform()}"
-    path = bwrap_path()
-    if path is None:
-        return None, f"Linux bubblewrap (bwrap) not found. {_INSTALL_HINT}"
-    probe = [path, "--ro-bind", "/", "/", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
-    probe += ["--proc", "/proc", "--dev", "/dev", "--die-with-parent", "true"]
+
+    path: str | None
+    reason: str | None = None
+    user_namespace: bool = True
+    disable_userns: bool = True
+
+    @property
+    def available(self) -> bool:
+        """Whether commands can be isolated."""
+        return self.reason is None
+
+    def describe(self) -> str:
+        """The hardening in effect, in a few words."""
+        parts = ["own user namespace" if self.user_namespace else "no user namespace (the kernel refuses one)"]
+        if self.user_namespace:
+            parts.append("nested user namespaces off" if self.disable_userns else "nested user namespaces refused by seccomp")
+        parts += ["no capabilities", "seccomp filter"]
+        return ", ".join(parts)
+
+
+def _hardening(support: BwrapSupport, *, run_as_root: bool, user_namespace: bool = True) -> list[str]:
+    """The privilege-dropping flags that go first on every command line."""
+    args: list[str] = []
+    if support.user_namespace and user_namespace:
+        uid, gid = sandbox_ids(run_as_root=run_as_root)
+        args += ["--unshare-user", "--uid", str(uid), "--gid", str(gid)]
+        if support.disable_userns:
+            args.append("--disable-userns")
+    args += ["--cap-drop", "ALL", "--new-session", "--die-with-parent"]
+    return args
+
+
+def _status_fields(text: str) -> dict[str, str]:
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        name, sep, value = line.partition(":")
+        if sep:
+            fields[name.strip()] = value.strip()
+    return fields
+
+
+def _probe_once(path: str, support: BwrapSupport) -> tuple[str | None, str | None]:
+    """Run ``cat /proc/self/status`` in a sandbox with ``support``'s flags; returns
+    ``(status text, None)`` or ``(None, why it failed)``."""
+    try:
+        program = build_filter()
+    except ValueError as exc:
+        return None, str(exc)
+    read_end, write_end = os.pipe()
+    try:
+        os.write(write_end, program)
+    finally:
+        os.close(write_end)
+    probe = [path, *_hardening(support, run_as_root=False), "--seccomp", str(read_end)]
+    probe += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net"]
+    probe += ["--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev"]
+    probe += ["--", "/bin/sh", "-c", "cat /proc/self/status"]
     try:
         done = subprocess.run(
-            probe, capture_output=True, timeout=10, check=False, env={"PATH": os.defpath}
+            probe,
+            capture_output=True,
+            timeout=10,
+            check=False,
+            env={"PATH": os.defpath},
+            pass_fds=(read_end,),
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return path, f"Linux bubblewrap at {path} does not work here: {exc}"
+        return None, str(exc)
+    finally:
+        os.close(read_end)
     if done.returncode != 0:
-        detail = done.stderr.decode("utf-8", "replace").strip() or f"exit code {done.returncode}"
         # Typically "No permissions to creating new namespace" in a container without user
         # namespaces (or where unprivileged ones are disabled).
-        return path, f"Linux bubblewrap at {path} does not work here: {detail}"
-    return path, None
+        return None, done.stderr.decode("utf-8", "replace").strip() or f"exit code {done.returncode}"
+    return done.stdout.decode("utf-8", "replace"), None
+
+
+@functools.cache
+def bwrap_support() -> BwrapSupport:
+    """Find bwrap and prove it can isolate commands without privilege; cached per process.
+
+    The strongest form that works is kept: a user namespace with nested ones disabled, then
+    a user namespace alone, then (root only, where the kernel refuses user namespaces) none.
+    Whatever form, the process inside must show no capability in any set, ``NoNewPrivs`` and
+    the seccomp filter; otherwise bwrap is reported unavailable with what was seen.
+    """
+    if not _platform().startswith("linux"):
+        return BwrapSupport(None, f"bubblewrap runs only on Linux, not on {_platform()}")
+    path = bwrap_path()
+    if path is None:
+        return BwrapSupport(None, f"Linux bubblewrap (bwrap) not found. {_INSTALL_HINT}")
+    candidates = [BwrapSupport(path), BwrapSupport(path, disable_userns=False)]
+    if os.geteuid() == 0:
+        candidates.append(BwrapSupport(path, user_namespace=False, disable_userns=False))
+    failures: list[str] = []
+    for candidate in candidates:
+        status, error = _probe_once(path, candidate)
+        if status is None:
+            failures.append(error or "unknown error")
+            continue
+        fields = _status_fields(status)
+        kept = [f"{name} {fields.get(name)}" for name in _CAPABILITY_FIELDS if fields.get(name) != "0000000000000000"]
+        if kept:
+            return BwrapSupport(
+                path, f"Linux bubblewrap at {path} leaves capabilities to the sandbox ({', '.join(kept)})"
+            )
+        if fields.get("NoNewPrivs") != "1" or fields.get("Seccomp") != "2":
+            return BwrapSupport(
+                path,
+                f"Linux bubblewrap at {path} did not apply the seccomp filter "
+                f"(NoNewPrivs {fields.get('NoNewPrivs')}, Seccomp {fields.get('Seccomp')})",
+            )
+        return candidate
+    return BwrapSupport(path, f"Linux bubblewrap at {path} does not work here: {failures[0]}")
+
+
+def _probe_bwrap() -> tuple[str | None, str | None]:
+    """``(path, None)`` when bwrap works here, else ``(path or None, reason)``."""
+    support = bwrap_support()
+    return support.path, support.reason
 
 
 def working_bwrap() -> str | None:
@@ -120,16 +295,17 @@ def detect_isolation() -> dict[str, Any]:
     Returns
     -------
     dict
-        ``{"backend", "available", "message"}``: on Linux with a working bwrap, backend
-        ``"bwrap"``; otherwise backend ``"none"`` with a message saying why commands will
-        run without isolation.
+        ``{"backend", "available", "message"}``: on Linux with a bwrap that isolates
+        without privilege, backend ``"bwrap"``; otherwise backend ``"none"`` with a message
+        saying why commands will run without isolation.
     """
     path, reason = _probe_bwrap()
     if reason is None:
+        detail = bwrap_support().describe() if path is not None else ""
         return {
             "backend": "bwrap",
             "available": True,
-            "message": f"Linux bubblewrap (bwrap) is available at {path}",
+            "message": f"Linux bubblewrap (bwrap) is available at {path} ({detail})",
         }
     if _platform().startswith("linux"):
         return {
@@ -194,13 +370,18 @@ def _paths(value: object, name: str) -> tuple[str, ...]:
 def normalize_native_sandbox(options: Mapping[str, Any] | None) -> dict[str, Any]:
     """Check ``native_sandbox`` options and fill in the defaults.
 
-    Paths become absolute (``~`` expanded); ``bwrap_args`` a list of strings or None.
+    Paths become absolute (``~`` expanded); ``bwrap_args`` a list of strings or None;
+    ``allowed_hosts`` a tuple of :class:`~._egress.HostPattern` or None; the limits positive
+    integers or None (see :mod:`._limits`).
 
     Raises
     ------
     ValueError
-        An unknown option (camelCase names get a hint) or a value of the wrong type.
+        An unknown option (camelCase names get a hint), a value of the wrong type, or
+        options that contradict each other; the message names the option and what it takes.
     """
+    if options is not None and not isinstance(options, Mapping):
+        raise ValueError(f"native_sandbox must be a mapping of options, got {options!r}")
     config = dict(NATIVE_SANDBOX_DEFAULTS)
     for key, value in (options or {}).items():
         if key not in NATIVE_SANDBOX_DEFAULTS:
@@ -209,11 +390,13 @@ def normalize_native_sandbox(options: Mapping[str, Any] | None) -> dict[str, Any
             known = ", ".join(NATIVE_SANDBOX_DEFAULTS)
             raise ValueError(f"Unknown native_sandbox option {key!r}{hint}; known options: {known}")
         config[key] = value
-    for key in ("allow_network", "allow_system_binaries", "read_only"):
+    for key in ("allow_network", "allow_system_binaries", "read_only", "run_as_root"):
         if not isinstance(config[key], bool):
             raise ValueError(f"native_sandbox[{key!r}] must be a bool, got {config[key]!r}")
     config["read_only_paths"] = _paths(config["read_only_paths"], "read_only_paths")
     config["read_write_paths"] = _paths(config["read_write_paths"], "read_write_paths")
+    config.update(normalize_limits(config))
+    config["allowed_hosts"] = parse_host_patterns(config["allowed_hosts"])
     extra = config["bwrap_args"]
     if extra is not None:
         if (
@@ -225,6 +408,22 @@ def normalize_native_sandbox(options: Mapping[str, Any] | None) -> dict[str, Any
                 f"native_sandbox['bwrap_args'] must be a list of strings, got {extra!r}"
             )
         config["bwrap_args"] = list(extra)
+        if "--seccomp" in config["bwrap_args"]:
+            raise ValueError(
+                "native_sandbox['bwrap_args'] may not contain --seccomp: agentvfs passes its own "
+                "filter that way; add yours with --add-seccomp-fd"
+            )
+    if config["allowed_hosts"] is not None:
+        if config["allow_network"]:
+            raise ValueError(
+                "native_sandbox: allow_network=True gives the whole network and allowed_hosts "
+                "restricts it; set one of them, not both"
+            )
+        if config["bwrap_args"]:
+            raise ValueError(
+                "native_sandbox: allowed_hosts needs the network namespace agentvfs builds, "
+                "which custom bwrap_args replace; drop one of them"
+            )
     return config
 
 
@@ -243,6 +442,11 @@ def _python_paths() -> list[str]:
     return found
 
 
+#: Runs the egress forwarder, then the command: ``sh -c CHAIN <python> <script> <socket>
+#: <port> <command>``.
+_FORWARD_THEN_RUN = '"$0" -I -S -c "$1" "$2" "$3" || exit 125; exec sh -c "$4"'
+
+
 def build_bwrap_args(
     command: str,
     *,
@@ -251,6 +455,12 @@ def build_bwrap_args(
     cwd: str | None = None,
     binds: Sequence[tuple[str, bool]] = (),
     bwrap: str = "bwrap",
+    support: BwrapSupport | None = None,
+    seccomp_fd: int | None = None,
+    info_fd: int | None = None,
+    block_fd: int | None = None,
+    proxy_directory: str | None = None,
+    protect: Sequence[str] = (),
 ) -> list[str]:
     """The argument vector that runs ``command`` under bubblewrap.
 
@@ -269,18 +479,40 @@ def build_bwrap_args(
         Further host paths to bind at the same place (e.g. the targets of mounts).
     bwrap : str
         The bwrap binary.
+    support : BwrapSupport, optional
+        What the kernel allows (:func:`bwrap_support`); full hardening when not given.
+    seccomp_fd : int, optional
+        A descriptor the child inherits, holding :func:`~._seccomp.build_filter`'s program.
+    info_fd, block_fd : int, optional
+        bubblewrap writes the sandbox's first process id to ``info_fd`` and waits for a byte
+        on ``block_fd`` before that process goes on: the window in which the caller puts it
+        in its cgroup and sets its rlimits.
+    proxy_directory : str, optional
+        The egress proxy's socket directory (with ``allowed_hosts``), bound read-only at
+        :data:`PROXY_DIRECTORY`; the forwarder then runs before the command.
+    protect : sequence of str
+        Host paths bound read-only after everything else, so a writable bind that contains
+        them (the working directory, ``read_write_paths``) cannot change them.
 
     Returns
     -------
     list of str
         ``[bwrap, ..., "--", "sh", "-c", command]``. Custom ``bwrap_args`` replace
-        everything between the binary and ``--``.
+        everything between the hardening and ``--``.
     """
-    tail = ["--", "sh", "-c", command]
+    support = support or BwrapSupport(bwrap)
     custom = config.get("bwrap_args")
+    # Custom arguments choose their own namespaces (the user namespace among them).
+    hardening = _hardening(support, run_as_root=bool(config.get("run_as_root")), user_namespace=not custom)
+    args = [bwrap, *hardening]
+    if seccomp_fd is not None:
+        args += ["--seccomp", str(seccomp_fd)]
+    if info_fd is not None and block_fd is not None:
+        args += ["--info-fd", str(info_fd), "--block-fd", str(block_fd)]
+    tail = ["--", "sh", "-c", command]
     if custom:
-        return [bwrap, *custom, *tail]
-    args = [bwrap, "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
+        return [*args, *custom, *tail]
+    args += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
     if not config.get("allow_network"):
         args.append("--unshare-net")
     # /dev comes before the binds so that a path below /dev given by the caller is not hidden
@@ -290,9 +522,12 @@ def build_bwrap_args(
         args += ["--ro-bind-try", path, path]
     for path in config.get("read_only_paths", ()):
         args += ["--ro-bind", path, path]
-    if config.get("allow_system_binaries", True):
+    forwarding = proxy_directory is not None and config.get("allowed_hosts") is not None
+    if config.get("allow_system_binaries", True) or forwarding:
+        # The forwarder is this Python: it must be visible even without system binaries.
         for path in _python_paths():
             args += ["--ro-bind", path, path]
+    if config.get("allow_system_binaries", True):
         for path in _RUNTIME_PATHS:
             args += ["--ro-bind-try", path, path]
     args += [
@@ -304,8 +539,15 @@ def build_bwrap_args(
         args += ["--bind", path, path]
     for path, writable in binds:
         args += ["--bind" if writable else "--ro-bind", path, path]
+    for path in protect:
+        args += ["--ro-bind-try", path, path]
+    if forwarding:
+        assert proxy_directory is not None
+        args += ["--ro-bind", proxy_directory, PROXY_DIRECTORY]
+        socket_path = f"{PROXY_DIRECTORY}/{EgressProxy.SOCKET_NAME}"
+        tail = ["--", "sh", "-c", _FORWARD_THEN_RUN, sys.executable, FORWARDER_SCRIPT, socket_path, str(PROXY_PORT), command]
     # Everything is in place: make the sandbox's own root (a tmpfs) read-only, so writes
     # outside the bound paths fail instead of landing in a throwaway directory.
     args += ["--remount-ro", "/"]
-    args += ["--chdir", cwd or working_directory, "--die-with-parent"]
+    args += ["--chdir", cwd or working_directory]
     return [*args, *tail]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import os
 import platform
 import re
@@ -20,14 +19,13 @@ from .._aio import maybe_await as _maybe_await
 from ..errors import SandboxError, SandboxNotReadyError
 from ..vfs._base import new_id
 from ._isolation import (
-    build_bwrap_args,
     check_isolation,
     detect_isolation,
     normalize_native_sandbox,
-    working_bwrap,
 )
+from ._launch import Launcher
 from ._mounts import MountManager
-from ._processes import AbortSignal, LocalProcessManager, OutputCallback
+from ._processes import AbortSignal, LaunchPlan, LocalProcessManager, OutputCallback
 from ._records import CommandResult
 
 if TYPE_CHECKING:
@@ -37,6 +35,9 @@ if TYPE_CHECKING:
 __all__ = ["LocalSandbox", "shell_quote"]
 
 _log = logging.getLogger("agentvfs.sandbox")
+
+#: Output :meth:`LocalSandbox.execute_command` keeps per stream unless told otherwise.
+COMMAND_RETAINED_BYTES = 8 << 20
 
 _SAFE_ARG = re.compile(r"^[A-Za-z0-9._\-/=:@]+$")
 
@@ -62,15 +63,27 @@ class LocalSandbox:
     """Runs an agent's shell commands on this machine, in a working directory.
 
     Commands run through ``sh -c`` with only ``PATH`` taken from this process's environment
-    (plus ``env``), each in a process group of its own. With ``isolation="bwrap"`` each runs
-    inside bubblewrap: it can write only to the working directory (and ``/tmp``, private to
-    it, and ``read_write_paths``), sees no host network unless ``allow_network``, and none
-    of the host's processes.
+    (plus ``env``), each in a process group of its own, under per-command resource limits.
+
+    ``isolation="none"`` (the default, as in the reference) **isolates nothing**: a command runs
+    as this process's user, with this user's access to every file, the network, other
+    processes and this process's own environment (``cat /proc/$PPID/environ`` shows its
+    secrets); only the resource limits and the cleanup at :meth:`stop` apply. A WARNING is
+    logged when such a sandbox starts. Use it for trusted commands only.
+
+    ``isolation="bwrap"`` runs each command inside bubblewrap without privilege (see
+    :mod:`agentvfs.sandbox._isolation`): its own user namespace as an ordinary user, no
+    capabilities, a seccomp filter, no nested namespaces; it writes only to the working
+    directory (and ``/tmp``, private to it, and ``read_write_paths``), sees no host network
+    unless ``allow_network`` (or only ``allowed_hosts`` through a proxy), none of the host's
+    processes and no host environment.
 
     The sandbox starts on the first command (or :meth:`start`): status ``pending`` ->
-    ``starting`` -> ``running``. :meth:`stop` kills its processes and unmounts its mounts
-    (a later command starts it again); :meth:`destroy` does the same for good. Files in the
-    working directory are never deleted.
+    ``starting`` -> ``running``. :meth:`stop` kills its processes -- all of them, also those
+    that left their process group or session (``setsid``, double forks): bubblewrap's PID
+    namespace, the sandbox's cgroup, or a subreaper supervisor per command when there is no
+    cgroup -- and unmounts its mounts (a later command starts it again); :meth:`destroy` does
+    the same for good. Files in the working directory are never deleted.
 
     Parameters
     ----------
@@ -86,10 +99,19 @@ class LocalSandbox:
     isolation : {"none", "bwrap"}
         ``"bwrap"`` runs commands inside bubblewrap (Linux).
     native_sandbox : mapping, optional
-        Isolation options: ``allow_network`` (False), ``read_only_paths``,
-        ``read_write_paths``, ``allow_system_binaries`` (True: this Python's install and
-        ``/opt``, ``/snap`` are visible), ``bwrap_args`` (replace all of bwrap's arguments),
-        ``read_only`` (the working directory is read-only too).
+        Options, checked when the sandbox is made (an unknown key or a bad value is a
+        ``ValueError`` naming it). With bwrap: ``allow_network`` (False),
+        ``allowed_hosts`` (None: no network; a list of host patterns such as
+        ``["example.org", "*.internal", "api.test:8443"]`` reached through an HTTP(S) proxy,
+        see :mod:`agentvfs.sandbox._egress`), ``read_only_paths``, ``read_write_paths``,
+        ``allow_system_binaries`` (True: this Python's install and ``/opt``, ``/snap`` are
+        visible), ``bwrap_args`` (replace bwrap's namespaces and binds; the capability drop
+        and the seccomp filter stay), ``read_only`` (the working directory is read-only
+        too), ``run_as_root`` (False: uid 0 inside the user namespace, still without
+        capabilities). In both modes, per command: ``max_memory_bytes`` (4 GiB),
+        ``max_processes`` (1024, threads count), ``max_cpu_seconds`` (3600, per process),
+        ``max_file_size_bytes`` (8 GiB); None lifts a limit (see
+        :mod:`agentvfs.sandbox._limits`).
     instructions : str or callable, optional
         Replaces :meth:`get_instructions`'s text (an empty string suppresses it); a
         function receives ``{"default_instructions", "request_context"}``.
@@ -132,7 +154,12 @@ class LocalSandbox:
         self.timeout = timeout
         self.native_sandbox = normalize_native_sandbox(native_sandbox)
         self.isolation = check_isolation(isolation)
-        self._bwrap = working_bwrap() if self.isolation == "bwrap" else None
+        if self.isolation == "none" and self.native_sandbox["allowed_hosts"] is not None:
+            raise ValueError(
+                "native_sandbox['allowed_hosts'] needs isolation='bwrap': without isolation a "
+                "command reaches the network directly and no allow-list can hold"
+            )
+        self._launcher = Launcher(self.id, self.isolation, self.native_sandbox)
         self._instructions = instructions
         self._on_start = on_start
         self._on_stop = on_stop
@@ -142,6 +169,7 @@ class LocalSandbox:
         self.last_used_at: datetime | None = None
         self.processes = LocalProcessManager()
         self.processes.sandbox = self
+        self.processes.on_kill_all = self._launcher.kill_all
         self.mounts = MountManager(self)
         self._starting: anyio.Event | None = None
         self._start_error: BaseException | None = None
@@ -175,18 +203,24 @@ class LocalSandbox:
             else:
                 self._env[key] = str(value)
 
-    def wrap_command(self, command: str, *, cwd: str | None = None) -> list[str] | None:
-        """The argument vector that runs ``command`` under this sandbox's isolation, or None
-        when there is none (the command then runs as ``/bin/sh -c <command>``)."""
-        if self.isolation != "bwrap":
-            return None
-        return build_bwrap_args(
+    def launch(self, command: str, *, cwd: str | None = None) -> LaunchPlan:
+        """How to start ``command`` here: the argument vector (``bwrap ... -- sh -c`` with
+        isolation; a shim or supervisor that applies the limits without), the descriptors
+        and environment it needs, and its cgroup. Used by the process manager; every plan
+        must be started or given up with :meth:`~._processes.LaunchPlan.abandon`.
+
+        Raises
+        ------
+        OSError
+            The command's cgroup cannot be created.
+        """
+        workdir = os.path.abspath(self.working_directory)
+        return self._launcher.launch(
             command,
-            working_directory=os.path.abspath(self.working_directory),
-            config=self.native_sandbox,
-            cwd=cwd,
+            cwd=cwd or workdir,
+            working_directory=workdir,
             binds=self.mounts.isolation_binds(),
-            bwrap=self._bwrap or "bwrap",
+            protect=self.mounts.protected_paths(),
         )
 
     @staticmethod
@@ -203,6 +237,15 @@ class LocalSandbox:
     def _acquire(self) -> str:
         existed = os.path.isdir(self.working_directory)
         os.makedirs(self.working_directory, exist_ok=True)
+        self._launcher.open()
+        if self.isolation == "none":
+            _log.warning(
+                "sandbox %s runs commands WITHOUT ISOLATION (isolation='none'): they can read, "
+                "change and delete whatever this user can, reach the network and other "
+                "processes, and read this process's environment through /proc. Use "
+                "isolation='bwrap' to isolate them.",
+                self.id,
+            )
         return "connected" if existed else "created"
 
     async def start(self) -> None:
@@ -290,7 +333,10 @@ class LocalSandbox:
         try:
             await self.processes.kill_all()
         finally:
-            await self.mounts.unmount_all()
+            try:
+                await self.mounts.unmount_all()
+            finally:
+                await anyio.to_thread.run_sync(self._launcher.close)
 
     async def stop(self) -> None:
         """Kill every process of the sandbox (background ones and what commands left
@@ -393,7 +439,7 @@ class LocalSandbox:
         on_stdout: OutputCallback | None = None,
         on_stderr: OutputCallback | None = None,
         abort_signal: AbortSignal | None = None,
-        max_retained_bytes: int | float = math.inf,
+        max_retained_bytes: int | float = COMMAND_RETAINED_BYTES,
     ) -> CommandResult:
         """Run a command to completion and return its result.
 
@@ -420,7 +466,11 @@ class LocalSandbox:
         abort_signal : AbortSignal, optional
             When set, the process group is killed.
         max_retained_bytes : int or math.inf
-            Output kept in the result per stream (the newest); everything by default.
+            Output kept in the result per stream (the newest UTF-8 bytes):
+            :data:`COMMAND_RETAINED_BYTES` (8 MiB) by default, so a command that prints
+            gigabytes costs no more memory than that (the reference keeps everything; pass
+            ``math.inf`` for that). ``stdout_truncated``/``stdout_dropped_bytes`` say what
+            was dropped.
 
         Returns
         -------
@@ -500,7 +550,7 @@ class LocalSandbox:
         }
         if self.isolation != "none":
             metadata["isolation_config"] = {
-                key: list(value) if isinstance(value, tuple) else value
+                key: [str(v) for v in value] if isinstance(value, tuple) else value
                 for key, value in self.native_sandbox.items()
             }
         return {

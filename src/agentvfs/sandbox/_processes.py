@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import codecs
+import concurrent.futures
 import contextlib
 import fcntl
 import inspect
@@ -50,6 +51,7 @@ import weakref
 from abc import ABC, abstractmethod
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import anyio
@@ -58,13 +60,16 @@ import sniffio
 
 from ..errors import SandboxExecutionError
 from ._records import CommandResult
+from ._supervisor import KILL_SIGNAL
 
 if TYPE_CHECKING:
+    from ._limits import CommandCgroup
     from ._local import LocalSandbox
 
 __all__ = [
     "DEFAULT_MAX_RETAINED_BYTES",
     "AbortSignal",
+    "LaunchPlan",
     "LocalProcessManager",
     "OutputCallback",
     "ProcessHandle",
@@ -736,11 +741,15 @@ class _LocalProcessHandle(ProcessHandle):
         on_stdout: OutputCallback | None,
         on_stderr: OutputCallback | None,
         on_linger: Callable[[int, int | None], None] | None = None,
+        plan: LaunchPlan | None = None,
     ) -> None:
         super().__init__(
             pid, max_retained_bytes=max_retained_bytes, on_stdout=on_stdout, on_stderr=on_stderr
         )
         self._proc = proc
+        self._cgroup = plan.cgroup if plan is not None else None
+        self._supervised = plan.supervised if plan is not None else False
+        self._cleanup = plan.cleanup if plan is not None else None
         self._timeout_ms = timeout_ms
         self._deadline = None if not timeout_ms else self._started + timeout_ms / 1000
         self._abort = abort_signal
@@ -789,6 +798,18 @@ class _LocalProcessHandle(ProcessHandle):
         if proc is None:
             return
         pgid = proc.pid
+        if self._supervised and sig == signal.SIGKILL and proc.returncode is None:
+            # The supervisor kills every descendant, session leaders included, then itself;
+            # a SIGKILL would leave its orphans to init.
+            with contextlib.suppress(OSError):
+                proc.send_signal(KILL_SIGNAL)
+            return
+        if sig == signal.SIGKILL and self._cgroup is not None:
+            # Processes of the command that left its group (setsid) are still in its cgroup;
+            # one pass here, the I/O thread finishes the job once the leader is gone.
+            for member in self._cgroup.pids():
+                with contextlib.suppress(OSError):
+                    os.kill(member, signal.SIGKILL)
         # Until the leader is reaped its pid names our group; afterwards check it still does.
         if (proc.returncode is None or _group_is_ours(pgid, self._leader_start)) and _signal_group(
             pgid, sig
@@ -856,6 +877,16 @@ class _LocalProcessHandle(ProcessHandle):
             _log.exception("I/O thread of process %s failed", self.pid)
             self._signal(signal.SIGKILL)
             self._close(1, killed=True)
+        finally:
+            self._finish()
+
+    def _finish(self) -> None:
+        """After the command and its output: an empty cgroup is removed."""
+        if self._cleanup is not None:
+            try:
+                self._cleanup()
+            except Exception:  # pragma: no cover - cleanup is best effort
+                _log.warning("cleanup after process %s failed", self.pid, exc_info=True)
 
     def _check_deadlines(self, now: float) -> None:
         if self._deadline is not None and not self.timed_out and now >= self._deadline:
@@ -961,6 +992,9 @@ class _LocalProcessHandle(ProcessHandle):
             else:
                 exit_code = returncode
             killed = self.killed or returncode < 0
+            if self.killed and self._cgroup is not None:
+                # A killed or timed-out command ends whole, what left its group included.
+                self._cgroup.kill()
             lingering = bool(streams) or _group_alive(proc.pid)
             self._close(exit_code, timed_out=self.timed_out, killed=killed)
             self._close_stdin()
@@ -988,27 +1022,114 @@ class _LocalProcessHandle(ProcessHandle):
                     os.close(pidfd)
 
 
+@dataclass
+class LaunchPlan:
+    """How to start one command: what a sandbox's ``launch()`` gives the process manager.
+
+    Attributes
+    ----------
+    argv : list of str
+        What to execute (an absolute path or a name on ``PATH`` first).
+    env : dict
+        Variables added to the command's environment.
+    pass_fds : tuple of int
+        Descriptors the new process inherits; this process closes them once it started.
+    gate : callable, optional
+        ``gate(pid)``, called right after the start (in the spawning thread): puts the process
+        in its cgroup, sets its rlimits and lets it go on. An ``OSError`` kills the process
+        and the command fails with the message.
+    cgroup : CommandCgroup, optional
+        The command's cgroup: a kill of the command kills everything in it.
+    supervised : bool
+        The first process is a supervisor (:mod:`._supervisor`): it is never sent
+        ``SIGKILL`` (its orphans would go to init) but :data:`~._supervisor.KILL_SIGNAL`.
+    cleanup : callable, optional
+        Called once the command and its output have ended (removes an empty cgroup).
+    """
+
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    pass_fds: tuple[int, ...] = ()
+    gate: Callable[[int], None] | None = None
+    cgroup: CommandCgroup | None = None
+    supervised: bool = False
+    cleanup: Callable[[], None] | None = None
+
+    def close_fds(self) -> None:
+        """Close the descriptors meant for the new process (idempotent)."""
+        fds, self.pass_fds = self.pass_fds, ()
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def abandon(self) -> None:
+        """Release everything of a plan whose process never started."""
+        self.close_fds()
+        if self.cleanup is not None:
+            with contextlib.suppress(Exception):
+                self.cleanup()
+
+
+_spawner_lock = threading.Lock()
+_spawner_pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def _spawner() -> concurrent.futures.ThreadPoolExecutor:
+    """The threads that start processes. They live as long as this process: a child that
+    asks to die with its parent (``PR_SET_PDEATHSIG``: bubblewrap's ``--die-with-parent``,
+    the supervisor) is told of the death of the *thread* that started it, and a worker thread
+    of the event loop's pool may end while the child runs."""
+    global _spawner_pool
+    with _spawner_lock:
+        if _spawner_pool is None:
+            _spawner_pool = concurrent.futures.ThreadPoolExecutor(
+                max_workers=4, thread_name_prefix="agentvfs-spawn"
+            )
+        return _spawner_pool
+
+
 def _popen(
-    argv: list[str], cwd: str, env: dict[str, str], stdin_mode: str
+    plan: LaunchPlan, cwd: str, env: dict[str, str], stdin_mode: str
 ) -> subprocess.Popen[bytes] | str:
-    """Start a process in a new session (so a new process group); a str says why it could not."""
+    """Start a process in a new session (so a new process group) and pass its gate; a str
+    says why it could not."""
     if not os.path.isdir(cwd):
+        plan.abandon()
         return f"Cannot run command: working directory does not exist: {cwd}"
     try:
-        return subprocess.Popen(
-            argv,
+        proc = subprocess.Popen(
+            plan.argv,
             cwd=cwd,
-            env=env,
+            env={**env, **plan.env},
             stdin=subprocess.PIPE if stdin_mode == "pipe" else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
             close_fds=True,
+            pass_fds=plan.pass_fds,
             bufsize=0,
         )
     except OSError as exc:
+        plan.abandon()
         where = f": {exc.filename}" if exc.filename else ""
         return f"Cannot run command: {exc.strerror or exc}{where}"
+    plan.close_fds()
+    if plan.gate is not None:
+        try:
+            plan.gate(proc.pid)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            for pipe in (proc.stdin, proc.stdout, proc.stderr):
+                if pipe is not None:
+                    with contextlib.suppress(OSError):
+                        pipe.close()
+            if plan.cleanup is not None:
+                with contextlib.suppress(Exception):
+                    plan.cleanup()
+            return f"Cannot run command: {exc.strerror or exc}"
+    return proc
 
 
 # -- managers ----------------------------------------------------------------------------------------
@@ -1222,6 +1343,9 @@ class LocalProcessManager(SandboxProcessManager):
         # Process groups left running by finished commands: pgid -> leader start time.
         self._lingering: dict[int, int | None] = {}
         self._lingering_lock = threading.Lock()
+        #: Called (in a worker thread) at the end of :meth:`kill_all`: the sandbox kills what
+        #: no process group holds (its cgroup).
+        self.on_kill_all: Callable[[], None] | None = None
         _MANAGERS.add(self)
 
     def _working_directory(self) -> str:
@@ -1266,11 +1390,16 @@ class LocalProcessManager(SandboxProcessManager):
         for key, value in {"PATH": os.environ.get("PATH", os.defpath), **self.env, **env}.items():
             if value is not None:
                 full_env[key] = str(value)
-        argv: list[str] | None = None
-        if self.sandbox is not None:
-            argv = self.sandbox.wrap_command(command, cwd=workdir)
-        if argv is None:
-            argv = ["/bin/sh", "-c", command]
+        plan: LaunchPlan | None = None
+        launch = getattr(self.sandbox, "launch", None) if self.sandbox is not None else None
+        failure: str | None = None
+        if callable(launch):
+            try:
+                plan = launch(command, cwd=workdir)
+            except OSError as exc:
+                failure = f"Cannot run command: {exc.strerror or exc}"
+        if plan is None:
+            plan = LaunchPlan(["/bin/sh", "-c", command])
 
         def handle_for(proc: subprocess.Popen[bytes] | None, pid: str) -> _LocalProcessHandle:
             return _LocalProcessHandle(
@@ -1282,12 +1411,18 @@ class LocalProcessManager(SandboxProcessManager):
                 on_stdout=on_stdout,
                 on_stderr=on_stderr,
                 on_linger=self._note_lingering,
+                plan=plan,
             )
 
-        # Forking a large process takes a moment: do it in a worker thread, shielded so that
-        # a cancellation cannot lose a process that was already started.
+        if failure is not None:
+            handle = handle_for(None, f"failed-{next(self._spawn_errors)}")
+            handle._fail(failure)
+            return handle
+        # Forking a large process takes a moment: do it in a spawning thread (see _spawner),
+        # shielded so that a cancellation cannot lose a process that was already started.
         with anyio.CancelScope(shield=True):
-            started = await anyio.to_thread.run_sync(_popen, argv, workdir, full_env, stdin_mode)
+            future = _spawner().submit(_popen, plan, workdir, full_env, stdin_mode)
+            started = await anyio.to_thread.run_sync(future.result)
         if isinstance(started, str):
             handle = handle_for(None, f"failed-{next(self._spawn_errors)}")
             handle._fail(started)
@@ -1298,9 +1433,12 @@ class LocalProcessManager(SandboxProcessManager):
 
     async def kill_all(self) -> None:
         """Kill every running tracked process and every process group a finished command
-        left running in the background, then wait (up to 10 s) for the tracked ones."""
+        left running in the background, then wait (up to 10 s) for the tracked ones; then
+        whatever the sandbox still holds (:attr:`on_kill_all`)."""
         await super().kill_all()
         self._kill_lingering()
+        if self.on_kill_all is not None:
+            await anyio.to_thread.run_sync(self.on_kill_all)
 
     def kill_all_now(self) -> None:
         """Synchronous, non-waiting :meth:`kill_all` (for interpreter exit)."""
@@ -1308,6 +1446,8 @@ class LocalProcessManager(SandboxProcessManager):
             if isinstance(handle, _LocalProcessHandle):
                 handle.kill_now()
         self._kill_lingering()
+        if self.on_kill_all is not None:
+            self.on_kill_all()
 
     def _kill_lingering(self) -> None:
         with self._lingering_lock:

@@ -1,0 +1,208 @@
+"""bubblewrap without privilege: what a command inside has (no capability, an ordinary uid, the
+seccomp filter, bwrap's minimal /dev) and what it cannot do (remount, mknod, new namespaces,
+host files outside every bind, host unix sockets); and detection that refuses a bwrap that
+would leave capabilities."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agentvfs.errors import IsolationUnavailableError
+from agentvfs.sandbox import LocalSandbox, _isolation
+from agentvfs.sandbox._isolation import SANDBOX_UID, bwrap_support, detect_isolation
+
+pytestmark = pytest.mark.anyio
+
+BWRAP = detect_isolation()
+needs_bwrap = pytest.mark.skipif(not BWRAP["available"], reason=f"bubblewrap unusable here: {BWRAP['message']}")
+ZERO = "0000000000000000"
+
+
+@pytest.fixture
+def wd(tmp_path: Path) -> str:
+    path = tmp_path / "wd"
+    path.mkdir()
+    path.chmod(0o777)
+    return str(path)
+
+
+async def run(wd: str, command: str, **options: object) -> tuple[int, str, str]:
+    sandbox = LocalSandbox(working_directory=wd, isolation="bwrap", native_sandbox=dict(options) or None)
+    try:
+        result = await sandbox.execute_command(command)
+    finally:
+        await sandbox.destroy()
+    return result.exit_code, result.stdout, result.stderr
+
+
+def status(text: str) -> dict[str, str]:
+    return {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in text.splitlines()) if _}
+
+
+@needs_bwrap
+async def test_no_capability_an_ordinary_user_and_the_filter(wd: str) -> None:
+    code, out, err = await run(wd, "cat /proc/self/status; echo uid=$(id -u) gid=$(id -g)")
+    assert code == 0, err
+    fields = status(out)
+    for name in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+        assert fields[name] == ZERO, (name, fields[name])
+    assert fields["NoNewPrivs"] == "1"
+    assert fields["Seccomp"] == "2"
+    expected = SANDBOX_UID if os.getuid() == 0 else os.getuid()
+    assert f"uid={expected} " in out
+    # Files this process creates through the sandbox are still this process's user's.
+    code, _out, err = await run(wd, "echo x > mine.txt")
+    assert code == 0, err
+    assert os.stat(os.path.join(wd, "mine.txt")).st_uid == os.getuid()
+
+
+@needs_bwrap
+async def test_root_inside_only_when_asked_and_still_without_capabilities(wd: str) -> None:
+    code, out, err = await run(wd, "id -u; grep -E '^Cap(Eff|Bnd):' /proc/self/status", run_as_root=True)
+    assert code == 0, err
+    lines = out.split()
+    assert lines[0] == "0"
+    assert lines[2] == ZERO and lines[4] == ZERO
+
+
+@needs_bwrap
+async def test_nested_user_and_mount_namespaces_are_refused(wd: str) -> None:
+    _code, out, err = await run(
+        wd,
+        "unshare -U true && echo userns-made; unshare -m true && echo mountns-made; "
+        "unshare -r true && echo rootns-made; echo done",
+    )
+    assert out.splitlines() == ["done"], (out, err)
+
+
+@needs_bwrap
+async def test_remount_mount_and_mknod_fail(wd: str, tmp_path: Path) -> None:
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    (ro / "f.txt").write_text("original\n")
+    script = (
+        f"mount -o remount,bind,rw {ro} && echo remounted; "
+        f"mount -t tmpfs none {wd} && echo mounted; "
+        "mknod zero c 1 5 && echo made-char; mknod disk b 8 0 && echo made-block; "
+        "mkfifo fifo && echo made-fifo; "
+        f"echo pwned > {ro}/f.txt && echo wrote-ro; echo done"
+    )
+    _code, out, err = await run(wd, script, read_only_paths=[str(ro)])
+    assert out.splitlines() == ["made-fifo", "done"], (out, err)
+    assert (ro / "f.txt").read_text() == "original\n"
+    assert not os.path.lexists(os.path.join(wd, "zero"))
+
+
+@needs_bwrap
+async def test_dev_is_minimal(wd: str) -> None:
+    code, out, err = await run(wd, "ls /dev")
+    assert code == 0, err
+    names = set(out.split())
+    assert names <= {"console", "core", "fd", "full", "null", "ptmx", "pts", "random", "shm", "stderr",
+                     "stdin", "stdout", "tty", "urandom", "zero"}, names  # fmt: skip
+    assert not any(name.startswith(("sd", "nvme", "vd", "loop", "mem", "kmsg", "fuse")) for name in names)
+
+
+@pytest.fixture
+def host_socket(tmp_path: Path) -> Iterator[str]:
+    """A unix socket in a host directory no bind covers, answering "host secret"."""
+    directory = tmp_path / "hostside"
+    directory.mkdir()
+    directory.chmod(0o755)
+    path = str(directory / "agent.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    os.chmod(path, 0o777)
+    server.listen()
+    server.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.sendall(b"host secret\n")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield path
+    stop.set()
+    thread.join()
+    server.close()
+
+
+@needs_bwrap
+async def test_host_files_and_sockets_outside_the_binds_are_out_of_reach(wd: str, tmp_path: Path, host_socket: str) -> None:
+    secret = tmp_path / "hostside" / "secret.txt"
+    secret.write_text("host secret\n")
+    secret.chmod(0o644)
+    connect = (
+        "import socket,sys; s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); print(s.recv(99).decode())"
+    )
+    script = (
+        f"cat {secret}; echo made > {tmp_path}/hostside/new.txt; touch /new-at-root; "
+        f"{sys.executable} -c '{connect}' {host_socket}; echo done"
+    )
+    _code, out, _err = await run(wd, script)
+    assert "host secret" not in out
+    assert out.strip().endswith("done")
+    assert not (tmp_path / "hostside" / "new.txt").exists()
+    assert not os.path.exists("/new-at-root")
+
+
+@needs_bwrap
+async def test_host_environment_and_parent_are_invisible(wd: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AGENTVFS_TEST_SECRET", "hunter2-secret")
+    _code, out, err = await run(wd, "env; cat /proc/$PPID/environ; cat /proc/1/environ; ls /proc")
+    assert "hunter2-secret" not in out + err
+
+
+def test_detection_refuses_a_bwrap_that_leaves_capabilities(monkeypatch: pytest.MonkeyPatch) -> None:
+    kept = "CapInh:\t0000000000000000\nCapPrm:\t000001fffeffffff\nCapEff:\t000001fffeffffff\n"
+    monkeypatch.setattr(_isolation, "bwrap_path", lambda: "/usr/bin/bwrap")
+    monkeypatch.setattr(_isolation, "_probe_once", lambda path, support: (kept, None))
+    monkeypatch.setattr(_isolation, "_platform", lambda: "linux")
+    _isolation.bwrap_support.cache_clear()
+    try:
+        found = detect_isolation()
+        assert found["available"] is False
+        assert "leaves capabilities to the sandbox (CapPrm 000001fffeffffff, CapEff 000001fffeffffff" in found["message"]
+        with pytest.raises(IsolationUnavailableError, match="leaves capabilities"):
+            LocalSandbox(isolation="bwrap")
+        # Without the filter in place it is refused too.
+        status_text = "".join(f"{n}:\t{ZERO}\n" for n in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"))
+        monkeypatch.setattr(_isolation, "_probe_once", lambda path, support: (status_text + "NoNewPrivs:\t1\nSeccomp:\t0\n", None))
+        _isolation.bwrap_support.cache_clear()
+        assert "did not apply the seccomp filter" in detect_isolation()["message"]
+        # A kernel without user namespaces: root falls back to none (capabilities dropped).
+        good = status_text + "NoNewPrivs:\t1\nSeccomp:\t2\n"
+
+        def probe(path: str, support: _isolation.BwrapSupport) -> tuple[str | None, str | None]:
+            if support.user_namespace:
+                return None, "No permissions to create a new namespace"
+            return good, None
+
+        monkeypatch.setattr(_isolation, "_probe_once", probe)
+        monkeypatch.setattr(os, "geteuid", lambda: 0)
+        _isolation.bwrap_support.cache_clear()
+        support = bwrap_support()
+        assert (support.available, support.user_namespace) == (True, False)
+        assert "no user namespace" in detect_isolation()["message"]
+    finally:
+        _isolation.bwrap_support.cache_clear()
+
+
+@needs_bwrap
+def test_detection_says_what_hardening_is_in_effect() -> None:
+    message = detect_isolation()["message"]
+    assert "no capabilities" in message and "seccomp filter" in message
