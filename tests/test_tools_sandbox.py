@@ -4,9 +4,11 @@ dynamic sandboxes and the registration rules."""
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -703,3 +705,56 @@ async def test_mcp_and_openai_adapters(workdir: str) -> None:
             background=None,
         )
         assert answer == "ok\n"
+
+
+# -- bounded output -------------------------------------------------------------------------------
+
+
+def _peak_rss_kib() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM"))
+
+
+def _reset_peak_rss() -> int:
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return _peak_rss_kib()
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_gigabyte_of_output_costs_tens_of_mib(workdir: str) -> None:
+    async with sandbox_tools(workdir) as t:
+        await run(t, SB.EXECUTE_COMMAND, command="true")
+        before = _reset_peak_rss()
+        answer = await run(t, SB.EXECUTE_COMMAND, command="head -c 1073741824 /dev/zero | tr '\\000' 'a' | fold -w 100")
+        grown = _peak_rss_kib() - before
+    assert grown < 64 << 10, f"peak RSS grew by {grown >> 10} MiB"
+    assert answer.startswith("[earlier output dropped: ")
+    assert "[showing last 200 of " in answer
+    assert set(answer.splitlines()[-1]) == {"a"}
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_one_huge_line_costs_little_event_loop_time(workdir: str) -> None:
+    async with sandbox_tools(workdir) as t:
+        await run(t, SB.EXECUTE_COMMAND, command="true")
+        started = time.thread_time()
+        answer = await run(t, SB.EXECUTE_COMMAND, command="head -c 268435456 /dev/zero | tr '\\000' '.'")
+        spent = time.thread_time() - started
+    # Before the bound: the whole line was tokenized in the event loop (267 s measured).
+    assert spent < 10, f"{spent:.1f} s of event-loop CPU"
+    assert answer.startswith("[earlier output dropped: ")
+    assert "output truncated" in answer
+
+
+async def test_sandbox_keeps_a_bounded_tail_by_default(workdir: str) -> None:
+    sandbox = LocalSandbox(working_directory=workdir)
+    try:
+        result = await sandbox.execute_command("head -c 20000000 /dev/zero | tr '\\000' x; echo; echo end")
+        everything = await sandbox.execute_command("head -c 9000000 /dev/zero | tr '\\000' y", max_retained_bytes=math.inf)
+    finally:
+        await sandbox.destroy()
+    assert result.stdout_truncated and len(result.stdout) == 8 << 20
+    assert result.stdout_dropped_bytes == 20_000_005 - (8 << 20)
+    assert result.stdout.endswith("x\nend\n")
+    assert len(everything.stdout) == 9_000_000 and not everything.stdout_truncated

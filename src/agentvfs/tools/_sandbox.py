@@ -2,11 +2,18 @@
 
 Output of every stream is cut to its last ``tail`` lines, then to the tool's
 ``max_output_tokens`` keeping the head and the tail of it (the middle is what gets dropped).
+
+A foreground command keeps only the newest :data:`RETAINED_OUTPUT_BYTES` of each stream
+(however much it prints: memory and the time spent cutting stay bounded); when more was
+printed, the stream's text starts with ``[earlier output dropped: N bytes]``. The reference
+keeps everything, then shows at most 200 lines and 2,000 tokens of it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import logging
 import re
 from collections.abc import Callable, Coroutine, Mapping
@@ -15,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._aio import maybe_await as _maybe_await
 from ..errors import SandboxFeatureNotSupportedError
+from ..sandbox import RetainedOutputBuffer
 from ._core import ToolCall, ToolSpec
 from ._names import WORKSPACE_TOOLS
 from ._output import DEFAULT_MAX_OUTPUT_TOKENS, apply_tail, apply_token_limit_sandwich
@@ -33,6 +41,7 @@ __all__ = [
     "KILL_PROCESS",
     "KILL_TAIL_LINES",
     "RESOLVER_HINT",
+    "RETAINED_OUTPUT_BYTES",
     "extract_tail_pipe",
 ]
 
@@ -41,6 +50,9 @@ logger = logging.getLogger("agentvfs")
 SB = WORKSPACE_TOOLS.SANDBOX
 DEFAULT_TAIL_LINES = 200
 KILL_TAIL_LINES = 50
+#: Output of a foreground command kept per stream (UTF-8 bytes, the newest): far more than the
+#: 200 lines and 2,000 tokens shown, a small fixed cost however much the command prints.
+RETAINED_OUTPUT_BYTES = 1 << 20
 #: The keys of execute_command's ``background_processes`` option.
 BACKGROUND_PROCESS_KEYS = frozenset({"on_stdout", "on_stderr", "on_exit", "abort_signal"})
 #: Appended to "process not found" answers when the sandbox comes from a resolver that is not
@@ -90,6 +102,31 @@ def _limit(text: str, tail: float | None, tokens: int) -> str:
     return apply_token_limit_sandwich(
         apply_tail(text, DEFAULT_TAIL_LINES if tail is None else tail), tokens
     )
+
+
+def _kept(text: str, dropped: int, tail: float | None, tokens: int) -> str:
+    """:func:`_limit` of a retained stream, announcing what the retention bound dropped."""
+    limited = _limit(text, tail, tokens)
+    if not dropped:
+        return limited
+    return f"[earlier output dropped: {dropped:,} bytes]\n{limited}"
+
+
+@functools.cache
+def _accepts_bound(run: Any) -> bool:
+    try:
+        parameters = inspect.signature(run).parameters
+    except (TypeError, ValueError):
+        return False
+    return "max_retained_bytes" in parameters or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
+    )
+
+
+def _takes_bound(run: Any) -> bool:
+    """Whether a sandbox's ``execute_command`` takes ``max_retained_bytes`` (ours does; a
+    sandbox of someone else's may not)."""
+    return _accepts_bound(getattr(run, "__func__", run))
 
 
 def _streams(stdout: str, stderr: str) -> str:
@@ -241,8 +278,10 @@ async def execute_command(call: ToolCall) -> str:
     if not callable(run):
         raise SandboxFeatureNotSupportedError("execute_command")
     tokens = _token_limit(call)
-    stdout: list[str] = []
-    stderr: list[str] = []
+    # What arrived so far, for an answer when the call fails midway: bounded like the result.
+    stdout = RetainedOutputBuffer(RETAINED_OUTPUT_BYTES)
+    stderr = RetainedOutputBuffer(RETAINED_OUTPUT_BYTES)
+    bound: dict[str, Any] = {"max_retained_bytes": RETAINED_OUTPUT_BYTES} if _takes_bound(run) else {}
     try:
         result = await run(
             command,
@@ -252,13 +291,18 @@ async def execute_command(call: ToolCall) -> str:
             on_stdout=stdout.append,
             on_stderr=stderr.append,
             abort_signal=call.abort_signal,
+            **bound,
         )
     except Exception as exc:
         partial = _streams(
-            _limit("".join(stdout), tail, tokens), _limit("".join(stderr), tail, tokens)
+            _kept(stdout.text, stdout.dropped_bytes, tail, tokens),
+            _kept(stderr.text, stderr.dropped_bytes, tail, tokens),
         )
         return _then(partial, f"Error: {_message(exc)}")
-    output = _streams(_limit(result.stdout, tail, tokens), _limit(result.stderr, tail, tokens))
+    output = _streams(
+        _kept(result.stdout, getattr(result, "stdout_dropped_bytes", 0), tail, tokens),
+        _kept(result.stderr, getattr(result, "stderr_dropped_bytes", 0), tail, tokens),
+    )
     if result.success:
         return output or "(no output)"
     return _then(output, f"Exit code: {result.exit_code}")
