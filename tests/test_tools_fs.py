@@ -382,3 +382,17 @@ async def test_grep_root_slash_on_local_is_outside(tmp_path: Path) -> None:
     tools = await Workspace(filesystem=LocalFilesystem(tmp_path)).create_tools()
     with pytest.raises(PermissionError):
         await run(tools, FS.GREP, pattern="x", path="/")
+
+
+async def test_reads_and_edits_are_bounded_on_every_backend(harness: Harness) -> None:
+    data = bytes(range(256)) * 2400  # 600 KiB: more than the output can show in any encoding
+    harness.put("blob.dat", data)
+    harness.put("notes.txt", b"old\n" * 1000)
+    t = await tools_for(harness, {FS.EDIT_FILE: {"max_file_bytes": 1000}})
+    for encoding, need in (("base64", 195_075), ("hex", 130_049), ("binary", 260_097)):
+        out = await run(t, FS.READ_FILE, path="blob.dat", encoding=encoding)
+        assert out.startswith(f"blob.dat ({len(data)} bytes, {encoding}, first {need} bytes read)\n")
+        assert re.search(r"\n\[output truncated: showing first ~2000 of ~\d+ tokens\]$", out)
+    with pytest.raises(ValueError, match=re.escape("notes.txt is larger than edit_file edits (1000 bytes, max_file_bytes")):
+        await run(t, FS.EDIT_FILE, path="notes.txt", old_string="old", new_string="new", replace_all=True)
+    assert harness.get("notes.txt") == b"old\n" * 1000

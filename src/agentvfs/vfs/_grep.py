@@ -336,19 +336,22 @@ def _scan(source: str) -> _Shape:
 def search_mode(source: str) -> Literal["block", "prefilter", "line"]:
     """How :class:`BoundedPattern` searches the lines of a file for ``source``.
 
-    ``block``: all lines joined by ``\\n`` in one search (multiline mode). The pattern has no
-    construct that looks beyond its own path through the text, so a block match that starts
-    on a line and ends before its newline is that line's first match, and a line with a
-    match always gives a block match on it or before it; a block match that runs across a
-    newline is checked on its line alone.
+    ``block``: all lines joined by ``\\n`` in one search (multiline mode), in windows of
+    whole lines. The pattern has no construct that looks beyond its own path through the
+    text, so a block match that starts on a line and ends before its newline is that line's
+    first match, and a line with a match always gives a block match on it or before it; a
+    block match that runs across a newline is checked on its line alone. Lookaround, atomic
+    groups and possessive quantifiers qualify when the pattern can never match a newline:
+    then what they look at or keep never reaches past one.
 
-    ``prefilter``: the pattern has lookaround (which sees past a line's ends). The block is
-    searched for the pattern without its lookarounds, which matches wherever the pattern
-    does, and each line found is checked with the pattern alone.
+    ``prefilter``: the pattern has lookaround and may match a newline. The block is searched
+    for the pattern without its lookarounds, which matches wherever the pattern does, and
+    each line found is checked with the pattern alone.
 
-    ``line``: one search per line, for atomic groups and possessive quantifiers (they drop
-    paths), ``\\A``, ``\\Z``, ``\\G``, ``\\K``, ``\\X``, inline flags, verbs, conditionals,
-    fuzzy constraints, and lookaround together with backreferences.
+    ``line``: one search per line, for atomic groups and possessive quantifiers in a pattern
+    that may match a newline (they drop paths), ``\\A``, ``\\Z``, ``\\G``, ``\\K``, ``\\X``,
+    inline flags, verbs, conditionals, fuzzy constraints, and lookaround left out together
+    with backreferences.
     """
     shape = _scan(source)
     if shape.block is None:
@@ -396,11 +399,16 @@ class BoundedPattern:
         flags = regex.VERSION0 | (0 if case_sensitive else regex.IGNORECASE)
         try:
             self.line = regex.compile(source, flags)
-            self.block = None if shape.block is None else regex.compile(shape.block, flags | regex.MULTILINE)
         except RecursionError:
             raise PatternError("the pattern nests groups too deeply") from None
         except (OverflowError, ValueError) as exc:
             raise PatternError(str(exc)) from None
+        self.block: regex.Pattern[str] | None = None
+        if shape.block is not None:
+            try:
+                self.block = regex.compile(shape.block, flags | regex.MULTILINE)
+            except (PatternError, RecursionError, OverflowError, ValueError):
+                shape = _Shape(None, False, shape.expansion)  # then line by line
         #: Whether a block match within one line is that line's answer (no lookaround left out).
         self.exact = shape.exact
         self.source = source
