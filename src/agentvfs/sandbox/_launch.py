@@ -6,10 +6,10 @@ containment put together into a :class:`~._processes.LaunchPlan`.
   window this process sets that process's rlimits (``prlimit``) and moves it into the
   command's cgroup, so everything the command starts inherits both. ``stop()`` ends the PID
   namespace (bwrap's child dies with bwrap) and empties the cgroup.
-* ``isolation="none"`` with cgroups: the first process is ``/bin/sh`` running a shim that
-  enters the command's cgroup and sets the rlimits (``ulimit``), then execs
-  ``/bin/sh -c <command>`` (the same process, so the process group is unchanged).
-  ``stop()`` kills everything in the sandbox's cgroup.
+* ``isolation="none"`` with cgroups: the command runs as ``/bin/sh -c <prefix>; <command>``,
+  the prefix (on the command's first line, so the shell's line numbers stay the command's)
+  entering the command's cgroup and setting the rlimits (``ulimit``) before anything of the
+  command runs. ``stop()`` kills everything in the sandbox's cgroup.
 * ``isolation="none"`` without cgroups: the first process is the supervisor of
   :mod:`._supervisor`, a child subreaper that takes the rlimits, runs the command and kills
   every descendant when it ends or is killed.
@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import select
+import shlex
 import shutil
 import tempfile
 import weakref
@@ -57,9 +58,9 @@ _WARNED: set[str] = set()
 # How long bubblewrap may take to report its sandbox's first process.
 _INFO_TIMEOUT = 30.0
 
-# Enters the cgroups named by the arguments after the command, sets the limits, then becomes
-# the command's shell: ``sh -c SHIM /bin/sh <command> <cgroup.procs>...``.
-_SHIM = 'c=$1; shift; for f do echo 0 >"$f" || {{ echo "agentvfs: cannot enter the cgroup $f" >&2; exit 126; }}; done; {limits}exec "$0" -c "$c"'
+# Put in front of the command, on its first line (so the shell's line numbers in messages stay
+# the command's own): enter the command's cgroups, set the limits, or stop with status 126.
+_PREFIX = '{{ {steps}; }} || {{ echo "agentvfs: cannot enter the command\'s cgroup or set its limits" >&2; exit 126; }}; '
 
 
 def _covered(path: str, by: Sequence[str]) -> bool:
@@ -191,13 +192,13 @@ class Launcher:
         if group is not None:
             if limits.processes is not None and not self._pids_by_cgroup():
                 self._warn_once("nproc", "sandbox %s: no pids cgroup; max_processes is not enforced", self.name)
+            steps = [f"echo 0 >{shlex.quote(procs)}" for procs in group.procs_files]
             shell = shell_limits(limits, memory=self._memory_by_rlimit())
-            script = _SHIM.format(limits=f"{shell} && " if shell else "")
-            return LaunchPlan(
-                ["/bin/sh", "-c", script, "/bin/sh", command, *group.procs_files],
-                cgroup=group,
-                cleanup=group.remove,
-            )
+            if shell:
+                steps.append(shell)
+            # The same shell then runs the command: no second exec (about 0.8 ms a command).
+            script = _PREFIX.format(steps=" && ".join(steps)) + command
+            return LaunchPlan(["/bin/sh", "-c", script], cgroup=group, cleanup=group.remove)
         nproc = None
         if limits.processes is not None:
             if os.getuid() == 0:
