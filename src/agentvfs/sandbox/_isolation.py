@@ -42,7 +42,7 @@ from typing import Any
 from ..errors import IsolationUnavailableError
 from ._egress import FORWARDER_SCRIPT, EgressProxy, parse_host_patterns
 from ._limits import LIMIT_DEFAULTS, normalize_limits
-from ._seccomp import build_filter
+from ._seccomp import native_filter
 
 __all__ = [
     "ISOLATION_BACKENDS",
@@ -206,7 +206,7 @@ def _probe_once(path: str, support: BwrapSupport) -> tuple[str | None, str | Non
     """Run ``cat /proc/self/status`` in a sandbox with ``support``'s flags; returns
     ``(status text, None)`` or ``(None, why it failed)``."""
     try:
-        program = build_filter()
+        program = native_filter()
     except ValueError as exc:
         return None, str(exc)
     read_end, write_end = os.pipe()

@@ -45,7 +45,7 @@ from ._limits import (
     user_task_count,
 )
 from ._processes import LaunchPlan
-from ._seccomp import build_filter
+from ._seccomp import native_filter
 from ._supervisor import supervisor_argv
 
 __all__ = ["Launcher"]
@@ -90,6 +90,7 @@ class Launcher:
         self.proxy: EgressProxy | None = None
         self.state_directory: str | None = None
         self._remove_state: weakref.finalize[Any, Any] | None = None
+        self._drop_cgroup: weakref.finalize[Any, Any] | None = None
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -110,6 +111,9 @@ class Launcher:
             if support is not None:
                 try:
                     self.cgroup = SandboxCgroup(support)
+                    # A sandbox dropped without stop() (or the interpreter ending) takes its
+                    # processes and cgroup with it; stop() does it earlier.
+                    self._drop_cgroup = weakref.finalize(self, _drop, self.cgroup)
                 except OSError as exc:
                     reason = f"cannot create the sandbox's cgroup: {exc.strerror or exc}"
             if self.cgroup is None:
@@ -138,9 +142,10 @@ class Launcher:
     def close(self) -> None:
         """Kill what is left, remove the cgroup, stop the proxy, remove the state directory."""
         self.kill_all()
-        cgroup, self.cgroup = self.cgroup, None
-        if cgroup is not None:
-            cgroup.remove()
+        self.cgroup = None
+        if self._drop_cgroup is not None:
+            self._drop_cgroup()
+            self._drop_cgroup = None
         proxy, self.proxy = self.proxy, None
         if proxy is not None:
             proxy.close()
@@ -246,7 +251,7 @@ class Launcher:
         try:
             seccomp_r, seccomp_w = os.pipe()
             fds += [seccomp_r, seccomp_w]
-            os.write(seccomp_w, build_filter())
+            os.write(seccomp_w, native_filter())
             os.close(seccomp_w)
             fds.remove(seccomp_w)
             info_r, info_w = os.pipe()
@@ -328,6 +333,11 @@ def _read_child_pid(fd: int) -> int | None:
         return int(json.loads(data)["child-pid"])
     except (ValueError, KeyError, TypeError) as exc:
         raise OSError(f"bubblewrap wrote an unexpected --info-fd answer: {data[:200]!r}") from exc
+
+
+def _drop(cgroup: SandboxCgroup) -> None:
+    cgroup.kill()
+    cgroup.remove()
 
 
 def _safe(name: str) -> str:

@@ -32,12 +32,20 @@ numbers mean other calls, and the x32 ABI on x86-64 (numbers with bit 30 set) is
 from __future__ import annotations
 
 import errno
+import functools
 import platform
 import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-__all__ = ["ARCHITECTURES", "DENIED_SYSCALLS", "SeccompArchitecture", "build_filter", "native_architecture"]
+__all__ = [
+    "ARCHITECTURES",
+    "DENIED_SYSCALLS",
+    "SeccompArchitecture",
+    "build_filter",
+    "native_architecture",
+    "native_filter",
+]
 
 # Offsets into ``struct seccomp_data``: nr (u32), arch (u32), instruction pointer (u64),
 # args[6] (u64 each; both supported architectures are little-endian, so the low half of
@@ -245,6 +253,18 @@ def build_filter(arch: SeccompArchitecture | None = None) -> bytes:
         emit(_RET_K, _RET_ERRNO | code)
     labels["eperm"] = labels[f"errno{errno.EPERM}"]
     return program.assemble(labels)
+
+
+@functools.cache
+def native_filter() -> bytes:
+    """:func:`build_filter` for this machine, built once per process.
+
+    Raises
+    ------
+    ValueError
+        As :func:`build_filter`.
+    """
+    return build_filter()
 
 
 def _argument_checks(numbers: Mapping[str, int]) -> Iterable[tuple[str, list[tuple[int, int | str, int | str, int]]]]:
