@@ -1,11 +1,13 @@
 """Sandboxes: where an agent's shell commands run, and the filesystems mounted into them.
 
-``LocalSandbox`` runs commands on this machine (optionally isolated with bubblewrap), keeps
-background processes in its process manager, and mounts workspace filesystems into its
-working directory through the mount manager.
+``LocalSandbox`` runs commands on this machine -- without isolation by default (which
+isolates nothing), or inside bubblewrap without privilege -- under per-command resource
+limits, keeps background processes in its process manager, and mounts workspace filesystems
+into its working directory through the mount manager.
 """
 
 from ._isolation import detect_isolation as detect_isolation
+from ._local import COMMAND_RETAINED_BYTES as COMMAND_RETAINED_BYTES
 from ._local import LocalSandbox as LocalSandbox
 from ._local import shell_quote as shell_quote
 from ._mounts import MountEntry as MountEntry
@@ -20,6 +22,7 @@ from ._processes import SandboxProcessManager as SandboxProcessManager
 from ._records import CommandResult as CommandResult
 
 __all__ = [
+    "COMMAND_RETAINED_BYTES",
     "DEFAULT_MAX_RETAINED_BYTES",
     "AbortSignal",
     "CommandResult",
