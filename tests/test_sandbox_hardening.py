@@ -184,7 +184,7 @@ def test_detection_refuses_a_bwrap_that_leaves_capabilities(monkeypatch: pytest.
         monkeypatch.setattr(_isolation, "_probe_once", lambda path, support: (status_text + "NoNewPrivs:\t1\nSeccomp:\t0\n", None))
         _isolation.bwrap_support.cache_clear()
         assert "did not apply the seccomp filter" in detect_isolation()["message"]
-        # A kernel without user namespaces: root falls back to none (capabilities dropped).
+        # A kernel without user namespaces: bwrap without one of ours (capabilities dropped).
         good = status_text + "NoNewPrivs:\t1\nSeccomp:\t2\n"
 
         def probe(path: str, support: _isolation.BwrapSupport) -> tuple[str | None, str | None]:
@@ -193,7 +193,6 @@ def test_detection_refuses_a_bwrap_that_leaves_capabilities(monkeypatch: pytest.
             return good, None
 
         monkeypatch.setattr(_isolation, "_probe_once", probe)
-        monkeypatch.setattr(os, "geteuid", lambda: 0)
         _isolation.bwrap_support.cache_clear()
         support = bwrap_support()
         assert (support.available, support.user_namespace) == (True, False)

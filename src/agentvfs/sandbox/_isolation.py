@@ -243,7 +243,8 @@ def bwrap_support() -> BwrapSupport:
     """Find bwrap and prove it can isolate commands without privilege; cached per process.
 
     The strongest form that works is kept: a user namespace with nested ones disabled, then
-    a user namespace alone, then (root only, where the kernel refuses user namespaces) none.
+    a user namespace alone, then none of ours (root where the kernel refuses user namespaces,
+    a setuid bwrap).
     Whatever form, the process inside must show no capability in any set, ``NoNewPrivs`` and
     the seccomp filter; otherwise bwrap is reported unavailable with what was seen.
     """
@@ -252,9 +253,13 @@ def bwrap_support() -> BwrapSupport:
     path = bwrap_path()
     if path is None:
         return BwrapSupport(None, f"Linux bubblewrap (bwrap) not found. {_INSTALL_HINT}")
-    candidates = [BwrapSupport(path), BwrapSupport(path, disable_userns=False)]
-    if os.geteuid() == 0:
-        candidates.append(BwrapSupport(path, user_namespace=False, disable_userns=False))
+    # Last, no user namespace of ours: root where the kernel refuses them, or a setuid bwrap;
+    # the capability check below still decides.
+    candidates = [
+        BwrapSupport(path),
+        BwrapSupport(path, disable_userns=False),
+        BwrapSupport(path, user_namespace=False, disable_userns=False),
+    ]
     failures: list[str] = []
     for candidate in candidates:
         status, error = _probe_once(path, candidate)
