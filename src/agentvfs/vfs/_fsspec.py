@@ -1407,24 +1407,33 @@ class FsspecFilesystem(WorkspaceFilesystem):
         else:
             files = [rel]
         contents = await self._call(self._cat_many, files)
-        results: list[GrepFileResult] = []
-        budget = max_total_matches
-        for rel_file in files:
-            data = contents.get(rel_file)
-            if data is None:
-                continue
-            found = grep_lines(
-                rel_file, data, regex, max_count=max_count_per_file,
-                context_lines=context_lines, budget=budget,
-            )
-            if found is None:
-                continue
-            results.append(GrepFileResult(self._public_path(rel_file), found.matches))
-            if budget is not None:
-                budget -= len(found.matches)
-                if budget <= 0:
-                    break
-        return results
+
+        def match() -> list[GrepFileResult]:
+            # In a worker thread: the regex engine releases the GIL, so the event loop runs
+            # while a slow pattern uses up its budget (MatchTimeout names the public path).
+            results: list[GrepFileResult] = []
+            budget = max_total_matches
+            for rel_file in files:
+                data = contents.get(rel_file)
+                if data is None:
+                    continue
+                found = grep_lines(
+                    self._public_path(rel_file), data, regex, max_count=max_count_per_file,
+                    context_lines=context_lines, budget=budget,
+                )  # fmt: skip
+                if found is None:
+                    continue
+                results.append(found)
+                if budget is not None:
+                    budget -= len(found.matches)
+                    if budget <= 0:
+                        break
+            return results
+
+        try:
+            return await run_sync(match)
+        finally:
+            regex.cancel()  # an abandoned search stops at its next match call
 
     async def read_range(self, path: str, start: int, end: int) -> bytes:
         """Read bytes ``start`` to ``end`` (exclusive) of a file: one ranged request on object
