@@ -13,7 +13,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 
 from _mounted import fuse_unavailable
 from agentvfs import FsspecFilesystem, LocalFilesystem
-from agentvfs.mounts import is_mounted
+from agentvfs.mounts import fuse_available, is_mounted
 from agentvfs.sandbox import LocalSandbox
 from agentvfs.sandbox._isolation import detect_isolation
 from agentvfs.sandbox._mounts import marker_filename, markers_directory
@@ -22,7 +22,8 @@ pytestmark = pytest.mark.anyio
 
 BWRAP = detect_isolation()
 needs_bwrap = pytest.mark.skipif(not BWRAP["available"], reason=f"bubblewrap unusable here: {BWRAP['message']}")
-needs_fuse = pytest.mark.skipif(fuse_unavailable() is not None, reason=str(fuse_unavailable()))
+_NO_FUSE = fuse_unavailable() or fuse_available()
+needs_fuse = pytest.mark.skipif(_NO_FUSE is not None, reason=str(_NO_FUSE))
 
 
 @pytest.fixture

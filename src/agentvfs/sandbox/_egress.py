@@ -336,11 +336,6 @@ class EgressProxy:
         self._clients: set[socket.socket] = set()
         self._closed = threading.Event()
 
-    @property
-    def running(self) -> bool:
-        """Whether the proxy accepts connections."""
-        return self._server is not None
-
     def start(self) -> None:
         """Listen on the socket (replacing a stale one) and serve in a daemon thread.
 

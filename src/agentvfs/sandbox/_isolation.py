@@ -86,17 +86,6 @@ NATIVE_SANDBOX_DEFAULTS: Mapping[str, Any] = {
     **LIMIT_DEFAULTS,
 }
 
-# Options that only mean something with isolation (the limits apply without it too).
-BWRAP_ONLY_OPTIONS = (
-    "allow_network",
-    "allowed_hosts",
-    "read_only_paths",
-    "read_write_paths",
-    "bwrap_args",
-    "read_only",
-    "run_as_root",
-)
-
 # System paths bound read-only when they exist: what ordinary commands need to run.
 _SYSTEM_PATHS = (
     "/usr",

@@ -132,11 +132,6 @@ class ResourceLimits:
             file_size_bytes=options.get("max_file_size_bytes"),
         )
 
-    @property
-    def any(self) -> bool:
-        """Whether any limit is set."""
-        return any(v is not None for v in (self.memory_bytes, self.processes, self.cpu_seconds, self.file_size_bytes))
-
     def rlimits(self, *, memory: bool, processes: int | None) -> list[tuple[int, tuple[int, int]]]:
         """``(RLIMIT_*, (soft, hard))`` pairs to set on a command's first process.
 
@@ -529,15 +524,6 @@ class SandboxCgroup:
                 # Swap counts too, when the kernel accounts it (memsw must be >= the limit).
                 with contextlib.suppress(OSError):
                     _write(os.path.join(path, "memory.memsw.limit_in_bytes"), str(limits.memory_bytes))
-
-    def pids(self) -> list[int]:
-        """Every process of the sandbox now."""
-        out: list[int] = []
-        for directory in self.directories.values():
-            for group in _tree(directory):
-                out += _procs(group)
-            break
-        return out
 
     def kill(self) -> bool:
         """SIGKILL every process of the sandbox; True when none is left."""
