@@ -627,6 +627,13 @@ class Workspace:
         try:
             if self._filesystem is not None:
                 await self._filesystem.init()
+            if self._search is not None and self._sandbox is not None:
+                # The default index lies in the sandbox's working directory: made before the
+                # sandbox runs anything, and bound read-only into its commands.
+                private = await anyio.to_thread.run_sync(self._search.prepare_private_dir)
+                protect = getattr(self._sandbox, "protect_path", None)
+                if private is not None and callable(protect):
+                    protect(private)
             if self._sandbox is not None:
                 await _call_lifecycle(self._sandbox, "start")
             if self._search is not None and self._filesystem is not None and self._auto_index_paths:

@@ -171,6 +171,7 @@ class LocalSandbox:
         self.processes.sandbox = self
         self.processes.on_kill_all = self._launcher.kill_all
         self.mounts = MountManager(self)
+        self._protected: list[str] = []
         self._starting: anyio.Event | None = None
         self._start_error: BaseException | None = None
         self._stopping: anyio.Event | None = None
@@ -220,8 +221,17 @@ class LocalSandbox:
             cwd=cwd or workdir,
             working_directory=workdir,
             binds=self.mounts.isolation_binds(),
-            protect=self.mounts.protected_paths(),
+            protect=[*self.mounts.protected_paths(), *self._protected],
         )
+
+    def protect_path(self, path: str | os.PathLike[str]) -> None:
+        """Keep the host's own state at ``path`` out of the commands' reach: with isolation
+        it is bound read-only into every command started from now on (it must exist, and
+        lies typically in the working directory, e.g. the default search index). Without
+        isolation nothing is protected (``"none"`` isolates nothing)."""
+        where = os.path.abspath(os.fspath(path))
+        if where not in self._protected:
+            self._protected.append(where)
 
     @staticmethod
     def detect_isolation() -> dict[str, Any]:

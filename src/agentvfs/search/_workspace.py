@@ -18,6 +18,7 @@ import hashlib
 import logging
 import os
 import posixpath
+import stat
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -156,6 +157,20 @@ def open_private_dir(path: str) -> int:
         os.close(parent_fd)
 
 
+def _clear_planted(dir_fd: int, shown: str, names: Sequence[str]) -> None:
+    """Move aside the symlinks among ``names`` in the directory ``dir_fd``: the index opens
+    them by name, and a link there would send its writes wherever it points."""
+    for name in names:
+        try:
+            planted = stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+        except FileNotFoundError:
+            continue
+        if planted:
+            aside = f"{name}.replaced-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+            _log.warning("%s is a symlink someone put there: moved it to %s", os.path.join(shown, name), aside)
+            os.rename(name, aside, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+
+
 class WorkspaceSearch:
     """The search side of a workspace (see the module documentation).
 
@@ -243,7 +258,16 @@ class WorkspaceSearch:
             return self.index_dir
         if self._dir_fd < 0:
             self._dir_fd = open_private_dir(self.index_dir)
+            _clear_planted(self._dir_fd, self.index_dir, (INDEX_FILE, f"{INDEX_FILE}.wal", "vectors"))
         return f"/proc/self/fd/{self._dir_fd}"
+
+    def prepare_private_dir(self) -> str | None:
+        """Make the private index directory now (before a sandbox starts commands that could
+        plant something there); its path, or None when the index is not private."""
+        if self.index_dir is None or not self._private_dir:
+            return None
+        os.close(open_private_dir(self.index_dir))
+        return self.index_dir
 
     def _open(self) -> SearchEngine:
         where = self._where()

@@ -399,3 +399,43 @@ async def planted_index_dir(arena: Arena) -> None:
     await arena.workspace.index("/data/notes.md", "again")
     await arena.close()
     arena.check_outside("the index opened a second time")
+
+
+@attack(
+    "index_dir_from_the_sandbox",
+    finding="a command replaces .agentvfs, or plants links in it, before the host opens its index",
+    severity="medium",
+    requires=("fuse", "bwrap"),
+)
+async def index_dir_from_the_sandbox(arena: Arena) -> None:
+    from ..vfs import FsspecFilesystem
+
+    planted = arena.host / "planted"
+    planted.mkdir()
+    arena.snapshot()
+    await arena.open(
+        isolation="bwrap", mounts={"/data": FsspecFilesystem("memory://index-from-sandbox")}, bm25=True
+    )
+    index = arena.root / ".agentvfs"
+    for command in (
+        f"ln -sf {planted}/db {index}/search.duckdb",
+        f"ln -sf {planted}/wal {index}/search.duckdb.wal",
+        f"ln -sfn {planted} {index}/vectors",
+        f"rm -rf {index} && ln -s {planted} {index}",
+        f"mv {index} {arena.root}/moved && ln -s {planted} {index}",
+    ):
+        await arena.sh(command)
+        arena.check_outside(f"the command {command!r}")
+    await arena.workspace.index("/data/notes.md", "the index must not land on the host")
+    found = await arena.workspace.search("index")
+    arena.record(bool(found), f"the index did not work at all: {found!r}")
+    # With the index open: links planted now would be followed by the next file it creates.
+    for command in (
+        f"rm -f {index}/search.duckdb.wal; ln -s {planted}/wal {index}/search.duckdb.wal",
+        f"ln -s {planted}/tmp {index}/search.duckdb.tmp",
+    ):
+        await arena.sh(command)
+    for round_ in range(20):
+        await arena.workspace.index(f"/data/more-{round_}.md", "more words " * 200)
+    await arena.close()
+    arena.check_outside("the index written after links were planted in it")
