@@ -99,7 +99,8 @@ class Worker:
         assert first.get("ready"), first
 
     def run(self, op: str, calls: int) -> float:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
+        assert self.proc.stdin is not None
+        assert self.proc.stdout is not None
         self.proc.stdin.write(json.dumps({"op": op, "calls": calls}) + "\n")
         self.proc.stdin.flush()
         return float(json.loads(self.proc.stdout.readline())["seconds"]) / calls
