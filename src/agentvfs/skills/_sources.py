@@ -25,12 +25,11 @@ from ..errors import (
     FileNotFound,
     IsDirectory,
     NotDirectory,
-    NotRegularFile,
-    PermissionDenied,
 )
 from ..vfs import FileEntry, FileStat, WorkspaceFilesystem, get_mime_type
 from ..vfs import read_many as vfs_read_many
-from ..vfs._disk import ContainmentError, Disk, NotRegularFileError
+from ..vfs._disk import Disk
+from ..vfs._disk_fs import leads_out_of_directory, translated_reads
 
 __all__ = [
     "LocalSkillSource",
@@ -345,16 +344,9 @@ class LocalSkillSource:
         shown = f"{directory.rstrip('/')}/{path}"
 
         def read() -> bytes:
-            try:
+            with translated_reads(shown, lambda: leads_out_of_directory(path)):
                 return self._disk.read_beneath(os.path.normpath(self._resolve(directory)), path)
-            except ContainmentError:
-                raise PermissionDenied(path, "access (it leads outside its directory)") from None
-            except IsADirectoryError:
-                raise IsDirectory(shown) from None
-            except (FileNotFoundError, NotADirectoryError):
-                raise FileNotFound(shown) from None
-            except NotRegularFileError as exc:
-                raise NotRegularFile(shown, exc.kind) from None
+            raise AssertionError("unreachable")  # pragma: no cover - the context re-raises
 
         return await anyio.to_thread.run_sync(read)
 

@@ -242,19 +242,13 @@ async def read_file_beneath(fs: ReadsFiles, directory: str, path: str) -> bytes:
     """
     if isinstance(fs, SupportsReadBeneath):
         return await fs.read_file_beneath(directory, path)
-    parts: list[str] = []
-    for part in path.split("/"):
-        if part in ("", "."):
-            continue
-        if part == "..":
-            if not parts:
-                raise PermissionDenied(path, "access (it leads outside its directory)")
-            parts.pop()
-            continue
-        parts.append(part)
-    if path.startswith("/"):
-        raise PermissionDenied(path, "access (it leads outside its directory)")
-    target = "/".join([directory.rstrip("/"), *parts]) if directory.strip("/") else "/".join(parts)
+    try:
+        if path.startswith("/"):
+            raise PermissionDenied(path, "access")
+        rest = _paths.normalize(path)
+    except PermissionDenied:
+        raise PermissionDenied(path, "access (it leads outside its directory)") from None
+    target = _paths.join(directory.rstrip("/"), rest) if directory.strip("/") else rest
     data = await fs.read_file(target)
     return data if isinstance(data, bytes) else data.encode("utf-8")
 

@@ -17,6 +17,7 @@ import os
 import posixpath
 import stat as stat_module
 import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..errors import (
@@ -44,7 +45,7 @@ from ._disk import (
 from ._fsspec import FsspecFilesystem, _display_parent
 from ._records import FileEntry, FileStat, FileType
 
-__all__ = ["DiskFilesystem"]
+__all__ = ["DiskFilesystem", "leads_out_of_directory", "translated_reads"]
 
 _O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -73,6 +74,27 @@ def _info_dict(host: str, own: os.stat_result, seen: os.stat_result | None, link
     if link is not None:
         info["destination"] = link
     return info
+
+
+def leads_out_of_directory(path: str) -> PermissionDenied:
+    """The refusal of a read beneath a directory whose ``path`` leads out of it."""
+    return PermissionDenied(path, "access (it leads outside its directory)")
+
+
+@contextlib.contextmanager
+def translated_reads(shown: str, escape: Callable[[], BaseException]) -> Iterator[None]:
+    """Map the builtin errors of a read through :class:`~agentvfs.vfs._disk.Disk` to workspace
+    errors naming ``shown``; a path that leads out raises ``escape()``."""
+    try:
+        yield
+    except ContainmentError:
+        raise escape() from None
+    except NotRegularFileError as exc:
+        raise NotRegularFile(shown, exc.kind) from None
+    except IsADirectoryError:
+        raise IsDirectory(shown) from None
+    except (FileNotFoundError, NotADirectoryError):
+        raise FileNotFound(shown) from None
 
 
 class DiskFilesystem(FsspecFilesystem):
@@ -133,29 +155,34 @@ class DiskFilesystem(FsspecFilesystem):
         stat = super()._stat_from_info(rel, info)
         return dataclasses.replace(stat, mode=stat_module.S_IMODE(info["mode"]))
 
+    @contextlib.contextmanager
+    def _reading(
+        self, rel: str, display: str, operation: str, escape: Callable[[], BaseException] | None = None
+    ) -> Iterator[None]:
+        """Map the errors of a read of ``rel`` on disk to workspace errors naming ``display``
+        (a path that leads out: ``escape()``, by default ``PermissionDenied``)."""
+        refusal = escape or (lambda: PermissionDenied(self._escape_display(rel, display), "access"))
+        try:
+            with translated_reads(display, refusal):
+                yield
+        except FilesystemError:
+            raise
+        except OSError as exc:
+            raise self._translate(exc, display, operation) from exc
+
     def _read_sync(self, rel: str, display: str, start: int | None = None, end: int | None = None) -> bytes:
         if self._is_root(rel):
             raise IsDirectory(display)
-        try:
+        with self._reading(rel, display, "read_file"):
             return self._disk.read(self._bpath(rel), start, end)
-        except IsADirectoryError:
-            raise IsDirectory(display) from None
-        except (FileNotFoundError, NotADirectoryError):
-            raise FileNotFound(display) from None
-        except Exception as exc:
-            raise self._refuse(exc, rel, display, "read_file") from exc
+        raise AssertionError("unreachable")  # pragma: no cover - the context re-raises
 
     def _read_range_into_sync(self, rel: str, display: str, start: int, buffer: memoryview) -> int:
         if self._is_root(rel):
             raise IsDirectory(display)
-        try:
+        with self._reading(rel, display, "read_file"):
             return self._disk.read_into(self._bpath(rel), start, buffer)
-        except IsADirectoryError:
-            raise IsDirectory(display) from None
-        except (FileNotFoundError, NotADirectoryError):
-            raise FileNotFound(display) from None
-        except Exception as exc:
-            raise self._refuse(exc, rel, display, "read_file") from exc
+        raise AssertionError("unreachable")  # pragma: no cover - the context re-raises
 
     def _read_range_sync(self, rel: str, display: str, start: int, end: int) -> bytes:
         return self._read_sync(rel, display, start, end)
@@ -178,16 +205,9 @@ class DiskFilesystem(FsspecFilesystem):
         return await self._call(self._read_beneath_sync, rel, path, shown)
 
     def _read_beneath_sync(self, rel: str, path: str, shown: str) -> bytes:
-        try:
+        with self._reading(rel, shown, "read_file", escape=lambda: leads_out_of_directory(path)):
             return self._disk.read_beneath(self._bpath(rel), path)
-        except ContainmentError:
-            raise PermissionDenied(path, "access (it leads outside its directory)") from None
-        except IsADirectoryError:
-            raise IsDirectory(shown) from None
-        except (FileNotFoundError, NotADirectoryError):
-            raise FileNotFound(shown) from None
-        except Exception as exc:
-            raise self._refuse(exc, rel, shown, "read_file") from exc
+        raise AssertionError("unreachable")  # pragma: no cover - the context re-raises
 
     def _cat_many(self, rels: list[str]) -> dict[str, bytes]:
         # A listing shows links and special files; only contained regular files are read.
@@ -200,14 +220,8 @@ class DiskFilesystem(FsspecFilesystem):
         return out
 
     def _download_sync(self, rel: str, display: str, local_path: str) -> None:
-        try:
+        with self._reading(rel, display, "download_file"):
             self._disk.copy_out(self._bpath(rel), local_path)
-        except IsADirectoryError:
-            raise IsDirectory(display) from None
-        except (FileNotFoundError, NotADirectoryError):
-            raise FileNotFound(display) from None
-        except Exception as exc:
-            raise self._refuse(exc, rel, display, "download_file") from exc
 
     # -- listings -------------------------------------------------------------------------------
 
@@ -448,21 +462,7 @@ class DiskFilesystem(FsspecFilesystem):
             os.close(fd)
 
     def _move_sync(self, src_rel: str, src: str, dest_rel: str, dest: str, overwrite: bool) -> None:
-        if self._is_root(src_rel):
-            raise PermissionDenied(src or ".", "move_file (the workspace root cannot be moved)")
-        info = self._info(src_rel)
-        if info is None:
-            raise FileNotFound(src)
-        if self._is_root(dest_rel):
-            raise IsDirectory(dest)
-        dinfo = self._info(dest_rel)
-        if dinfo is not None:
-            if not overwrite:
-                raise FileExists(dest)
-            if dinfo.get("type") == "directory" and info.get("type") != "directory":
-                raise IsDirectory(dest)
-        if info.get("type") == "directory" and (dest_rel + "/").startswith(src_rel + "/"):
-            raise PermissionDenied(dest, "move_file (cannot move a directory into itself)")
+        self._check_move(src_rel, src, dest_rel, dest, overwrite)
         self._prepare_parent(dest_rel, dest, True)
         try:
             self._disk.rename(self._bpath(src_rel), self._bpath(dest_rel), replace=overwrite)

@@ -1349,13 +1349,14 @@ class FsspecFilesystem(WorkspaceFilesystem):
             return
         await self._call(self._move_sync, src_rel, src, dest_rel, dest, overwrite)
 
-    def _move_sync(self, src_rel: str, src: str, dest_rel: str, dest: str, overwrite: bool) -> None:
+    def _check_move(self, src_rel: str, src: str, dest_rel: str, dest: str, overwrite: bool) -> dict[str, Any]:
+        """Refuse a move the contract forbids; return the source's info."""
         if self._is_root(src_rel):
             raise PermissionDenied(src or ".", "move_file (the workspace root cannot be moved)")
         info = self._info(src_rel)
         if info is None:
             raise FileNotFound(src)
-        if not dest_rel:
+        if self._is_root(dest_rel):
             raise IsDirectory(dest)
         dinfo = self._info(dest_rel)
         if dinfo is not None:
@@ -1363,8 +1364,12 @@ class FsspecFilesystem(WorkspaceFilesystem):
                 raise FileExists(dest)
             if dinfo.get("type") == "directory" and info.get("type") != "directory":
                 raise IsDirectory(dest)
-        if info.get("type") == "directory" and dest_rel.startswith(src_rel + "/"):
+        if info.get("type") == "directory" and (dest_rel + "/").startswith(src_rel + "/"):
             raise PermissionDenied(dest, "move_file (cannot move a directory into itself)")
+        return info
+
+    def _move_sync(self, src_rel: str, src: str, dest_rel: str, dest: str, overwrite: bool) -> None:
+        info = self._check_move(src_rel, src, dest_rel, dest, overwrite)
         try:
             self._prepare_parent(dest_rel, dest, True)
             bsrc, bdest = self._bpath(src_rel), self._bpath(dest_rel)
