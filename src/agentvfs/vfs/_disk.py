@@ -56,6 +56,9 @@ TMP_MARK = ".agentvfs-tmp-"
 # How many times an operation whose name was swapped under it (ELOOP from O_NOFOLLOW, or a
 # directory replaced during the walk) is walked again before it gives up with that error.
 _RETRIES = 8
+# The user-space walk looks at a component again when it changed between two steps; past this
+# many times in one walk it gives up (EAGAIN).
+_WALK_RETRIES = 32
 _MAX_LINKS = 40
 _COPY_CHUNK = 1 << 20
 
@@ -384,8 +387,10 @@ class Disk:
     def _retry(retries: int, exc: OSError, target: str) -> int:
         if exc.errno not in (errno.ELOOP, errno.ENOTDIR, errno.ENOENT, errno.EINVAL):
             raise exc
-        if retries >= _RETRIES:
-            raise OSError(exc.errno, f"{os.strerror(exc.errno or errno.EIO)} (changed while resolved)", target)
+        if retries >= _WALK_RETRIES:
+            # Someone keeps swapping the path (an attack, or a very busy tree): refuse rather
+            # than guess, and say that trying again may work.
+            raise OSError(errno.EAGAIN, "the path kept changing while it was resolved; try again", target)
         return retries + 1
 
     def _fast(self, target: str, flags: int, mode: int) -> int | None:
