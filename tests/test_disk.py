@@ -273,3 +273,33 @@ async def test_read_file_beneath_on_every_kind_of_filesystem(tree: Path) -> None
     with pytest.raises(PermissionDenied, match="leads outside its directory"):
         await read_file_beneath(local, "skill", "out")  # a link out of the directory, inside the root
     assert await local.read_file("skill/out") == b"inside"  # which the root itself allows
+
+
+@pytest.mark.anyio
+async def test_reads_with_max_bytes_never_read_past_the_limit(tree: Path) -> None:
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    from agentvfs import FileTooLarge, FsspecFilesystem, LocalFilesystem
+    from agentvfs.vfs import read_file_beneath, read_many
+
+    big = tree / "ws" / "big.bin"
+    fd = os.open(big, os.O_CREAT | os.O_WRONLY, 0o644)
+    os.ftruncate(fd, 1 << 30)  # sparse: 1 GiB that costs nothing on disk
+    os.close(fd)
+    (tree / "ws" / "small.txt").write_bytes(b"x" * 100)
+    disk = Disk([str(tree / "ws")])
+    with pytest.raises(_disk.TooLargeError):
+        disk.read(str(big), max_bytes=1000)
+    assert disk.read(str(tree / "ws" / "small.txt"), max_bytes=100) == b"x" * 100
+    with pytest.raises(_disk.TooLargeError):
+        disk.read(str(tree / "ws" / "small.txt"), max_bytes=99)
+    local = LocalFilesystem(str(tree / "ws"))
+    memory = FsspecFilesystem(MemoryFileSystem(global_store=False, skip_instance_cache=True), root="/m")
+    await memory.write_file("big.bin", b"y" * 5000)
+    await memory.write_file("small.txt", b"x" * 100)
+    for fs in (local, memory):
+        got = await read_many(fs, ["big.bin", "small.txt"], max_bytes=1000)
+        assert isinstance(got["big.bin"], FileTooLarge) and got["small.txt"] == b"x" * 100
+        assert "more than 1000 bytes" in str(got["big.bin"])
+        with pytest.raises(FileTooLarge):
+            await read_file_beneath(fs, "", "big.bin", max_bytes=1000)

@@ -15,6 +15,7 @@ from .errors import FileNotFound as FileNotFound
 from .errors import FileReadRequiredError as FileReadRequiredError
 from .errors import FilesystemError as FilesystemError
 from .errors import FilesystemNotAvailableError as FilesystemNotAvailableError
+from .errors import FileTooLarge as FileTooLarge
 from .errors import InvalidPathError as InvalidPathError
 from .errors import IsDirectory as IsDirectory
 from .errors import IsolationUnavailableError as IsolationUnavailableError
@@ -59,6 +60,7 @@ __all__ = [
     "FileNotFound",
     "FileReadRequiredError",
     "FileStat",
+    "FileTooLarge",
     "FilesystemError",
     "FilesystemNotAvailableError",
     "FsspecFilesystem",

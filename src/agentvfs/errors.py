@@ -31,6 +31,7 @@ builtin so that ``except FileNotFoundError`` works and ``errno`` is set:
   * ``NameTooLongError`` (``ENAMETOOLONG``)
   * ``NoMountError`` (``ENOENT``, ``FileNotFoundError``)
   * ``NotRegularFile`` (``EINVAL``: a FIFO, device or socket where contents were expected)
+  * ``FileTooLarge`` (``EFBIG``: larger than a read's ``max_bytes``)
 
 * ``SandboxError`` (``code``, ``details``)
 
@@ -57,6 +58,7 @@ __all__ = [
     "FileExists",
     "FileNotFound",
     "FileReadRequiredError",
+    "FileTooLarge",
     "FilesystemError",
     "FilesystemNotAvailableError",
     "FilesystemNotMountableError",
@@ -443,6 +445,25 @@ class NotRegularFile(FilesystemError):
             path,
         )
         self.kind = kind
+
+
+class FileTooLarge(FilesystemError):
+    """A file is larger than the ``max_bytes`` a read was given (``EFBIG``); nothing past the
+    limit was read.
+
+    Parameters
+    ----------
+    path : str
+        The path as given.
+    limit : int
+        The ``max_bytes`` of the read.
+    """
+
+    default_errno = _errno.EFBIG
+
+    def __init__(self, path: str, limit: int) -> None:
+        super().__init__(f"File too large: {path} (more than {limit} bytes)", "EFBIG", path)
+        self.limit = limit
 
 
 # --------------------------------------------------------------------------------------------

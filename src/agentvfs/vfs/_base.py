@@ -20,6 +20,7 @@ from ..errors import (
     FileExists,
     FileNotFound,
     FilesystemNotReadyError,
+    FileTooLarge,
     IsDirectory,
     PermissionDenied,
     WorkspaceReadOnlyError,
@@ -155,7 +156,9 @@ class SupportsReadInto(Protocol):
 class SupportsReadMany(Protocol):
     """A filesystem that fetches many files in concurrent batches (one GET each, no HEAD)."""
 
-    async def read_many(self, paths: Sequence[str]) -> dict[str, bytes | OSError]:
+    async def read_many(
+        self, paths: Sequence[str], *, max_bytes: int | None = None
+    ) -> dict[str, bytes | OSError]:
         """Read whole files; each path maps to its bytes or to the error reading it raised."""
         ...
 
@@ -196,11 +199,17 @@ class ReadsFiles(Protocol):
     async def read_file(self, path: str) -> str | bytes: ...
 
 
-async def read_many(fs: ReadsFiles, paths: Sequence[str], *, concurrency: int = 8) -> dict[str, bytes | OSError]:
+async def read_many(
+    fs: ReadsFiles, paths: Sequence[str], *, concurrency: int = 8, max_bytes: int | None = None
+) -> dict[str, bytes | OSError]:
     """Read many files: natively in batches where the filesystem can, else ``concurrency``
-    reads at a time. Each path maps to its bytes (text is encoded as UTF-8) or to its error."""
+    reads at a time. Each path maps to its bytes (text is encoded as UTF-8) or to its error;
+    a file larger than ``max_bytes`` maps to :class:`~agentvfs.errors.FileTooLarge` (on local
+    disk without reading past the limit, whatever size a listing showed before)."""
     if isinstance(fs, SupportsReadMany):
-        return await fs.read_many(paths)
+        if max_bytes is None:
+            return await fs.read_many(paths)
+        return await fs.read_many(paths, max_bytes=max_bytes)
     out: dict[str, bytes | OSError] = {}
     limiter = anyio.Semaphore(concurrency)
 
@@ -208,7 +217,9 @@ async def read_many(fs: ReadsFiles, paths: Sequence[str], *, concurrency: int = 
         async with limiter:
             try:
                 data = await fs.read_file(path)
-                out[path] = data if isinstance(data, bytes) else data.encode()
+                raw = data if isinstance(data, bytes) else data.encode()
+                too_large = max_bytes is not None and len(raw) > max_bytes
+                out[path] = FileTooLarge(path, max_bytes) if max_bytes is not None and too_large else raw
             except OSError as exc:
                 out[path] = exc
 
@@ -222,12 +233,14 @@ async def read_many(fs: ReadsFiles, paths: Sequence[str], *, concurrency: int = 
 class SupportsReadBeneath(Protocol):
     """Backends with symlinks that can read a file without leaving a given directory."""
 
-    async def read_file_beneath(self, directory: str, path: str) -> bytes:
+    async def read_file_beneath(self, directory: str, path: str, *, max_bytes: int | None = None) -> bytes:
         """Read ``path`` (relative) below ``directory``, never leaving it."""
         ...
 
 
-async def read_file_beneath(fs: ReadsFiles, directory: str, path: str) -> bytes:
+async def read_file_beneath(
+    fs: ReadsFiles, directory: str, path: str, *, max_bytes: int | None = None
+) -> bytes:
     """Read the file ``path`` (relative to ``directory``) without leaving ``directory``.
 
     On local disk symlinks are followed only while they stay below ``directory``, and the
@@ -241,7 +254,7 @@ async def read_file_beneath(fs: ReadsFiles, directory: str, path: str) -> bytes:
         out of it through a symlink.
     """
     if isinstance(fs, SupportsReadBeneath):
-        return await fs.read_file_beneath(directory, path)
+        return await fs.read_file_beneath(directory, path, max_bytes=max_bytes)
     try:
         if path.startswith("/"):
             raise PermissionDenied(path, "access")
@@ -249,6 +262,11 @@ async def read_file_beneath(fs: ReadsFiles, directory: str, path: str) -> bytes:
     except PermissionDenied:
         raise PermissionDenied(path, "access (it leads outside its directory)") from None
     target = _paths.join(directory.rstrip("/"), rest) if directory.strip("/") else rest
+    if max_bytes is not None:
+        got = (await read_many(fs, [target], max_bytes=max_bytes))[target]
+        if isinstance(got, OSError):
+            raise got
+        return got
     data = await fs.read_file(target)
     return data if isinstance(data, bytes) else data.encode("utf-8")
 

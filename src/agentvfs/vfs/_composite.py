@@ -335,7 +335,9 @@ class CompositeFilesystem(WorkspaceFilesystem):
         _, fs, rest = self._route(path)
         return await read_range_into(fs, rest, start, buffer)
 
-    async def read_many(self, paths: Sequence[str]) -> dict[str, bytes | OSError]:
+    async def read_many(
+        self, paths: Sequence[str], *, max_bytes: int | None = None
+    ) -> dict[str, bytes | OSError]:
         """Read many files, each mount's share in one batch."""
         groups: dict[int, tuple[WorkspaceFilesystem, dict[str, str]]] = {}
         out: dict[str, bytes | OSError] = {}
@@ -346,16 +348,16 @@ class CompositeFilesystem(WorkspaceFilesystem):
                 continue
             groups.setdefault(id(found[1]), (found[1], {}))[1][path] = found[2]
         for fs, members in groups.values():
-            got = await read_many(fs, list(members.values()))
+            got = await read_many(fs, list(members.values()), max_bytes=max_bytes)
             for path, rest in members.items():
                 out[path] = got[rest]
         return out
 
-    async def read_file_beneath(self, directory: str, path: str) -> bytes:
+    async def read_file_beneath(self, directory: str, path: str, *, max_bytes: int | None = None) -> bytes:
         """Read ``path`` below ``directory`` without leaving it, through the mount that holds
         ``directory`` (see :func:`agentvfs.vfs.read_file_beneath`)."""
         _, fs, rest = self._route(directory)
-        return await read_file_beneath(fs, rest, path)
+        return await read_file_beneath(fs, rest, path, max_bytes=max_bytes)
 
     async def exists(self, path: str) -> bool:
         """Synthetic directories and mount points always exist."""

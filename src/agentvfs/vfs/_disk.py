@@ -47,6 +47,7 @@ __all__ = [
     "Disk",
     "DiskEntry",
     "NotRegularFileError",
+    "TooLargeError",
     "file_kind",
 ]
 
@@ -88,6 +89,14 @@ class ContainmentError(PermissionError):
 
     def __init__(self, target: str) -> None:
         super().__init__(errno.EACCES, "path leads outside the root", target)
+
+
+class TooLargeError(OSError):
+    """A file is larger than the ``max_bytes`` a read allowed (``EFBIG``)."""
+
+    def __init__(self, target: str, limit: int) -> None:
+        super().__init__(errno.EFBIG, f"larger than {limit} bytes", target)
+        self.limit = limit
 
 
 class NotRegularFileError(OSError):
@@ -682,33 +691,19 @@ class Disk:
             raise
         return fd
 
-    def read(self, target: str, start: int | None = None, end: int | None = None) -> bytes:
-        """Bytes ``start`` to ``end`` (exclusive; None: from the start, to the end) of a file."""
+    def read(
+        self, target: str, start: int | None = None, end: int | None = None, *, max_bytes: int | None = None
+    ) -> bytes:
+        """Bytes ``start`` to ``end`` (exclusive; None: from the start, to the end) of a file.
+
+        With ``max_bytes`` a whole-file read reads at most that many bytes and one more from
+        the descriptor it opened, and raises :class:`TooLargeError` if that one more exists:
+        the bound holds whatever size a listing showed before (the file may have been swapped
+        for a larger one since).
+        """
         fd = self.open_regular(target)
         try:
-            first = max(0, start or 0)
-            if end is None:
-                size = os.fstat(fd).st_size
-                chunks = []
-                position = first
-                while True:
-                    # The size is a hint (the file may grow): read until a short read says EOF.
-                    chunk = os.pread(fd, max(size - position, 0) + 1 if position <= size else _COPY_CHUNK, position)
-                    if not chunk:
-                        break
-                    chunks.append(chunk)
-                    position += len(chunk)
-                return b"".join(chunks)
-            wanted = max(end - first, 0)
-            parts = []
-            while wanted > 0:
-                chunk = os.pread(fd, wanted, first)
-                if not chunk:
-                    break
-                parts.append(chunk)
-                first += len(chunk)
-                wanted -= len(chunk)
-            return b"".join(parts)
+            return _read_fd(fd, target, start, end, max_bytes)
         finally:
             os.close(fd)
 
@@ -726,7 +721,7 @@ class Disk:
         finally:
             os.close(fd)
 
-    def read_beneath(self, directory: str, rest: str) -> bytes:
+    def read_beneath(self, directory: str, rest: str, *, max_bytes: int | None = None) -> bytes:
         """Read the file ``rest`` (a relative path) below ``directory`` without leaving that
         directory: symlinks are followed only while they stay below it.
 
@@ -753,7 +748,7 @@ class Disk:
                     depth += -1 if part == ".." else 1
                     if depth < 0:
                         raise ContainmentError(rest)
-            return inner.read(target)
+            return inner.read(target, max_bytes=max_bytes)
         finally:
             os.close(fd)
 
@@ -912,6 +907,45 @@ def _lexists_at(dirfd: int, name: str) -> bool:
     except FileNotFoundError:
         return False
     return True
+
+
+def _read_fd(fd: int, target: str, start: int | None, end: int | None, max_bytes: int | None) -> bytes:
+    """Read ``start`` to ``end`` of the open file ``fd`` (see :meth:`Disk.read`)."""
+    first = max(0, start or 0)
+    if end is None:
+        size = os.fstat(fd).st_size
+        wanted = max(size - first, 0) + 1  # one more than the size: a file still growing shows
+        if max_bytes is not None:
+            wanted = min(wanted, max_bytes + 1)
+        chunks: list[bytes] = []
+        got = 0
+        position = first
+        while True:
+            ask = wanted - got if got < wanted else _COPY_CHUNK
+            if max_bytes is not None:
+                ask = min(ask, max_bytes + 1 - got)
+                if ask <= 0:
+                    raise TooLargeError(target, max_bytes)
+            chunk = os.pread(fd, ask, position)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+            got += len(chunk)
+            position += len(chunk)
+            if max_bytes is not None and got > max_bytes:
+                raise TooLargeError(target, max_bytes)
+    wanted = max(end - first, 0)
+    if max_bytes is not None and wanted > max_bytes:
+        raise TooLargeError(target, max_bytes)
+    parts = []
+    while wanted > 0:
+        chunk = os.pread(fd, wanted, first)
+        if not chunk:
+            break
+        parts.append(chunk)
+        first += len(chunk)
+        wanted -= len(chunk)
+    return b"".join(parts)
 
 
 def _chmod_at(dirfd: int, name: str, mode: int) -> None:

@@ -26,6 +26,7 @@ from ..errors import (
     FileExists,
     FileNotFound,
     FilesystemError,
+    FileTooLarge,
     IsDirectory,
     NotDirectory,
     NotRegularFile,
@@ -38,6 +39,7 @@ from ._disk import (
     Disk,
     DiskEntry,
     NotRegularFileError,
+    TooLargeError,
     copy_into,
     link_or_copy_from,
     write_into,
@@ -91,6 +93,8 @@ def translated_reads(shown: str, escape: Callable[[], BaseException]) -> Iterato
         raise escape() from None
     except NotRegularFileError as exc:
         raise NotRegularFile(shown, exc.kind) from None
+    except TooLargeError as exc:
+        raise FileTooLarge(shown, exc.limit) from None
     except IsADirectoryError:
         raise IsDirectory(shown) from None
     except (FileNotFoundError, NotADirectoryError):
@@ -187,7 +191,7 @@ class DiskFilesystem(FsspecFilesystem):
     def _read_range_sync(self, rel: str, display: str, start: int, end: int) -> bytes:
         return self._read_sync(rel, display, start, end)
 
-    async def read_file_beneath(self, directory: str, path: str) -> bytes:
+    async def read_file_beneath(self, directory: str, path: str, *, max_bytes: int | None = None) -> bytes:
         """Read ``path`` (relative) below ``directory`` without leaving it, not even through a
         symlink swapped in during the call (see :func:`agentvfs.vfs.read_file_beneath`).
 
@@ -197,24 +201,29 @@ class DiskFilesystem(FsspecFilesystem):
             ``path`` leads out of ``directory``.
         FileNotFound, IsDirectory, NotRegularFile
             As :meth:`read_file`.
+        FileTooLarge
+            The file is larger than ``max_bytes`` (no more than one byte past it is read).
         """
         if self.status != "ready":
             await self.ensure_ready()
         rel = self._rel(directory)
         shown = f"{directory.rstrip('/')}/{path}" if directory.strip("/") else path
-        return await self._call(self._read_beneath_sync, rel, path, shown)
+        return await self._call(self._read_beneath_sync, rel, path, shown, max_bytes)
 
-    def _read_beneath_sync(self, rel: str, path: str, shown: str) -> bytes:
+    def _read_beneath_sync(self, rel: str, path: str, shown: str, max_bytes: int | None) -> bytes:
         with self._reading(rel, shown, "read_file", escape=lambda: leads_out_of_directory(path)):
-            return self._disk.read_beneath(self._bpath(rel), path)
+            return self._disk.read_beneath(self._bpath(rel), path, max_bytes=max_bytes)
         raise AssertionError("unreachable")  # pragma: no cover - the context re-raises
 
-    def _cat_many(self, rels: list[str]) -> dict[str, bytes]:
-        # A listing shows links and special files; only contained regular files are read.
-        out: dict[str, bytes] = {}
+    def _cat_many(self, rels: list[str], max_bytes: int | None = None) -> dict[str, bytes | OSError]:
+        # A listing shows links and special files; only contained regular files are read, and
+        # no more than max_bytes (+1) of each, whatever size the listing showed.
+        out: dict[str, bytes | OSError] = {}
         for rel in rels:
             try:
-                out[rel] = self._disk.read(self._bpath(rel))
+                out[rel] = self._disk.read(self._bpath(rel), max_bytes=max_bytes)
+            except TooLargeError as exc:
+                out[rel] = FileTooLarge(self._public_path(rel), exc.limit)
             except (OSError, ValueError):
                 continue
         return out

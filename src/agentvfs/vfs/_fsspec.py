@@ -26,6 +26,7 @@ from ..errors import (
     FileExists,
     FileNotFound,
     FilesystemError,
+    FileTooLarge,
     IsDirectory,
     NotDirectory,
     PermissionDenied,
@@ -1411,7 +1412,7 @@ class FsspecFilesystem(WorkspaceFilesystem):
             ]
         else:
             files = [rel]
-        contents = await self._call(self._cat_many, files)
+        contents = await self._call(self._cat_many, files, None)
 
         def match() -> list[GrepFileResult]:
             # In a worker thread: the regex engine releases the GIL, so the event loop runs
@@ -1420,7 +1421,7 @@ class FsspecFilesystem(WorkspaceFilesystem):
             budget = max_total_matches
             for rel_file in files:
                 data = contents.get(rel_file)
-                if data is None:
+                if not isinstance(data, bytes):
                     continue
                 found = grep_lines(
                     self._public_path(rel_file), data, regex, max_count=max_count_per_file,
@@ -1498,11 +1499,14 @@ class FsspecFilesystem(WorkspaceFilesystem):
                 raise
             return b""
 
-    async def read_many(self, paths: Sequence[str]) -> dict[str, bytes | OSError]:
+    async def read_many(
+        self, paths: Sequence[str], *, max_bytes: int | None = None
+    ) -> dict[str, bytes | OSError]:
         """Read many files in concurrent batches (on object stores one GET each, no HEAD).
 
         Each path maps to its bytes, or to the error it raised (outside the root, missing,
-        a directory, or a link on local disk that leads out).
+        a directory, or a link on local disk that leads out; ``FileTooLarge`` past
+        ``max_bytes``, of which no more than one byte beyond is read on local disk).
         """
         if self.status != "ready":
             await self.ensure_ready()
@@ -1513,17 +1517,22 @@ class FsspecFilesystem(WorkspaceFilesystem):
                 rels[path] = self._rel(path)
             except OSError as exc:
                 out[path] = exc
-        got = await self._call(self._cat_many, list(set(rels.values())))
+        got = await self._call(self._cat_many, list(set(rels.values())), max_bytes)
         for path, rel in rels.items():
             data = got.get(rel)
-            out[path] = data if data is not None else FileNotFound(path)
+            if isinstance(data, FileTooLarge):
+                out[path] = FileTooLarge(path, data.limit)
+            elif isinstance(data, bytes) and max_bytes is not None and len(data) > max_bytes:
+                out[path] = FileTooLarge(path, max_bytes)
+            else:
+                out[path] = data if isinstance(data, bytes) else FileNotFound(path)
         return out
 
-    def _cat_many(self, rels: list[str]) -> dict[str, bytes]:
+    def _cat_many(self, rels: list[str], max_bytes: int | None = None) -> dict[str, bytes | OSError]:
         if not rels:
             return {}
         paths = {self._bpath(r): r for r in rels}
-        out: dict[str, bytes] = {}
+        out: dict[str, bytes | OSError] = {}
         if self._ranged is not None:
             # One GET of each file's URL, several at a time on threads of their own; what that
             # way cannot read (a missing file, an answer it does not take) goes to fsspec.

@@ -149,8 +149,10 @@ class WrapperFilesystem(WorkspaceFilesystem):
     async def read_range_into(self, path: str, start: int, buffer: memoryview) -> int:
         return await self._wrap("read_range", lambda: read_range_into(self.inner, path, start, buffer))
 
-    async def read_many(self, paths: Sequence[str]) -> dict[str, bytes | OSError]:
-        return await self._wrap("read_many", lambda: read_many(self.inner, paths))
+    async def read_many(
+        self, paths: Sequence[str], *, max_bytes: int | None = None
+    ) -> dict[str, bytes | OSError]:
+        return await self._wrap("read_many", lambda: read_many(self.inner, paths, max_bytes=max_bytes))
 
     def get_instructions(self, **kwargs: Any) -> str:
         return self.inner.get_instructions(**kwargs)
