@@ -210,3 +210,135 @@ async def test_other_abis_on_x86_64_are_refused(tmp_path: Path) -> None:
     assert x32.stdout == "x32 -1\n"  # EPERM, not a pid
     # An int 0x80 call kills the process (SIGSYS): no line printed, status 128 + 31.
     assert "i386" not in i386.stdout and "status=159" in i386.stdout
+
+
+# -- the program run by an interpreter of classic BPF -------------------------------------------
+
+_ALLOW, _EPERM, _ENOSYS, _KILL = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38, 0x80000000
+_O_CREAT, _O_TMPFILE = 0o100, 0o20200000
+
+
+def _run(program: bytes, arch: SeccompArchitecture, name: str, *args: int) -> int:
+    """What the filter answers to ``name(*args)``: a little interpreter of the instructions
+    the filter uses (loads of seccomp_data words, jumps, AND, returns)."""
+    data = struct.pack("<IIQ6Q", arch.numbers[name], arch.audit_arch, 0, *(list(args) + [0] * (6 - len(args))))
+    code: list[tuple[int, int, int, int]] = [struct.unpack("<HBBI", program[i : i + 8]) for i in range(0, len(program), 8)]
+    pc, acc = 0, 0
+    while True:
+        op, jt, jf, k = code[pc]
+        pc += 1
+        if op == 0x20:  # ld [k]
+            (acc,) = struct.unpack_from("<I", data, k)
+        elif op == 0x54:  # and #k
+            acc &= k
+        elif op == 0x15:  # jeq #k
+            pc += jt if acc == k else jf
+        elif op == 0x35:  # jge #k
+            pc += jt if acc >= k else jf
+        elif op == 0x45:  # jset #k
+            pc += jt if acc & k else jf
+        elif op == 0x06:  # ret #k
+            return k
+        else:
+            raise AssertionError(f"instruction {op:#x} not known to the interpreter")
+
+
+@pytest.mark.parametrize("arch", list(ARCHITECTURES.values()), ids=list(ARCHITECTURES))
+def test_set_id_modes_are_refused_by_the_program(arch: SeccompArchitecture) -> None:
+    program = build_filter(arch)
+
+    def run(name: str, *args: int) -> int:
+        return _run(program, arch, name, *args)
+
+    high = 0xFFFFFFFF << 32  # the kernel reads an int or umode_t: the high half never counts
+    for name, at in (("chmod", 1), ("fchmod", 1), ("fchmodat", 2), ("fchmodat2", 2), ("creat", 1)):
+        if name not in arch.numbers:
+            continue
+        for mode, expected in (
+            (0o4755, _EPERM), (0o2755, _EPERM), (0o6755, _EPERM), (0o4000, _EPERM),
+            (0o755, _ALLOW), (0o1777, _ALLOW), (0o777, _ALLOW), (0, _ALLOW),
+            (high | 0o755, _ALLOW), (high | 0o4755, _EPERM),
+        ):  # fmt: skip
+            args = [3, 0, 0]
+            args[at] = mode
+            assert run(name, *args) == expected, (name, oct(mode))
+    for name, flags_at in (("open", 1), ("openat", 2)):
+        if name not in arch.numbers:
+            continue
+
+        def call(flags: int, mode: int, name: str = name, flags_at: int = flags_at) -> int:
+            args = [-100 & 0xFFFFFFFF, 0, 0, 0]
+            args[flags_at], args[flags_at + 1] = flags, mode
+            return run(name, *args)
+
+        assert call(_O_CREAT | 1, 0o4755) == _EPERM
+        assert call(_O_CREAT | 1, 0o2644) == _EPERM
+        assert call(_O_TMPFILE | 2, 0o4755) == _EPERM
+        assert call(_O_CREAT | 1, 0o1777) == _ALLOW
+        assert call(_O_CREAT | 1, 0o644) == _ALLOW
+        # Without O_CREAT or O_TMPFILE the mode register is whatever the caller left there.
+        assert call(0, 0o4755) == _ALLOW
+        assert call(high | 2, high | 0o6777) == _ALLOW
+    for name, at in (("mknod", 1), ("mknodat", 2)):
+        if name not in arch.numbers:
+            continue
+
+        def node(mode: int, name: str = name, at: int = at) -> int:
+            args = [3, 0, 0, 0]
+            args[at] = mode
+            return run(name, *args)
+
+        assert node(0o100000 | 0o4755) == _EPERM  # a set-user-ID regular file
+        assert node(0o010000 | 0o2644) == _EPERM
+        assert node(0o020000 | 0o644) == _EPERM  # a character device, as before
+        assert node(0o010000 | 0o644) == _ALLOW  # a FIFO
+        assert node(0o100000 | 0o1755) == _ALLOW
+    # openat2's mode is in memory: not there, so the C library falls back to openat.
+    assert run("openat2", 0, 0, 0, 24) == _ENOSYS
+    # Unrelated calls are untouched.
+    assert run("ioctl", 0, 0x5413, 0) == _ALLOW
+    assert run("mount", 0, 0, 0, 0, 0) == _EPERM
+
+
+_SET_ID = r"""
+import ctypes, os, struct
+libc = ctypes.CDLL(None, use_errno=True)
+def attempt(label, fn):
+    try:
+        fn()
+        print(label, "ok")
+    except OSError as exc:
+        print(label, "errno", exc.errno)
+def make(name, mode):
+    os.close(os.open(name, os.O_WRONLY | os.O_CREAT, mode))
+attempt("open-4755", lambda: make("a", 0o4755))
+attempt("open-1755", lambda: make("b", 0o1755))
+attempt("chmod-2755", lambda: os.chmod("b", 0o2755))
+attempt("chmod-0700", lambda: os.chmod("b", 0o700))
+attempt("open-plain", lambda: os.close(os.open("b", os.O_RDONLY, 0o6777)))
+attempt("tmpfile-4755", lambda: os.close(os.open(".", os.O_TMPFILE | os.O_WRONLY, 0o4755)))
+def openat2():
+    how = struct.pack("QQQ", os.O_WRONLY | os.O_CREAT, 0o4755, 0)
+    if libc.syscall(437, -100, b"c", how, len(how)) < 0:
+        raise OSError(ctypes.get_errno(), "openat2")
+attempt("openat2", openat2)
+"""
+
+
+@needs_bwrap
+async def test_set_id_modes_are_refused_in_a_sandbox(tmp_path: Path) -> None:
+    (tmp_path / "setid.py").write_text(_SET_ID)
+    sandbox = LocalSandbox(working_directory=str(tmp_path), isolation="bwrap")
+    try:
+        result = await sandbox.execute_command(f"{sys.executable} setid.py; cp /bin/sh sh && chmod u+s sh; ls -l sh")
+    finally:
+        await sandbox.destroy()
+    seen = dict(line.split(" ", 1) for line in result.stdout.splitlines() if line.split(" ", 1)[0] in _SET_ID)
+    assert seen == {
+        "open-4755": "errno 1", "open-1755": "ok", "chmod-2755": "errno 1", "chmod-0700": "ok",
+        "open-plain": "ok", "tmpfile-4755": "errno 1", "openat2": "errno 38",
+    }, result  # fmt: skip
+    assert "chmod: changing permissions of 'sh': Operation not permitted" in result.stderr
+    for path in tmp_path.iterdir():
+        assert not path.lstat().st_mode & 0o6000, path
+    assert (tmp_path / "b").stat().st_mode & 0o7777 == 0o700

@@ -18,6 +18,15 @@ bug or a leftover privilege into an escape:
   ``pidfd_getfd``, ``process_madvise``);
 * device nodes: ``mknod``/``mknodat`` with ``S_IFCHR`` or ``S_IFBLK`` in the mode (FIFOs,
   sockets and regular files stay allowed);
+* set-user-ID and set-group-ID files: ``chmod``, ``fchmod``, ``fchmodat``, ``fchmodat2``,
+  ``creat``, ``mknod``/``mknodat``, and ``open``/``openat`` that create a file (``O_CREAT`` or
+  ``O_TMPFILE``), each with ``S_ISUID`` or ``S_ISGID`` in the mode. Such a file would be owned
+  on the host by the sandbox's user, which is the host's root when this process is root
+  (bubblewrap's user namespace maps the sandbox's uid to the uid that started it): any local
+  user could then run it as root. The mounts of the sandbox are ``nosuid``, so inside it the
+  bits never mattered. ``S_ISVTX`` and every other mode stay allowed; ``openat2`` answers
+  ENOSYS, because its mode is in memory where a BPF program cannot read it, and the C library
+  then falls back to ``openat``, whose mode is checked;
 * the machine itself: modules, ``kexec``, ``reboot``, swap, ``acct``, quotas, ``iopl`` and
   ``ioperm``, the clock (``settimeofday``, ``clock_settime``, ``adjtimex``,
   ``clock_adjtime``), ``syslog``, ``lookup_dcookie``, ``fanotify_init``, ``uselib``;
@@ -81,6 +90,12 @@ _CLONE_NEWTIME = 0x00000080
 _S_IFMT = 0o170000
 _S_IFCHR = 0o020000
 _S_IFBLK = 0o060000
+_S_SETID = 0o4000 | 0o2000  # S_ISUID | S_ISGID
+
+# open(2) flags under which the mode argument is used (the kernel's WILL_CREATE): O_CREAT and
+# __O_TMPFILE (O_TMPFILE without O_DIRECTORY), the same on x86-64 and the generic ABI of arm64.
+_O_CREAT = 0o100
+_O_TMPFILE_BIT = 0o20000000
 
 _TIOCSTI = 0x5412
 _TIOCLINUX = 0x541C
@@ -114,36 +129,40 @@ class SeccompArchitecture:
 # From the kernel's arch/x86/entry/syscalls/syscall_64.tbl (checked against this machine's
 # <asm/unistd_64.h> by the tests).
 _X86_64 = {
-    "ioctl": 16, "clone": 56, "ptrace": 101, "syslog": 103, "mknod": 133, "uselib": 134,
-    "personality": 135, "pivot_root": 155, "adjtimex": 159, "chroot": 161, "acct": 163,
-    "settimeofday": 164, "mount": 165, "umount2": 166, "swapon": 167, "swapoff": 168,
-    "reboot": 169, "iopl": 172, "ioperm": 173, "init_module": 175, "delete_module": 176,
-    "quotactl": 179, "lookup_dcookie": 212, "clock_settime": 227, "kexec_load": 246,
-    "add_key": 248, "request_key": 249, "keyctl": 250, "mknodat": 259, "unshare": 272,
-    "perf_event_open": 298, "fanotify_init": 300, "name_to_handle_at": 303,
+    "open": 2, "ioctl": 16, "clone": 56, "creat": 85, "chmod": 90, "fchmod": 91,
+    "ptrace": 101, "syslog": 103, "mknod": 133, "uselib": 134, "personality": 135,
+    "pivot_root": 155, "adjtimex": 159, "chroot": 161, "acct": 163, "settimeofday": 164,
+    "mount": 165, "umount2": 166, "swapon": 167, "swapoff": 168, "reboot": 169, "iopl": 172,
+    "ioperm": 173, "init_module": 175, "delete_module": 176, "quotactl": 179,
+    "lookup_dcookie": 212, "clock_settime": 227, "kexec_load": 246, "add_key": 248,
+    "request_key": 249, "keyctl": 250, "openat": 257, "mknodat": 259, "fchmodat": 268,
+    "unshare": 272, "perf_event_open": 298, "fanotify_init": 300, "name_to_handle_at": 303,
     "open_by_handle_at": 304, "clock_adjtime": 305, "setns": 308, "process_vm_readv": 310,
     "process_vm_writev": 311, "kcmp": 312, "finit_module": 313, "kexec_file_load": 320,
     "bpf": 321, "userfaultfd": 323, "io_uring_setup": 425, "io_uring_enter": 426,
     "io_uring_register": 427, "open_tree": 428, "move_mount": 429, "fsopen": 430,
-    "fsconfig": 431, "fsmount": 432, "fspick": 433, "clone3": 435, "pidfd_getfd": 438,
-    "process_madvise": 440, "mount_setattr": 442, "quotactl_fd": 443,
+    "fsconfig": 431, "fsmount": 432, "fspick": 433, "clone3": 435, "openat2": 437,
+    "pidfd_getfd": 438, "process_madvise": 440, "mount_setattr": 442, "quotactl_fd": 443,
+    "fchmodat2": 452,
 }  # fmt: skip
 
 # From the kernel's include/uapi/asm-generic/unistd.h (arm64 has no mknod, iopl, ioperm or
-# uselib).
+# uselib, nor open, creat or chmod: only their *at forms).
 _AARCH64 = {
     "lookup_dcookie": 18, "ioctl": 29, "mknodat": 33, "umount2": 39, "mount": 40,
-    "pivot_root": 41, "chroot": 51, "quotactl": 60, "acct": 89, "personality": 92,
-    "unshare": 97, "kexec_load": 104, "init_module": 105, "delete_module": 106,
-    "clock_settime": 112, "syslog": 116, "ptrace": 117, "reboot": 142, "settimeofday": 170,
-    "adjtimex": 171, "add_key": 217, "request_key": 218, "keyctl": 219, "clone": 220,
-    "swapon": 224, "swapoff": 225, "perf_event_open": 241, "fanotify_init": 262,
-    "name_to_handle_at": 264, "open_by_handle_at": 265, "clock_adjtime": 266, "setns": 268,
-    "process_vm_readv": 270, "process_vm_writev": 271, "kcmp": 272, "finit_module": 273,
-    "bpf": 280, "userfaultfd": 282, "kexec_file_load": 294, "io_uring_setup": 425,
+    "pivot_root": 41, "chroot": 51, "fchmod": 52, "fchmodat": 53, "openat": 56,
+    "quotactl": 60, "acct": 89, "personality": 92, "unshare": 97, "kexec_load": 104,
+    "init_module": 105, "delete_module": 106, "clock_settime": 112, "syslog": 116,
+    "ptrace": 117, "reboot": 142, "settimeofday": 170, "adjtimex": 171, "add_key": 217,
+    "request_key": 218, "keyctl": 219, "clone": 220, "swapon": 224, "swapoff": 225,
+    "perf_event_open": 241, "fanotify_init": 262, "name_to_handle_at": 264,
+    "open_by_handle_at": 265, "clock_adjtime": 266, "setns": 268, "process_vm_readv": 270,
+    "process_vm_writev": 271, "kcmp": 272, "finit_module": 273, "bpf": 280,
+    "userfaultfd": 282, "kexec_file_load": 294, "io_uring_setup": 425,
     "io_uring_enter": 426, "io_uring_register": 427, "open_tree": 428, "move_mount": 429,
     "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433, "clone3": 435,
-    "pidfd_getfd": 438, "process_madvise": 440, "mount_setattr": 442, "quotactl_fd": 443,
+    "openat2": 437, "pidfd_getfd": 438, "process_madvise": 440, "mount_setattr": 442,
+    "quotactl_fd": 443, "fchmodat2": 452,
 }  # fmt: skip
 
 #: The architectures the filter knows, by ``platform.machine()`` name.
@@ -169,8 +188,11 @@ DENIED_SYSCALLS: Mapping[str, int] = {
         ),
         errno.EPERM,
     ),
-    # Not there, rather than refused: callers fall back (clone3 -> clone, io_uring -> read).
-    **dict.fromkeys(("clone3", "io_uring_setup", "io_uring_enter", "io_uring_register"), errno.ENOSYS),
+    # Not there, rather than refused: callers fall back (clone3 -> clone, io_uring -> read,
+    # openat2 -> openat).
+    **dict.fromkeys(
+        ("clone3", "io_uring_setup", "io_uring_enter", "io_uring_register", "openat2"), errno.ENOSYS
+    ),
 }  # fmt: skip
 
 
@@ -286,14 +308,39 @@ def _argument_checks(numbers: Mapping[str, int]) -> Iterable[tuple[str, list[tup
         (_JMP_JSET_K, _CLONE_NAMESPACES | _CLONE_NEWTIME, "eperm", 0),
         allow,
     )
-    # mknod(path, mode, dev) and mknodat(dirfd, path, mode, dev): no device nodes.
+    # Every argument checked below is an int or a umode_t: the kernel truncates the register
+    # to 32 (or 16) bits, so the low half is all of it and the high half is never looked at.
+    #
+    # mknod(path, mode, dev) and mknodat(dirfd, path, mode, dev): no device nodes, and no
+    # set-ID regular file (mknod makes one with the mode as given).
     for name, index in (("mknod", 1), ("mknodat", 2)):
         if name in numbers:
             yield name, block(
                 (_LD_W_ABS, _arg_low(index), 0, 0),
+                (_JMP_JSET_K, _S_SETID, "eperm", 0),
                 (_ALU_AND_K, _S_IFMT, 0, 0),
                 (_JMP_JEQ_K, _S_IFCHR, "eperm", 0),
                 (_JMP_JEQ_K, _S_IFBLK, "eperm", 0),
+                allow,
+            )
+    # chmod(path, mode), fchmod(fd, mode), fchmodat(dirfd, path, mode[, flags]) and
+    # creat(path, mode): no S_ISUID or S_ISGID in the mode.
+    for name, index in (("chmod", 1), ("fchmod", 1), ("fchmodat", 2), ("fchmodat2", 2), ("creat", 1)):
+        if name in numbers:
+            yield name, block(
+                (_LD_W_ABS, _arg_low(index), 0, 0),
+                (_JMP_JSET_K, _S_SETID, "eperm", 0),
+                allow,
+            )
+    # open(path, flags, mode) and openat(dirfd, path, flags, mode): the mode counts only when
+    # the call creates a file; otherwise the register holds whatever the caller left there.
+    for name, flags, mode in (("open", 1, 2), ("openat", 2, 3)):
+        if name in numbers:
+            yield name, block(
+                (_LD_W_ABS, _arg_low(flags), 0, 0),
+                (_JMP_JSET_K, _O_CREAT | _O_TMPFILE_BIT, 0, 2),
+                (_LD_W_ABS, _arg_low(mode), 0, 0),
+                (_JMP_JSET_K, _S_SETID, "eperm", 0),
                 allow,
             )
     # ioctl(fd, request, ...): the request is an unsigned int, so its low half is all of it.
