@@ -303,3 +303,69 @@ async def test_reads_with_max_bytes_never_read_past_the_limit(tree: Path) -> Non
         assert "more than 1000 bytes" in str(got["big.bin"])
         with pytest.raises(FileTooLarge):
             await read_file_beneath(fs, "", "big.bin", max_bytes=1000)
+
+
+def test_a_root_swapped_for_a_link_is_refused(tree: Path, resolution: str) -> None:
+    ws = tree / "ws"
+    (ws / "shared").mkdir()
+    (ws / "shared" / "ok").write_text("shared")
+    disk = Disk([str(ws), str(ws / "shared")])  # a root inside another (allowed_paths=["shared"])
+    assert disk.read(str(ws / "shared" / "ok")) == b"shared"
+    os.rename(ws / "shared", ws / "shared-moved")
+    os.symlink(str(tree / "host"), ws / "shared")  # what a command in the sandbox can do
+    with pytest.raises(ContainmentError, match="the root now leads to"):
+        disk.read(str(ws / "shared" / "secret"))
+    with pytest.raises(ContainmentError):
+        disk.publish(str(ws / "shared" / "planted"), write_into(b"x"), overwrite=True)
+    assert sorted(os.listdir(tree / "host")) == ["dir", "secret"]
+    # A top-level root whose path someone re-pointed is refused the same way.
+    outer = Disk([str(ws / "shared-moved")])
+    os.rename(ws / "shared-moved", ws / "elsewhere")
+    os.symlink(str(tree / "host"), ws / "shared-moved")
+    with pytest.raises(ContainmentError):
+        outer.read(str(ws / "shared-moved" / "secret"))
+
+
+def test_a_walk_through_many_links_stays_linear(tree: Path, resolution: str) -> None:
+    ws = tree / "ws" / "dag"
+    levels, fanout = 12, 4
+    for level in range(levels + 1):
+        (ws / f"d{level}").mkdir(parents=True)
+        (ws / f"d{level}" / "f").write_text("x")
+    for level in range(levels):
+        for link in range(fanout):
+            os.symlink(f"../d{level + 1}", ws / f"d{level}" / f"l{link}")
+    started = time.monotonic()
+    found = Disk([str(tree / "ws")]).walk(str(ws), max_depth=100)
+    # 4**12 paths through the links; each directory is entered at most twice.
+    assert len(found) < 10 * (levels + 1) * (fanout + 2)
+    assert time.monotonic() - started < 5
+    stopped = Disk([str(tree / "ws")]).walk(str(ws), max_depth=100, stop=lambda: True)
+    assert stopped == []
+
+
+def test_no_descriptor_is_left_open(tree: Path, resolution: str) -> None:
+    disk = Disk([str(tree / "ws")])
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(50):
+        for call in (
+            lambda: disk.read(host(tree, "esc")),
+            lambda: disk.read(host(tree, "a/missing")),
+            lambda: disk.publish(host(tree, "hostdir/x"), write_into(b"x"), overwrite=True),
+            lambda: disk.publish(host(tree, "a/missing/x"), write_into(b"x"), overwrite=True),
+            lambda: disk.unlink(host(tree, "a/nothing")),
+            # A name the kernel refuses after the parent was opened (ENAMETOOLONG).
+            lambda: disk.publish(host(tree, "a/" + "n" * 300), write_into(b"x"), overwrite=True),
+        ):
+            with contextlib.suppress(OSError):
+                call()
+    assert len(os.listdir("/proc/self/fd")) <= before
+
+
+def test_publish_never_carries_setuid_bits(tree: Path, resolution: str) -> None:
+    disk = Disk([str(tree / "ws")])
+    target = tree / "ws" / "tool"
+    target.write_bytes(b"#!/bin/sh\n")
+    target.chmod(0o6755)  # what a sandboxed command may have left
+    disk.publish(str(target), write_into(b"#!/bin/sh\necho rewritten\n"), overwrite=True)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o755

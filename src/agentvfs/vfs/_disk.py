@@ -256,13 +256,20 @@ class Disk:
     def __init__(self, roots: Sequence[str]) -> None:
         if not roots:
             raise ValueError("Disk needs at least one root directory")
-        made: list[_Root] = []
+        paths: list[str] = []
         for root in roots:
             if not root.startswith("/"):
                 raise ValueError(f"Disk roots must be absolute paths, got {root!r}")
             path = posixpath.normpath(root)
-            path = "/" if path in ("/", "//") else path
-            made.append(_Root(path, os.path.realpath(path)))
+            paths.append("/" if path in ("/", "//") else path)
+        made: list[_Root] = []
+        # Shortest first, so that a root lying inside another finds that one already made.
+        for path in sorted(set(paths), key=len):
+            outer = next((r for r in reversed(made) if r.path != "/" and path.startswith(r.path + "/")), None)
+            # Inside another root, where whoever writes there could have put a symlink, a root
+            # must physically be where it lies in that root, never where a link leads.
+            real = os.path.realpath(path) if outer is None else outer.real + path[len(outer.path) :]
+            made.append(_Root(path, real))
         # Longest first: a root nested in another owns what lies below it.
         self._roots = sorted(made, key=lambda r: -len(r.path))
         self.unconfined = any(r.path == "/" for r in self._roots)
@@ -305,8 +312,20 @@ class Disk:
 
     @staticmethod
     def _open_root(root: _Root) -> int:
-        # The root itself is configuration, not the agent's: its path is followed normally.
-        return os.open(root.path, _O_PATH | _O_DIRECTORY | _O_CLOEXEC)
+        # The root's path is configuration and followed as it is, but what it opens must be
+        # the directory it named when configured: had a component been swapped for a symlink
+        # since (by someone writing in a parent, or in an outer root), this is elsewhere.
+        fd = os.open(root.path, _O_PATH | _O_DIRECTORY | _O_CLOEXEC)
+        if root.path == "/":
+            return fd
+        try:
+            now = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            return fd  # no /proc: nothing to compare with
+        if now != root.real:
+            os.close(fd)
+            raise ContainmentError(f"{root.path} (the root now leads to {now}, not {root.real})")
+        return fd
 
     def _walk(self, target: str, *, follow: bool, create: bool = False) -> tuple[int, str]:
         """Resolve ``target`` in user space: ``(directory fd, name)`` of its last component
@@ -480,21 +499,22 @@ class Disk:
         self._root_of(target)
         parent = parent or "/"
         dirfd = self._make_dirs(parent) if create_parents else self.open(parent, _O_PATH | _O_DIRECTORY)
-        if follow:
-            try:
-                is_link = stat_module.S_ISLNK(os.stat(name, dir_fd=dirfd, follow_symlinks=False).st_mode)
-            except FileNotFoundError:
-                is_link = False
-            if is_link:
-                os.close(dirfd)
-                dirfd, name = self._walk(target, follow=True)
-                if not name:
-                    os.close(dirfd)
-                    raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), target)
         try:
+            if follow:
+                try:
+                    is_link = stat_module.S_ISLNK(os.stat(name, dir_fd=dirfd, follow_symlinks=False).st_mode)
+                except FileNotFoundError:
+                    is_link = False
+                if is_link:
+                    os.close(dirfd)
+                    dirfd = -1
+                    dirfd, name = self._walk(target, follow=True)
+                    if not name:
+                        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), target)
             yield dirfd, name
         finally:
-            os.close(dirfd)
+            if dirfd >= 0:
+                os.close(dirfd)
 
     def _make_dirs(self, target: str) -> int:
         """Create ``target`` and its missing parents; return an O_PATH fd of it."""
@@ -601,19 +621,30 @@ class Disk:
         except (OSError, ValueError):
             return None
 
-    def walk(self, target: str, *, max_depth: int, skip: Callable[[str], bool] = lambda name: False) -> list[DiskEntry]:
+    def walk(
+        self,
+        target: str,
+        *,
+        max_depth: int,
+        skip: Callable[[str], bool] = lambda name: False,
+        stop: Callable[[], bool] = lambda: False,
+    ) -> list[DiskEntry]:
         """Everything below the directory ``target``, depth first, names relative to it,
         each directory's entries sorted by name; ``max_depth`` 1 lists ``target`` only.
 
-        Symlinked directories are followed while they stay inside the roots, never into a
-        directory already on the way down (a link cycle). Names for which ``skip(name)`` is
-        true are left out, with what lies below them.
+        Symlinked directories are followed while they stay inside the roots, into a directory
+        not entered yet in the whole walk: a link into one already walked (a cycle, or one of
+        many links to one directory, which would make the walk exponential) is listed, not
+        entered again. Names for which ``skip(name)`` is true are left out, with what lies
+        below them. When ``stop()`` turns true (its caller gave up) the walk ends, with what it
+        had, at the next directory.
         """
         fd = self.open(target, os.O_RDONLY | _O_DIRECTORY)
         out: list[DiskEntry] = []
         try:
             top = os.fstat(fd)
-            self._visit(fd, target, "", 1, max_depth, frozenset({(top.st_dev, top.st_ino)}), skip, out)
+            entered = {(top.st_dev, top.st_ino)}
+            self._visit(fd, target, "", 1, max_depth, entered, skip, stop, out)
         finally:
             os.close(fd)
         return out
@@ -625,10 +656,13 @@ class Disk:
         prefix: str,
         depth: int,
         max_depth: int,
-        seen: frozenset[tuple[int, int]],
+        entered: set[tuple[int, int]],
         skip: Callable[[str], bool],
+        stop: Callable[[], bool],
         out: list[DiskEntry],
     ) -> None:
+        if stop():
+            return
         try:
             entries = sorted(self._entries(fd, directory, prefix), key=lambda e: e.name)
         except OSError:
@@ -642,8 +676,11 @@ class Disk:
                 continue
             assert entry.stat is not None
             key = (entry.stat.st_dev, entry.stat.st_ino)
-            if key in seen:
+            # A real directory is reached once, through its parent: always entered. A link is
+            # entered only into a directory not entered yet (no cycle, no exponential DAG).
+            if entry.link is not None and key in entered:
                 continue
+            entered.add(key)
             child_path = posixpath.join(directory, short)
             try:
                 if entry.link is None:
@@ -653,7 +690,7 @@ class Disk:
             except OSError:
                 continue  # gone, swapped, or (a link) leading out since it was listed
             try:
-                self._visit(child, child_path, entry.name + "/", depth + 1, max_depth, seen | {key}, skip, out)
+                self._visit(child, child_path, entry.name + "/", depth + 1, max_depth, entered, skip, stop, out)
             finally:
                 os.close(child)
 
@@ -756,8 +793,12 @@ class Disk:
         """Copy the file ``target`` to ``host_path`` (a path of the caller's, not confined)."""
         src = self.open_regular(target)
         try:
-            with open(host_path, "wb") as out:
-                _copy_fd(src, out.fileno())
+            # O_NOFOLLOW: the destination's own name is not followed if someone swapped it.
+            out = os.open(host_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_NOFOLLOW | _O_CLOEXEC, 0o666)
+            try:
+                _copy_fd(src, out)
+            finally:
+                os.close(out)
         finally:
             os.close(src)
 
@@ -949,6 +990,10 @@ def _read_fd(fd: int, target: str, start: int | None, end: int | None, max_bytes
 
 
 def _chmod_at(dirfd: int, name: str, mode: int) -> None:
+    # Permission bits only: set-user-ID and set-group-ID bits are never carried over to a
+    # file this process writes (a sandboxed command's setuid file rewritten by the host
+    # would otherwise become setuid to the host's user).
+    mode &= 0o777
     # fchmodat cannot refuse to follow a link everywhere; an O_NOFOLLOW open can.
     with contextlib.suppress(OSError):
         fd = os.open(name, os.O_RDONLY | _O_NOFOLLOW | _O_NONBLOCK | _O_CLOEXEC, dir_fd=dirfd)

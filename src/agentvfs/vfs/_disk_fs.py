@@ -44,7 +44,7 @@ from ._disk import (
     link_or_copy_from,
     write_into,
 )
-from ._fsspec import FsspecFilesystem, _display_parent
+from ._fsspec import _NEVER, FsspecFilesystem, _display_parent
 from ._records import FileEntry, FileStat, FileType
 
 __all__ = ["DiskFilesystem", "leads_out_of_directory", "translated_reads"]
@@ -264,10 +264,12 @@ class DiskFilesystem(FsspecFilesystem):
             symlink_target=info.get("destination"),
         )
 
-    def _walk_sync(self, rel: str, display: str, max_depth: int) -> list[FileEntry]:
+    def _walk_sync(self, rel: str, display: str, max_depth: int, cancel: threading.Event = _NEVER) -> list[FileEntry]:
         host = self._bpath(rel)
         try:
-            found = self._disk.walk(host, max_depth=max_depth, skip=lambda name: TMP_MARK in name)
+            found = self._disk.walk(
+                host, max_depth=max_depth, skip=lambda name: TMP_MARK in name, stop=cancel.is_set
+            )
         except FileNotFoundError:
             raise self._missing_dir(rel, display) from None
         except NotADirectoryError:

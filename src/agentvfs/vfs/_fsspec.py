@@ -616,7 +616,8 @@ class FsspecFilesystem(WorkspaceFilesystem):
             await self.ensure_ready()
         rel = self._rel(path)
         if recursive:
-            entries = await self._call(self._walk_sync, rel, path, max_depth or _DEFAULT_MAX_DEPTH)
+            # Through _call_write for its cancel event: a walk given up on stops walking.
+            entries = await self._call_write(self._walk_sync, rel, path, max_depth or _DEFAULT_MAX_DEPTH)
         else:
             entries = await self._call(self._list_sync, rel, path)
         return filter_extension(entries, extension)
@@ -860,7 +861,7 @@ class FsspecFilesystem(WorkspaceFilesystem):
             self._require_dir(rel, display)
         return self._children(rel, raw, display)
 
-    def _walk_sync(self, rel: str, display: str, max_depth: int) -> list[FileEntry]:
+    def _walk_sync(self, rel: str, display: str, max_depth: int, cancel: threading.Event = _NEVER) -> list[FileEntry]:
         bpath = self._bpath(rel)
         try:
             # No maxdepth: with one, s3fs and gcsfs fall back to one listing per directory;
