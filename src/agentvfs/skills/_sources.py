@@ -23,12 +23,12 @@ import anyio.to_thread
 from ..errors import (
     DirectoryNotFound,
     FileNotFound,
-    IsDirectory,
     NotDirectory,
 )
 from ..vfs import FileEntry, FileStat, WorkspaceFilesystem, get_mime_type
 from ..vfs import read_many as vfs_read_many
-from ..vfs._disk import Disk
+from ..vfs._base import run_sync
+from ..vfs._disk import Disk, DiskEntry
 from ..vfs._disk_fs import leads_out_of_directory, translated_reads
 
 __all__ = [
@@ -258,6 +258,13 @@ class LocalSkillSource:
     """Skills read straight from local disk, read-only: relative paths resolve against
     ``base_path`` (default: the current directory), absolute paths are used as they are.
 
+    Everything is read through descriptors (:class:`~agentvfs.vfs._disk.Disk`): a path under
+    ``base_path`` is resolved beneath it, and symlinks are followed only while they stay there
+    (an agent that can write ``base_path``, its sandbox's working directory for instance,
+    cannot point a skill elsewhere, not even by swapping a directory during a read); an
+    absolute path outside ``base_path`` is configuration and followed as it is, but a skill's
+    files are still read beneath its directory. FIFOs, devices and sockets are never opened.
+
     Parameters
     ----------
     base_path : str or os.PathLike, optional
@@ -270,15 +277,27 @@ class LocalSkillSource:
         self.base_path = os.path.abspath(
             os.fspath(base_path) if base_path is not None else os.getcwd()
         )
-        # Skills may live anywhere on this machine; only their own files are confined.
-        self._disk = Disk(["/"])
+        self._inside = Disk([self.base_path])
+        self._anywhere = Disk(["/"])
 
     def _resolve(self, path: str) -> str:
         return path if os.path.isabs(path) else os.path.normpath(os.path.join(self.base_path, path))
 
+    def _disk_for(self, host: str) -> Disk:
+        return self._inside if self._inside.contains(host) else self._anywhere
+
     async def exists(self, path: str) -> bool:
-        """Tell whether anything is at ``path`` (a broken link counts as nothing)."""
-        return await anyio.to_thread.run_sync(os.path.exists, self._resolve(path))
+        """Tell whether anything is at ``path`` (a broken link, or one that leads out of
+        ``base_path``, counts as nothing)."""
+
+        def look() -> bool:
+            host = self._resolve(path)
+            try:
+                return self._disk_for(host).exists(host)
+            except PermissionError:
+                return False
+
+        return await run_sync(look)
 
     async def stat(self, path: str) -> FileStat:
         """Metadata of a file or directory (links followed).
@@ -286,12 +305,12 @@ class LocalSkillSource:
         Raises
         ------
         FileNotFound
-            ``ENOENT``.
+            ``ENOENT`` (also for a link that leads out of ``base_path``).
         """
         host = self._resolve(path)
         try:
-            info = await anyio.to_thread.run_sync(os.stat, host)
-        except FileNotFoundError:
+            info = await run_sync(self._disk_for(host).stat, host)
+        except (FileNotFoundError, NotADirectoryError, PermissionError):
             raise FileNotFound(path) from None
         is_dir = stat_module.S_ISDIR(info.st_mode)
         name = posixpath.basename(path.rstrip("/")) or os.path.basename(host)
@@ -315,21 +334,43 @@ class LocalSkillSource:
             ``ENOENT``.
         IsDirectory
             ``EISDIR``.
+        NotRegularFile
+            A FIFO, device or socket.
         """
+        return await self._read(path, None)
+
+    async def read_many(
+        self, paths: Sequence[str], *, max_bytes: int | None = None
+    ) -> dict[str, bytes | OSError]:
+        """Read many files; each path maps to its bytes or its error (``FileTooLarge`` past
+        ``max_bytes``, of which no more than one byte beyond is read)."""
+        out: dict[str, bytes | OSError] = {}
+        limiter = anyio.Semaphore(READ_CONCURRENCY)
+
+        async def one(path: str) -> None:
+            async with limiter:
+                try:
+                    out[path] = await self._read(path, max_bytes)
+                except OSError as exc:
+                    out[path] = exc
+
+        async with anyio.create_task_group() as group:
+            for path in paths:
+                group.start_soon(one, path)
+        return out
+
+    async def _read(self, path: str, max_bytes: int | None) -> bytes:
         host = self._resolve(path)
+        disk = self._disk_for(host)
 
         def read() -> bytes:
-            with open(host, "rb") as f:
-                return f.read()
+            with translated_reads(path, lambda: FileNotFound(path)):
+                return disk.read(host, max_bytes=max_bytes)
+            raise AssertionError("unreachable")  # pragma: no cover - the context re-raises
 
-        try:
-            return await anyio.to_thread.run_sync(read)
-        except FileNotFoundError:
-            raise FileNotFound(path) from None
-        except IsADirectoryError:
-            raise IsDirectory(path) from None
+        return await run_sync(read)
 
-    async def read_file_beneath(self, directory: str, path: str) -> bytes:
+    async def read_file_beneath(self, directory: str, path: str, *, max_bytes: int | None = None) -> bytes:
         """Read ``path`` (relative) below ``directory`` without leaving it: symlinks are
         followed only while they stay below it, resolved beneath a descriptor of it (see
         :func:`agentvfs.vfs.read_file_beneath`).
@@ -337,18 +378,19 @@ class LocalSkillSource:
         Raises
         ------
         PermissionDenied
-            ``path`` leads out of ``directory``.
-        FileNotFound, IsDirectory
-            ``ENOENT``, ``EISDIR``.
+            ``path`` leads out of ``directory`` (or ``directory`` out of ``base_path``).
+        FileNotFound, IsDirectory, FileTooLarge
+            ``ENOENT``, ``EISDIR``, ``EFBIG``.
         """
         shown = f"{directory.rstrip('/')}/{path}"
 
         def read() -> bytes:
+            host = os.path.normpath(self._resolve(directory))
             with translated_reads(shown, lambda: leads_out_of_directory(path)):
-                return self._disk.read_beneath(os.path.normpath(self._resolve(directory)), path)
+                return self._disk_for(host).read_beneath(host, path, max_bytes=max_bytes)
             raise AssertionError("unreachable")  # pragma: no cover - the context re-raises
 
-        return await anyio.to_thread.run_sync(read)
+        return await run_sync(read)
 
     async def readdir(self, path: str) -> list[FileEntry]:
         """The entries of a directory, sorted by name; links are reported with the type of
@@ -363,7 +405,8 @@ class LocalSkillSource:
 
     async def walk(self, path: str, *, max_depth: int | None = None) -> list[FileEntry]:
         """Everything below ``path`` (to ``max_depth`` levels), names relative to it, children
-        after their parent; symlinked directories are followed unless they lead back up.
+        after their parent; symlinked directories are followed (inside ``base_path`` only
+        while they stay there), each directory entered once.
 
         Raises
         ------
@@ -372,14 +415,29 @@ class LocalSkillSource:
         """
         host = self._resolve(path)
         limit = max_depth if max_depth is not None else 100
-        return await anyio.to_thread.run_sync(_walk_local, host, path, limit)
+        disk = self._disk_for(host)
+
+        def walk() -> list[FileEntry]:
+            try:
+                found = disk.walk(host, max_depth=limit)
+            except (FileNotFoundError, PermissionError):
+                raise DirectoryNotFound(path) from None
+            except NotADirectoryError:
+                raise NotDirectory(path) from None
+            return [_entry(item) for item in found]
+
+        return await run_sync(walk)
 
     async def realpath(self, path: str) -> str:
         """The canonical path: relative to ``base_path`` when inside it, else absolute."""
-        return await anyio.to_thread.run_sync(self._realpath, path)
+        return await run_sync(self._realpath, path)
 
     def _realpath(self, path: str) -> str:
-        real = os.path.realpath(self._resolve(path))
+        host = self._resolve(path)
+        try:
+            real = self._disk_for(host).realpath(host)
+        except PermissionError:
+            raise FileNotFound(path) from None
         base = os.path.realpath(self.base_path)
         if real == base:
             return ""
@@ -391,39 +449,8 @@ class LocalSkillSource:
         return f"LocalSkillSource(base_path={self.base_path!r})"
 
 
-def _walk_local(top: str, display: str, max_depth: int) -> list[FileEntry]:
-    try:
-        top_info = os.stat(top)
-    except FileNotFoundError:
-        raise DirectoryNotFound(display) from None
-    if not stat_module.S_ISDIR(top_info.st_mode):
-        raise NotDirectory(display)
-    out: list[FileEntry] = []
-
-    def visit(directory: str, prefix: str, depth: int, seen: frozenset[tuple[int, int]]) -> None:
-        try:
-            with os.scandir(directory) as it:
-                items = sorted(it, key=lambda d: d.name)
-        except OSError:
-            return
-        for item in items:
-            link = item.is_symlink()
-            try:
-                is_dir = item.is_dir(follow_symlinks=True)
-                size = None if is_dir else item.stat(follow_symlinks=True).st_size
-            except OSError:
-                is_dir, size = False, None  # a broken link
-            target = os.readlink(item.path) if link else None
-            name = prefix + item.name
-            out.append(FileEntry(name, "directory" if is_dir else "file", size, link, target))
-            if is_dir and depth < max_depth:
-                try:
-                    info = os.stat(item.path)
-                except OSError:
-                    continue
-                key = (info.st_dev, info.st_ino)
-                if key not in seen:  # a link back up would loop forever
-                    visit(item.path, name + "/", depth + 1, seen | {key})
-
-    visit(top, "", 1, frozenset({(top_info.st_dev, top_info.st_ino)}))
-    return out
+def _entry(item: DiskEntry) -> FileEntry:
+    """A listed entry: links typed by their (contained) target, broken ones as files."""
+    is_dir = item.is_dir
+    size = None if is_dir or item.stat is None else item.stat.st_size
+    return FileEntry(item.name, "directory" if is_dir else "file", size, item.link is not None, item.link)

@@ -439,3 +439,38 @@ async def index_dir_from_the_sandbox(arena: Arena) -> None:
         await arena.workspace.index(f"/data/more-{round_}.md", "more words " * 200)
     await arena.close()
     arena.check_outside("the index written after links were planted in it")
+
+
+@attack(
+    "local_skill_source_swap",
+    finding="a LocalSkillSource skill directory swapped for a link to the host, or a FIFO SKILL.md",
+    severity="high",
+)
+async def local_skill_source_swap(arena: Arena) -> None:
+    from ..skills import LocalSkillSource
+
+    skill = arena.root / "skills" / "s"
+    (skill / "references").mkdir(parents=True)
+    (skill / "SKILL.md").write_text("---\nname: s\ndescription: A skill\n---\nBody.\n")
+    (skill / "references" / "r.md").write_text("reference\n")
+    (arena.host / "references").mkdir()
+    (arena.host / "references" / "r.md").write_text("host file r\n")
+    arena.snapshot()
+    await arena.open(skills=["skills"], skill_source=LocalSkillSource(str(arena.root)))
+    out = await arena.tool("skill_read", skillName="s", path="references/r.md")
+    if "reference" not in out:
+        raise RuntimeError(f"the skill is not readable to begin with: {out}")
+    await arena.sh(f"rm -rf skills/s && ln -s {arena.host} skills/s")
+    for path in ("secret.txt", "references/r.md", "tree/a.txt"):
+        out = await arena.tool("skill_read", skillName="s", path=path)
+        arena.check_secret(out, f"skill_read {path} through the swapped skill directory")
+        arena.record(not _leaked(out), f"skill_read {path} read the host: {out[:120]!r}")
+    out = await arena.tool("skill", name="s")
+    arena.check_secret(out, "skill through the swapped directory")
+    # A FIFO where a SKILL.md is expected must not hang discovery.
+    fifo_skill = arena.root / "skills" / "f"
+    fifo_skill.mkdir()
+    os.mkfifo(fifo_skill / "SKILL.md")
+    await arena.open(skills=["skills"], skill_source=LocalSkillSource(str(arena.root)), tools={"timeout_ms": 20_000})
+    await _bounded(arena, "FIFO SKILL.md", 10, "skill_search", {"query": "anything"}, fifos=(fifo_skill / "SKILL.md",))
+    await _bounded(arena, "FIFO SKILL.md", 10, "skill", {"name": "f"}, fifos=(fifo_skill / "SKILL.md",))
