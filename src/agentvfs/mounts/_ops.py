@@ -599,7 +599,7 @@ class MountOperations(pyfuse3.Operations):
                     self._reserve(node, node.size)
                     await download_file(self.fs, self.path_of(node), path)
                     if keep < node.size:
-                        os.truncate(path, keep)
+                        os.ftruncate(fd, keep)  # the descriptor: the name may not be ours now
                     got = os.fstat(fd).st_size
                     node.size = got
                 else:
@@ -622,7 +622,9 @@ class MountOperations(pyfuse3.Operations):
         fd, path = self._new_stage_file()
         os.fchmod(fd, node.perm & 0o777)
         try:
-            with open(node.stage, "rb") as src, open(fd, "wb", closefd=False) as dest:
+            # O_NOFOLLOW: a staging area beside the files may be within someone else's reach.
+            source = os.open(node.stage, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            with open(source, "rb") as src, open(fd, "wb", closefd=False) as dest:
                 shutil.copyfileobj(src, dest, 1024 * 1024)
         except BaseException:
             os.close(fd)

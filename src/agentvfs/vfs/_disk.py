@@ -1110,7 +1110,7 @@ def link_or_copy_from(host_path: str) -> Callable[[int, str], None]:
             return
         except OSError:
             pass
-        src = os.open(host_path, os.O_RDONLY | _O_CLOEXEC)
+        src = os.open(host_path, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC)
         try:
             copy_into(src)(dirfd, name)
         finally:
