@@ -184,8 +184,14 @@ def test_detection_refuses_a_bwrap_that_leaves_capabilities(monkeypatch: pytest.
         monkeypatch.setattr(_isolation, "_probe_once", lambda path, support: (status_text + "NoNewPrivs:\t1\nSeccomp:\t0\n", None))
         _isolation.bwrap_support.cache_clear()
         assert "did not apply the seccomp filter" in detect_isolation()["message"]
+        # A sandbox that may write kernel.core_pattern (or whose probe did not say) is refused.
+        for line in ("AgentvfsCorePattern: writable\n", ""):
+            leaky = status_text + "NoNewPrivs:\t1\nSeccomp:\t2\n" + line
+            monkeypatch.setattr(_isolation, "_probe_once", lambda path, support, text=leaky: (text, None))
+            _isolation.bwrap_support.cache_clear()
+            assert "leaves /proc/sys writable to the sandbox (kernel.core_pattern: " in detect_isolation()["message"]
         # A kernel without user namespaces: bwrap without one of ours (capabilities dropped).
-        good = status_text + "NoNewPrivs:\t1\nSeccomp:\t2\n"
+        good = status_text + "NoNewPrivs:\t1\nSeccomp:\t2\nAgentvfsCorePattern: read-only\n"
 
         def probe(path: str, support: _isolation.BwrapSupport) -> tuple[str | None, str | None]:
             if support.user_namespace:
@@ -205,3 +211,51 @@ def test_detection_refuses_a_bwrap_that_leaves_capabilities(monkeypatch: pytest.
 def test_detection_says_what_hardening_is_in_effect() -> None:
     message = detect_isolation()["message"]
     assert "no capabilities" in message and "seccomp filter" in message
+
+
+# A sysctl written back with the value it has (a no-op even where it gets through), a chmod of
+# global /proc entries and of /dev nodes to the modes they have, the root-only /proc files,
+# and what ordinary commands need of /proc and /dev.
+_KERNEL_STATE = r"""
+v=$(cat /proc/sys/fs/lease-break-time); printf '%s\n' "$v" > /proc/sys/fs/lease-break-time && echo sysctl-written
+chmod 444 /proc/meminfo && echo proc-chmod
+chmod 666 /dev/null && echo dev-chmod
+test -w /proc/sys/kernel/core_pattern && echo core-pattern-writable
+for f in /proc/kpageflags /proc/slabinfo; do test -e $f && head -c 1 $f >/dev/null 2>&1 && echo read-$f; done
+echo x > /dev/null && echo null-ok && head -c 4 /dev/urandom | wc -c && head -c 3 /dev/zero | wc -c
+echo via-fd > /proc/self/fd/1; echo via-dev-stdout > /dev/stdout
+grep -c . /proc/self/status >/dev/null && ps -o pid= | wc -l | grep -q . && echo procfs-readable
+python3 -c 'import os; print("python", os.cpu_count() > 0)' 2>/dev/null || echo python True
+echo done
+"""
+
+
+@needs_bwrap
+async def test_kernel_state_is_out_of_reach_and_ordinary_commands_work(wd: str) -> None:
+    before = os.stat("/dev/null")
+    code, out, err = await run(wd, _KERNEL_STATE)
+    assert code == 0, err
+    assert out.splitlines() == ["null-ok", "4", "3", "via-fd", "via-dev-stdout", "procfs-readable", "python True", "done"], (out, err)
+    assert "Read-only file system" in err  # the sysctl and the chmod of /proc/meminfo
+    after = os.stat("/dev/null")
+    assert (after.st_mode, after.st_ctime_ns) == (before.st_mode, before.st_ctime_ns)
+
+
+@needs_bwrap
+@pytest.mark.skipif(os.geteuid() != 0, reason="private device nodes are made when this process is root")
+async def test_devices_of_its_own_when_root(wd: str) -> None:
+    sandbox = LocalSandbox(working_directory=wd, isolation="bwrap")
+    try:
+        result = await sandbox.execute_command("ls -ln /dev/null /dev/tty | cut -c1-30; stat -c '%t:%T' /dev/null")
+        devices = sandbox._launcher.devices
+        assert devices is not None and set(devices) == {"null", "zero", "full", "random", "urandom", "tty"}
+        state = sandbox._launcher.state_directory
+        assert state is not None and all(path.startswith(state) for path in devices.values())
+    finally:
+        await sandbox.destroy()
+    assert result.exit_code == 0, result.stderr
+    # Owned by nobody (an id the sandbox's namespace does not map), the host's numbers.
+    assert result.stdout.splitlines()[0].split()[2:4] == ["65534", "65534"], result.stdout
+    host = os.stat("/dev/null").st_rdev
+    assert result.stdout.splitlines()[-1] == f"{os.major(host):x}:{os.minor(host):x}"
+    assert sandbox._launcher.devices is None and not os.path.exists(state)

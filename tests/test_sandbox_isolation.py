@@ -21,6 +21,7 @@ from agentvfs.sandbox._isolation import (
     build_bwrap_args,
     check_isolation,
     detect_isolation,
+    device_args,
     normalize_native_sandbox,
 )
 from agentvfs.sandbox._local import LocalSandbox
@@ -73,7 +74,6 @@ def test_default_command_line() -> None:
     for flag, value in (
         ("--proc", "/proc"),
         ("--dev", "/dev"),
-        ("--tmpfs", "/tmp"),
         ("--chdir", "/w"),
     ):
         assert pairs(args, flag) == [value]
@@ -83,9 +83,20 @@ def test_default_command_line() -> None:
     assert pairs(args, "--bind") == ["/w"]
     assert "--die-with-parent" in args
     assert "--seccomp" not in args  # only with a descriptor
-    assert "--dev-bind" not in args  # /dev is bubblewrap's minimal one
+    assert "--dev-bind" not in args  # /dev is bubblewrap's minimal one (no nodes of our own given)
+    # /proc: the machine's parts bound read-only from the host's /proc right after it is
+    # mounted, then the whole of it read-only.
+    proc = args.index("--proc")
+    covers = [args[i + 1 : i + 3] for i, a in enumerate(args) if a == "--ro-bind-try" and args[i + 2].startswith("/proc/")]
+    assert covers[:5] == [[f"/proc/{n}", f"/proc/{n}"] for n in ("sys", "sysrq-trigger", "irq", "bus", "fs")]
+    assert all(args.index(cover[0]) > proc for cover in covers)
+    tls_keys = os.path.isdir("/etc/ssl/private")
+    assert pairs(args, "--remount-ro") == ["/proc", *(["/etc/ssl/private"] if tls_keys else []), "/"]
+    assert args.index("--remount-ro") < args.index("--dev")
+    # The host's TLS keys (bound with /etc/ssl) under an empty read-only directory.
+    assert pairs(args, "--tmpfs") == ["/tmp", *(["/etc/ssl/private"] if tls_keys else [])]
     # The root is made read-only after every bind, just before the command.
-    assert args.index("--remount-ro") > max(
+    assert len(args) - 1 - args[::-1].index("--remount-ro") > max(
         i for i, a in enumerate(args) if a in ("--bind", "--ro-bind", "--ro-bind-try")
     )
     # This Python's install is visible (like the reference binds Node's directory).
@@ -93,6 +104,28 @@ def test_default_command_line() -> None:
     assert os.path.realpath(sys.base_prefix) in ro or os.path.realpath(sys.base_prefix).startswith(
         "/usr"
     )
+
+
+def test_proc_covers_and_devices_of_our_own() -> None:
+    config = normalize_native_sandbox(None)
+    devices = {"null": "/state/dev/null", "tty": "/state/dev/tty"}
+    args = build_bwrap_args("x", working_directory="/w", config=config, devices=devices)
+    # Bound over bubblewrap's binds of the host's nodes, right after --dev.
+    dev = args.index("--dev")
+    assert args[dev + 2 : dev + 8] == ["--dev-bind", "/state/dev/null", "/dev/null", "--dev-bind", "/state/dev/tty", "/dev/tty"]
+    # Root-only files of /proc are covered when the sandbox's user is the host's root.
+    root = _isolation.proc_args("/proc", host_root=True)
+    masked = [root[i + 2] for i, a in enumerate(root) if a == "--ro-bind" and root[i + 1] == "/dev/null"]
+    for path in masked:
+        info = os.lstat(path)
+        assert info.st_uid == 0 and not info.st_mode & 0o044, path
+    assert "--ro-bind" not in _isolation.proc_args("/proc", host_root=False)
+    # A custom layout's --proc and --dev get the same covers, after its own arguments.
+    custom = normalize_native_sandbox({"bwrap_args": ["--ro-bind", "/", "/", "--proc", "/p", "--dev", "/d"]})
+    args = build_bwrap_args("x", working_directory="/w", config=custom, devices=devices)
+    tail = args[args.index("/d") + 1 : args.index("--")]
+    assert tail[:3] == ["--ro-bind-try", "/proc/sys", "/p/sys"]
+    assert tail[-8:] == ["--remount-ro", "/p", *device_args(devices, "/d")]
 
 
 def test_command_line_options() -> None:
@@ -113,7 +146,8 @@ def test_command_line_options() -> None:
         binds=[("/m/rw", True), ("/m/ro", False)],
     )
     assert "--unshare-net" not in args
-    assert pairs(args, "--ro-bind") == ["/data/ro", "/w", "/m/ro"]
+    # (/dev/null covers the root-only files of /proc when this process is root.)
+    assert [p for p in pairs(args, "--ro-bind") if p != "/dev/null"] == ["/data/ro", "/w", "/m/ro"]
     assert pairs(args, "--bind") == ["/data/rw", "/m/rw"]
     assert pairs(args, "--chdir") == ["/w/sub"]
     assert "/opt" not in pairs(args, "--ro-bind-try")

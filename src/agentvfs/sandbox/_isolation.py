@@ -10,15 +10,44 @@ With ``isolation="bwrap"`` every command runs as ``bwrap <arguments> -- sh -c <c
   ``TIOCSTI`` into a terminal) and the seccomp filter of :mod:`._seccomp` (``--seccomp FD``);
   it dies with this process (``--die-with-parent``);
 * **nothing of the host**: new PID, IPC, UTS and cgroup namespaces (and network unless
-  ``allow_network``), a fresh ``/proc``, bubblewrap's minimal ``/dev`` (null, zero, full,
-  random, urandom, tty, a private pts), a private ``/tmp``, the system directories
-  read-only, the working directory read-write (read-only with ``read_only``), and nothing
-  else. The root of the sandbox is read-only, so a command writes only to its working
-  directory, ``/tmp`` and the ``read_write_paths``.
+  ``allow_network``), a fresh ``/proc`` that is read-only (see below), bubblewrap's minimal
+  ``/dev`` (null, zero, full, random, urandom, tty, a private pts), a private ``/tmp``, the
+  system directories read-only, the working directory read-write (read-only with
+  ``read_only``), and nothing else. The root of the sandbox is read-only, so a command
+  writes only to its working directory, ``/tmp`` and the ``read_write_paths``.
+
+For every user, ``/proc/sys``, ``/proc/sysrq-trigger``, ``/proc/irq``, ``/proc/bus`` and
+``/proc/fs`` are bound read-only from the host's ``/proc`` over the fresh one (bubblewrap
+resolves a bind's source in the host's mount namespace; these are the same kernel objects,
+and the sysctls of namespaced things follow the namespaces of whoever opens them), and the
+whole fresh ``/proc`` is then remounted read-only: no sysctl, no ``chmod`` of an entry, and
+also no write to ``/proc/self/oom_score_adj`` or to a thread's ``comm`` (reads, and
+``/proc/self/fd/N``, which lead to the files themselves, work as before). bubblewrap covers
+some of these paths itself, but only where ``access(W_OK)`` succeeds, which it does not for
+``/proc/sys`` in a user namespace. ``/etc/ssl/private`` (the host's TLS keys, bound with
+``/etc/ssl``) is covered by an empty read-only directory.
+
+**When this process is root** the sandbox's user, whatever its uid inside, *is* the host's
+root to the kernel (kuid 0): the user namespace maps it to the uid that made the namespace.
+Capabilities are gone, but whatever the kernel decides by uid alone still holds, which is why
+the covers above matter, and why there are more:
+
+* ``/proc``: a sysctl write checks the effective uid against root's (that is how
+  ``kernel.core_pattern`` ran a program of the sandbox's as root on the host), and the owner
+  of a global ``/proc`` entry may ``chmod`` it for the whole machine; the read-only ``/proc``
+  stops both. The files at the top of ``/proc`` only root may read (``slabinfo``,
+  ``kpageflags``, ``timer_list``...) are also covered so that they cannot be opened.
+* ``/dev``: bubblewrap binds the host's own device nodes, and their owner may ``chmod`` them
+  (``chmod 0 /dev/null`` for the host); the launcher gives each sandbox nodes of its own,
+  made in its private state directory and owned by nobody (see :mod:`._launch`).
+* files: set-user-ID and set-group-ID modes are refused by the seccomp filter
+  (:mod:`._seccomp`), file capabilities by the missing ``CAP_SETFCAP``. What remains is
+  described in :class:`~agentvfs.sandbox.LocalSandbox`.
 
 :func:`detect_isolation` runs bubblewrap once with these flags and reads the capabilities and
-seccomp state of the process inside: where capabilities survive, or the filter is missing,
-bwrap counts as unavailable.
+seccomp state of the process inside, and whether ``kernel.core_pattern`` is writable: where
+capabilities survive, the filter is missing or the sysctl could be written, bwrap counts as
+unavailable.
 
 Custom ``bwrap_args`` replace the namespaces and the binds (everything between the binary and
 ``--``, the user namespace included), not the hardening: ``--cap-drop ALL``, the seccomp
@@ -26,13 +55,18 @@ filter, ``--new-session`` and ``--die-with-parent`` are always added in front of
 layout nothing, and a sandbox that silently keeps root's capabilities because someone added
 a bind is the failure this module exists to prevent; a custom ``--cap-add`` (which comes
 later) still wins. ``--seccomp`` in custom arguments is refused (use ``--add-seccomp-fd``).
+A ``--proc`` or ``--dev`` among custom arguments gets the covers of the default layout, added
+after them; what a custom layout binds from the host (``--bind / /`` includes the host's
+``/proc``) is its own choice.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import shutil
+import stat
 import subprocess
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -56,7 +90,9 @@ __all__ = [
     "bwrap_support",
     "check_isolation",
     "detect_isolation",
+    "device_args",
     "normalize_native_sandbox",
+    "proc_args",
     "sandbox_ids",
     "working_bwrap",
 ]
@@ -105,6 +141,9 @@ _SYSTEM_PATHS = (
     "/etc/localtime",
 )
 
+# Bound with /etc/ssl, covered by an empty directory (see build_bwrap_args).
+_TLS_KEYS = "/etc/ssl/private"
+
 # Runtime locations bound read-only with ``allow_system_binaries``.
 _RUNTIME_PATHS = ("/opt", "/snap")
 
@@ -114,6 +153,20 @@ _INSTALL_HINT = (
 
 # Every capability set and the seccomp state, as /proc/<pid>/status names them.
 _CAPABILITY_FIELDS = ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")
+
+# The parts of /proc that change the machine rather than the sandbox, bound read-only from the
+# host's /proc over the fresh one (the module docstring says why bubblewrap's own cover is not
+# enough). The remount of the whole /proc that follows covers them too: these binds say what
+# must never be writable even if a layout leaves /proc itself writable.
+_PROC_READ_ONLY = ("sys", "sysrq-trigger", "irq", "bus", "fs")
+
+# The probe's line: whether kernel.core_pattern (the sysctl that makes the kernel run a
+# program as root on a crash) is writable inside.
+_CORE_PATTERN_FIELD = "AgentvfsCorePattern"
+_CORE_PATTERN_PROBE = (
+    f"if test -w /proc/sys/kernel/core_pattern; then echo '{_CORE_PATTERN_FIELD}: writable'; "
+    f"else echo '{_CORE_PATTERN_FIELD}: read-only'; fi"
+)
 
 
 def _platform() -> str:
@@ -182,6 +235,66 @@ def _hardening(support: BwrapSupport, *, run_as_root: bool, user_namespace: bool
     return args
 
 
+@functools.cache
+def _root_only_proc_files() -> tuple[str, ...]:
+    """The regular files at the top of this machine's ``/proc`` that only root may read
+    (``kmsg``, ``slabinfo``, ``kpageflags``...): names of global entries, the same in every
+    procfs of this kernel."""
+    found: list[str] = []
+    try:
+        names = sorted(os.listdir("/proc"))
+    except OSError:
+        return ()
+    for name in names:
+        if name.isdigit() or name in _PROC_READ_ONLY:
+            continue
+        try:
+            info = os.lstat(f"/proc/{name}")
+        except OSError:
+            continue
+        if stat.S_ISREG(info.st_mode) and info.st_uid == 0 and not info.st_mode & 0o044:
+            found.append(name)
+    return tuple(found)
+
+
+def proc_args(destination: str = "/proc", *, host_root: bool | None = None) -> list[str]:
+    """The bubblewrap arguments that follow ``--proc destination``: the machine's parts of
+    ``/proc`` bound read-only, the root-only files covered (when the sandbox's user is the
+    host's root), then the whole mount made read-only (see the module docstring).
+
+    Parameters
+    ----------
+    destination : str
+        Where the layout mounts its procfs.
+    host_root : bool, optional
+        Whether the sandbox's user is the host's root; by default, whether this process is.
+    """
+    if host_root is None:
+        host_root = os.geteuid() == 0
+    base = destination.rstrip("/") or "/"
+    args: list[str] = []
+    for name in _PROC_READ_ONLY:
+        args += ["--ro-bind-try", f"/proc/{name}", f"{base}/{name}"]
+    if host_root:
+        # A device node on a read-only bind cannot be opened at all (the bind is nodev): the
+        # file answers EACCES, as it does to every other user of the host.
+        for name in _root_only_proc_files():
+            args += ["--ro-bind", "/dev/null", f"{base}/{name}"]
+    args += ["--remount-ro", base]
+    return args
+
+
+def device_args(devices: Mapping[str, str] | None, destination: str = "/dev") -> list[str]:
+    """The bubblewrap arguments that follow ``--dev destination``: each of ``devices``
+    (``{"null": "<host path of a node>", ...}``) bound over bubblewrap's bind of the host's
+    node of that name."""
+    base = destination.rstrip("/") or "/"
+    args: list[str] = []
+    for name, path in (devices or {}).items():
+        args += ["--dev-bind", path, f"{base}/{name}"]
+    return args
+
+
 def _status_fields(text: str) -> dict[str, str]:
     fields: dict[str, str] = {}
     for line in text.splitlines():
@@ -205,8 +318,8 @@ def _probe_once(path: str, support: BwrapSupport) -> tuple[str | None, str | Non
         os.close(write_end)
     probe = [path, *_hardening(support, run_as_root=False), "--seccomp", str(read_end)]
     probe += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net"]
-    probe += ["--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev"]
-    probe += ["--", "/bin/sh", "-c", "cat /proc/self/status"]
+    probe += ["--ro-bind", "/", "/", "--proc", "/proc", *proc_args("/proc"), "--dev", "/dev"]
+    probe += ["--", "/bin/sh", "-c", f"cat /proc/self/status && {_CORE_PATTERN_PROBE}"]
     try:
         done = subprocess.run(
             probe,
@@ -235,7 +348,8 @@ def bwrap_support() -> BwrapSupport:
     a user namespace alone, then none of ours (root where the kernel refuses user namespaces,
     a setuid bwrap).
     Whatever form, the process inside must show no capability in any set, ``NoNewPrivs`` and
-    the seccomp filter; otherwise bwrap is reported unavailable with what was seen.
+    the seccomp filter, and must not be able to write ``kernel.core_pattern``; otherwise bwrap
+    is reported unavailable with what was seen.
     """
     if not _platform().startswith("linux"):
         return BwrapSupport(None, f"bubblewrap runs only on Linux, not on {_platform()}")
@@ -266,6 +380,15 @@ def bwrap_support() -> BwrapSupport:
                 path,
                 f"Linux bubblewrap at {path} did not apply the seccomp filter "
                 f"(NoNewPrivs {fields.get('NoNewPrivs')}, Seccomp {fields.get('Seccomp')})",
+            )
+        if fields.get(_CORE_PATTERN_FIELD) != "read-only":
+            # Where the sandbox's user is the host's root, a written core_pattern makes the
+            # kernel run a program of the sandbox's choice as root on the host.
+            seen = fields.get(_CORE_PATTERN_FIELD, "not checked")
+            return BwrapSupport(
+                path,
+                f"Linux bubblewrap at {path} leaves /proc/sys writable to the sandbox "
+                f"(kernel.core_pattern: {seen})",
             )
         return candidate
     return BwrapSupport(path, f"Linux bubblewrap at {path} does not work here: {failures[0]}")
@@ -455,6 +578,7 @@ def build_bwrap_args(
     block_fd: int | None = None,
     proxy_directory: str | None = None,
     protect: Sequence[str] = (),
+    devices: Mapping[str, str] | None = None,
 ) -> list[str]:
     """The argument vector that runs ``command`` under bubblewrap.
 
@@ -487,12 +611,16 @@ def build_bwrap_args(
     protect : sequence of str
         Host paths bound read-only after everything else, so a writable bind that contains
         them (the working directory, ``read_write_paths``) cannot change them.
+    devices : mapping, optional
+        Device nodes of the sandbox's own (``{"null": path, ...}``), bound over bubblewrap's
+        binds of the host's nodes in ``/dev`` (see :func:`device_args`).
 
     Returns
     -------
     list of str
         ``[bwrap, ..., "--", "sh", "-c", command]``. Custom ``bwrap_args`` replace
-        everything between the hardening and ``--``.
+        everything between the hardening and ``--``; a ``--proc`` or ``--dev`` among them
+        gets the same covers as the default layout's, added after them.
     """
     support = support or BwrapSupport(bwrap)
     custom = config.get("bwrap_args")
@@ -505,15 +633,25 @@ def build_bwrap_args(
         args += ["--info-fd", str(info_fd), "--block-fd", str(block_fd)]
     tail = ["--", "sh", "-c", command]
     if custom:
-        return [*args, *custom, *tail]
+        covers: list[str] = []
+        for flag, destination in itertools.pairwise(custom):
+            if flag == "--proc":
+                covers += proc_args(destination)
+            elif flag == "--dev":
+                covers += device_args(devices, destination)
+        return [*args, *custom, *covers, *tail]
     args += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
     if not config.get("allow_network"):
         args.append("--unshare-net")
     # /dev comes before the binds so that a path below /dev given by the caller is not hidden
     # by it; it must be --dev (device nodes of a plain bind are unusable: bwrap binds nodev).
-    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    args += ["--proc", "/proc", *proc_args("/proc"), "--dev", "/dev", *device_args(devices), "--tmpfs", "/tmp"]
     for path in _SYSTEM_PATHS:
         args += ["--ro-bind-try", path, path]
+    if os.path.isdir(_TLS_KEYS):
+        # Private keys, not certificates: nothing a command needs, and readable to it when its
+        # user is the host's root, whatever their mode.
+        args += ["--tmpfs", _TLS_KEYS, "--remount-ro", _TLS_KEYS]
     for path in config.get("read_only_paths", ()):
         args += ["--ro-bind", path, path]
     forwarding = proxy_directory is not None and config.get("allowed_hosts") is not None

@@ -14,9 +14,18 @@ containment put together into a :class:`~._processes.LaunchPlan`.
   :mod:`._supervisor`, a child subreaper that takes the rlimits, runs the command and kills
   every descendant when it ends or is killed.
 
-The state a sandbox keeps on the host (the egress proxy's socket) lives in a private
-directory of the system's temporary directory, outside everything the sandbox can write; if a
-writable bind covers it anyway (``read_write_paths=["/tmp"]``), it is bound read-only on top.
+The state a sandbox keeps on the host (the egress proxy's socket, its device nodes) lives in a
+private directory of the system's temporary directory, outside everything the sandbox can
+write; if a writable bind covers it anyway (``read_write_paths=["/tmp"]``), it is bound
+read-only on top.
+
+When this process is root, the sandbox's user is the host's root to the kernel (see
+:mod:`._isolation`), and so the owner of the host's device nodes that bubblewrap binds into
+``/dev``: ``chmod 0 /dev/null`` inside would change the host's. Each such sandbox gets nodes
+of its own instead (null, zero, full, random, urandom, tty: the host's device numbers), made
+in its state directory and owned by nobody, so a command can use them and change neither
+them nor the host's. Where the temporary directory's filesystem refuses device nodes
+(``nodev``), the host's are used and a warning says so.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ import os
 import select
 import shlex
 import shutil
+import stat
 import tempfile
 import weakref
 from collections.abc import Mapping, Sequence
@@ -57,6 +67,12 @@ _WARNED: set[str] = set()
 
 # How long bubblewrap may take to report its sandbox's first process.
 _INFO_TIMEOUT = 30.0
+
+# The device nodes bubblewrap's --dev binds from the host, and the owner of the sandbox's own:
+# the kernel's overflow uid, mapped to nothing in the sandbox's user namespace, so that the
+# sandbox's user (the host's root, but without CAP_FOWNER) is not their owner.
+_DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
+_NOBODY = 65534
 
 # Put in front of the command, on its first line (so the shell's line numbers in messages stay
 # the command's own): enter the command's cgroups, set the limits, or stop with status 126.
@@ -89,6 +105,7 @@ class Launcher:
         self.cgroup: SandboxCgroup | None = None
         self.proxy: EgressProxy | None = None
         self.state_directory: str | None = None
+        self.devices: dict[str, str] | None = None
         self._remove_state: weakref.finalize[Any, Any] | None = None
         self._drop_cgroup: weakref.finalize[Any, Any] | None = None
 
@@ -125,6 +142,16 @@ class Launcher:
                     self.name,
                     reason,
                 )
+        if self.isolation == "bwrap" and self.devices is None and os.geteuid() == 0:
+            self.devices = _private_devices(os.path.join(self.state_directory, "dev"))
+            if self.devices is None:
+                self._warn_once(
+                    "devices",
+                    "sandbox %s: %s refuses device nodes (nodev); commands get the host's own "
+                    "/dev/null and the like, which they can chmod (they run as the host's root)",
+                    self.name,
+                    tempfile.gettempdir(),
+                )
         patterns = self.config.get("allowed_hosts")
         if self.isolation == "bwrap" and patterns is not None and self.proxy is None:
             proxy_dir = os.path.join(self.state_directory, "egress")
@@ -150,6 +177,7 @@ class Launcher:
         if proxy is not None:
             proxy.close()
         self.state_directory = None
+        self.devices = None
         if self._remove_state is not None:
             self._remove_state()
             self._remove_state = None
@@ -281,6 +309,7 @@ class Launcher:
             block_fd=block_r,
             proxy_directory=proxy.directory if proxy is not None else None,
             protect=[p for p in shielded if _covered(p, writable)],
+            devices=self.devices,
         )
 
         def gate(pid: int) -> None:
@@ -333,6 +362,35 @@ def _read_child_pid(fd: int) -> int | None:
         return int(json.loads(data)["child-pid"])
     except (ValueError, KeyError, TypeError) as exc:
         raise OSError(f"bubblewrap wrote an unexpected --info-fd answer: {data[:200]!r}") from exc
+
+
+def _private_devices(directory: str) -> dict[str, str] | None:
+    """Make the sandbox's own device nodes in ``directory`` (see the module docstring):
+    ``{"null": path, ...}``, or None where they cannot be made or used (the directory's
+    filesystem is mounted ``nodev``; then nothing is left behind)."""
+    made: dict[str, str] = {}
+    try:
+        os.mkdir(directory, 0o755)
+        for name in _DEVICES:
+            try:
+                host = os.stat(f"/dev/{name}")
+            except OSError:
+                continue
+            if not stat.S_ISCHR(host.st_mode):
+                continue
+            path = os.path.join(directory, name)
+            os.mknod(path, stat.S_IFCHR | 0o666, host.st_rdev)
+            os.chmod(path, 0o666)  # whatever the umask took away
+            os.chown(path, _NOBODY, _NOBODY)
+            made[name] = path
+        if "null" in made:
+            # A node on a nodev filesystem exists but cannot be opened: try the harmless one.
+            fd = os.open(made["null"], os.O_WRONLY | os.O_CLOEXEC)
+            os.close(fd)
+    except OSError:
+        shutil.rmtree(directory, ignore_errors=True)
+        return None
+    return made
 
 
 def _drop(cgroup: SandboxCgroup) -> None:
