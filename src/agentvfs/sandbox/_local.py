@@ -78,6 +78,33 @@ class LocalSandbox:
     unless ``allow_network`` (or only ``allowed_hosts`` through a proxy), none of the host's
     processes and no host environment.
 
+    **Run as root**, a bwrap command's user (uid 1000 inside, or 0 with ``run_as_root``) is
+    the host's root to the kernel (kuid 0), though without any capability: bubblewrap's user
+    namespace maps it to the uid that made the namespace. It is not a separate host user,
+    because the host process and the commands edit the same files. The files this process
+    writes are root's with mode 0644, and a command running as another host uid could read
+    them but not change them. What the kernel grants by uid alone is covered where it reaches
+    the host: ``/proc`` is read-only (no sysctl such as ``kernel.core_pattern``, no ``chmod``
+    of an entry) and its root-only files cannot be opened; ``/dev`` holds nodes of the
+    sandbox's own; set-ID modes and file capabilities are refused. What remains:
+
+    * files a command creates in the working directory, the ``read_write_paths`` and
+      read-write mounts are owned by root on the host (never set-user-ID, set-group-ID or
+      with a file capability), and it may change, ``chmod`` or delete every root-owned file
+      there, as this process may;
+    * every file bound into the sandbox (the system directories, ``/opt``, this Python, the
+      ``read_only_paths``) is readable whatever its mode, as it is to root. The host's TLS keys
+      in ``/etc/ssl/private`` are hidden, but a root-only file elsewhere in those paths is
+      not protected by its mode;
+    * with ``allow_network=True`` the command shares the host's network namespace: a host
+      service on an abstract unix socket that trusts its peer's uid (``SO_PEERCRED``) sees
+      root;
+    * ``max_processes`` holds only through a pids cgroup (the kernel exempts root from
+      ``RLIMIT_NPROC``; a warning says so).
+
+    Running this process as an ordinary user removes all of this: the commands are then that
+    user, to the kernel too.
+
     The sandbox starts on the first command (or :meth:`start`): status ``pending`` ->
     ``starting`` -> ``running``. :meth:`stop` kills its processes -- all of them, also those
     that left their process group or session (``setsid``, double forks): bubblewrap's PID
