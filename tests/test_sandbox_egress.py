@@ -1,5 +1,6 @@
 """Network egress by allow-list: the host patterns, the host-side proxy (CONNECT and plain HTTP,
-403 refusals), and real sandboxes where an allowed name is reached through the proxy, others
+403 refusals; one request per plain connection, under the Host that was checked, its body
+framed by the proxy), and real sandboxes where an allowed name is reached through the proxy, others
 are refused and a direct connection finds no network."""
 
 from __future__ import annotations
@@ -17,7 +18,13 @@ from pathlib import Path
 import pytest
 
 from agentvfs.sandbox import LocalSandbox
-from agentvfs.sandbox._egress import EgressProxy, HostPattern, host_allowed, parse_host_patterns
+from agentvfs.sandbox._egress import (
+    EgressProxy,
+    HostPattern,
+    _RequestBody,
+    host_allowed,
+    parse_host_patterns,
+)
 from agentvfs.sandbox._isolation import detect_isolation, normalize_native_sandbox
 
 pytestmark = pytest.mark.anyio
@@ -160,6 +167,126 @@ def test_proxy_plain_http_connect_and_refusals(proxy: EgressProxy, host_server: 
         assert b"native_sandbox['allowed_hosts']" in answer
     assert ask(proxy, b"GET /relative HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 400")
     assert ask(proxy, b"nonsense\r\n\r\n").startswith(b"HTTP/1.1 400")
+
+
+# -- plain HTTP: one request, the Host that was checked, a body framed by the proxy --------------
+
+
+def _done(body: _RequestBody) -> bool:
+    # A call, not the attribute: type checkers would keep an earlier assert's narrowing.
+    return body.done
+
+
+def test_request_bodies_are_framed_and_chunks_reencoded() -> None:
+    body = _RequestBody(5, chunked=False)
+    assert body.feed(b"hel") == b"hel" and not _done(body)
+    assert body.feed(b"loGET /next HTTP/1.1\r\n\r\n") == b"lo" and _done(body)
+    assert body.feed(b"more") == b""
+    assert _RequestBody(0, chunked=False).done
+    # Extensions and trailers are dropped; the upstream gets exactly the chunks read.
+    raw = b"5 ;name=value\r\nhello\r\nA\r\n0123456789\r\n0\r\nX-Trailer: t\r\n\r\nGET /next HTTP/1.1\r\n\r\n"
+    canonical = b"5\r\nhello\r\na\r\n0123456789\r\n0\r\n\r\n"
+    whole = _RequestBody(0, chunked=True)
+    assert whole.feed(raw) == canonical and whole.done
+    bytewise = _RequestBody(0, chunked=True)
+    assert b"".join(bytewise.feed(raw[i : i + 1]) for i in range(len(raw))) == canonical
+    for bad in (b"zz\r\nhello\r\n", b"5\r\nhelloXX0\r\n\r\n", b"5\nhello\r\n", b"0x5\r\nhello\r\n", b"f" * 5000):
+        with pytest.raises(ValueError):
+            _RequestBody(0, chunked=True).feed(bad)
+
+
+@pytest.fixture
+def raw_upstream() -> Iterator[tuple[int, list[bytes]]]:
+    """A server on 127.0.0.1 that records everything a connection sends until its end, then
+    answers ``ok``: the exact bytes the proxy forwarded."""
+    server = socket.create_server(("127.0.0.1", 0))
+    received: list[bytes] = []
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(10)
+                data = b""
+                while chunk := conn.recv(65536):
+                    data += chunk
+                received.append(data)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield server.getsockname()[1], received
+    server.close()
+    thread.join(timeout=5)
+
+
+def ask_and_close(path: str, request: bytes) -> bytes:
+    """Send ``request``, end the sending side, and read the answer to its end."""
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(10)
+        sock.connect(path)
+        sock.sendall(request)
+        sock.shutdown(socket.SHUT_WR)
+        chunks = []
+        while data := sock.recv(65536):
+            chunks.append(data)
+        return b"".join(chunks)
+
+
+def test_plain_http_goes_upstream_as_one_request_under_its_checked_host(raw_upstream: tuple[int, list[bytes]]) -> None:
+    port, received = raw_upstream
+    directory = tempfile.mkdtemp(prefix="agentvfs-egress-test-")
+    patterns = parse_host_patterns(["127.0.0.1"])
+    assert patterns is not None
+    egress = EgressProxy(directory, patterns, name="test")
+    egress.start()
+    where = f"127.0.0.1:{port}"
+    try:
+        # The client's Host (any number of them) gives way to the URL's authority, the hop's
+        # headers and those the Connection header names go, a pipelined request is dropped.
+        answer = ask_and_close(
+            egress.socket_path,
+            f"GET http://user:pw@{where}/a?q=1 HTTP/1.1\r\nHost: internal-admin.corp\r\nHOST: other\r\n"
+            "Connection: X-Secret, keep-alive\r\nX-Secret: s\r\nProxy-Authorization: p\r\nAccept: */*\r\n\r\n"
+            "GET /admin HTTP/1.1\r\nHost: internal-admin.corp\r\n\r\n".encode(),
+        )
+        assert answer.endswith(b"\r\n\r\nok"), answer
+        assert received[-1] == f"GET /a?q=1 HTTP/1.1\r\nHost: {where}\r\nAccept: */*\r\nConnection: close\r\n\r\n".encode()
+        # A body by Content-Length, then nothing more.
+        ask_and_close(egress.socket_path, f"POST http://{where}/p HTTP/1.1\r\nContent-Length: 3\r\n\r\nabcGET /x HTTP/1.1\r\n\r\n".encode())
+        assert received[-1] == f"POST /p HTTP/1.1\r\nHost: {where}\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc".encode()
+        # A chunked body, re-chunked; the request after it dropped.
+        ask_and_close(
+            egress.socket_path,
+            f"POST http://{where}/c HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3;x=y\r\nabc\r\n0\r\nT: 1\r\n\r\nGET /x HTTP/1.1\r\n\r\n".encode(),
+        )
+        assert received[-1] == (
+            f"POST /c HTTP/1.1\r\nHost: {where}\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n3\r\nabc\r\n0\r\n\r\n".encode()
+        )
+        count = len(received)
+        for request, reason in (
+            (f"POST http://{where}/ HTTP/1.1\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n", b"both Content-Length and Transfer-Encoding"),
+            (f"POST http://{where}/ HTTP/1.1\r\nContent-Length: 4, 5\r\n\r\n", b"an invalid Content-Length"),
+            (f"POST http://{where}/ HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n", b"last transfer coding must be chunked"),
+            (f"GET http://{where}/ HTTP/1.1\r\nX: a\r\n Host: evil\r\n\r\n", b"malformed header line"),
+            (f"GET http://{where}/ HTTP/1.1\r\nHost : evil\r\n\r\n", b"malformed header line"),
+            (f"GET http://{where}/ HTTP/1.1\r\nX: a\nHost: evil\r\n\r\n", b"control characters"),
+            (f"GET http://{where}/ HTTP/1.1\nX: y\r\n\r\n", b"control characters"),
+            (f"GET http://{where}/ HTTP/9\r\n\r\n", b"malformed request line"),
+        ):
+            answer = ask_and_close(egress.socket_path, request.encode())
+            assert answer.startswith(b"HTTP/1.1 400 Bad Request") and reason in answer, (request, answer)
+        # A chunked body the proxy cannot frame ends the connection before anything more of it.
+        answer = ask_and_close(egress.socket_path, f"POST http://{where}/bad HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n".encode())
+        assert answer.startswith(b"HTTP/1.1 400 Bad Request") or not answer, answer
+        # (Nothing, or the head alone: the bad chunk line may arrive with the head or after it.)
+        assert all(not data or data.endswith(b"Connection: close\r\n\r\n") for data in received[count:]), received[count:]
+    finally:
+        egress.close()
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 # -- real sandboxes -----------------------------------------------------------------------------

@@ -17,6 +17,18 @@ of its own (no route anywhere, only its own loopback), and the only way out is t
   direct. Tools that honour these variables (curl, pip, git, npm, Python's urllib and
   requests...) work unchanged; anything that connects directly finds no network.
 
+A plain HTTP request goes upstream as one request: its ``Host`` header is the authority of
+the URL that was checked (whatever ``Host`` the client sent is dropped, so a virtual host
+behind an allowed address cannot be named), its body is framed by the proxy
+(``Content-Length`` or chunked, re-chunked canonically; a request with both, or with a framing
+the proxy cannot read, gets ``400``), and the connection ends with the response: a second
+request pipelined on it is never forwarded (clients retry it on a new connection, as
+HTTP/1.1 lets them). A ``CONNECT`` tunnel carries bytes the proxy does not read: the name a
+TLS client sends inside (SNI) and the ``Host`` of requests inside the tunnel are not
+checked, so a client can ask the allowed host:port for any other name the server there
+answers to (virtual hosts, a CDN's other customers). The allow-list decides which address
+and port are reached, not which site on them.
+
 Patterns: ``example.org`` matches that name only; ``*.example.org`` matches every name below
 it (not ``example.org`` itself); either may end in ``:port`` to allow that port only (any
 port otherwise). IP addresses match only when listed literally (``127.0.0.1``, ``[::1]``).
@@ -55,8 +67,121 @@ _CLIENT_TIMEOUT = 30.0
 _MAX_CONNECTIONS = 64
 _CHUNK = 64 * 1024
 
-# Headers that belong to the hop between client and proxy, not to the origin server.
-_HOP_HEADERS = frozenset({"proxy-connection", "proxy-authorization", "connection", "keep-alive"})
+# Headers that belong to the hop between client and proxy, not to the origin server (plus the
+# client's Host, which the proxy writes itself from the URL it checked). An upgrade (a
+# WebSocket over plain HTTP) is not passed on: the connection carries one request only.
+_HOP_HEADERS = frozenset(
+    {"proxy-connection", "proxy-authorization", "connection", "keep-alive", "te", "trailer", "upgrade", "host"}
+)
+_HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+_VERSION = re.compile(r"^HTTP/[0-9]\.[0-9]$")
+_CHUNK_LINE_LIMIT = 4096
+
+
+class _Refused(Exception):
+    """A request the proxy does not forward: ``reply`` is the answer to the client."""
+
+    def __init__(self, reply: bytes) -> None:
+        super().__init__(reply)
+        self.reply = reply
+
+
+class _RequestBody:
+    """The body of one plain HTTP request in the client's byte stream (RFC 9112, section 6).
+
+    :meth:`feed` takes whatever the client sends and returns the bytes to send upstream: the
+    body's own (chunks re-encoded as ``<hex size>\\r\\n<data>\\r\\n``, extensions and trailers
+    dropped, so the upstream reads exactly the framing this parser read), nothing after its
+    end. A request with neither ``Content-Length`` nor ``Transfer-Encoding`` has no body.
+    """
+
+    def __init__(self, length: int, *, chunked: bool) -> None:
+        self.chunked = chunked
+        self._left = length  # bytes of the current chunk (or of the whole body) still due
+        self._state = "size" if chunked else ("data" if length else "done")
+        self._line = b""
+
+    @property
+    def done(self) -> bool:
+        """The whole body went by; whatever the client sends now is not forwarded."""
+        return self._state == "done"
+
+    def feed(self, data: bytes) -> bytes:
+        """The part of ``data`` that belongs upstream.
+
+        Raises
+        ------
+        ValueError
+            The chunked framing is malformed (a size that is not hex, a chunk not followed by
+            CRLF, a line over 4 KiB).
+        """
+        out = bytearray()
+        while data and not self.done:
+            if self._state == "data":
+                piece, data = data[: self._left], data[self._left :]
+                self._left -= len(piece)
+                if self.chunked:
+                    out += piece
+                    if not self._left:
+                        self._state = "crlf"
+                        out += b"\r\n"
+                else:
+                    out += piece
+                    if not self._left:
+                        self._state = "done"
+                continue
+            # A line: a chunk size, the CRLF after a chunk's data, or a trailer.
+            end = data.find(b"\n")
+            if end < 0:
+                self._line += data
+                data = b""
+                if len(self._line) > _CHUNK_LINE_LIMIT:
+                    raise ValueError("a chunk line over 4 KiB")
+                continue
+            line, data = self._line + data[: end + 1], data[end + 1 :]
+            self._line = b""
+            if not line.endswith(b"\r\n"):
+                raise ValueError("a chunk line not ended by CRLF")
+            line = line[:-2]
+            if self._state == "crlf":
+                if line:
+                    raise ValueError("chunk data longer than its size")
+                self._state = "size"
+            elif self._state == "size":
+                size_text = line.split(b";", 1)[0].rstrip(b" \t")  # BWS before an extension
+                if not size_text or len(size_text) > 16 or not all(c in b"0123456789abcdefABCDEF" for c in size_text):
+                    raise ValueError(f"a chunk size that is not hex: {size_text[:40]!r}")
+                size = int(size_text, 16)
+                if size:
+                    out += f"{size:x}\r\n".encode()
+                    self._left, self._state = size, "data"
+                else:
+                    self._state = "trailer"
+            elif not line:  # the blank line after the (dropped) trailers
+                out += b"0\r\n\r\n"
+                self._state = "done"
+        return bytes(out)
+
+
+def _request_body(headers: Sequence[tuple[str, str]]) -> _RequestBody:
+    """How the body of a request with ``headers`` ends (raises :class:`_Refused`)."""
+    lengths = {value.strip() for name, value in headers if name == "content-length"}
+    codings = [value for name, value in headers if name == "transfer-encoding"]
+    if codings:
+        if lengths:
+            # Two framings: the one the upstream picks need not be this proxy's.
+            raise _Refused(_answer("400 Bad Request", "agentvfs sandbox proxy: both Content-Length and Transfer-Encoding\n"))
+        final = ",".join(codings).split(",")[-1].strip().lower()
+        if final != "chunked":
+            raise _Refused(_answer("400 Bad Request", "agentvfs sandbox proxy: a request's last transfer coding must be chunked\n"))
+        return _RequestBody(0, chunked=True)
+    if not lengths:
+        return _RequestBody(0, chunked=False)
+    values = {part.strip() for value in lengths for part in value.split(",")}
+    if len(values) != 1 or not next(iter(values)).isdigit():
+        raise _Refused(_answer("400 Bad Request", "agentvfs sandbox proxy: an invalid Content-Length\n"))
+    return _RequestBody(int(next(iter(values))), chunked=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,10 +404,12 @@ def _read_head(sock: socket.socket) -> tuple[bytes, bytes] | None:
     return head, rest
 
 
-def _relay(a: socket.socket, b: socket.socket) -> None:
-    """Copy bytes both ways until both directions are closed."""
+def _relay(client: socket.socket, upstream: socket.socket, body: _RequestBody | None = None) -> None:
+    """Copy bytes both ways until both directions are closed; with ``body`` (a plain HTTP
+    request), what the client sends goes through it, so nothing past the request's end
+    reaches the upstream."""
     selector = selectors.DefaultSelector()
-    peers = {a: b, b: a}
+    peers = {client: upstream, upstream: client}
     for sock in peers:
         sock.setblocking(True)
         sock.settimeout(None)
@@ -297,6 +424,14 @@ def _relay(a: socket.socket, b: socket.socket) -> None:
                 except OSError:
                     data = b""
                 if data:
+                    if src is client and body is not None:
+                        try:
+                            data = body.feed(data)
+                        except ValueError:
+                            # The body cannot be framed: the upstream must not guess either.
+                            return
+                        if not data:
+                            continue
                     try:
                         dst.sendall(data)
                         continue
@@ -408,17 +543,25 @@ class EgressProxy:
             if read is None:
                 return
             head, rest = read
-            upstream, reply, forward = self._open(head)
-            if upstream is None:
-                client.sendall(reply)
+            try:
+                upstream, reply, forward, body = self._open(head)
+            except _Refused as refused:
+                client.sendall(refused.reply)
                 return
             with self._lock:
                 self._clients.add(upstream)
             if reply:
                 client.sendall(reply)
+            if body is not None:
+                try:
+                    rest = body.feed(rest)
+                except ValueError as exc:
+                    # Nothing went upstream yet: the client can still be told why.
+                    client.sendall(_answer("400 Bad Request", f"agentvfs sandbox proxy: a malformed chunked body: {exc}\n"))
+                    return
             if forward or rest:
                 upstream.sendall(forward + rest)
-            _relay(client, upstream)
+            _relay(client, upstream, body)
         except OSError:
             pass
         finally:
@@ -440,32 +583,41 @@ class EgressProxy:
             "X-Agentvfs-Refused: not-in-allowed-hosts\r\n",
         )
 
-    def _open(self, head: bytes) -> tuple[socket.socket | None, bytes, bytes]:
-        """Decide on a request head: ``(upstream, reply to the client, bytes for upstream)``;
-        no upstream means ``reply`` is the refusal."""
-        lines = head.decode("latin-1").split("\r\n")
+    def _open(self, head: bytes) -> tuple[socket.socket, bytes, bytes, _RequestBody | None]:
+        """Decide on a request head: ``(upstream, reply to the client, bytes for upstream,
+        the body's framing)``; the framing is None for a tunnel.
+
+        Raises
+        ------
+        _Refused
+            The request is malformed or its host is not allowed; the refusal says why.
+        """
+        text = head.decode("latin-1")
+        lines = text.split("\r\n")
+        if _CONTROL.search(text.replace("\r\n", "")):
+            # A bare CR or LF that this proxy kept inside a line, the upstream may end it at.
+            raise _Refused(_answer("400 Bad Request", "agentvfs sandbox proxy: control characters in the request head\n"))
         parts = lines[0].split(" ")
-        if len(parts) != 3 or not parts[2].startswith("HTTP/"):
-            return None, _answer("400 Bad Request", "agentvfs sandbox proxy: malformed request line\n"), b""
+        if len(parts) != 3 or not _VERSION.match(parts[2]):
+            raise _Refused(_answer("400 Bad Request", "agentvfs sandbox proxy: malformed request line\n"))
         method, target, version = parts
+        body: _RequestBody | None = None
         if method.upper() == "CONNECT":
             host, port_text = _split_port(target)
             port = _parse_port(port_text or "")
             if not host or port is None:
-                return None, _answer("400 Bad Request", f"agentvfs sandbox proxy: CONNECT needs host:port, got {target!r}\n"), b""
+                raise _Refused(_answer("400 Bad Request", f"agentvfs sandbox proxy: CONNECT needs host:port, got {target!r}\n"))
             forward = b""
             reply = b"HTTP/1.1 200 Connection Established\r\n\r\n"
         else:
             match = re.match(r"^http://([^/?#]+)(.*)$", target, re.IGNORECASE)
             if match is None:
-                return (
-                    None,
+                raise _Refused(
                     _answer(
                         "400 Bad Request",
                         "agentvfs sandbox proxy: expected an absolute http:// URL or CONNECT "
                         f"(https goes through CONNECT), got {target!r}\n",
-                    ),
-                    b"",
+                    )
                 )
             authority, path = match.group(1), match.group(2) or "/"
             if "@" in authority:
@@ -473,16 +625,39 @@ class EgressProxy:
             host, port_text = _split_port(authority)
             port = _parse_port(port_text) if port_text else 80
             if not host or port is None:
-                return None, _answer("400 Bad Request", f"agentvfs sandbox proxy: bad host in {target!r}\n"), b""
-            headers = [line for line in lines[1:] if line.split(":", 1)[0].strip().lower() not in _HOP_HEADERS]
-            forward = "\r\n".join([f"{method} {path} {version}", *headers, "Connection: close", "", ""]).encode("latin-1")
+                raise _Refused(_answer("400 Bad Request", f"agentvfs sandbox proxy: bad host in {target!r}\n"))
+            headers = _parse_headers(lines[1:])
+            body = _request_body(headers)
+            # Headers the client's Connection header names are this hop's too (RFC 9110 7.6.1).
+            named = {token.strip().lower() for name, value in headers if name == "connection" for token in value.split(",")}
+            kept = [line for line, (name, _value) in zip(lines[1:], headers, strict=True) if name not in _HOP_HEADERS | named]
+            # The Host the upstream sees is the authority that was checked, never the client's.
+            forward_lines = [f"{method} {path} {version}", f"Host: {authority}", *kept, "Connection: close", "", ""]
+            forward = "\r\n".join(forward_lines).encode("latin-1")
             reply = b""
         name = _normal_host(host)
         if not host_allowed(self.patterns, name, port):
-            return None, self._refuse(name, port), b""
+            raise _Refused(self._refuse(name, port))
         try:
             upstream = socket.create_connection((name, port), timeout=_CONNECT_TIMEOUT)
         except OSError as exc:
             reason = exc.strerror or str(exc)
-            return None, _answer("502 Bad Gateway", f"agentvfs sandbox proxy: cannot connect to {name}:{port}: {reason}\n"), b""
-        return upstream, reply, forward
+            raise _Refused(
+                _answer("502 Bad Gateway", f"agentvfs sandbox proxy: cannot connect to {name}:{port}: {reason}\n")
+            ) from exc
+        return upstream, reply, forward, body
+
+
+def _parse_headers(lines: Sequence[str]) -> list[tuple[str, str]]:
+    """``(lowercase name, value)`` of each header line (raises :class:`_Refused` for a line
+    the proxy and the upstream might read differently: folded, nameless, or with space
+    before the colon)."""
+    headers: list[tuple[str, str]] = []
+    for line in lines:
+        name, sep, value = line.partition(":")
+        if not sep or not _HEADER_NAME.match(name):
+            # Also a folded line (obs-fold, starting with whitespace): RFC 9112 lets a proxy
+            # refuse it, and whether the upstream joins it to the line before is its choice.
+            raise _Refused(_answer("400 Bad Request", f"agentvfs sandbox proxy: malformed header line {line[:80]!r}\n"))
+        headers.append((name.lower(), value.strip()))
+    return headers
