@@ -520,6 +520,24 @@ class MountManager:
         from ..mounts._child import ProcessMount, recipe_for
         from ..mounts._server import Mount
 
+        # A window stays open between the check and the mount, and it is not short. The
+        # check works on descriptors, but the mount is made by path, by libfuse in
+        # ``handle.start`` (in this process for a Mount, in a child it starts for a
+        # ProcessMount, where the mount comes after that child's start-up: about 0.6 s from
+        # the check to the check after, measured on a 2-core VM). If a parent of ``host`` is
+        # swapped for a symlink in that time, the kernel mounts the configured filesystem on
+        # a directory of the same name wherever the link points (as root, any directory; as
+        # another user, fusermount3 mounts only on a directory that user may write). It stays
+        # there until ``_landed`` below sees this and unmounts it. Only a process that runs
+        # during the mount can do the swap. Of this sandbox's, that means a command already
+        # running when ``mount()`` is called later on: the mounts of ``start()`` come before
+        # its first command, and stop() killed the earlier ones.
+        # What the agent gets is the configured filesystem showing at an outside path for
+        # that moment. It never gets its own data there, nor write access it did not have.
+        # To close the window, the mount would have to be made on the checked directory
+        # itself, for example on ``/proc/self/fd/N`` of its descriptor in the process that
+        # mounts, or by ``move_mount`` of a detached mount onto that descriptor. Both are
+        # changes to ``agentvfs.mounts``, whose handles identify their mount by its path.
         identity = await anyio.to_thread.run_sync(self._mount_point, host)
         await anyio.to_thread.run_sync(self._verify_mount_point, host, identity)
         handle: Mount | ProcessMount
