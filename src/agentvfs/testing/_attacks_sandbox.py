@@ -15,6 +15,7 @@ import secrets
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -230,6 +231,346 @@ async def bwrap_nested_namespaces(arena: Arena) -> None:
     for line in out.splitlines():
         if line.endswith(("made", "refused")):
             arena.record(line.endswith("refused"), f"unshare from a program: {line}")
+
+
+# -- the host's root, by uid alone ---------------------------------------------------------------
+
+# Sysctls whose value written back unchanged changes nothing: a write that gets through proves
+# the hole without touching the host (never core_pattern, which is what an attacker would use).
+_SYSCTLS = ("fs/lease-break-time", "kernel/printk_ratelimit", "vm/swappiness")
+
+
+@attack(
+    "bwrap_sysctl_write",
+    finding="a command writes a global sysctl (the sandbox's user is the host's root: core_pattern runs a program as root)",
+    severity="critical",
+    requires=("bwrap",),
+)
+async def bwrap_sysctl_write(arena: Arena) -> None:
+    await arena.open(isolation="bwrap")
+    for name in _SYSCTLS:
+        path = f"/proc/sys/{name}"
+        if not _exists(path):
+            continue
+        before = _read_text(path)
+        # Its own value, read inside and written back: nothing changes even when it works.
+        out = await arena.sh(f'v=$(cat {path}) && printf "%s\\n" "$v" > {path} && echo WROTE {name}')
+        arena.record(f"WROTE {name}" not in out, f"{path} was written from the sandbox: {out[:200]!r}")
+        arena.record(_read_text(path) == before, f"{path} changed on the host: {before!r} -> {_read_text(path)!r}")
+    # The same from a program, through its own descriptor (no shell redirection).
+    script = (
+        "import sys\n"
+        "for path in sys.argv[1:]:\n"
+        "    try:\n"
+        "        with open(path, 'r+') as f:\n"
+        "            value = f.read()\n"
+        "            f.seek(0)\n"
+        "            f.write(value)\n"
+        "        print('WROTE', path)\n"
+        "    except OSError as exc:\n"
+        "        print('refused', path, exc.errno)\n"
+    )
+    await arena.tool("write_file", path="sysctl.py", content=script)
+    paths = [f"/proc/sys/{name}" for name in _SYSCTLS if _exists(f"/proc/sys/{name}")]
+    out = await arena.sh(f"{sys.executable} sysctl.py {' '.join(paths)}")
+    for path in paths:
+        arena.record(f"WROTE {path}" not in out, f"{path} was written by a program in the sandbox: {out[:200]!r}")
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError as exc:
+        return f"unreadable: {exc.errno}"
+
+
+def _root_only_proc_files() -> list[str]:
+    """The top-level files of the host's /proc only root may read."""
+    found = []
+    for name in sorted(os.listdir("/proc")):
+        path = f"/proc/{name}"
+        with contextlib.suppress(OSError):
+            info = os.lstat(path)
+            if not name.isdigit() and stat.S_ISREG(info.st_mode) and info.st_uid == 0 and not info.st_mode & 0o044:
+                found.append(path)
+    return found
+
+
+_DEVICE_NODES = ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/tty")
+
+
+@attack(
+    "bwrap_host_root_ownership",
+    finding="the sandbox's user owns the host's /dev nodes and /proc entries (chmod 0 /dev/null for the host) and reads root-only /proc files",
+    severity="high",
+    requires=("bwrap",),
+)
+async def bwrap_host_root_ownership(arena: Arena) -> None:
+    await arena.open(isolation="bwrap")
+    # A chmod to the mode a node already has: harmless if it works, but then the sandbox owns
+    # the host's node and could as well make it 0 (every program of the host needs /dev/null).
+    for node in _DEVICE_NODES:
+        if not _exists(node):
+            continue
+        before = os.stat(node)
+        out = await arena.sh(f"chmod {stat.S_IMODE(before.st_mode):o} {node} && echo CHANGED {node}; echo x > {node} && echo usable")
+        arena.record(
+            f"CHANGED {node}" not in out and os.stat(node).st_mode == before.st_mode,
+            f"chmod of {node} worked in the sandbox: {out[:200]!r}",
+        )
+        if node != "/dev/tty":  # no terminal in the sandbox's session
+            arena.record("usable" in out, f"{node} cannot be written in the sandbox: {out[:200]!r}")
+    # A global /proc entry, chmod to its own mode: the entry's mode is the kernel's, for
+    # every procfs on the machine.
+    for entry in ("/proc/meminfo", "/proc/loadavg"):
+        mode = stat.S_IMODE(os.stat(entry).st_mode)
+        out = await arena.sh(f"chmod {mode:o} {entry} && echo CHANGED {entry}")
+        arena.record(f"CHANGED {entry}" not in out, f"chmod of {entry} worked in the sandbox: {out[:200]!r}")
+    # What only root may read on the host, the sandbox may not either.
+    for path in _root_only_proc_files():
+        out = await arena.sh(f"head -c 64 {path} >/dev/null 2>&1 && echo READ {path}")
+        arena.record(f"READ {path}" not in out, f"{path} (root only on the host) read in the sandbox")
+
+
+_SETID_PROGRAM = r"""
+import ctypes, os, platform, struct, sys
+libc = ctypes.CDLL(None, use_errno=True)
+x86 = platform.machine() in ("x86_64", "AMD64")
+def attempt(label, fn):
+    try:
+        fn()
+        print("done", label)
+    except OSError as exc:
+        print("refused", label, exc.errno)
+def syscall(number, *args):
+    ctypes.set_errno(0)
+    res = libc.syscall(ctypes.c_long(number), *[a if isinstance(a, bytes) else ctypes.c_long(a) for a in args])
+    if res < 0:
+        raise OSError(ctypes.get_errno(), "syscall %d" % number)
+    return res
+def create(name, mode):
+    os.close(os.open(name, os.O_WRONLY | os.O_CREAT, mode))
+def chmod_after(name, mode):
+    create(name, 0o755)
+    os.chmod(name, mode)
+def fchmod_after(name, mode):
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT, 0o755)
+    try:
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+def tmpfile_linked(name, mode):
+    fd = os.open(".", os.O_TMPFILE | os.O_WRONLY, mode)
+    try:
+        os.link("/proc/self/fd/%d" % fd, name)
+    finally:
+        os.close(fd)
+def openat2(name, mode):
+    how = struct.pack("QQQ", os.O_WRONLY | os.O_CREAT, mode, 0)
+    os.close(syscall(437, -100, name.encode(), how, len(how)))
+def fchmodat2(name, mode):
+    create(name, 0o755)
+    syscall(452, -100, name.encode(), mode, 0)
+def creat(name, mode):
+    os.close(syscall(85, name.encode(), mode))
+def mknod(name, mode):
+    os.mknod(name, 0o100000 | mode)
+cases = [("open", create), ("chmod", chmod_after), ("fchmod", fchmod_after), ("otmpfile", tmpfile_linked),
+         ("openat2", openat2), ("fchmodat2", fchmodat2), ("mknod", mknod)]
+if x86:
+    cases.append(("creat", creat))
+for label, fn in cases:
+    for mode in (0o4755, 0o2755, 0o6755):
+        attempt("%s-%o" % (label, mode), lambda: fn("%s-%o" % (label, mode), mode))
+# A file capability is the same privilege by other means.
+def capability():
+    create("capped", 0o755)
+    # vfs_cap_data revision 2, effective: CAP_SETUID (bit 7) permitted.
+    os.setxattr("capped", "security.capability", struct.pack("<IIIII", 0x02000001, 1 << 7, 0, 0, 0))
+attempt("capability", capability)
+"""
+
+
+@attack(
+    "bwrap_setuid_files",
+    finding="a command makes a set-user-ID (or set-group-ID) file that the host sees as root's (any local user becomes root)",
+    severity="high",
+    requires=("bwrap",),
+)
+async def bwrap_setuid_files(arena: Arena) -> None:
+    await arena.open(isolation="bwrap")
+    for command in (
+        "cp /bin/sh rootsh && chmod 4755 rootsh",
+        "cp /bin/sh rootsh2 && chmod u+s rootsh2",
+        "cp /bin/sh groupsh && chmod 2755 groupsh",
+        "cp /bin/sh bothsh && chmod 6755 bothsh",
+        "install -m 4755 /bin/sh installed",
+        "install -m 2755 /bin/sh installed2",
+        "mkdir setgid-dir && chmod 2775 setgid-dir",
+        "cp /bin/sh copied && chmod 755 copied && chmod 04755 copied",
+        "tar -cf setid.tar --mode=4755 copied 2>/dev/null; mkdir untar && tar -xpf setid.tar -C untar",
+    ):
+        before = set(_setid_files(arena.root))
+        await arena.sh(command)
+        made = sorted(set(_setid_files(arena.root)) - before)
+        arena.record(not made, f"{command}: {made[:5]}")
+    await arena.tool("write_file", path="setid.py", content=_SETID_PROGRAM)
+    before = set(_setid_files(arena.root))
+    out = await arena.sh(f"{sys.executable} setid.py")
+    made = sorted(set(_setid_files(arena.root)) - before)
+    arena.record(not made, f"made by system calls: {made[:8]} ({out[:300]!r})")
+    # And none at all, whatever made it.
+    found = _setid_files(arena.root)
+    arena.record(not found, f"set-ID files under the root: {found[:8]}")
+    capped = arena.root / "capped"
+    with contextlib.suppress(OSError):
+        arena.record(
+            "security.capability" not in os.listxattr(capped, follow_symlinks=False),
+            f"a file capability was set from the sandbox: {out[-200:]!r}",
+        )
+    # The sticky bit and ordinary modes still work.
+    out = await arena.sh("mkdir sticky && chmod 1777 sticky && touch plain && chmod 0755 plain && echo modes-ok")
+    arena.record("modes-ok" in out, f"ordinary modes refused: {out[:200]!r}")
+
+
+def _setid_files(root: Path) -> list[str]:
+    """Everything below ``root`` with S_ISUID or S_ISGID, as the host sees it (lstat)."""
+    found = []
+    for top, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = os.path.join(top, name)
+            with contextlib.suppress(OSError):
+                info = os.lstat(path)
+                if not stat.S_ISLNK(info.st_mode) and info.st_mode & (stat.S_ISUID | stat.S_ISGID):
+                    found.append(f"{os.path.relpath(path, root)} {stat.filemode(info.st_mode)} uid {info.st_uid}")
+    return found
+
+
+# -- the egress proxy ----------------------------------------------------------------------------
+
+
+class _VirtualHosts:
+    """A sloppy HTTP server on the host's loopback, the kind an allow-list must not trust: it
+    answers every request on a connection (also after ``Connection: close``), ends header
+    lines at a bare LF too, and records the ``(path, Host)`` of each request it served."""
+
+    def __init__(self) -> None:
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.server.settimeout(0.2)
+        self.port: int = self.server.getsockname()[1]
+        self.seen: list[tuple[str, str]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                continue
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        buffer = b""
+        conn.settimeout(10)
+        with conn, contextlib.suppress(OSError):
+            while True:
+                while b"\n\n" not in buffer.replace(b"\r\n", b"\n"):
+                    data = conn.recv(65536)
+                    if not data:
+                        return
+                    buffer += data
+                normal = buffer.replace(b"\r\n", b"\n")
+                head, _, buffer = normal.partition(b"\n\n")
+                lines = head.decode("latin-1").split("\n")
+                headers = [line.partition(":") for line in lines[1:]]
+                host = next((value.strip() for name, _, value in headers if name.strip().lower() == "host"), "")
+                length = next((int(value) for name, _, value in headers if name.strip().lower() == "content-length" and value.strip().isdigit()), 0)
+                chunked = any(name.strip().lower() == "transfer-encoding" for name, _, _ in headers)
+                if chunked:
+                    end = buffer.find(b"0\n\n")
+                    buffer = buffer[end + 3 :] if end >= 0 else b""
+                else:
+                    buffer = buffer[length:]
+                path = lines[0].split(" ")[1] if lines[0].count(" ") >= 2 else lines[0]
+                self.seen.append((path, host))
+                body = f"vhost {host} served {path}\n".encode()
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+        self.server.close()
+
+
+_RAW_CLIENT = r"""
+import socket, sys
+request = bytes.fromhex(sys.argv[1])
+s = socket.create_connection(("127.0.0.1", int(sys.argv[2])), timeout=10)
+s.sendall(request)
+s.shutdown(socket.SHUT_WR)
+answer = b""
+try:
+    while True:
+        data = s.recv(65536)
+        if not data:
+            break
+        answer += data
+except OSError:
+    pass
+print(answer.decode("latin-1"))
+"""
+
+
+@attack(
+    "egress_virtual_host",
+    finding="through the egress proxy a command names another virtual host of an allowed address (Host header, a pipelined or smuggled request)",
+    severity="low",
+    requires=("bwrap",),
+)
+async def egress_virtual_host(arena: Arena) -> None:
+    from ..sandbox._isolation import PROXY_PORT
+
+    server = _VirtualHosts()
+    allowed = f"localhost:{server.port}"
+    evil = "internal-admin.corp"
+    requests = [
+        # The Host header names the other site.
+        ("/host", f"GET http://{allowed}/host HTTP/1.1\r\nHost: {evil}\r\n\r\n"),
+        # A second request pipelined after the first, on the same connection.
+        ("/first", f"GET http://{allowed}/first HTTP/1.1\r\nHost: {allowed}\r\n\r\nGET /admin HTTP/1.1\r\nHost: {evil}\r\n\r\n"),
+        # Hidden in a body the proxy forwards.
+        ("/body", f"POST http://{allowed}/body HTTP/1.1\r\nHost: {allowed}\r\nContent-Length: 2\r\n\r\nokGET /admin2 HTTP/1.1\r\nHost: {evil}\r\n\r\n"),
+        ("/chunked", f"POST http://{allowed}/chunked HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\nGET /admin3 HTTP/1.1\r\nHost: {evil}\r\n\r\n"),
+        # Both framings: the upstream and the proxy may pick different ones.
+        ("/both", f"POST http://{allowed}/both HTTP/1.1\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /admin4 HTTP/1.1\r\nHost: {evil}\r\n\r\n"),
+        # A bare LF inside a header line: a lenient server reads a second header there.
+        ("/lf", f"GET http://{allowed}/lf HTTP/1.1\r\nX-Note: a\nHost: {evil}\r\nHost: {allowed}\r\n\r\n"),
+        # A folded line (obs-fold) carrying a Host.
+        ("/fold", f"GET http://{allowed}/fold HTTP/1.1\r\nX-Note: a\r\n Host: {evil}\r\n\r\n"),
+    ]
+    try:
+        await arena.open(isolation="bwrap", native_sandbox={"allowed_hosts": [allowed]})
+        await arena.tool("write_file", path="raw.py", content=_RAW_CLIENT)
+        for path, request in requests:
+            before = len(server.seen)
+            out = await arena.sh(f"{sys.executable} raw.py {request.encode('latin-1').hex()} {PROXY_PORT}")
+            seen = server.seen[before:]
+            # Served at most the request that was checked, under the name that was checked.
+            arena.record(
+                all(entry == (path, allowed) for entry in seen) and len(seen) <= 1,
+                f"{path}: the upstream served {seen} ({out[:160]!r})",
+            )
+            arena.record(f"vhost {evil}" not in out, f"{path}: {evil} answered: {out[:200]!r}")
+        # The plain request still works.
+        plain = f"GET http://{allowed}/ok HTTP/1.1\r\n\r\n".encode().hex()
+        out = await arena.sh(f"{sys.executable} raw.py {plain} {PROXY_PORT}")
+        arena.record(f"vhost {allowed} served /ok" in out, f"an ordinary request failed: {out[:200]!r}")
+    finally:
+        await arena.close()
+        server.close()
 
 
 # -- the host's files and sockets ---------------------------------------------------------------
