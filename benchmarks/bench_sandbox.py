@@ -5,7 +5,8 @@ bucket against the same grep on a local copy.
   against ``subprocess.run(["true"])``, the code of an earlier revision (``--before-rev``,
   e.g. the commit before the sandbox hardening) beside today's, each in a worker process of
   its own, in interleaved rounds of the same run; and the bubblewrap command lines alone
-  (the old flags and the hardened ones) run with ``subprocess.run``.
+  (the old flags and the hardened ones, with today's read-only /proc and, as root, device
+  nodes of the sandbox's own) run with ``subprocess.run``.
 * ``Workspace.init()`` until a command inside the sandbox lists the FUSE-mounted moto bucket.
 * ``grep -r`` over a 2,000-file tree inside the sandbox, on the mounted bucket (cold: a
   fresh mount; warm: the same mount again) and on a local copy of the same files.
@@ -124,12 +125,15 @@ def _old_bwrap_args(workdir: str) -> list[str]:
     return [*args, "--", "true"]
 
 
-def _new_bwrap_args(workdir: str, seccomp_fd: int) -> list[str]:
-    """The same layout with today's hardening in front."""
-    from agentvfs.sandbox._isolation import _hardening, bwrap_support
+def _new_bwrap_args(workdir: str, seccomp_fd: int, devices: dict[str, str] | None) -> list[str]:
+    """The same layout with today's hardening in front, today's covers of /proc after it and,
+    as root, the sandbox's own device nodes in /dev."""
+    from agentvfs.sandbox._isolation import _hardening, bwrap_support, device_args, proc_args
 
     old = _old_bwrap_args(workdir)
-    return [old[0], *_hardening(bwrap_support(), run_as_root=False), "--seccomp", str(seccomp_fd), *old[1:]]
+    dev = old.index("--dev") + 2
+    layout = [*old[1 : old.index("--dev")], *proc_args("/proc"), *old[old.index("--dev") : dev], *device_args(devices), *old[dev:]]
+    return [old[0], *_hardening(bwrap_support(), run_as_root=False), "--seccomp", str(seccomp_fd), *layout]
 
 
 def _raw(argv_for: Callable[[], tuple[list[str], list[int]]]) -> Callable[[], None]:
@@ -189,9 +193,13 @@ async def overhead(repeat: int, workdir: str, before: str | None, rounds: int = 
     if bwrap:
         variants["`bwrap <old flags> -- true`, raw"] = timed(_raw(lambda: (_old_bwrap_args(raw_dir), [])))
 
+        from agentvfs.sandbox._launch import _private_devices
+
+        devices = _private_devices(os.path.join(workdir, "dev")) if os.geteuid() == 0 else None
+
         def hardened() -> tuple[list[str], list[int]]:
             fd = _seccomp_pipe()
-            return _new_bwrap_args(raw_dir, fd), [fd]
+            return _new_bwrap_args(raw_dir, fd, devices), [fd]
 
         variants["`bwrap <hardened flags> -- true`, raw"] = timed(_raw(hardened))
     for isolation in ("none", "bwrap") if bwrap else ("none",):
