@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import os
 import re
+import threading
 import time
 import tracemalloc
 from collections.abc import Iterator
@@ -26,9 +27,11 @@ from agentvfs.tools._output import apply_token_limit
 from agentvfs.vfs import _grep
 from agentvfs.vfs._grep import (
     MATCH_LINE_LIMIT,
+    MAX_PATTERN_EXPANSION,
     BoundedPattern,
     LineChunker,
     MatchTimeout,
+    PatternError,
     search_mode,
 )
 from conftest import harness_for
@@ -128,6 +131,165 @@ async def test_patterns_that_expand_or_nest_too_far_are_refused(tmp_path: Path) 
     nested = await run(tools, GREP, pattern="(" * 450 + ")" * 450)
     assert nested.startswith("Error: Invalid regex pattern:")
     assert (await run(tools, GREP, pattern="a{1000}b{2000}")).startswith("0 matches")
+
+
+# -- the compile-size estimate: never below what regex builds -----------------------------------------
+
+#: Bytes of compiled pattern one step of the estimate stands for at most (its contract, see _scan).
+STEP_BYTES = 512
+#: What compiling any pattern costs besides its steps.
+COMPILE_BASE = 16 * 1024
+#: Refused constructs, each with what makes it dangerous: a ")" the estimate would have read as
+#: closing a group while regex does not, or a reading of the rest that is not regex's default.
+POISON = ["(?#)", "(?#()", "(?#a)b)", "(?x)", "(?ix)", "(?x:a)", "(?i-s:(?x))", "(?V1)", "(?fi)", "(?sxm)"]
+ATOMS = [
+    "a", "b", ".", "^", "$", r"\b", r"\(", r"\)", r"\[", r"\{", "\\\\", r"\d", r"\x41", r"\101",
+    r"\N{LATIN SMALL LETTER A}", r"\p{L}", r"\R", r"\X", "[()]", "[)]", "[]()]", "[^)(]", r"[\])]",
+    "[[:alpha:])]", "[[:^digit:]()]", "[[:a)]", "[[(]", "[a-z()]", r"[\w\d\s\p{L}]", "[{}]", "[(?#)]",
+    "[(?x)]", "{", "{a}", "}", "{,}", "(?-x)", "(?i)",
+]  # fmt: skip
+GROUPS = [
+    ("(?:", ")"), ("(", ")"), ("(?=", ")"), ("(?!", ")"), ("(?<=", ")"), ("(?<!", ")"), ("(?i:", ")"),
+    ("(?-i:", ")"), ("(?-x:", ")"), ("(?>", ")"), ("(?|", "|a)"), ("(?:a|", ")"), ("(?i)", ""), ("", "(?i)"),
+]  # fmt: skip
+# Mostly the multiplying kinds: a wrong reading shows as a factor, not a step or two.
+QUANTIFIERS = [
+    "", "*", "?", "+", "+", "{N}", "{N}", "{N}", "{N,}", "{1,N}", "{,N}", "{N,M}", "+?", "++", "{N}?", "{N}+", "*?",
+]  # fmt: skip
+
+Piece = tuple[str, bool]  # the text, and whether it holds a refused construct
+
+
+@st.composite
+def quantified(draw: st.DrawFn, child: st.SearchStrategy[Piece]) -> Piece:
+    text, poisoned = draw(child)
+    low = draw(st.integers(0, 9))
+    quantifier = draw(st.sampled_from(QUANTIFIERS)).replace("N", str(low)).replace("M", str(low + draw(st.integers(0, 3))))
+    return text + quantifier, poisoned
+
+
+@st.composite
+def grouped(draw: st.DrawFn, child: st.SearchStrategy[Piece]) -> Piece:
+    head, tail = draw(st.sampled_from(GROUPS))
+    parts = draw(st.lists(quantified(child), min_size=1, max_size=3))
+    return head + "".join(t for t, _ in parts) + tail, any(p for _, p in parts)
+
+
+def patterns() -> st.SearchStrategy[Piece]:
+    """Sequences of quantified atoms and groups, nested; one leaf in twenty is refused syntax."""
+    atom = st.sampled_from(ATOMS).map(lambda a: (a, False))
+    leaf = st.one_of(*[atom] * 19, st.sampled_from(POISON).map(lambda p: (p, True)))
+    tree = st.recursive(leaf, grouped, max_leaves=8)
+    return st.lists(quantified(tree), min_size=1, max_size=3).map(
+        lambda parts: ("".join(t for t, _ in parts), any(p for _, p in parts))
+    )
+
+
+def compiled_bytes(source: str) -> int:
+    """The peak of Python allocations while regex compiles ``source`` (its C part allocates
+    through them too), as the grep tool compiles it; compiled once before, uncounted, for
+    what regex sets up on first use (property tables, character names)."""
+    import regex
+
+    regex.compile(source, regex.VERSION0)
+    regex.purge()
+    tracemalloc.start()
+    try:
+        regex.compile(source, regex.VERSION0)
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+        regex.purge()
+
+
+@settings(max_examples=400, deadline=None)
+@given(pattern=patterns())
+def test_the_expansion_estimate_is_never_below_what_regex_compiles(pattern: Piece) -> None:
+    source, poisoned = pattern
+    shape = _grep._scan(source)
+    if poisoned:
+        assert shape.refused is not None, source
+        with pytest.raises(PatternError):
+            BoundedPattern(source)
+        return
+    assert shape.refused is None, (source, shape.refused)
+    try:
+        real = compiled_bytes(source)
+    except (PatternError, RecursionError, OverflowError, ValueError):
+        return  # regex refuses it too: nothing was built
+    assert real <= STEP_BYTES * shape.expansion + COMPILE_BASE, (source, shape.expansion, real)
+
+
+# (pattern, why the old estimate let it through): each compiles to hundreds of MB or more.
+COMPILE_BOMBS = [
+    ("(?x)(?:(?:a{100}){100}#)\n){100}", "a ')' in a verbose-mode comment"),
+    ("(?:(?:a{100}){100}(?#()){100}", "a ')' in a (?#...) comment"),
+    ("(?ix:(?:(?:a{100}){100}#)\n){100})", "verbose flags scoped to a group"),
+    ("(?:(?:a{100})(?i){100})(?i){100}", "inline flags are no item: the quantifier repeats the group before"),
+    ("(?:(?:a{100}){100}[[:alpha:])]){100}", "a ')' after a POSIX class inside a set"),
+    ("(?:" * 20 + "a{30}" + ")+" * 20, "(?:X)+ doubles X at every level"),
+    ("(?:" * 12 + "a" + "){2,}" * 12, "(?:X){2,} triples X at every level"),
+    ("(?:(?:a{300}){1,300}){300}", "X{1,300} holds two copies of X"),
+    ("(?:\\R{300}){300}", "\\R compiles to seven nodes"),
+    ("(?:(?:[" + "".join(chr(0x4E00 + 3 * i) for i in range(900)) + "]{50}){50}){9}", "a set of 900 members"),
+    ("(?V1)(?:(?:a{100}){100}[[)]]){100}", "version 1 nests sets"),
+    ("(?fi)(?:ß{300}){300}", "full case folding spells ß several ways"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("pattern", "why"), COMPILE_BOMBS, ids=[why for _, why in COMPILE_BOMBS])
+def test_compile_bombs_are_refused_before_compiling(pattern: str, why: str) -> None:
+    started = time.monotonic()
+    with peak_memory() as peak, pytest.raises(PatternError) as refused:
+        BoundedPattern(pattern)
+    assert time.monotonic() - started < 0.5 and peak[0] < MIB, (why, peak[0])
+    assert "not supported" in str(refused.value) or "steps" in str(refused.value)
+
+
+#: Patterns just under MAX_PATTERN_EXPANSION, of the kinds that cost the most bytes a step.
+LARGEST_ACCEPTED = [
+    "(?:a{316}){316}", "(?:" * 15 + "a" + ")+" * 15, "(?:[\\w\\d]{180}){180}", "(?<=(?:a{300}){300})b",
+    "(?:\\R{100}){125}", "(?:(a){33}){1000}",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("pattern", LARGEST_ACCEPTED)
+def test_the_largest_patterns_accepted_compile_within_the_bound(pattern: str) -> None:
+    assert _grep._scan(pattern).expansion <= MAX_PATTERN_EXPANSION
+    with peak_memory() as peak:
+        BoundedPattern(pattern)  # the line pattern, and the block pattern beside it
+    assert peak[0] <= 2 * (STEP_BYTES * MAX_PATTERN_EXPANSION + COMPILE_BASE), peak[0]
+
+
+async def test_comments_and_the_verbose_flag_are_refused_as_invalid(tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_text("a b\n")
+    tools = await tools_for(tmp_path)
+    assert await run(tools, GREP, pattern="a(?#note) b") == (
+        "Error: Invalid regex pattern: comments (?#...) are not supported (JavaScript has none); remove the comment"
+    )
+    for verbose in ("(?x)a b", "(?ix)a", "(?x:a) b", "(?s-i:(?x)a)"):
+        assert await run(tools, GREP, pattern=verbose) == (
+            "Error: Invalid regex pattern: the verbose flag (?x) is not supported (JavaScript has none); write the "
+            "pattern without it"
+        ), verbose
+    # Turning verbose mode off changes nothing, and parentheses that are no group are kept.
+    for fine in ("(?-x)a b", "(?-x:a) b", r"[(?#)]|\(?#\)|a b"):
+        assert (await run(tools, GREP, pattern=fine)).startswith("1 match across 1 file"), fine
+
+
+async def test_grep_compiles_its_pattern_off_the_event_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "a.txt").write_text("a\n")
+    threads: list[int] = []
+
+    class Recording(BoundedPattern):
+        def __init__(self, source: str, **options: Any) -> None:
+            threads.append(threading.get_ident())
+            super().__init__(source, **options)
+
+    monkeypatch.setattr(_search_files, "BoundedPattern", Recording)
+    tools = await tools_for(tmp_path)
+    assert (await run(tools, GREP, pattern="a")).startswith("1 match")
+    assert threads and threading.get_ident() not in threads
 
 
 async def test_long_lines_are_matched_on_their_first_characters(tmp_path: Path) -> None:

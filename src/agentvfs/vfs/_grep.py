@@ -13,9 +13,12 @@ Matching is bounded three ways:
 * time: a :class:`BoundedPattern` carries a budget in seconds for all its match calls
   together (:data:`DEFAULT_MATCH_TIMEOUT`); when it is spent, :class:`MatchTimeout` is raised;
 * line length: only the first :data:`MATCH_LINE_LIMIT` characters of a line are matched;
-* pattern size: a pattern whose counted repeats would expand to more than
-  :data:`MAX_PATTERN_EXPANSION` steps is refused before compiling (``regex`` expands
-  ``(?:a{1000}){1000}`` into a million nodes, about 270 MB).
+* pattern size: a pattern whose repeats would expand to more than
+  :data:`MAX_PATTERN_EXPANSION` steps is refused before compiling (``regex`` unrolls
+  ``(?:a{1000}){1000}`` into a million nodes, about 270 MB, and doubles ``(?:X)+`` at every
+  level it is nested). The estimate follows regex's reading of parentheses, sets and
+  escapes; comments ``(?#...)`` and the flags that change the reading of the rest (``x``,
+  ``V0``, ``V1``) or multiply its size (``f``) are refused, as JavaScript has none of them.
 
 Most lines do not match, so a file's lines are searched as one block (one call per matching
 line rather than one per line) whenever that gives the same answer as searching line by
@@ -25,6 +28,7 @@ line; see :func:`search_mode`.
 from __future__ import annotations
 
 import itertools
+import string
 import threading
 import time
 from dataclasses import dataclass
@@ -57,7 +61,6 @@ MAX_PATTERN_EXPANSION = 100_000
 #: ``regex`` raises this for a bad pattern (``re.error`` has the same role).
 PatternError = regex.error
 
-_NUMERIC_BRACE = regex.compile(r"(\d*)(?:,(\d*))?")
 # Characters of a block searched per call (rounded up to whole lines).
 _WINDOW = 16 * 1024
 
@@ -192,25 +195,143 @@ class _Shape:
     exact: bool
     #: Steps the pattern expands to when its counted repeats are unrolled.
     expansion: int
+    #: Why the pattern is refused before compiling (syntax the estimate cannot follow), or None.
+    refused: str | None = None
+
+
+# Inline flags as regex reads them after "(?" ("V0" and "V1" are one flag each).
+_FLAG_NAMES = frozenset({"V0", "V1", *"abefiLmprsuwx"})
+# Flags refused when turned on: "x" makes whitespace and "#..." comments vanish (a ")" in a
+# comment closes nothing), "V0"/"V1" switch to the other syntax (V1 nests sets), and "f"
+# (full case folding) compiles "ß" as a branch of spellings, several steps each.
+_REFUSED_FLAGS = {
+    "x": "the verbose flag (?x) is not supported (JavaScript has none); write the pattern without it",
+    "V0": "the version flags (?V0) and (?V1) are not supported (JavaScript has none); write the pattern without them",
+    "V1": "the version flags (?V0) and (?V1) are not supported (JavaScript has none); write the pattern without them",
+    "f": "the full case-folding flag (?f) is not supported (JavaScript has none); write the pattern without it",
+}
+_COMMENT = "comments (?#...) are not supported (JavaScript has none); remove the comment"
+# What regex reads as a property name inside "[:...:]", and as the value after "=" or ":".
+_PROPERTY_NAME = frozenset(string.ascii_letters + string.digits + " &_-.")
+_PROPERTY_VALUE = _PROPERTY_NAME | {"/"}
+# Escapes that compile to several nodes: \R (a line ending: "\r\n" or one of seven
+# characters) and \X (a grapheme cluster); measured at 1.7 KB and 1.3 KB a step.
+_HEAVY_ESCAPES = {"R": 8, "X": 6}
+# A group called by number or name may be compiled again, reversed (in a lookbehind) and
+# fuzzy: at most four copies of every group.
+_CALL_COPIES = 4
+_COUNT = regex.compile(r"([0-9]*)(,([0-9]*))?")
+
+
+def _read_flags(source: str, i: int) -> tuple[list[str], int]:
+    """The inline flags at ``source[i]`` as regex reads them, and the index after them."""
+    flags: list[str] = []
+    while True:
+        token = source[i : i + 2] if source.startswith("V", i) else source[i : i + 1]
+        if token not in _FLAG_NAMES:
+            return flags, i
+        flags.append(token)
+        i += len(token)
+
+
+def _flag_group(source: str, i: int) -> tuple[list[str], str, int] | None:
+    """The inline flag group opening at ``source[i]`` (``"(?"``): the flags it turns on,
+    ``":"`` (a group with scoped flags) or ``")"`` (flags for the rest of the enclosing
+    group), and the index after that; None when ``source[i:]`` is no flag group (then it is
+    some other construct, or regex refuses it)."""
+    on, j = _read_flags(source, i + 2)
+    if source.startswith("-", j):
+        off, j = _read_flags(source, j + 1)
+        if not off:
+            return None
+    end = source[j : j + 1]
+    if end not in (":", ")"):
+        return None
+    return on, end, j + 1
+
+
+def _is_call(after: str) -> bool:
+    """Whether the two characters after ``(?`` open a call to a group: ``(?R)``, ``(?1)``,
+    ``(?+1)``, ``(?-1)``, ``(?&name)``, ``(?P>name)``."""
+    head = after[:1]
+    return head in ("R", "&") or head.isdigit() or after == "P>" or (head in ("+", "-") and after[1:2].isdigit())
+
+
+def _posix_end(source: str, i: int) -> int | None:
+    """The index after the POSIX class ``[:name:]`` opening at ``source[i]`` inside a set,
+    read as regex reads it (``[:^name:]``, ``[:name=value:]``), or None when regex takes
+    the ``[`` as a plain member."""
+    n = len(source)
+    j = i + 2
+    if source.startswith("^", j):
+        j += 1
+    while j < n and source[j] in _PROPERTY_NAME:
+        j += 1
+    if j < n and source[j] in ":=":
+        k = j + 1
+        while k < n and source[k] in _PROPERTY_VALUE:
+            k += 1
+        if source[j + 1 : k].strip():
+            j = k  # a qualified name; else the ":" is the start of ":]"
+    return j + 2 if source.startswith(":]", j) else None
+
+
+def _class_end(source: str, i: int) -> int:
+    """The index after the character set opening at ``source[i]`` (``"["``), read as regex's
+    VERSION0 parser reads it: a ``]`` first (after any ``^``) is a member, ``[:name:]`` is one
+    member, any other ``[`` and every parenthesis are plain members, and an escape is a
+    backslash and one character (the rest of ``\\x41`` or ``\\p{L}`` holds no ``]``)."""
+    n = len(source)
+    j = i + 1
+    if source.startswith("^", j):
+        j += 1
+    first = True
+    while j < n:
+        c = source[j]
+        if c == "]" and not first:
+            return j + 1
+        first = False
+        if c == "\\":
+            j += 2
+        elif source.startswith("[:", j):
+            j = _posix_end(source, j) or j + 1
+        else:
+            j += 1
+    return n  # unterminated: regex refuses it
 
 
 def _scan(source: str) -> _Shape:
     """Read ``source`` once: the block form of :func:`search_mode` and the expansion estimate.
 
-    The reading is textual and errs towards searching line by line: anything it does not
-    recognise (inline flags, verbs, conditionals, fuzzy constraints) gives no block form,
-    which is only slower. The expansion multiplies nested ``{m,n}`` minimums, as ``regex``
-    does when it compiles them.
+    The block form errs towards searching line by line: anything the reading does not
+    recognise (inline flags, verbs, conditionals, fuzzy constraints) gives none, which is
+    only slower.
+
+    The expansion must never fall below what ``regex`` builds, so the reading follows
+    regex's own parser (VERSION0) wherever a parenthesis, bracket or brace may or may not be
+    structure: escapes, sets (a ``)`` or ``[:name:]`` inside), named groups, lookbehind,
+    inline flags (``(?i)`` is no item: a quantifier after it repeats what came before, as
+    in regex), calls and quantifier suffixes. What it cannot follow is refused instead
+    (:attr:`_Shape.refused`): comments and the flags that change how the rest is read.
+
+    regex unrolls counted repeats when it compiles: ``X{n}`` holds ``n`` copies of ``X``, and
+    ``X{n,m}`` (``m`` larger or unbounded, so ``X+`` too) ``n`` copies and one more for the
+    rest, so nested ``(?:X)+`` doubles at every level. The estimate multiplies the same way
+    and adds a step per open-ended repeat and per group that is a node of its own (all but
+    ``(?:...)``); a set weighs a step per three characters of its text (each range or class in
+    it is a node of its own). One step is at most 512 bytes of compiled pattern (measured in
+    ``tests/test_tools_bounds.py``).
     """
     out: list[str] = []
-    unsafe = removed = backrefs = False
+    unsafe = removed = backrefs = calls = False
     # A pattern that never matches "\n" keeps lookaround, atomic groups and possessive
     # quantifiers as they are: they behave the same in a block as on one line.
     free = _newline_free(source)
     depth = 0
     skipping: int | None = None  # the depth of the lookaround being left out
-    # Per open group: [weight so far, weight of the last item].
-    stack: list[list[int]] = [[0, 0]]
+    # Per open group: [weight so far, weight of the last item, steps of the group's own node:
+    # 0 for (?:...), 1 for captures, lookaround and the like].
+    stack: list[list[int]] = [[0, 0, 0]]
     i, n = 0, len(source)
 
     def emit(text: str) -> None:
@@ -220,6 +341,15 @@ def _scan(source: str) -> _Shape:
     def item(weight: int) -> None:
         stack[-1][0] += weight
         stack[-1][1] = weight
+
+    def repeat(low: int, high: int | None) -> None:
+        top = stack[-1]
+        # Exact: that many copies. Open-ended: the minimum's copies, one for the rest (none
+        # when the minimum is 0: then the repeat holds the only copy), and the repeat's node.
+        copies = max(low, 1) if high == low else (low + 1 if low else 1)
+        grown = top[1] * copies + (0 if high == low else 2)
+        top[0] += grown - top[1]
+        top[1] = grown
 
     while i < n:
         c = source[i]
@@ -232,29 +362,40 @@ def _scan(source: str) -> _Shape:
             if (after.isdigit() and after != "0") or after == "g":
                 backrefs = True
             emit(source[i : i + 2])
-            item(1)
+            item(_HEAVY_ESCAPES.get(after, 1))
             i += 2
             continue
         if c == "[":
-            j = i + 1
-            if j < n and source[j] == "^":
-                j += 1
-            if j < n and source[j] == "]":
-                j += 1
-            while j < n and source[j] != "]":
-                j += 2 if source[j] == "\\" else 1
-            emit(source[i : j + 1])
-            item(1)
-            i = j + 1
+            j = _class_end(source, i)
+            emit(source[i:j])
+            item(1 + (j - i) // 3)
+            i = j
             continue
         if c == "(":
             opener = "("
+            skip: int | None = None  # characters the opener takes, when not len(opener)
             if source.startswith("(*", i):
                 unsafe = True  # backtracking verbs such as (*PRUNE)
+            elif source.startswith("(?#", i):
+                return _Shape(None, False, 0, _COMMENT)
             elif source.startswith("(?", i):
                 after = source[i + 2 : i + 4]
-                if after[:1] == ":":
-                    opener = "(?:"
+                flags = _flag_group(source, i)
+                if _is_call(after):
+                    unsafe = calls = True
+                elif flags is not None:
+                    on, end, after_flags = flags
+                    for flag in on:
+                        if flag in _REFUSED_FLAGS:
+                            return _Shape(None, False, 0, _REFUSED_FLAGS[flag])
+                    if end == ")":
+                        # Flags for the rest of the group: no item of its own.
+                        unsafe = True
+                        i = after_flags
+                        continue
+                    if on or source[i + 2] != ":":
+                        unsafe = True
+                    opener = source[i:after_flags]
                 elif after == "P=":
                     backrefs = True
                     close = source.find(")", i)
@@ -275,13 +416,18 @@ def _scan(source: str) -> _Shape:
                     if skipping is None:
                         skipping = depth
                     opener = ""
+                    skip = 4 if after in ("<=", "<!") else 3
+                elif after[:1] == "(":
+                    unsafe = True  # a conditional: its condition is read as a group next
+                    skip = 2
                 else:
-                    # Atomic groups (they drop paths), inline flags, conditionals, recursion.
+                    # Atomic groups (they drop paths), branch resets.
                     unsafe = True
+                    skip = 3 if after[:1] in (">", "|") else 1
             emit(opener)
             depth += 1
-            stack.append([0, 0])
-            i += max(len(opener), 1) if opener else (4 if after in ("<=", "<!") else 3)
+            stack.append([0, 0, 0 if source.startswith("(?:", i) else 2])
+            i += skip if skip is not None else max(len(opener), 1)
             continue
         if c == ")":
             if depth:
@@ -291,8 +437,8 @@ def _scan(source: str) -> _Shape:
                 else:
                     emit(")")
             if len(stack) > 1:
-                inner = stack.pop()[0]
-                item(max(inner, 1))
+                inner, _, node = stack.pop()
+                item(max(inner, 1) + node)
             i += 1
             continue
         if c == "|":
@@ -300,37 +446,49 @@ def _scan(source: str) -> _Shape:
             stack[-1][1] = 0
             i += 1
             continue
+        bounds: tuple[int, int | None] | None = None
+        j = i + 1
         if c in "*+?":
-            if source.startswith("+", i + 1) and not free:
-                unsafe = True  # possessive: drops paths
-            emit(c)
-            i += 1
-            continue
-        if c == "{":
-            j = source.find("}", i + 1)
-            body = source[i + 1 : j] if j >= 0 else ""
-            counted = _NUMERIC_BRACE.fullmatch(body) if j >= 0 else None
+            bounds = {"*": (0, None), "+": (1, None), "?": (0, 1)}[c]
+        elif c == "{":
+            close = source.find("}", i + 1)
+            body = source[i + 1 : close] if close >= 0 else ""
+            counted = _COUNT.fullmatch(body) if close >= 0 else None
             if counted is not None and (counted.group(1) or counted.group(2)):
-                top = stack[-1]
-                times = max(int(counted.group(1) or 0), 1)
-                top[0] += top[1] * (times - 1)
-                top[1] *= times
-                if source.startswith("+", j + 1) and not free:
-                    unsafe = True
-                emit(source[i : j + 1])
-                i = j + 1
-                continue
-            if any(ch in body for ch in "<=") or body.strip() in ("e", "i", "d", "s"):
+                low = int(counted.group(1) or 0)
+                if counted.group(2) is None:
+                    bounds = (low, low)
+                else:
+                    bounds = (low, int(counted.group(3)) if counted.group(3) else None)
+                j = close + 1
+            elif any(ch in body for ch in "<=") or body.strip() in ("e", "i", "d", "s"):
                 unsafe = True  # a fuzzy-matching constraint such as {e<=1}
+        if bounds is not None:
+            repeat(*bounds)
+            # A "?" after a quantifier makes it lazy and a "+" possessive: no repeat of their
+            # own, but a possessive repeat is an atomic group around the repeat.
+            if source.startswith("+", j):
+                if not free:
+                    unsafe = True  # possessive: drops paths
+                item_steps = stack[-1]
+                item_steps[0] += 2
+                item_steps[1] += 2
+                j += 1
+            elif source.startswith("?", j):
+                j += 1
+            emit(source[i:j])
+            i = j
+            continue
         emit(c)
         item(1)
         i += 1
     while len(stack) > 1:
-        inner = stack.pop()[0]
-        item(max(inner, 1))
+        inner, _, node = stack.pop()
+        item(max(inner, 1) + node)
     # Leaving out a lookaround that holds a group would renumber the groups backreferences use.
     block = None if unsafe or (removed and backrefs) else "".join(out)
-    return _Shape(block, block is not None and not removed, stack[0][0])
+    expansion = stack[0][0] * (_CALL_COPIES if calls else 1)
+    return _Shape(block, block is not None and not removed, expansion)
 
 
 def search_mode(source: str) -> Literal["block", "prefilter", "line"]:
@@ -379,7 +537,8 @@ class BoundedPattern:
     Raises
     ------
     PatternError
-        The pattern is invalid, or it expands past :data:`MAX_PATTERN_EXPANSION` steps.
+        The pattern is invalid, expands past :data:`MAX_PATTERN_EXPANSION` steps, or holds a
+        comment or a flag that is refused (see :func:`_scan`).
     """
 
     def __init__(
@@ -391,6 +550,8 @@ class BoundedPattern:
         line_limit: int = MATCH_LINE_LIMIT,
     ) -> None:
         shape = _scan(source)
+        if shape.refused is not None:
+            raise PatternError(shape.refused)
         if shape.expansion > MAX_PATTERN_EXPANSION:
             raise PatternError(
                 f"the pattern expands to about {shape.expansion:,} steps (nested counted repeats such as "
