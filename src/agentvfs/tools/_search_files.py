@@ -24,6 +24,7 @@ Every search is bounded, whatever the files hold:
 
 from __future__ import annotations
 
+import functools
 import posixpath
 import re
 from collections.abc import Callable, Mapping
@@ -246,8 +247,13 @@ async def grep(call: ToolCall) -> ToolResult:
         return f"Error: Pattern too long ({len(pattern)} chars, max {MAX_PATTERN_LENGTH}). Use a shorter pattern."
     match_ms = call.options.get("match_timeout_ms", DEFAULT_MATCH_TIMEOUT_MS)
     try:
-        regex = BoundedPattern(
-            translate_js_regex(pattern), case_sensitive=args["caseSensitive"], timeout=match_ms / 1000
+        # Compiled in a worker thread: regex parses the pattern in Python, which hands the GIL
+        # to the event loop every few milliseconds (its C part, at most
+        # MAX_PATTERN_EXPANSION steps, takes some tens of milliseconds).
+        regex = await _in_worker(
+            functools.partial(
+                BoundedPattern, translate_js_regex(pattern), case_sensitive=args["caseSensitive"], timeout=match_ms / 1000
+            )
         )
     except PatternError as exc:
         return f"Error: Invalid regex pattern: {exc}"
