@@ -268,6 +268,12 @@ def proc_args(destination: str = "/proc", *, host_root: bool | None = None) -> l
         Where the layout mounts its procfs.
     host_root : bool, optional
         Whether the sandbox's user is the host's root; by default, whether this process is.
+
+    Returns
+    -------
+    list of str
+        ``--ro-bind-try`` of each machine part, ``--ro-bind /dev/null`` over each root-only
+        file (with ``host_root``), then ``--remount-ro destination``.
     """
     if host_root is None:
         host_root = os.geteuid() == 0
@@ -285,9 +291,21 @@ def proc_args(destination: str = "/proc", *, host_root: bool | None = None) -> l
 
 
 def device_args(devices: Mapping[str, str] | None, destination: str = "/dev") -> list[str]:
-    """The bubblewrap arguments that follow ``--dev destination``: each of ``devices``
-    (``{"null": "<host path of a node>", ...}``) bound over bubblewrap's bind of the host's
-    node of that name."""
+    """The bubblewrap arguments that follow ``--dev destination``: each of ``devices`` bound
+    over bubblewrap's bind of the host's node of that name.
+
+    Parameters
+    ----------
+    devices : mapping or None
+        ``{"null": "<host path of a node>", ...}``; None or empty for bubblewrap's own binds.
+    destination : str
+        Where the layout mounts its ``/dev``.
+
+    Returns
+    -------
+    list of str
+        A ``--dev-bind`` per device.
+    """
     base = destination.rstrip("/") or "/"
     args: list[str] = []
     for name, path in (devices or {}).items():
