@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from agentvfs import WORKSPACE_TOOLS, LocalFilesystem, Workspace, WorkspaceTool
 from agentvfs.testing import Harness
+from agentvfs.testing._attacks_tools import peak_rss_growth
 from agentvfs.tools import _search_files
 from agentvfs.tools._output import apply_token_limit
 from agentvfs.vfs import _grep
@@ -431,6 +432,44 @@ async def test_grep_of_a_huge_sparse_file_is_bounded(tmp_path: Path) -> None:
     assert peak[0] < 40 * MIB, peak[0]
 
 
+class SwapAfterListing(LocalFilesystem):
+    """Moves each ``(big, small)`` pair's big file over the small one right after a listing: the
+    listing showed the small file, the read meets the big one (what an agent's command can do
+    between the two)."""
+
+    def __init__(self, root: Path, swaps: list[tuple[Path, Path]]) -> None:
+        super().__init__(root)
+        self.swaps = swaps
+
+    async def walk(self, path: str = "", **options: Any) -> Any:
+        entries = await super().walk(path, **options)
+        for big, small in self.swaps:
+            if big.exists():
+                os.replace(big, small)
+        return entries
+
+
+async def test_grep_never_reads_whole_a_file_swapped_in_after_its_listing(tmp_path: Path) -> None:
+    (tmp_path / "r").mkdir()
+    small = [tmp_path / "r" / name for name in ("a.txt", "b.txt")]
+    for path in small:
+        path.write_text("TODO small\n")
+    huge = sparse(tmp_path / "huge.bin", 1 << 30, head=b"TODO huge\n")
+    streamed = sparse(tmp_path / "streamed.bin", 100 * MIB, head=b"TODO streamed\n")
+    fs = SwapAfterListing(tmp_path, [(huge, small[0]), (streamed, small[1])])
+    tools = await Workspace(filesystem=fs).create_tools()
+    await run(tools, GREP, pattern="TODO", path="r/nothing.txt")  # tiktoken's tables, once
+    with peak_rss_growth() as growth:
+        out = await run(tools, GREP, pattern="TODO", path="r")
+    # Listed as 11 bytes: the 1 GiB one is sized again and skipped, the 100 MiB one searched in ranges.
+    assert out == (
+        f"1 match across 1 file (1 file skipped: larger than {256 * MIB} bytes; raise max_file_bytes to search "
+        f"them) (1 line longer than {MATCH_LINE_LIMIT} characters: matched on their first {MATCH_LINE_LIMIT})"
+        "\n---\nr/b.txt:1:1: TODO streamed"
+    )
+    assert growth[0] < 64 * MIB, growth[0]
+
+
 async def test_huge_context_is_capped(tmp_path: Path) -> None:
     (tmp_path / "f.txt").write_text("".join(f"l{i}\n" for i in range(3000)) + "TODO\n")
     tools = await tools_for(tmp_path, {GREP: {"max_output_tokens": 10**6}})
@@ -568,6 +607,31 @@ async def test_skill_read_is_token_limited_and_refuses_huge_files(tmp_path: Path
     small = await tools_for(tmp_path, {"skill_read": {"max_output_tokens": 50}}, skills=["skills"])
     cut = str(await small["skill_read"].execute({"skillName": "big", "path": "references/long.md"}))
     assert re.search(r"^Paragraph 1: .*\n\[output truncated: showing first ~50 of ~\d+ tokens\]$", cut, re.S)
+
+
+async def test_skill_read_refuses_a_file_swapped_for_a_huge_one_after_its_stat(tmp_path: Path) -> None:
+    skill_tree(tmp_path)
+    small = tmp_path / "skills" / "big" / "references" / "small.md"
+    small.write_text("small\n")
+    huge = sparse(tmp_path / "huge.bin", 1 << 30, head=b"# huge\n")
+
+    class SwapAfterStat(LocalFilesystem):
+        async def stat(self, path: str) -> Any:
+            found = await super().stat(path)
+            if path.endswith("small.md") and huge.exists():
+                os.replace(huge, small)
+            return found
+
+    tools = await Workspace(filesystem=SwapAfterStat(tmp_path), skills=["skills"]).create_tools()
+    read = tools["skill_read"]
+    await read.execute({"skillName": "big", "path": "references/long.md", "startLine": 1, "endLine": 1})
+    with peak_rss_growth() as growth:
+        out = await read.execute({"skillName": "big", "path": "references/small.md"})
+    assert out == (
+        f'File "references/small.md" in skill "big" is larger than skill_read reads ({8 * MIB} bytes, '
+        "max_file_bytes of skill_read in the tools config); it was not read."
+    )
+    assert growth[0] < 64 * MIB, growth[0]
 
 
 # -- the wall-clock limit of a call ------------------------------------------------------------------

@@ -28,8 +28,8 @@ import anyio
 
 from .._aio import maybe_await
 from .._context import RequestContext
-from ..errors import NotRegularFile
-from ..vfs import SupportsReadBeneath
+from ..errors import FileTooLarge, NotRegularFile
+from ..vfs import SupportsReadBeneath, read_many
 from ._discovery import (
     Discovery,
     add_skill,
@@ -52,7 +52,6 @@ from ._sources import (
     SkillSource,
     join_path,
     norm_path,
-    read_files,
 )
 
 if TYPE_CHECKING:
@@ -71,6 +70,11 @@ STALENESS_CHECK_COOLDOWN = 30.0
 _SOURCE_PRIORITY = {"local": 0, "managed": 1, "external": 2}
 #: Resolved filesystems whose skills are kept when the workspace filesystem is a resolver.
 RESOLVED_SOURCES = 16
+#: References larger than this are not searched without a search index (with one, its
+#: ``max_file_bytes`` decides, by default the same): skipped with a warning.
+MAX_REFERENCE_BYTES = 16 * 1024 * 1024
+#: Bytes of references read before they are indexed, so indexing many never holds them all.
+INDEX_ROUND_BYTES = 16 * 1024 * 1024
 
 
 class SkillIndex:
@@ -488,13 +492,18 @@ class WorkspaceSkills:
 
     # -- files ------------------------------------------------------------------------------------
 
-    async def _read(self, skill: Skill, path: str, label: str) -> bytes | None:
+    async def _read(
+        self, skill: Skill, path: str, label: str, max_bytes: int | None = None
+    ) -> bytes | None:
         """A file of ``skill`` by its path relative to the skill directory; None if missing.
 
         Raises
         ------
         InvalidSkillPathError
             The path is absolute, has ``..``, or leads (through a link) out of the skill.
+        FileTooLarge
+            The file is larger than ``max_bytes`` (checked on what is read, not on an
+            earlier ``stat``: on local disk no more than a byte past it is read).
         """
         relative = _assert_relative(path, label)
         if not relative:
@@ -503,7 +512,7 @@ class WorkspaceSkills:
             # Resolved beneath the skill directory in one go: a link that leads out, even one
             # swapped in during the read, is refused instead of followed.
             try:
-                found = await self.source.read_file_beneath(skill.path, relative)
+                found = await self.source.read_file_beneath(skill.path, relative, max_bytes=max_bytes)
             except PermissionError:
                 raise InvalidSkillPathError(
                     f"Invalid {label} path: {path} (it leads outside the skill)"
@@ -528,23 +537,38 @@ class WorkspaceSkills:
                 raise InvalidSkillPathError(
                     f"Invalid {label} path: {path} (it leads outside the skill)"
                 )
-        try:
-            data = await self.source.read_file(target)
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        got = (await read_many(self.source, [target], max_bytes=max_bytes))[target]
+        if isinstance(got, (FileNotFoundError, IsADirectoryError, NotADirectoryError)):
             return None
-        return data if isinstance(data, bytes) else data.encode("utf-8")
+        if isinstance(got, OSError):
+            raise got
+        return got
 
-    async def read_skill_file(self, skill: Skill, path: str) -> bytes | None:
+    async def read_skill_file(
+        self, skill: Skill, path: str, *, max_bytes: int | None = None
+    ) -> bytes | None:
         """The bytes of a file of ``skill`` (as :meth:`get` returned it) by its path relative
         to the skill directory; None if missing.
+
+        Parameters
+        ----------
+        skill : Skill
+            The skill, as :meth:`get` returned it.
+        path : str
+            Relative to the skill directory (``references/api.md``).
+        max_bytes : int, optional
+            Read no file larger than this: it raises instead, whatever size a listing or
+            ``stat`` showed before (on local disk no more than a byte past it is read).
 
         Raises
         ------
         InvalidSkillPathError
             ``Invalid asset path: <path>`` for absolute paths, ``..``, or a link leading out.
+        FileTooLarge
+            The file is larger than ``max_bytes`` (``EFBIG``).
         """
         self._check()
-        return await self._read(skill, path, "asset")
+        return await self._read(skill, path, "asset", max_bytes)
 
     async def get_reference(self, skill_name: str, reference_path: str) -> str | None:
         """A file of a skill as text, by its path relative to the skill directory
@@ -692,43 +716,87 @@ class WorkspaceSkills:
             self._shared_ids.discard(doc)
 
     async def _index(self, skills: Sequence[Skill]) -> None:
+        """Index the instructions and references of ``skills``: references are read
+        :data:`READ_CONCURRENCY` at a time, none past the index's ``max_file_bytes`` (larger
+        ones are skipped with a warning), and what was read is indexed whenever it reaches
+        :data:`INDEX_ROUND_BYTES`, so memory stays bounded whatever the references hold."""
         if self._search is None or not skills:
             return
+        search = self._search
+        cap: int = getattr(search, "max_file_bytes", MAX_REFERENCE_BYTES)
         docs: builtins.list[tuple[str, str, dict[str, Any]]] = []
-        ids: dict[str, builtins.list[str]] = {}
-        refs = {
-            join_path(skill.path, f"references/{ref}"): (skill, ref)
+        owners: builtins.list[str] = []  # the skill path of each of ``docs``
+        held = 0
+        recorded: set[str] = set()
+
+        async def commit() -> None:
+            # Recorded as indexed only once in the index (a failure leaves the rest to do).
+            nonlocal docs, owners, held
+            if docs:
+                await search.index_many(docs)
+            for skill_path, (doc, _, _) in zip(owners, docs, strict=True):
+                if skill_path not in recorded:
+                    recorded.add(skill_path)
+                    self._indexed[skill_path] = []
+                self._indexed[skill_path].append(doc)
+                self._shared_ids.add(doc)
+            docs, owners, held = [], [], 0
+
+        for skill in skills:
+            docs.append(
+                (
+                    self._doc_id(skill.path, "SKILL.md"),
+                    skill.instructions,
+                    self._doc_metadata(skill.path, "SKILL.md"),
+                )
+            )
+            owners.append(skill.path)
+        refs = [
+            (join_path(skill.path, f"references/{ref}"), skill, ref)
             for skill in skills
             for ref in skill.references
-        }
-        contents = await self._read_references(refs) if refs else {}
-        for skill in skills:
-            doc = self._doc_id(skill.path, "SKILL.md")
-            docs.append((doc, skill.instructions, self._doc_metadata(skill.path, "SKILL.md")))
-            ids[skill.path] = [doc]
-        for path, (skill, ref) in refs.items():
-            data = contents.get(path)
-            if not isinstance(data, bytes):
-                continue
-            try:
-                text = data.decode("utf-8")
-            except UnicodeDecodeError:
-                continue  # binary: nothing to search
-            doc = self._doc_id(skill.path, ref)
-            docs.append((doc, text, self._doc_metadata(skill.path, f"references/{ref}")))
-            ids[skill.path].append(doc)
-        await self._search.index_many(docs)
-        for path, docs_of_skill in ids.items():
-            self._indexed[path] = docs_of_skill
-            self._shared_ids.update(docs_of_skill)
+        ]
+        for start in range(0, len(refs), READ_CONCURRENCY):
+            part = refs[start : start + READ_CONCURRENCY]
+            contents = await self._read_references(part, cap)
+            for path, skill, ref in part:
+                data = contents.get(path)
+                if isinstance(data, FileTooLarge):
+                    _log.warning(
+                        "skill search does not index %s: it is larger than %d bytes (max_file_bytes "
+                        "of the search index)",
+                        path, cap,
+                    )  # fmt: skip
+                    continue
+                if not isinstance(data, bytes):
+                    continue
+                try:
+                    text = data.decode("utf-8")
+                except UnicodeDecodeError:
+                    continue  # binary: nothing to search
+                docs.append(
+                    (
+                        self._doc_id(skill.path, ref),
+                        text,
+                        self._doc_metadata(skill.path, f"references/{ref}"),
+                    )
+                )
+                owners.append(skill.path)
+                held += len(data)
+            del contents
+            if held >= INDEX_ROUND_BYTES:
+                await commit()
+        await commit()
 
     async def _read_references(
-        self, refs: dict[str, tuple[Skill, str]]
+        self, refs: Sequence[tuple[str, Skill, str]], max_bytes: int
     ) -> dict[str, bytes | OSError]:
         """The bytes of each reference (by its full path), read without leaving its skill
-        where the source can (a link out of the skill is skipped, not indexed)."""
+        where the source can (a link out of the skill is skipped, not indexed); one larger
+        than ``max_bytes`` maps to ``FileTooLarge``."""
         if not isinstance(self.source, SupportsReadBeneath):
-            return await read_files(self.source, list(refs))
+            paths = [path for path, _, _ in refs]
+            return await read_many(self.source, paths, concurrency=READ_CONCURRENCY, max_bytes=max_bytes)
         source = self.source
         out: dict[str, bytes | OSError] = {}
         limiter = anyio.Semaphore(READ_CONCURRENCY)
@@ -736,12 +804,14 @@ class WorkspaceSkills:
         async def one(path: str, skill: Skill, ref: str) -> None:
             async with limiter:
                 try:
-                    out[path] = await source.read_file_beneath(skill.path, f"references/{ref}")
+                    out[path] = await source.read_file_beneath(
+                        skill.path, f"references/{ref}", max_bytes=max_bytes
+                    )
                 except OSError as exc:
                     out[path] = exc
 
         async with anyio.create_task_group() as group:
-            for path, (skill, ref) in refs.items():
+            for path, skill, ref in refs:
                 group.start_soon(one, path, skill, ref)
         return out
 
@@ -883,8 +953,10 @@ class WorkspaceSkills:
                         if len(results) >= top_k:
                             break
                         try:
-                            data = await self._read(skill, f"references/{ref}", "reference")
-                        except InvalidSkillPathError as exc:
+                            data = await self._read(
+                                skill, f"references/{ref}", "reference", MAX_REFERENCE_BYTES
+                            )
+                        except (InvalidSkillPathError, FileTooLarge) as exc:
                             # One bad reference must not break the search of every skill.
                             _log.warning("skill search skipped %s: %s", skill.path, exc)
                             continue
@@ -980,8 +1052,10 @@ class _ResolvedSourceSkills(WorkspaceSkills):
     async def get_asset(self, skill_name: str, asset_path: str) -> bytes | None:
         return await (await self.get_scoped()).get_asset(skill_name, asset_path)
 
-    async def read_skill_file(self, skill: Skill, path: str) -> bytes | None:
-        return await (await self.get_scoped()).read_skill_file(skill, path)
+    async def read_skill_file(
+        self, skill: Skill, path: str, *, max_bytes: int | None = None
+    ) -> bytes | None:
+        return await (await self.get_scoped()).read_skill_file(skill, path, max_bytes=max_bytes)
 
     async def list_references(self, skill_name: str) -> builtins.list[str]:
         return await (await self.get_scoped()).list_references(skill_name)

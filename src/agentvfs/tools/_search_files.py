@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 
 import anyio.to_thread
 
+from ..errors import FileTooLarge
 from ..vfs import is_text_file, read_many, read_range, walk
 from ..vfs._grep import MATCH_LINE_LIMIT, BoundedPattern, LineChunker, MatchTimeout, PatternError
 from ._core import ToolCall, ToolResult
@@ -326,17 +327,36 @@ async def _search_files(
     call: ToolCall, search: _Search, files: list[tuple[str, int | None]], *, strict: bool, max_bytes: int
 ) -> None:
     """Feed ``files`` to ``search`` in order: small ones read whole in batches, large ones in
-    ranges, those over ``max_bytes`` skipped."""
+    ranges, those over ``max_bytes`` skipped.
+
+    Sizes come from the listing, which may be stale by the time a file is read (the agent's
+    commands can swap files meanwhile): a batch is read with ``max_bytes=GREP_CHUNK``, so a
+    file that has grown since is never read whole (on local disk no more than a byte past the
+    cap is read from the file opened) but sized again and searched in ranges, or skipped.
+    """
     fs = call.fs
     batch: list[str] = []
     batch_bytes = 0
 
     async def flush() -> None:
         nonlocal batch, batch_bytes
-        if batch and not search.done:
-            paths, batch, batch_bytes = batch, [], 0
-            contents = await read_many(fs, paths)
-            await _in_worker(search.feed_files, paths, contents, strict)
+        if not batch or search.done:
+            return
+        paths, batch, batch_bytes = batch, [], 0
+        contents = await read_many(fs, paths, max_bytes=GREP_CHUNK)
+        whole: list[str] = []
+        for path in paths:
+            if not isinstance(contents.get(path), FileTooLarge):
+                whole.append(path)
+                continue
+            # Larger than listed: the files before it first, to keep the output in path order.
+            if whole:
+                await _in_worker(search.feed_files, whole, contents, strict)
+                whole = []
+            if not search.done:
+                await _large_file(call, search, path, strict=strict, max_bytes=max_bytes)
+        if whole:
+            await _in_worker(search.feed_files, whole, contents, strict)
 
     for path, size in files:
         if search.done:
@@ -352,8 +372,26 @@ async def _search_files(
             continue
         await flush()
         if not search.done:
-            await _stream_file(call, search, path, strict)
+            if size is None:
+                await _large_file(call, search, path, strict=strict, max_bytes=max_bytes)
+            else:
+                await _stream_file(call, search, path, strict)
     await flush()
+
+
+async def _large_file(call: ToolCall, search: _Search, path: str, *, strict: bool, max_bytes: int) -> None:
+    """Search a file whose listing gave no size, or a size it no longer has: sized by ``stat``
+    (skipped past ``max_bytes``), then read in ranges, which bound memory whatever it holds
+    by the time they are read."""
+    try:
+        info = await call.fs.stat(path)
+    except OSError as exc:
+        search.read_error(exc, strict)
+        return
+    if info.size > max_bytes:
+        search.too_large += 1
+        return
+    await _stream_file(call, search, path, strict)
 
 
 async def _stream_file(call: ToolCall, search: _Search, path: str, strict: bool) -> None:

@@ -7,7 +7,9 @@ the calling request (``WorkspaceSkills.get_scoped``) and picks up changes on dis
 ``skill_read`` is bounded where the reference is not: its output is cut to
 ``max_output_tokens`` (default 20,000 tokens, with the reference's truncation marker; page
 with ``startLine`` and ``endLine``), and a file larger than ``max_file_bytes`` (default
-8 MiB, by the skill source's ``stat``) is not read at all: the answer says so.
+8 MiB) is not read at all: the answer says so. The limit holds on the file actually read,
+not only on an earlier ``stat`` (a file swapped for a larger one in between is refused, and on
+local disk no more than a byte past the limit is read).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import posixpath
 from typing import TYPE_CHECKING
 
-from ..errors import WorkspaceError
+from ..errors import FileTooLarge, WorkspaceError
 from ._core import ToolCall, ToolResult, ToolSpec
 from ._lines import nth_newline
 from ._output import apply_token_limit
@@ -150,6 +152,13 @@ async def _size(skills: WorkspaceSkills, skill: Skill, path: str) -> int | None:
     return stat.size if stat.type == "file" else None
 
 
+def _too_large(path: str, skill_name: str, how: str, cap: int) -> str:
+    return (
+        f'File "{path}" in skill "{skill_name}" {how} skill_read reads ({cap} bytes, max_file_bytes of '
+        "skill_read in the tools config); it was not read."
+    )
+
+
 async def _skill_read(call: ToolCall) -> ToolResult:
     args = call.args
     skill_name, path = args["skillName"], args["path"]
@@ -158,13 +167,15 @@ async def _skill_read(call: ToolCall) -> ToolResult:
     if isinstance(found, str):
         return found
     cap = call.options.get("max_file_bytes", DEFAULT_SKILL_READ_MAX_BYTES)
+    # The stat names the size when it can; the read enforces the limit on the file it opens
+    # (one swapped for a larger one after the stat is refused, not read whole).
     size = await _size(skills, found, path)
     if size is not None and size > cap:
-        return (
-            f'File "{path}" in skill "{skill_name}" is {size} bytes, more than skill_read reads ({cap} '
-            "bytes, max_file_bytes of skill_read in the tools config); it was not read."
-        )
-    data = await skills.read_skill_file(found, path)
+        return _too_large(path, skill_name, f"is {size} bytes, more than", cap)
+    try:
+        data = await skills.read_skill_file(found, path, max_bytes=cap)
+    except FileTooLarge:
+        return _too_large(path, skill_name, "is larger than", cap)
     if data is None:
         files = [
             *(f"references/{f}" for f in found.references),
