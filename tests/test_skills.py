@@ -36,6 +36,7 @@ from agentvfs.skills import (
 )
 from agentvfs.skills._parse import MAX_SKILL_FILE_BYTES
 from agentvfs.skills._skills import SkillIndex
+from agentvfs.testing._attacks_tools import peak_rss_growth
 from agentvfs.tools import WorkspaceTool
 from agentvfs.vfs import FileEntry, FileStat
 
@@ -708,6 +709,66 @@ async def test_skill_search_results_record(tmp_path: Path) -> None:
     )
     assert hit.score > 0 and set(hit.score_details) == {"bm25"}
     assert await skills.search("gamma", min_score=1e9) == []
+
+
+# -- size limits on what is read, whatever the listing showed ----------------------------------------------
+
+
+def sparse(path: Path, size: int, head: bytes = b"") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(head)
+        f.truncate(size)
+    return path
+
+
+async def test_a_skill_md_linked_to_or_swapped_for_a_huge_file_is_not_read(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    put(tmp_path, "skills/ok/SKILL.md", skill_md("ok"))
+    huge = skill_md("big", body="x").encode()
+    # A link lists without a size; a swap after the listing makes the listed size stale.
+    sparse(tmp_path / "big.dat", 1 << 30, huge)
+    (tmp_path / "skills/linked").mkdir()
+    os.symlink("../../big.dat", tmp_path / "skills/linked/SKILL.md")
+    put(tmp_path, "skills/swapped/SKILL.md", skill_md("swapped"))
+    swap = sparse(tmp_path / "swap.dat", 1 << 30, huge)
+
+    class SwapAfterListing(LocalFilesystem):
+        async def walk(self, path: str = "", **options: Any) -> Any:
+            entries = await super().walk(path, **options)
+            if swap.exists():
+                os.replace(swap, tmp_path / "skills/swapped/SKILL.md")
+            return entries
+
+    skills = skills_of(Workspace(filesystem=SwapAfterListing(tmp_path), skills=["skills"]))
+    with caplog.at_level(logging.ERROR, "agentvfs.skills"), peak_rss_growth() as growth:
+        listed = [s.name for s in await skills.list()]
+    assert listed == ["ok"]
+    assert growth[0] < 64 << 20, growth[0]
+    for name in ("linked", "swapped"):
+        assert (
+            f"Failed to load skill from skills/{name}/SKILL.md: skills/{name}/SKILL.md is too large to load "
+            f"as a skill (more than {MAX_SKILL_FILE_BYTES} bytes, the limit). Move content to references/."
+        ) in caplog.text
+    with pytest.raises(InvalidSkillError, match="is too large to load as a skill"):
+        await skills.add_skill("skills/linked")
+
+
+async def test_huge_references_are_neither_indexed_nor_searched(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    put(tmp_path, "skills/s/SKILL.md", skill_md("s", body="the words"))
+    put(tmp_path, "skills/s/references/small.md", "small words")
+    sparse(tmp_path / "skills/s/references/huge.md", 1 << 30, b"huge words\n")
+    for options in ({"bm25": True}, {}):
+        skills = skills_of(workspace(tmp_path, ["skills"], **options))
+        with caplog.at_level(logging.WARNING, "agentvfs.skills"), peak_rss_growth() as growth:
+            found = sorted(r.source for r in await skills.search("words"))
+        assert found == ["SKILL.md", "references/small.md"], options
+        assert growth[0] < 64 << 20, (options, growth[0])
+        assert "skills/s/references/huge.md" in caplog.text
+        caplog.clear()
 
 
 # -- SKILL.md parsing and validation ----------------------------------------------------------------------

@@ -4,7 +4,9 @@ would find something different (the staleness check behind ``maybe_refresh``).
 Discovery lists before it reads: one walk of each configured directory (two levels deep on
 disk; the whole tree on object stores, where a listing costs the same at any depth) tells
 which subdirectories hold a SKILL.md, how big it is and which ``references/``, ``scripts/``
-and ``assets/`` directories exist. Only then are the SKILL.md files read, many at once.
+and ``assets/`` directories exist. Only then are the SKILL.md files read, many at once, each
+with the 1 MiB limit enforced on the file read (a listed size may be missing, for a symlink,
+or stale).
 
 The staleness check repeats the listings and compares them (names, types, sizes) with the
 ones discovery saw; it never reads a SKILL.md. Object stores have no directory modification
@@ -21,11 +23,12 @@ from typing import Any
 
 import anyio
 
+from ..errors import FileTooLarge
 from ..tools._glob import create_glob_matcher, extract_glob_base, is_glob_pattern
-from ..vfs import FileEntry
+from ..vfs import FileEntry, read_many
 from ._parse import MAX_SKILL_FILE_BYTES, parse_skill_md, too_large_message
 from ._records import ContentSource, InvalidSkillError, Skill
-from ._sources import SkillSource, Tree, TreeCache, is_flat, join_path, read_files
+from ._sources import READ_CONCURRENCY, SkillSource, Tree, TreeCache, is_flat, join_path
 
 __all__ = [
     "Discovery",
@@ -330,12 +333,15 @@ async def discover(
             _fail(found, item.skill_file, too_large_message(item.skill_file, item.size))
         else:
             readable.append(item)
-    contents = await read_files(source, list(dict.fromkeys(p.skill_file for p in readable)))
+    contents = await _read_skill_files(source, list(dict.fromkeys(p.skill_file for p in readable)))
     files = await _all_subdir_files(
         cache, [p for p in readable if isinstance(contents.get(p.skill_file), bytes)]
     )
     for item in readable:
         data = contents.get(item.skill_file)
+        if isinstance(data, FileTooLarge):
+            _fail(found, item.skill_file, _too_large(item.skill_file))
+            continue
         if not isinstance(data, bytes):
             _fail(found, item.skill_file, str(data) if data is not None else "not readable")
             continue
@@ -347,6 +353,21 @@ async def discover(
         add_skill(found.skills, skill)
         found.skill_files.append(item.skill_file)
     return found
+
+
+async def _read_skill_files(source: SkillSource, paths: list[str]) -> dict[str, bytes | OSError]:
+    """Read SKILL.md files, none past :data:`MAX_SKILL_FILE_BYTES` whatever size the listing
+    showed: a symlinked SKILL.md lists without a size, and a file may be swapped for a larger
+    one after its listing (on local disk no more than a byte past the limit is read); such a
+    file maps to ``FileTooLarge``."""
+    return await read_many(source, paths, concurrency=READ_CONCURRENCY, max_bytes=MAX_SKILL_FILE_BYTES)
+
+
+def _too_large(path: str) -> str:
+    return (
+        f"{path} is too large to load as a skill (more than {MAX_SKILL_FILE_BYTES} bytes, the limit). "
+        "Move content to references/."
+    )
 
 
 def _fail(found: Discovery, path: str, message: str) -> None:
@@ -381,8 +402,11 @@ async def load_skill(
     )
     if stat.size > MAX_SKILL_FILE_BYTES:
         raise InvalidSkillError(too_large_message(skill_file, stat.size))
-    data = await source.read_file(skill_file)
-    content = data if isinstance(data, bytes) else data.encode("utf-8")
+    content = (await _read_skill_files(source, [skill_file]))[skill_file]
+    if isinstance(content, FileTooLarge):
+        raise InvalidSkillError(_too_large(skill_file))
+    if isinstance(content, OSError):
+        raise content
     cache = TreeCache(source)
     planned.tree = await cache.tree(skill_dir, 1 + (SUBDIR_DEPTH if is_flat(source) else 1))
     return build_skill(planned, content, await _subdir_files(cache, planned), validate=validate)

@@ -84,6 +84,12 @@ class SkillIndex:
     def __init__(self, search: WorkspaceSearch) -> None:
         self._search = search
 
+    @property
+    def max_file_bytes(self) -> int:
+        """References larger than this are not indexed: the search's own limit for files."""
+        limit: int = getattr(self._search, "max_file_bytes", MAX_REFERENCE_BYTES)
+        return limit
+
     async def index_many(self, docs: Sequence[tuple[str, str, dict[str, Any]]]) -> None:
         """Index ``(id, content, metadata)`` documents in one batch."""
         from ..search._engine import Document
