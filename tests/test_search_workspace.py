@@ -19,6 +19,7 @@ from agentvfs.search import _workspace as search_workspace
 from agentvfs.search._embedders import EmbeddingError, HashingEmbedder
 from agentvfs.search._engine import Document, Fusion, SearchEngine
 from agentvfs.search._workspace import SearchIndexError
+from agentvfs.testing._attacks_tools import peak_rss_growth
 from agentvfs.vfs import WorkspaceFilesystem
 from conftest import BACKENDS, harness_for
 
@@ -472,3 +473,79 @@ async def test_hnsw_vectors_persist_beside_the_index(tmp_path: Path) -> None:
         hits = await again.search("penguins antarctic", mode="vector", top_k=1)
         assert [h.id for h in hits] == ["a.txt"]
     assert embedder.texts == ["penguins antarctic"]  # only the query: no file embedded again
+
+
+# -- a size limit per file, held on the file read ------------------------------------------------------
+
+
+def sparse(path: Path, size: int, head: bytes) -> Path:
+    """A file of ``size`` bytes that takes no disk space but ``head``."""
+    with open(path, "wb") as f:
+        f.write(head)
+        f.truncate(size)
+    return path
+
+
+async def test_files_over_max_file_bytes_are_not_indexed_even_when_swapped_in_after_listing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "small.md").write_text("small words\n")
+    (docs / "grown.md").write_text("grown words\n")
+    sparse(docs / "listed.md", 32 << 20, b"listed words\n")  # listed larger than the limit: never read
+    (docs / "swapped.md").write_text("swapped words\n")
+    huge = sparse(tmp_path / "huge.bin", 1 << 30, b"huge words\n")
+
+    class SwapAfterListing(LocalFilesystem):
+        """The listing (sizes) shows swapped.md as 14 bytes; the read meets 1 GiB."""
+
+        async def list_stats(self, path: str = "") -> Any:
+            stats = await super().list_stats(path)
+            if huge.exists():
+                os.replace(huge, docs / "swapped.md")
+            return stats
+
+    fs = SwapAfterListing(tmp_path)
+    search = search_workspace.WorkspaceSearch(bm25=True)
+    assert search.max_file_bytes == search_workspace.MAX_INDEX_FILE_BYTES == 16 << 20
+    with caplog.at_level(logging.WARNING, "agentvfs.search"), peak_rss_growth() as growth:
+        counts = await search.sync(fs, ["docs"])
+    assert counts == {"indexed": 2, "unchanged": 0, "removed": 0, "failed": 0, "too_large": 2}
+    assert growth[0] < 64 << 20, growth[0]
+    assert sorted(r.id for r in await search.search("words", mode="bm25")) == ["docs/grown.md", "docs/small.md"]
+    for name in ("listed.md", "swapped.md"):
+        assert (
+            f'Not indexing "docs/{name}" for search: it is larger than {16 << 20} bytes (max_file_bytes of the '
+            "search index); split it, or raise max_file_bytes to index it"
+        ) in caplog.text
+    # A file indexed before and grown past the limit since leaves the index.
+    os.truncate(docs / "grown.md", 32 << 20)
+    counts = await search.sync(fs, ["docs"])
+    assert counts == {"indexed": 0, "unchanged": 1, "removed": 0, "failed": 0, "too_large": 3}
+    assert [r.id for r in await search.search("words", mode="bm25")] == ["docs/small.md"]
+    # The limit is an option.
+    narrow = search_workspace.WorkspaceSearch(bm25=True, max_file_bytes=8)
+    assert (await narrow.sync(LocalFilesystem(tmp_path), ["docs"]))["too_large"] == 4
+    with pytest.raises(ValueError, match="max_file_bytes must be a positive number of bytes, got 0"):
+        search_workspace.WorkspaceSearch(bm25=True, max_file_bytes=0)
+
+
+async def test_indexing_holds_a_bounded_round_of_text(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for i in range(40):
+        (tmp_path / f"f{i:02d}.txt").write_text(f"file {i} words\n" * 100)
+    monkeypatch.setattr(search_workspace, "ROUND_BYTES", 3000)
+    committed: list[int] = []
+    original = search_workspace.WorkspaceSearch._commit
+
+    async def counting(self: Any, engine: Any, docs: list[Document], sources: dict[str, Any]) -> int:
+        committed.append(len(sources))
+        return await original(self, engine, docs, sources)
+
+    monkeypatch.setattr(search_workspace.WorkspaceSearch, "_commit", counting)
+    search = search_workspace.WorkspaceSearch(bm25=True)
+    counts = await search.sync(LocalFilesystem(tmp_path), ["."])
+    assert counts["indexed"] == 40
+    # Each round of reads (8 files of about 1.5 KB) passes 3000 bytes: indexed before the next.
+    assert committed[:-1] == [8] * 5 and committed[-1] == 0
+    assert len(await search.search("words", mode="bm25", top_k=50)) == 40

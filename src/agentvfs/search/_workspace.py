@@ -27,6 +27,7 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
+from ..errors import FileTooLarge
 from ..tools._glob import create_glob_matcher, extract_glob_base, is_glob_pattern
 from ..vfs import FileEntry, WorkspaceFilesystem
 from ..vfs._base import list_stats, read_many, walk
@@ -36,7 +37,13 @@ from ._embedders import embedder_id
 from ._engine import Document, Fusion, SearchEngine, SearchResult
 from ._tokenize import TokenizeOptions
 
-__all__ = ["INDEX_FILE", "SearchIndexError", "WorkspaceSearch", "parse_bm25_config"]
+__all__ = [
+    "INDEX_FILE",
+    "MAX_INDEX_FILE_BYTES",
+    "SearchIndexError",
+    "WorkspaceSearch",
+    "parse_bm25_config",
+]
 
 _log = logging.getLogger("agentvfs.search")
 
@@ -48,6 +55,15 @@ MAX_DEPTH = 10
 READ_CONCURRENCY = 8
 #: Files embedded per round while (re)indexing, so progress is kept as it goes.
 ROUND = 256
+#: What has been read is indexed (and recorded) once it holds this many bytes, before more is
+#: read: indexing holds some 15 to 17 times the text in memory at its peak (16 MiB of prose in
+#: one file or in 256 took 250 to 270 MiB).
+ROUND_BYTES = 16 * 1024 * 1024
+#: Auto-indexed files larger than this are not indexed (``WorkspaceSearch(max_file_bytes=...)``):
+#: skipped with a warning and counted as ``too_large`` by :meth:`WorkspaceSearch.sync`. The
+#: limit holds on the file read, whatever size its listing showed (on local disk no more than a
+#: byte past it is read).
+MAX_INDEX_FILE_BYTES = 16 * 1024 * 1024
 
 
 class SearchIndexError(RuntimeError):
@@ -186,6 +202,13 @@ class WorkspaceSearch:
         ``index_dir`` lies where someone else may write (a sandbox's working directory): its
         last component is made and opened without following links, and the index is used
         through that descriptor only (see :func:`open_private_dir`).
+    max_file_bytes : int
+        Files larger than this are not indexed (default :data:`MAX_INDEX_FILE_BYTES`, 16 MiB).
+
+    Attributes
+    ----------
+    max_file_bytes : int
+        As the parameter; may be changed at any time.
     """
 
     def __init__(
@@ -198,7 +221,11 @@ class WorkspaceSearch:
         index_dir: str | os.PathLike[str] | None = None,
         fusion: Fusion = "linear",
         private_dir: bool = False,
+        max_file_bytes: int = MAX_INDEX_FILE_BYTES,
     ) -> None:
+        if isinstance(max_file_bytes, bool) or not isinstance(max_file_bytes, int) or max_file_bytes < 1:
+            raise ValueError(f"max_file_bytes must be a positive number of bytes, got {max_file_bytes!r}")
+        self.max_file_bytes = max_file_bytes
         self._bm25_config = parse_bm25_config(bm25)
         self._vector_store = vector_store
         self._embedder = embedder
@@ -468,14 +495,16 @@ class WorkspaceSearch:
         """Bring the index in step with the files ``patterns`` name: index new and changed
         files, drop removed ones (``prune``); unchanged files cost one listing, no read.
 
-        Returns counts: ``indexed``, ``unchanged``, ``removed``, ``failed``.
+        Returns counts: ``indexed``, ``unchanged``, ``removed``, ``failed`` and ``too_large``
+        (larger than :attr:`max_file_bytes`: not indexed, and dropped from the index if they
+        were in it; each is logged as a warning).
         """
         engine = await self.engine()
         self._check_model()
         known = await anyio.to_thread.run_sync(self._load_sources)
         files = await collect_files(fs, patterns)
         signatures = await _signatures(fs, files)
-        counts = {"indexed": 0, "unchanged": 0, "removed": 0, "failed": 0}
+        counts = {"indexed": 0, "unchanged": 0, "removed": 0, "failed": 0, "too_large": 0}
         todo: list[str] = []
         for path in files:
             old, sig = known.get(path), signatures.get(path)
@@ -490,9 +519,10 @@ class WorkspaceSearch:
                 todo.append(path)
         for start in range(0, len(todo), ROUND):
             batch = todo[start : start + ROUND]
-            done = await self._index_files(engine, fs, batch, known, signatures)
+            done, too_large = await self._index_files(engine, fs, batch, known, signatures)
             counts["indexed"] += done
-            counts["failed"] += len(batch) - done
+            counts["too_large"] += too_large
+            counts["failed"] += len(batch) - done - too_large
         if prune:
             wanted = set(files)
             for path in sorted(set(known) - wanted):
@@ -533,41 +563,98 @@ class WorkspaceSearch:
         paths: Sequence[str],
         known: Mapping[str, _Source],
         signatures: Mapping[str, _Signature],
-    ) -> int:
-        data = await read_many(fs, list(paths), concurrency=READ_CONCURRENCY)
+    ) -> tuple[int, int]:
+        """Index ``paths``: how many were indexed, and how many were too large.
+
+        Files are read :data:`READ_CONCURRENCY` at a time, none past :attr:`max_file_bytes`
+        (those listed larger are not read at all), and what was read is indexed whenever it
+        reaches :data:`ROUND_BYTES`, so memory stays bounded by those, not by the files.
+        """
+        cap = self.max_file_bytes
+        indexed = too_large = 0
         docs: list[Document] = []
         sources: dict[str, _Source] = {}
-        for path in paths:
-            raw = data.get(path)
-            if not isinstance(raw, bytes):
-                _log.debug("skipping %s for search: %s", path, raw)
-                continue
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                continue  # binary: the reference skips files that do not read as UTF-8
-            digest = _digest(raw)
-            sig = signatures.get(path) or _Signature(len(raw), 0, None)
-            old = known.get(path)
-            if old is not None and old.digest == digest and self._complete(engine, path, old):
-                sources[path] = _Source(sig, digest, old.chunks)  # touched, not changed
-                continue
-            chunks = split_into_chunks(text)
-            if old is not None or len(chunks) > 1:
-                await engine.remove_source(path)
-            if len(chunks) == 1:
-                docs.append(Document(path, text))
-            else:
-                for i, chunk in enumerate(chunks):
-                    docs.append(
-                        Document(
-                            f"{path}#chunk-{i}",
-                            chunk.content,
-                            {"source_file": path},
-                            chunk.start_line,
-                        )
+        held = 0
+        for start in range(0, len(paths), READ_CONCURRENCY):
+            part: list[str] = []
+            for path in paths[start : start + READ_CONCURRENCY]:
+                listed = signatures.get(path)
+                if listed is not None and listed.size > cap:
+                    too_large += 1
+                    await self._too_large(engine, known, path)
+                else:
+                    part.append(path)
+            data = await read_many(fs, part, concurrency=READ_CONCURRENCY, max_bytes=cap)
+            for path in part:
+                raw = data.get(path)
+                if isinstance(raw, FileTooLarge):
+                    too_large += 1
+                    await self._too_large(engine, known, path)
+                    continue
+                if not isinstance(raw, bytes):
+                    _log.debug("skipping %s for search: %s", path, raw)
+                    continue
+                held += await self._prepare(engine, path, raw, known, signatures, docs, sources)
+            del data
+            if held >= ROUND_BYTES:
+                indexed += await self._commit(engine, docs, sources)
+                docs, sources, held = [], {}, 0
+        indexed += await self._commit(engine, docs, sources)
+        return indexed, too_large
+
+    async def _too_large(self, engine: SearchEngine, known: Mapping[str, _Source], path: str) -> None:
+        _log.warning(
+            'Not indexing "%s" for search: it is larger than %d bytes (max_file_bytes of the search '
+            "index); split it, or raise max_file_bytes to index it",
+            path, self.max_file_bytes,
+        )  # fmt: skip
+        if self._indexed(engine, known, path):
+            await self._drop(engine, path)  # what it held before is no longer its content
+
+    async def _prepare(
+        self,
+        engine: SearchEngine,
+        path: str,
+        raw: bytes,
+        known: Mapping[str, _Source],
+        signatures: Mapping[str, _Signature],
+        docs: list[Document],
+        sources: dict[str, _Source],
+    ) -> int:
+        """Add the documents of one file read to ``docs`` and its record to ``sources``; the
+        bytes of text that adds."""
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return 0  # binary: the reference skips files that do not read as UTF-8
+        digest = _digest(raw)
+        sig = signatures.get(path) or _Signature(len(raw), 0, None)
+        old = known.get(path)
+        if old is not None and old.digest == digest and self._complete(engine, path, old):
+            sources[path] = _Source(sig, digest, old.chunks)  # touched, not changed
+            return 0
+        chunks = split_into_chunks(text)
+        if old is not None or len(chunks) > 1:
+            await engine.remove_source(path)
+        if len(chunks) == 1:
+            docs.append(Document(path, text))
+        else:
+            for i, chunk in enumerate(chunks):
+                docs.append(
+                    Document(
+                        f"{path}#chunk-{i}",
+                        chunk.content,
+                        {"source_file": path},
+                        chunk.start_line,
                     )
-            sources[path] = _Source(sig, digest, len(chunks))
+                )
+        sources[path] = _Source(sig, digest, len(chunks))
+        return len(raw)
+
+    async def _commit(
+        self, engine: SearchEngine, docs: list[Document], sources: dict[str, _Source]
+    ) -> int:
+        """Index ``docs`` and record ``sources``: how many files were indexed."""
         failed: dict[str, str] = {}
         if docs:
             try:
