@@ -1,4 +1,5 @@
-"""Attacks on the tools' bounds: regex bombs, huge and sparse files, huge skill references.
+"""Attacks on the tools' bounds: regex bombs, huge and sparse files, huge skill references,
+and small files exchanged for huge ones between the size check and the read.
 
 The agent controls every tool input and every file it can write, so a tool must answer in
 bounded time and memory whatever it is given. Time is checked against the tool's own limit
@@ -13,13 +14,17 @@ import contextlib
 import itertools
 import os
 import re
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.to_thread
 
 from ._adversary import Arena, attack
+from ._attacks_paths import _RACER
 
 __all__ = ["RSS_BOUND", "TIME_SLACK", "peak_rss_growth"]
 
@@ -231,3 +236,87 @@ async def skill_read_huge_reference(arena: Arena) -> None:
             text = await _bounded(arena, "skill_read", **args)
             arena.record(len(text) < limit, f"skill_read {name} {extra} returned {len(text)} characters")
             arena.record(arena.secret not in text, f"skill_read {name} showed the secret")
+
+
+def _count(path: Path) -> int:
+    return int(path.read_text() or 0) if path.exists() else 0
+
+
+class _Exchange:
+    """A racer run through ``execute_command`` (inside the sandbox, as the agent can) that
+    exchanges a small file with a sparse 1 GiB one, ``renameat2(RENAME_EXCHANGE)`` in a loop:
+    a listing or ``stat`` shows one size, the read that follows may meet the other file."""
+
+    def __init__(self, arena: Arena, small: str, content: str) -> None:
+        self.arena = arena
+        self.small = arena.root / small
+        self.big = self.small.with_name("swap.dat")
+        self.stop = self.small.with_name("stop")
+        self.content = content
+
+    async def plant(self) -> None:
+        """The small file with a tool, the big one with the shell (directly where there is none)."""
+        arena = self.arena
+        where = self.small.parent.relative_to(arena.root)
+        await arena.tool("write_file", path=f"{where}/{self.small.name}", content=self.content)
+        await arena.tool("write_file", path=f"{where}/racer.py", content=_RACER)
+        out = await arena.sh(f"truncate -s 1G {where}/swap.dat && echo made")
+        if "made" not in out:
+            _sparse(str(self.big), GIB)
+
+    @contextlib.asynccontextmanager
+    async def running(self, seconds: float) -> AsyncIterator[None]:
+        command = f"{sys.executable} {self.small.parent}/racer.py {self.small} {self.big} {self.stop} {seconds + 30:.0f}"
+        started = await self.arena.sh(command, background=True)
+        if "Started background process" not in started:
+            raise RuntimeError(f"the racer did not start: {started}")
+        await anyio.sleep(0.2)
+        try:
+            yield
+        finally:
+            # The stop file is written from outside the race: the host's own path, no tool.
+            await anyio.to_thread.run_sync(self.stop.write_text, "stop")
+            count = Path(f"{self.stop}.count")
+            for _ in range(200):
+                if await anyio.to_thread.run_sync(count.exists):
+                    break
+                await anyio.sleep(0.05)
+            swaps = await anyio.to_thread.run_sync(_count, count)
+            if swaps == 0:
+                raise RuntimeError("the racer made no exchange: the race did not happen")
+
+
+@attack(
+    "grep_file_swapped_after_listing",
+    finding="grep read a file whole by the size its listing showed: a 6-byte file exchanged for a sparse 1 GiB one grew RSS by 2 GiB",
+    severity="medium",
+)
+async def grep_file_swapped_after_listing(arena: Arena) -> None:
+    await arena.open()
+    race = _Exchange(arena, "race-grep/f.txt", "small\n")
+    await race.plant()
+    await arena.tool("grep", pattern="zzzz", path="race-grep")  # tiktoken's tables, once
+    async with race.running(30):
+        for _ in arena.iterations(150, seconds=15):
+            out = await _bounded(arena, "grep", pattern="zzzz", path="race-grep")
+            arena.record(bool(_ANSWER.match(out)), f"grep answered {out[:200]!r}")
+
+
+@attack(
+    "skill_read_file_swapped_after_stat",
+    finding="skill_read checked a file's size with stat, then read it whole: exchanged for a sparse 1 GiB one in between, RSS grew by 2 GiB",
+    severity="medium",
+)
+async def skill_read_file_swapped_after_stat(arena: Arena) -> None:
+    skill = arena.root / "skills" / "swap"
+    (skill / "references").mkdir(parents=True)
+    (skill / "SKILL.md").write_text("---\nname: swap\ndescription: A skill whose reference is swapped\n---\nRead r.md.\n")
+    await arena.open(skills=["skills"])
+    race = _Exchange(arena, "skills/swap/references/r.md", "small reference\n")
+    await race.plant()
+    await arena.tool("skill_read", skillName="swap", path="references/r.md")  # tiktoken's tables, once
+    async with race.running(30):
+        for _ in arena.iterations(150, seconds=15):
+            out = await _bounded(arena, "skill_read", skillName="swap", path="references/r.md")
+            answered = out.startswith(("small reference", 'File "references/r.md" in skill "swap" is'))
+            arena.record(answered, f"skill_read answered {out[:200]!r}")
