@@ -17,9 +17,14 @@ Every search is bounded, whatever the files hold:
   1048576)``);
 * **memory**: files up to 1 MiB are read whole in batches, larger ones in 1 MiB ranges with
   matches and line numbers carried across the ranges; files larger than ``max_file_bytes``
-  (default 256 MiB) are not searched (`` (<n> files skipped: larger than <max> bytes)``);
+  (default 256 MiB) are not searched (`` (<n> files skipped: larger than <max> bytes)``).
+  Sizes come from the listing, but the 1 MiB of a whole read is enforced on the file read: one
+  that grew or was swapped since is sized again and read in ranges, or skipped;
   ``contextLines`` above 1,000 is taken as 1,000; output is built only as far as the token
   limit can show.
+* **pattern size**: patterns that would compile to more than 100,000 steps are refused, and so
+  are comments ``(?#...)`` and the flags ``x``, ``V0``, ``V1`` and ``f`` (JavaScript has none
+  of them), as an invalid pattern; the pattern is compiled in a worker thread.
 """
 
 from __future__ import annotations
