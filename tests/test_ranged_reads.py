@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
-from agentvfs import FileNotFound, FsspecFilesystem, IsDirectory
+from agentvfs import FileNotFound, FileTooLarge, FsspecFilesystem, IsDirectory
 from agentvfs.testing import FakeGcsServer, MotoServer
 from agentvfs.vfs._ranged import SignedRangeReader, signed_range_reader
 from conftest import GCS_BUCKET, S3_BUCKET, unique
@@ -76,6 +76,12 @@ async def test_s3_ranges_go_through_signed_urls(moto: MotoServer) -> None:
     assert many["d/big.bin"] == DATA and many["d/empty.bin"] == b""
     assert isinstance(many["d/missing.bin"], FileNotFound)
     assert [c for c in calls if c != "list_objects_v2"] == ["get_object"]  # only the missing one
+    # With max_bytes: one ranged GET of the limit and one byte, never the whole object.
+    calls.clear()
+    capped = await fs.read_many(["d/big.bin", "d/empty.bin", "d/missing.bin"], max_bytes=1000)
+    assert isinstance(capped["d/big.bin"], FileTooLarge) and capped["d/empty.bin"] == b""
+    assert isinstance(capped["d/missing.bin"], FileNotFound)
+    assert (await fs.read_many(["d/big.bin"], max_bytes=len(DATA)))["d/big.bin"] == DATA
     calls.clear()
     await fs.write_file("d/needle.txt", "hay\nneedle here\nhay\n")
     calls.clear()

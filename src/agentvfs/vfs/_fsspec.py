@@ -1532,6 +1532,8 @@ class FsspecFilesystem(WorkspaceFilesystem):
     def _cat_many(self, rels: list[str], max_bytes: int | None = None) -> dict[str, bytes | OSError]:
         if not rels:
             return {}
+        if max_bytes is not None:
+            return self._cat_many_bounded(rels, max_bytes)
         paths = {self._bpath(r): r for r in rels}
         out: dict[str, bytes | OSError] = {}
         if self._ranged is not None:
@@ -1551,6 +1553,40 @@ class FsspecFilesystem(WorkspaceFilesystem):
         if not isinstance(got, dict):
             got = {next(iter(paths)): got}
         out.update({paths[k]: v for k, v in got.items() if k in paths and isinstance(v, bytes)})
+        return out
+
+    def _cat_many_bounded(self, rels: list[str], max_bytes: int) -> dict[str, bytes | OSError]:
+        """Read each file's first ``max_bytes + 1`` bytes (one ranged GET each on object
+        stores): an object larger than the limit, replaced since its listing or not, is known
+        without fetching it whole."""
+
+        def one(rel: str) -> bytes | OSError | None:
+            bpath = self._bpath(rel)
+            data = self._ranged.read(bpath, 0, max_bytes + 1) if self._ranged is not None else None
+            if data is None:
+                try:
+                    data = bytes(self._fs.cat_file(bpath, start=0, end=max_bytes + 1))
+                except Exception:
+                    # Stores refuse a range of an empty object (HTTP 416); a missing one, a
+                    # directory or any other refusal is the caller's "not found".
+                    info = self._info(rel)
+                    if info is None or info.get("type") == "directory":
+                        return None
+                    if int(info.get("size") or 0) > max_bytes:
+                        return FileTooLarge(self._public_path(rel), max_bytes)
+                    try:
+                        data = self._read_sync(rel, rel)
+                    except OSError:
+                        return None
+            if len(data) > max_bytes:
+                return FileTooLarge(self._public_path(rel), max_bytes)
+            return data
+
+        out: dict[str, bytes | OSError] = {}
+        with ThreadPoolExecutor(min(_READ_THREADS, len(rels)), thread_name_prefix="agentvfs-read") as pool:
+            for rel, got in zip(rels, pool.map(one, rels), strict=True):
+                if got is not None:
+                    out[rel] = got
         return out
 
     # -- description ---------------------------------------------------------------------------------
