@@ -28,6 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+import anyio
+import anyio.to_thread
+
 if TYPE_CHECKING:
     from ..tools import WorkspaceTool
     from ..workspace import Workspace
@@ -346,6 +349,39 @@ class Arena:
             args["background"] = True
         return await self.tool("execute_command", **args)
 
+    @contextlib.asynccontextmanager
+    async def exchanging(self, a: Path, b: Path, *, seconds: float = 30.0) -> AsyncIterator[None]:
+        """Run, for the body of the ``with``, a racer that exchanges ``a`` and ``b`` (two
+        paths under the root) with ``renameat2(RENAME_EXCHANGE)`` as fast as it can, started
+        the way the agent can: written with ``write_file`` next to ``a`` and run in the
+        background with ``execute_command``.
+
+        Raises
+        ------
+        RuntimeError
+            The racer did not start, or made no exchange (the race did not happen).
+        """
+        where = a.parent.relative_to(self.root)
+        script, stop = a.parent / ".racer.py", a.parent / ".racer-stop"
+        await self.tool("write_file", path=f"{where}/{script.name}", content=_RACER)
+        started = await self.sh(f"{sys.executable} {script} {a} {b} {stop} {seconds + 30:.0f}", background=True)
+        if "Started background process" not in started:
+            raise RuntimeError(f"the racer did not start: {started}")
+        await anyio.sleep(0.2)
+        try:
+            yield
+        finally:
+            # The stop file comes from the host's side: no tool call in the way of stopping.
+            await anyio.to_thread.run_sync(stop.write_text, "stop")
+            count = Path(f"{stop}.count")
+            for _ in range(200):
+                if await anyio.to_thread.run_sync(count.exists):
+                    break
+                await anyio.sleep(0.05)
+            swaps = await anyio.to_thread.run_sync(_read_count, count)
+            if swaps == 0:
+                raise RuntimeError("the racer made no exchange: the race did not happen")
+
     # -- bookkeeping -------------------------------------------------------------------------
 
     def record(self, held: bool, what: str = "") -> bool:
@@ -376,6 +412,27 @@ class Arena:
             if index and time.monotonic() > deadline:
                 return
             yield index
+
+
+# The racer the agent runs in its sandbox: exchange two paths until told to stop, then say how
+# many exchanges it made (no exchange means the race did not happen).
+_RACER = r'''
+import ctypes, os, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+a, b, stop, seconds = sys.argv[1].encode(), sys.argv[2].encode(), sys.argv[3], float(sys.argv[4])
+deadline = time.monotonic() + seconds
+swaps = 0
+while time.monotonic() < deadline and not os.path.exists(stop):
+    for _ in range(200):
+        if libc.renameat2(-100, a, -100, b, 2) == 0:  # RENAME_EXCHANGE
+            swaps += 1
+with open(stop + ".count", "w") as out:
+    out.write(str(swaps))
+'''
+
+
+def _read_count(path: Path) -> int:
+    return int(path.read_text() or 0) if path.exists() else 0
 
 
 def _tree_state(top: Path, *, skip: Path) -> dict[str, tuple[Any, ...]]:

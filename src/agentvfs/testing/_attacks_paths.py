@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -24,19 +23,7 @@ __all__: list[str] = []
 # A name only the host side has: if it shows in a tool's output, a listing went outside.
 _HOST_ONLY = "host-only-name.txt"
 
-_RACER = r'''
-import ctypes, os, sys, time
-libc = ctypes.CDLL(None, use_errno=True)
-a, b, stop, seconds = sys.argv[1].encode(), sys.argv[2].encode(), sys.argv[3], float(sys.argv[4])
-deadline = time.monotonic() + seconds
-swaps = 0
-while time.monotonic() < deadline and not os.path.exists(stop):
-    for _ in range(200):
-        if libc.renameat2(-100, a, -100, b, 2) == 0:  # RENAME_EXCHANGE
-            swaps += 1
-with open(stop + ".count", "w") as out:
-    out.write(str(swaps))
-'''
+
 
 
 class _Race:
@@ -65,41 +52,15 @@ class _Race:
         (self.base / "l").symlink_to(target)
         self.arena.snapshot()
 
-    @staticmethod
-    def _swaps(count: Path) -> int:
-        return int(count.read_text() or 0) if count.exists() else 0
-
     @contextlib.asynccontextmanager
     async def running(self, seconds: float) -> AsyncIterator[None]:
-        arena = self.arena
-        where = self.base.relative_to(arena.root)
-        await arena.tool("write_file", path=f"{where}/racer.py", content=_RACER)
-        command = (
-            f"{sys.executable} {self.base}/racer.py {self.base}/d {self.base}/l "
-            f"{self.stop} {seconds + 30:.0f}"
-        )
-        started = await arena.sh(command, background=True)
-        if "Started background process" not in started:
-            raise RuntimeError(f"the racer did not start: {started}")
-        await anyio.sleep(0.2)
-        try:
+        async with self.arena.exchanging(self.base / "d", self.base / "l", seconds=seconds):
             yield
-        finally:
-            # The stop file is written from outside the race: the host's own path, no tool.
-            await anyio.to_thread.run_sync(self.stop.write_text, "stop")
-            count = Path(f"{self.stop}.count")
-            for _ in range(200):
-                if await anyio.to_thread.run_sync(count.exists):
-                    break
-                await anyio.sleep(0.05)
-            swaps = await anyio.to_thread.run_sync(self._swaps, count)
-            if swaps == 0:
-                raise RuntimeError("the racer made no swap: the race did not happen")
-            # Leave the directory where it was planted, so later checks see the real layout.
-            if (self.base / "d").is_symlink():
-                os.rename(self.base / "d", self.base / "x")
-                os.rename(self.base / "l", self.base / "d")
-                os.rename(self.base / "x", self.base / "l")
+        # Leave the directory where it was planted, so later checks see the real layout.
+        if (self.base / "d").is_symlink():
+            os.rename(self.base / "d", self.base / "x")
+            os.rename(self.base / "l", self.base / "d")
+            os.rename(self.base / "x", self.base / "l")
 
 
 def _leaked(out: str) -> bool:

@@ -14,17 +14,14 @@ import contextlib
 import itertools
 import os
 import re
-import sys
 import time
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import anyio
 import anyio.to_thread
 
 from ._adversary import Arena, attack
-from ._attacks_paths import _RACER
 
 __all__ = ["RSS_BOUND", "TIME_SLACK", "peak_rss_growth"]
 
@@ -238,10 +235,6 @@ async def skill_read_huge_reference(arena: Arena) -> None:
             arena.record(arena.secret not in text, f"skill_read {name} showed the secret")
 
 
-def _count(path: Path) -> int:
-    return int(path.read_text() or 0) if path.exists() else 0
-
-
 class _Exchange:
     """A racer run through ``execute_command`` (inside the sandbox, as the agent can) that
     exchanges a small file with a sparse 1 GiB one, ``renameat2(RENAME_EXCHANGE)`` in a loop:
@@ -259,31 +252,14 @@ class _Exchange:
         arena = self.arena
         where = self.small.parent.relative_to(arena.root)
         await arena.tool("write_file", path=f"{where}/{self.small.name}", content=self.content)
-        await arena.tool("write_file", path=f"{where}/racer.py", content=_RACER)
         out = await arena.sh(f"truncate -s 1G {where}/swap.dat && echo made")
         if "made" not in out:
             _sparse(str(self.big), GIB)
 
     @contextlib.asynccontextmanager
     async def running(self, seconds: float) -> AsyncIterator[None]:
-        command = f"{sys.executable} {self.small.parent}/racer.py {self.small} {self.big} {self.stop} {seconds + 30:.0f}"
-        started = await self.arena.sh(command, background=True)
-        if "Started background process" not in started:
-            raise RuntimeError(f"the racer did not start: {started}")
-        await anyio.sleep(0.2)
-        try:
+        async with self.arena.exchanging(self.small, self.big, seconds=seconds):
             yield
-        finally:
-            # The stop file is written from outside the race: the host's own path, no tool.
-            await anyio.to_thread.run_sync(self.stop.write_text, "stop")
-            count = Path(f"{self.stop}.count")
-            for _ in range(200):
-                if await anyio.to_thread.run_sync(count.exists):
-                    break
-                await anyio.sleep(0.05)
-            swaps = await anyio.to_thread.run_sync(_count, count)
-            if swaps == 0:
-                raise RuntimeError("the racer made no exchange: the race did not happen")
 
 
 @attack(

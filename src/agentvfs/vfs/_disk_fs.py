@@ -420,15 +420,8 @@ class DiskFilesystem(FsspecFilesystem):
             raise self._refuse(exc, rel, display, "mkdir") from exc
 
     def _rmdir_sync(self, rel: str, display: str, recursive: bool, force: bool) -> None:
-        if self._is_root(rel):
-            raise PermissionDenied(display or ".", "rmdir (the workspace root cannot be removed)")
-        info = self._info(rel)
-        if info is None:
-            if force:
-                return
-            raise DirectoryNotFound(display)
-        if info.get("type") != "directory":
-            raise NotDirectory(display)
+        if not self._check_rmdir(rel, display, force):
+            return
         host = self._bpath(rel)
         try:
             if recursive:

@@ -1248,16 +1248,22 @@ class FsspecFilesystem(WorkspaceFilesystem):
         rel = self._rel(path)
         await self._call(self._rmdir_sync, rel, path, recursive, force)
 
-    def _rmdir_sync(self, rel: str, display: str, recursive: bool, force: bool) -> None:
+    def _check_rmdir(self, rel: str, display: str, force: bool) -> bool:
+        """Refuse an rmdir the contract forbids; False when there is nothing to remove."""
         if self._is_root(rel):
             raise PermissionDenied(display or ".", "rmdir (the workspace root cannot be removed)")
         info = self._info(rel)
         if info is None:
             if force:
-                return
+                return False
             raise DirectoryNotFound(display)
         if info.get("type") != "directory":
             raise NotDirectory(display)
+        return True
+
+    def _rmdir_sync(self, rel: str, display: str, recursive: bool, force: bool) -> None:
+        if not self._check_rmdir(rel, display, force):
+            return
         bpath = self._bpath(rel)
         try:
             if recursive:
