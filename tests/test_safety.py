@@ -60,13 +60,18 @@ def count_url_gets(fs: FsspecFilesystem, seen: Counter[str]) -> None:
     """Count the GETs ``fs`` sends through signed URLs (outside s3fs) as ``GetObject`` too."""
     reader = fs._ranged
     assert reader is not None
-    whole = reader.read_whole
+    whole, ranged = reader.read_whole, reader.read
 
     def counted(path: str) -> bytes | None:
         seen["GetObject"] += 1
         return whole(path)
 
+    def counted_range(path: str, start: int, end: int) -> bytes | None:
+        seen["GetObject"] += 1  # a capped read is one ranged GET
+        return ranged(path, start, end)
+
     reader.read_whole = counted  # type: ignore[method-assign]
+    reader.read = counted_range  # type: ignore[method-assign]
 
 
 async def test_read_only_memory_writes_make_no_backend_call() -> None:

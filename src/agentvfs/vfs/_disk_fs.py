@@ -400,6 +400,15 @@ class DiskFilesystem(FsspecFilesystem):
             if info.get("type") == "directory":
                 return
             raise FileExists(display)
+        parent = _paths.dirname(rel)
+        if parent and not self._is_root(parent):
+            # As every backend answers: a file as the parent is in the way; a parent missing
+            # (or below a file) is missing, unless ``recursive`` makes it.
+            pinfo = self._info(parent)
+            if pinfo is not None and pinfo.get("type") != "directory":
+                raise NotDirectory(_display_parent(display))
+            if pinfo is None and not recursive:
+                raise DirectoryNotFound(_display_parent(display))
         host = self._bpath(rel)
         try:
             if recursive:
