@@ -5,16 +5,26 @@ directory with the reference's path rules; ``CompositeFilesystem`` mounts severa
 directories of one tree.
 """
 
+from ._base import ChangeListener as ChangeListener
 from ._base import SupportsGrep as SupportsGrep
+from ._base import SupportsListStats as SupportsListStats
 from ._base import SupportsLocalFiles as SupportsLocalFiles
 from ._base import SupportsRangedRead as SupportsRangedRead
 from ._base import SupportsReadBeneath as SupportsReadBeneath
+from ._base import SupportsReadInto as SupportsReadInto
 from ._base import SupportsReadMany as SupportsReadMany
+from ._base import SupportsStreamingUpload as SupportsStreamingUpload
+from ._base import SupportsTransfer as SupportsTransfer
 from ._base import SupportsWalk as SupportsWalk
+from ._base import UploadStream as UploadStream
 from ._base import WorkspaceFilesystem as WorkspaceFilesystem
+from ._base import download_file as download_file
+from ._base import list_stats as list_stats
 from ._base import read_file_beneath as read_file_beneath
 from ._base import read_many as read_many
 from ._base import read_range as read_range
+from ._base import read_range_into as read_range_into
+from ._base import upload_file as upload_file
 from ._base import walk as walk
 from ._composite import CompositeFilesystem as CompositeFilesystem
 from ._fsspec import FsspecFilesystem as FsspecFilesystem
@@ -28,10 +38,13 @@ from ._records import FileStat as FileStat
 from ._records import GrepFileResult as GrepFileResult
 from ._records import GrepMatch as GrepMatch
 from ._records import MountInfo as MountInfo
+from ._wrapper import TimeoutFilesystem as TimeoutFilesystem
+from ._wrapper import WrapperFilesystem as WrapperFilesystem
 
 __all__ = [
     "TEXT_EXTENSIONS",
     "Capabilities",
+    "ChangeListener",
     "CompositeFilesystem",
     "FileEntry",
     "FileStat",
@@ -41,17 +54,28 @@ __all__ = [
     "LocalFilesystem",
     "MountInfo",
     "SupportsGrep",
+    "SupportsListStats",
     "SupportsLocalFiles",
     "SupportsRangedRead",
     "SupportsReadBeneath",
+    "SupportsReadInto",
     "SupportsReadMany",
+    "SupportsStreamingUpload",
+    "SupportsTransfer",
     "SupportsWalk",
+    "TimeoutFilesystem",
+    "UploadStream",
     "WorkspaceFilesystem",
+    "WrapperFilesystem",
+    "download_file",
     "get_mime_type",
     "is_text_file",
+    "list_stats",
     "read_file_beneath",
     "read_many",
     "read_range",
+    "read_range_into",
+    "upload_file",
     "walk",
 ]
 

@@ -1,22 +1,44 @@
-"""Delegating filesystems: one base that forwards everything, layers that add one concern."""
+"""Delegating filesystems: one base that forwards every operation, layers that add one concern.
+
+The delegation is explicit: every operation of :class:`WorkspaceFilesystem` and of the
+optional asynchronous groups (listing with stats, transfers, streamed uploads, reads beneath
+a directory, grep) is a method here that goes through :meth:`WrapperFilesystem._wrap`, so a
+layer such as :class:`TimeoutFilesystem` covers all of them and cannot miss one that is
+added later (``tests/test_wrapper.py`` calls every public coroutine method). Nothing is
+forwarded implicitly.
+
+What a wrapper does not offer is the synchronous descriptor group
+(:class:`~agentvfs.vfs.SupportsLocalFiles`): a FUSE passthrough of those descriptors makes
+the kernel read the file directly, and no deadline can cover that. A mount of a wrapped
+local filesystem serves reads through the wrapper instead.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
 from ._base import (
     SupportsGrep,
+    SupportsStreamingUpload,
+    UploadStream,
     WorkspaceFilesystem,
+    download_file,
+    list_stats,
+    read_file_beneath,
     read_many,
     read_range,
     read_range_into,
+    upload_file,
     walk,
 )
-from ._records import FileEntry, FileStat, GrepFileResult
+from ._records import Capabilities, FileEntry, FileStat, GrepFileResult
+
+if TYPE_CHECKING:
+    from .._context import RequestContext
 
 __all__ = ["TimeoutFilesystem", "WrapperFilesystem"]
 
@@ -26,18 +48,24 @@ T = TypeVar("T")
 class WrapperFilesystem(WorkspaceFilesystem):
     """Forward every operation to ``inner``; subclasses override :meth:`_wrap`.
 
-    Attributes not defined here (``base_path``, ``capabilities``, ...) are read from the
-    wrapped filesystem, so a wrapper can stand wherever the inner one did.
+    Identity, status and description are the inner filesystem's, read through properties,
+    so a wrapper can stand wherever the inner one did.
+
+    Parameters
+    ----------
+    inner : WorkspaceFilesystem
+        The filesystem every call goes to.
     """
 
     def __init__(self, inner: WorkspaceFilesystem) -> None:
         # No super().__init__: identity, status and description all live in ``inner``.
         self.inner = inner
 
-    def __getattr__(self, name: str) -> Any:
-        if name == "inner":
-            raise AttributeError(name)
-        return getattr(self.inner, name)
+    async def _wrap(self, operation: str, call: Callable[[], Awaitable[T]]) -> T:
+        """Run one operation; the hook every layer overrides."""
+        return await call()
+
+    # -- identity and description (the inner filesystem's) ---------------------------------
 
     @property
     def name(self) -> str:  # type: ignore[override]
@@ -48,6 +76,14 @@ class WrapperFilesystem(WorkspaceFilesystem):
         return self.inner.id
 
     @property
+    def provider(self) -> str:  # type: ignore[override]
+        return self.inner.provider
+
+    @property
+    def capabilities(self) -> Capabilities:  # type: ignore[override]
+        return self.inner.capabilities
+
+    @property
     def read_only(self) -> bool:  # type: ignore[override]
         return self.inner.read_only
 
@@ -56,17 +92,56 @@ class WrapperFilesystem(WorkspaceFilesystem):
         return self.inner.status
 
     @property
-    def provider(self) -> str:  # type: ignore[override]
-        return self.inner.provider
+    def error(self) -> str | None:  # type: ignore[override]
+        return self.inner.error
 
-    async def _wrap(self, operation: str, call: Callable[[], Awaitable[T]]) -> T:
-        return await call()
+    @property
+    def display_name(self) -> str | None:  # type: ignore[override]
+        return self.inner.display_name
+
+    @property
+    def description(self) -> str | None:  # type: ignore[override]
+        return self.inner.description
+
+    @property
+    def icon(self) -> str | None:  # type: ignore[override]
+        return self.inner.icon
+
+    @property
+    def text_extensions(self) -> frozenset[str]:  # type: ignore[override]
+        return self.inner.text_extensions
+
+    def default_instructions(self) -> str:
+        return self.inner.default_instructions()
+
+    def get_instructions(self, *, request_context: RequestContext | None = None) -> str:
+        return self.inner.get_instructions(request_context=request_context)
+
+    def get_mount_config(self) -> dict[str, Any] | None:
+        return self.inner.get_mount_config()
+
+    def metadata(self) -> dict[str, Any]:
+        return self.inner.metadata()
+
+    async def get_info(self) -> dict[str, Any]:
+        return await self.inner.get_info()
+
+    # -- lifecycle ----------------------------------------------------------------------------
 
     async def init(self) -> None:
-        await self.inner.init()
+        await self._wrap("init", self.inner.init)
 
     async def destroy(self) -> None:
+        # Never under a deadline: releasing resources half way would leak them.
         await self.inner.destroy()
+
+    async def probe(self) -> None:
+        await self._wrap("probe", self.inner.probe)
+
+    async def ensure_ready(self) -> None:
+        await self._wrap("ensure_ready", self.inner.ensure_ready)
+
+    # -- the core -------------------------------------------------------------------------------
 
     async def read_file(self, path: str, *, encoding: str | None = None) -> str | bytes:
         return await self._wrap("read_file", lambda: self.inner.read_file(path, encoding=encoding))
@@ -130,6 +205,8 @@ class WrapperFilesystem(WorkspaceFilesystem):
     async def stat(self, path: str) -> FileStat:
         return await self._wrap("stat", lambda: self.inner.stat(path))
 
+    # -- the optional groups (each falls back where the inner filesystem lacks it) -------------
+
     async def walk(
         self, path: str = "", *, max_depth: int | None = None, include_hidden: bool = True
     ) -> list[FileEntry]:
@@ -147,31 +224,65 @@ class WrapperFilesystem(WorkspaceFilesystem):
         return await self._wrap("read_range", lambda: read_range(self.inner, path, start, end))
 
     async def read_range_into(self, path: str, start: int, buffer: memoryview) -> int:
-        return await self._wrap("read_range", lambda: read_range_into(self.inner, path, start, buffer))
+        return await self._wrap("read_range_into", lambda: read_range_into(self.inner, path, start, buffer))
 
     async def read_many(
         self, paths: Sequence[str], *, max_bytes: int | None = None
     ) -> dict[str, bytes | OSError]:
         return await self._wrap("read_many", lambda: read_many(self.inner, paths, max_bytes=max_bytes))
 
-    def get_instructions(self, **kwargs: Any) -> str:
-        return self.inner.get_instructions(**kwargs)
+    async def read_file_beneath(self, directory: str, path: str, *, max_bytes: int | None = None) -> bytes:
+        return await self._wrap(
+            "read_file_beneath", lambda: read_file_beneath(self.inner, directory, path, max_bytes=max_bytes)
+        )
 
-    def get_mount_config(self) -> dict[str, Any] | None:
-        return self.inner.get_mount_config()
+    async def list_stats(self, path: str = "") -> list[FileStat]:
+        return await self._wrap("list_stats", lambda: list_stats(self.inner, path))
 
-    async def get_info(self) -> dict[str, Any]:
-        return await self.inner.get_info()
+    async def upload_file(self, local_path: str, path: str) -> None:
+        await self._wrap("upload_file", lambda: upload_file(self.inner, local_path, path))
+
+    async def download_file(self, path: str, local_path: str) -> None:
+        await self._wrap("download_file", lambda: download_file(self.inner, path, local_path))
+
+    async def open_upload(self, path: str, *, part_size: int) -> UploadStream | None:
+        inner = self.inner
+        if not isinstance(inner, SupportsStreamingUpload):
+            return None  # the caller writes the file whole instead
+        stream = await self._wrap("open_upload", lambda: inner.open_upload(path, part_size=part_size))
+        return None if stream is None else _WrappedUpload(self, stream)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.inner!r})"
+
+
+class _WrappedUpload:
+    """An upload stream whose every step goes through its wrapper's :meth:`_wrap`."""
+
+    __slots__ = ("_stream", "_wrapper")
+
+    def __init__(self, wrapper: WrapperFilesystem, stream: UploadStream) -> None:
+        self._wrapper = wrapper
+        self._stream = stream
+
+    async def write(self, data: bytes) -> None:
+        await self._wrapper._wrap("upload write", lambda: self._stream.write(data))
+
+    async def commit(self) -> None:
+        await self._wrapper._wrap("upload commit", self._stream.commit)
+
+    async def abort(self) -> None:
+        # Not under a deadline: an abort cut short would leave the parts in storage.
+        await self._stream.abort()
 
 
 class TimeoutFilesystem(WrapperFilesystem):
     """Give every operation a deadline; a late one raises ``TimeoutError``.
 
     Writes stage their data and commit in one step, and a write whose deadline passed before
-    the commit does not commit, so a timed-out operation leaves no partial file.
+    the commit does not commit, so a timed-out operation leaves no partial file. ``destroy``
+    and an upload's ``abort`` have no deadline: cutting them short would leak what they
+    release.
 
     Parameters
     ----------
