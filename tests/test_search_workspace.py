@@ -4,6 +4,7 @@ local and S3 backends, under asyncio and trio."""
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
 import os
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fsspec.implementations.memory import MemoryFileSystem
 
 from agentvfs import FsspecFilesystem, LocalFilesystem, LocalSandbox, Workspace, WorkspaceError
 from agentvfs.errors import SearchNotAvailableError, WorkspaceNotReadyError
@@ -20,7 +22,7 @@ from agentvfs.search._embedders import EmbeddingError, HashingEmbedder
 from agentvfs.search._engine import Document, Fusion, SearchEngine
 from agentvfs.search._workspace import SearchIndexError
 from agentvfs.testing._attacks_tools import peak_rss_growth
-from agentvfs.vfs import WorkspaceFilesystem
+from agentvfs.vfs import WorkspaceFilesystem, WrapperFilesystem
 from conftest import BACKENDS, harness_for
 
 pytestmark = pytest.mark.anyio
@@ -511,7 +513,7 @@ async def test_files_over_max_file_bytes_are_not_indexed_even_when_swapped_in_af
     assert search.max_file_bytes == search_workspace.MAX_INDEX_FILE_BYTES == 16 << 20
     with caplog.at_level(logging.WARNING, "agentvfs.search"), peak_rss_growth() as growth:
         counts = await search.sync(fs, ["docs"])
-    assert counts == {"indexed": 2, "unchanged": 0, "removed": 0, "failed": 0, "too_large": 2}
+    assert counts == {"indexed": 2, "unchanged": 0, "removed": 0, "failed": 0, "too_large": 2, "unlisted": []}
     assert growth[0] < 64 << 20, growth[0]
     assert sorted(r.id for r in await search.search("words", mode="bm25")) == ["docs/grown.md", "docs/small.md"]
     for name in ("listed.md", "swapped.md"):
@@ -522,7 +524,7 @@ async def test_files_over_max_file_bytes_are_not_indexed_even_when_swapped_in_af
     # A file indexed before and grown past the limit since leaves the index.
     os.truncate(docs / "grown.md", 32 << 20)
     counts = await search.sync(fs, ["docs"])
-    assert counts == {"indexed": 0, "unchanged": 1, "removed": 0, "failed": 0, "too_large": 3}
+    assert counts == {"indexed": 0, "unchanged": 1, "removed": 0, "failed": 0, "too_large": 3, "unlisted": []}
     assert [r.id for r in await search.search("words", mode="bm25")] == ["docs/small.md"]
     # The limit is an option.
     narrow = search_workspace.WorkspaceSearch(bm25=True, max_file_bytes=8)
@@ -549,3 +551,62 @@ async def test_indexing_holds_a_bounded_round_of_text(tmp_path: Path, monkeypatc
     # Each round of reads (8 files of about 1.5 KB) passes 3000 bytes: indexed before the next.
     assert committed[:-1] == [8] * 5 and committed[-1] == 0
     assert len(await search.search("words", mode="bm25", top_k=50)) == 40
+
+
+# -- a storage outage during the sync at init() ---------------------------------------------------------
+
+
+class ListingOutage(WrapperFilesystem):
+    """Storage whose listings fail (as in an outage) while ``down`` is set; reads still work."""
+
+    down = False
+
+    async def _wrap(self, operation: str, call: Any) -> Any:
+        if self.down and operation in ("readdir", "walk", "list_stats", "stat", "exists"):
+            raise OSError(errno.EIO, "storage unavailable")
+        return await call()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("patterns", [["docs", "notes"], ["**/*.md"]])
+async def test_a_listing_outage_at_init_keeps_the_persistent_index(
+    backend: str, patterns: list[str], request: pytest.FixtureRequest, tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    storage = ListingOutage(harness_for(backend, request, tmp_path).fs)
+    await storage.write_file("docs/a.md", "alpha appears in the docs")
+    await storage.write_file("notes/b.md", "beta appears in the notes")
+    index_dir = str(tmp_path / "index")
+
+    def make() -> Workspace:
+        return Workspace(filesystem=storage, bm25=True, auto_index_paths=patterns, index_dir=index_dir)
+
+    first = make()
+    assert (await first.init())["search"]["indexed"] == 2
+    await first.destroy()
+
+    storage.down = True
+    caplog.set_level(logging.WARNING, logger="agentvfs.search")
+    second = make()
+    report = (await second.init())["search"]
+    assert report["removed"] == 0
+    assert report["unlisted"] == (["docs", "notes"] if patterns == ["docs", "notes"] else ["."])
+    assert any("the files indexed below it are kept" in r.getMessage() for r in caplog.records)
+    assert [r.id for r in await second.search("alpha", mode="bm25")] == ["docs/a.md"]
+    assert [r.id for r in await second.search("beta", mode="bm25")] == ["notes/b.md"]
+    await second.destroy()
+
+    # Storage back, and one directory really gone: only a listing that proves it removes files.
+    storage.down = False
+    await storage.rmdir("notes", recursive=True)
+    third = make()
+    report = (await third.init())["search"]
+    assert (report["removed"], report["unlisted"]) == (1, [])
+    assert await third.search("beta", mode="bm25") == []
+    assert [r.id for r in await third.search("alpha", mode="bm25")] == ["docs/a.md"]
+    await third.destroy()
+
+
+async def test_init_without_auto_indexing_reports_nothing() -> None:
+    async with Workspace(filesystem=FsspecFilesystem(MemoryFileSystem(global_store=False, skip_instance_cache=True), root="/w")) as ws:
+        assert await ws.init() == {}

@@ -616,12 +616,22 @@ class Workspace:
 
     # -- lifecycle -----------------------------------------------------------------------------------------------
 
-    async def init(self) -> None:
+    async def init(self) -> dict[str, Any]:
         """Initialise the static filesystem, start the static sandbox, index ``auto_index_paths``.
 
         Resolver-backed providers are never resolved here. Any failure sets ``status`` to
         ``error`` and is raised.
+
+        Returns
+        -------
+        dict
+            ``{"search": counts}`` when ``auto_index_paths`` were indexed, else ``{}``. The
+            counts are ``indexed``, ``unchanged``, ``removed``, ``failed``, ``too_large`` and
+            ``unlisted``: the paths whose listing failed (storage down, a timeout, a
+            permission). Files indexed below those are kept, not taken as removed, and each
+            failure is logged as a warning; a later ``init()`` or ``index`` brings them in step.
         """
+        result: dict[str, Any] = {}
         self._status = "initializing"
         _LIVE.add(self)
         try:
@@ -639,13 +649,14 @@ class Workspace:
             if self._search is not None and self._filesystem is not None and self._auto_index_paths:
                 if self._search.index_dir is not None:
                     # A persistent index: only what changed since it was last in step.
-                    await self._search.sync(self._filesystem, self._auto_index_paths)
+                    result["search"] = await self._search.sync(self._filesystem, self._auto_index_paths)
                 else:
-                    await self._search.rebuild(self._filesystem, self._auto_index_paths)
+                    result["search"] = await self._search.rebuild(self._filesystem, self._auto_index_paths)
             self._status = "ready"
         except BaseException:
             self._status = "error"
             raise
+        return result
 
     async def stop(self) -> None:
         """Stop the static sandbox (background processes, mounts); filesystem and index stay.

@@ -484,27 +484,35 @@ class WorkspaceSearch:
 
     # -- files ------------------------------------------------------------------------------------------
 
-    async def rebuild(self, fs: WorkspaceFilesystem, patterns: Sequence[str]) -> None:
-        """Clear the index and index every file ``patterns`` name (the reference's rebuild)."""
+    async def rebuild(self, fs: WorkspaceFilesystem, patterns: Sequence[str]) -> dict[str, Any]:
+        """Clear the index and index every file ``patterns`` name (the reference's rebuild);
+        the counts of :meth:`sync`."""
         await self.clear()
-        await self.sync(fs, patterns, prune=False)
+        return await self.sync(fs, patterns, prune=False)
 
     async def sync(
         self, fs: WorkspaceFilesystem, patterns: Sequence[str], *, prune: bool = True
-    ) -> dict[str, int]:
+    ) -> dict[str, Any]:
         """Bring the index in step with the files ``patterns`` name: index new and changed
         files, drop removed ones (``prune``); unchanged files cost one listing, no read.
 
+        Only a listing that proves a file gone removes it: below a path whose listing failed
+        otherwise (storage down, a timeout, a permission) the index keeps what it had, and the
+        failure is logged as a warning.
+
         Returns counts: ``indexed``, ``unchanged``, ``removed``, ``failed`` and ``too_large``
         (larger than :attr:`max_file_bytes`: not indexed, and dropped from the index if they
-        were in it; each is logged as a warning).
+        were in it; each is logged as a warning), and ``unlisted``: the paths whose listing
+        failed, ``[]`` when every listing answered.
         """
         engine = await self.engine()
         self._check_model()
         known = await anyio.to_thread.run_sync(self._load_sources)
-        files = await collect_files(fs, patterns)
+        files, unlisted = await scan_files(fs, patterns)
         signatures = await _signatures(fs, files)
-        counts = {"indexed": 0, "unchanged": 0, "removed": 0, "failed": 0, "too_large": 0}
+        counts: dict[str, Any] = {
+            "indexed": 0, "unchanged": 0, "removed": 0, "failed": 0, "too_large": 0, "unlisted": unlisted,
+        }
         todo: list[str] = []
         for path in files:
             old, sig = known.get(path), signatures.get(path)
@@ -526,6 +534,8 @@ class WorkspaceSearch:
         if prune:
             wanted = set(files)
             for path in sorted(set(known) - wanted):
+                if _below_any(path, unlisted):
+                    continue  # unknown, not gone
                 await self._drop(engine, path)
                 counts["removed"] += 1
         return counts
@@ -730,11 +740,28 @@ def _join(directory: str, name: str) -> str:
     return posixpath.join(directory, name)
 
 
+class Unlisted(Exception):
+    """A listing failed for another reason than the path not being there: what is below the
+    path is unknown (storage down, a permission, a timeout), so nothing below it may be
+    taken as removed."""
+
+    def __init__(self, path: str, cause: BaseException) -> None:
+        super().__init__(f"cannot list {path or '/'}: {cause}")
+        self.path = path
+
+
+def _absent(exc: BaseException) -> bool:
+    """The error proves the path is not a directory there (missing, or a file)."""
+    return isinstance(exc, (FileNotFoundError, NotADirectoryError))
+
+
 async def _is_dir(fs: WorkspaceFilesystem, path: str) -> bool:
     try:
         await fs.readdir(path)
-    except Exception:
-        return False
+    except Exception as exc:
+        if _absent(exc):
+            return False
+        raise Unlisted(path, exc) from exc
     return True
 
 
@@ -742,8 +769,9 @@ async def _files_below(fs: WorkspaceFilesystem, directory: str) -> list[str]:
     try:
         entries: list[FileEntry] = await walk(fs, directory, max_depth=MAX_DEPTH)
     except Exception as exc:
-        _log.debug("cannot list %s for search: %s", directory, exc)
-        return []
+        if _absent(exc):
+            return []  # gone since the pattern matched it: its files were removed
+        raise Unlisted(directory, exc) from exc
     linked = {e.name for e in entries if e.type == "directory" and e.is_symlink}
     out: list[str] = []
     for entry in entries:
@@ -766,8 +794,10 @@ async def resolve_path_pattern(fs: WorkspaceFilesystem, pattern: str) -> list[tu
     matcher = create_glob_matcher(pattern)
     try:
         entries = await walk(fs, base, max_depth=MAX_DEPTH)
-    except Exception:
-        return []
+    except Exception as exc:
+        if _absent(exc):
+            return []
+        raise Unlisted(base, exc) from exc
     out: list[tuple[str, str]] = []
     for entry in entries:
         full = _join(base, entry.name)
@@ -778,13 +808,31 @@ async def resolve_path_pattern(fs: WorkspaceFilesystem, pattern: str) -> list[tu
 
 async def collect_files(fs: WorkspaceFilesystem, patterns: Sequence[str]) -> list[str]:
     """Every file ``patterns`` name, in order, once (directory matches walked, minus those
-    under a directory already walked)."""
+    under a directory already walked). A pattern whose listing fails is skipped, as the
+    reference does; :func:`scan_files` also says which paths could not be listed."""
+    return (await scan_files(fs, patterns))[0]
+
+
+async def scan_files(fs: WorkspaceFilesystem, patterns: Sequence[str]) -> tuple[list[str], list[str]]:
+    """:func:`collect_files`, and the paths whose listing failed for another reason than
+    not being there (below them, the files are unknown, not gone); each is logged as a
+    warning."""
     files: list[str] = []
     seen: set[str] = set()
+    unlisted: list[str] = []
+
+    def failed(exc: Unlisted) -> None:
+        _log.warning("search index: %s; the files indexed below it are kept", exc)
+        if exc.path not in unlisted:
+            unlisted.append(exc.path)
+
     for pattern in patterns:
         try:
             matches = await resolve_path_pattern(fs, pattern)
-        except Exception as exc:  # a failing pattern is skipped, as the reference does
+        except Unlisted as exc:
+            failed(exc)
+            continue
+        except Exception as exc:  # a malformed pattern is skipped, as the reference does
             _log.debug("search pattern %r failed: %s", pattern, exc)
             continue
         directories = [p for p, kind in matches if kind == "directory"]
@@ -798,11 +846,24 @@ async def collect_files(fs: WorkspaceFilesystem, patterns: Sequence[str]) -> lis
                 seen.add(path)
                 files.append(path)
         for directory in walked:
-            for path in await _files_below(fs, directory):
+            try:
+                below = await _files_below(fs, directory)
+            except Unlisted as exc:
+                failed(exc)
+                continue
+            for path in below:
                 if path not in seen:
                     seen.add(path)
                     files.append(path)
-    return files
+    return files, unlisted
+
+
+def _below_any(path: str, directories: Sequence[str]) -> bool:
+    for d in directories:
+        d = d.strip("/")
+        if d in ("", ".") or path == d or path.startswith(d + "/"):
+            return True
+    return False
 
 
 async def _signatures(fs: WorkspaceFilesystem, files: Sequence[str]) -> dict[str, _Signature]:
