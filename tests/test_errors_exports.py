@@ -114,3 +114,73 @@ def test_demo_command(storage: str) -> None:
     assert "workspace destroyed: status=destroyed" in out
     assert "Replaced 1 occurrence in src/app.py (lines 2)" in out
     assert "src/app.py (lines 2-2 of 3, 61 bytes)" in out
+
+
+PUBLIC_NAMESPACES = (
+    "agentvfs", "agentvfs.errors", "agentvfs.vfs", "agentvfs.mounts", "agentvfs.sandbox",
+    "agentvfs.search", "agentvfs.skills", "agentvfs.tools", "agentvfs.testing",
+)
+
+
+def _public(namespace: str) -> list[tuple[str, Any]]:
+    import importlib
+
+    module = importlib.import_module(namespace)
+    return [(name, getattr(module, name)) for name in module.__all__]
+
+
+@pytest.mark.parametrize("namespace", PUBLIC_NAMESPACES)
+def test_every_public_name_says_where_it_is_documented(namespace: str) -> None:
+    for name, obj in _public(namespace):
+        home = getattr(obj, "__module__", None)
+        if not isinstance(obj, type) and not callable(obj):
+            continue
+        assert isinstance(home, str) and not any(part.startswith("_") for part in home.split(".")), (name, home)
+
+
+@pytest.mark.parametrize("namespace", PUBLIC_NAMESPACES)
+def test_every_public_exception_lives_in_errors(namespace: str) -> None:
+    for name, obj in _public(namespace):
+        if isinstance(obj, type) and issubclass(obj, BaseException):
+            assert obj.__module__ == "agentvfs.errors", name
+            assert getattr(errors, name) is obj, name
+
+
+def test_the_tree_at_the_top_of_errors_names_every_exception() -> None:
+    doc = errors.__doc__ or ""
+    for name in errors.__all__:
+        if isinstance(getattr(errors, name), type):
+            assert f"── {name} " in doc or doc.rstrip().endswith(name), name
+
+
+def test_mount_errors_are_their_own_root() -> None:
+    err = errors.MountError("Mounting at /mnt/x failed: busy", {"mountpoint": "/mnt/x"})
+    assert not isinstance(err, errors.SandboxError)
+    assert (err.code, err.details, str(err)) == ("MOUNT_ERROR", {"mountpoint": "/mnt/x"}, "Mounting at /mnt/x failed: busy")
+    copy = pickle.loads(pickle.dumps(err))
+    assert (type(copy), copy.code, copy.details, str(copy)) == (errors.MountError, "MOUNT_ERROR", {"mountpoint": "/mnt/x"}, str(err))
+    # What the sandbox provider cannot do stays a sandbox error.
+    assert issubclass(errors.MountNotSupportedError, errors.SandboxError)
+
+
+def test_the_errors_of_search_skills_and_edits_keep_their_builtins() -> None:
+    cases: list[tuple[BaseException, type[BaseException]]] = [
+        (errors.SearchIndexError("bad index"), RuntimeError),
+        (errors.BM25FileError("not an index", "/x/search.duckdb"), OSError),
+        (errors.EmbeddingError("bad vector", {0: "nan"}), ValueError),
+        (errors.InvalidSkillError("bad SKILL.md", ["name: missing"]), ValueError),
+        (errors.SkillConflictError("two skills named a"), ValueError),
+        (errors.InvalidSkillPathError("../x leaves the skill"), PermissionError),
+        (errors.BlobIntegrityError("blob abc does not hash to its name"), OSError),
+        (errors.StringNotFoundError(), ValueError),
+        (errors.StringNotUniqueError(3), ValueError),
+    ]
+    for err, builtin in cases:
+        assert isinstance(err, builtin)
+        copy = pickle.loads(pickle.dumps(err))
+        assert type(copy) is type(err) and str(copy) == str(err)
+    assert str(errors.StringNotUniqueError(3)).startswith("The specified text appears 3 times.")
+    from agentvfs import search, skills
+
+    assert search.SearchIndexError is errors.SearchIndexError
+    assert skills.InvalidSkillError is errors.InvalidSkillError

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from . import errors as errors
 from ._context import RequestContext as RequestContext
+from ._exports import fixup_module_metadata
 from .errors import DirectoryNotEmpty as DirectoryNotEmpty
 from .errors import DirectoryNotFound as DirectoryNotFound
 from .errors import FileDecodeError as FileDecodeError
@@ -107,5 +108,4 @@ def __getattr__(name: str) -> object:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-RequestContext.__module__ = __name__
-Workspace.__module__ = __name__
+fixup_module_metadata(__name__, globals(), ("RequestContext", "Workspace"))

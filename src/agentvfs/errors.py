@@ -1,48 +1,65 @@
-"""The exception tree of agentvfs.
+"""The exception tree of agentvfs: every public exception, in one place.
 
-Three roots, as in the behavioural reference, and every filesystem error is also the matching
-builtin so that ``except FileNotFoundError`` works and ``errno`` is set:
+Four roots. Three are the behavioural reference's (``WorkspaceError``, ``FilesystemError``,
+``SandboxError``); mounting is its own concern, since a filesystem is mounted with or without
+a sandbox. Every filesystem error is also the matching builtin, so that
+``except FileNotFoundError`` works and ``errno`` is set. The errors of the search index, of
+skills and of edits are ordinary builtins (``ValueError``, ``OSError``, ...) with a type of
+their own::
 
-* ``WorkspaceError`` (``code``, ``workspace_id``)
+    Exception
+    ├── WorkspaceError                       code, workspace_id
+    │   ├── WorkspaceNotAvailableError       NO_WORKSPACE
+    │   ├── FilesystemNotAvailableError      NO_FILESYSTEM
+    │   ├── SandboxNotAvailableError         NO_SANDBOX
+    │   ├── SandboxFeatureNotSupportedError  FEATURE_NOT_SUPPORTED
+    │   ├── SearchNotAvailableError          NO_SEARCH
+    │   ├── WorkspaceNotReadyError           NOT_READY
+    │   └── WorkspaceReadOnlyError           READ_ONLY; also OSError (EROFS)
+    ├── OSError
+    │   ├── FilesystemError                  code, path
+    │   │   ├── FileNotFound                 ENOENT, also FileNotFoundError
+    │   │   ├── DirectoryNotFound            ENOENT, also FileNotFoundError
+    │   │   ├── NoMountError                 ENOENT, also FileNotFoundError
+    │   │   ├── FileExists                   EEXIST, also FileExistsError
+    │   │   ├── IsDirectory                  EISDIR, also IsADirectoryError
+    │   │   ├── NotDirectory                 ENOTDIR, also NotADirectoryError
+    │   │   ├── DirectoryNotEmpty            ENOTEMPTY
+    │   │   ├── PermissionDenied             EACCES, also PermissionError
+    │   │   ├── FileReadRequiredError        EREAD_REQUIRED
+    │   │   ├── StaleFileError               ESTALE
+    │   │   ├── FilesystemNotReadyError      ENOTREADY
+    │   │   ├── UnsupportedGrepPatternError  EUNSUPPORTED_PATTERN, also ValueError
+    │   │   ├── InvalidPathError             EINVAL, also ValueError
+    │   │   ├── FileDecodeError              EILSEQ, also ValueError
+    │   │   ├── NameTooLongError             ENAMETOOLONG
+    │   │   ├── NotRegularFile               EINVAL: a FIFO, device or socket
+    │   │   └── FileTooLarge                 EFBIG: larger than a read's max_bytes
+    │   ├── BM25FileError                    the index file cannot be used (filename)
+    │   └── BlobIntegrityError               EIO: a stored skill blob failed its hash
+    ├── SandboxError                         code, details
+    │   ├── SandboxExecutionError            EXECUTION_FAILED
+    │   ├── SandboxTimeoutError              TIMEOUT, also TimeoutError
+    │   ├── SandboxNotReadyError             NOT_READY
+    │   ├── SandboxUnsupportedFeatureError   UNSUPPORTED_FEATURE
+    │   ├── SandboxAbortError                ABORTED
+    │   ├── IsolationUnavailableError        ISOLATION_UNAVAILABLE
+    │   ├── MountNotSupportedError           MOUNT_NOT_SUPPORTED (the sandbox cannot mount)
+    │   └── FilesystemNotMountableError      FILESYSTEM_NOT_MOUNTABLE
+    ├── MountError                           MOUNT_ERROR: a mount failed (code, details)
+    ├── MountToolNotFoundError               a missing mount tool (a warning state)
+    ├── RuntimeError
+    │   └── SearchIndexError                 the index in index_dir cannot be used
+    └── ValueError
+        ├── EmbeddingError                   the embedder failed (failures)
+        ├── InvalidSkillError                a SKILL.md that cannot be loaded (errors)
+        ├── SkillConflictError               two skills of one name and source type
+        ├── InvalidSkillPathError            EACCES, also PermissionError
+        ├── StringNotFoundError              edit_file: old_string does not occur
+        └── StringNotUniqueError             edit_file: old_string occurs more than once
 
-  * ``WorkspaceNotAvailableError`` (``NO_WORKSPACE``)
-  * ``FilesystemNotAvailableError`` (``NO_FILESYSTEM``)
-  * ``SandboxNotAvailableError`` (``NO_SANDBOX``)
-  * ``SandboxFeatureNotSupportedError`` (``FEATURE_NOT_SUPPORTED``)
-  * ``SearchNotAvailableError`` (``NO_SEARCH``)
-  * ``WorkspaceNotReadyError`` (``NOT_READY``)
-  * ``WorkspaceReadOnlyError`` (``READ_ONLY``; also ``OSError`` with ``EROFS``)
-
-* ``FilesystemError`` (``code``, ``path``; an ``OSError``)
-
-  * ``FileNotFound`` (``ENOENT``, ``FileNotFoundError``)
-  * ``DirectoryNotFound`` (``ENOENT``, ``FileNotFoundError``)
-  * ``FileExists`` (``EEXIST``, ``FileExistsError``)
-  * ``IsDirectory`` (``EISDIR``, ``IsADirectoryError``)
-  * ``NotDirectory`` (``ENOTDIR``, ``NotADirectoryError``)
-  * ``DirectoryNotEmpty`` (``ENOTEMPTY``)
-  * ``PermissionDenied`` (``EACCES``, ``PermissionError``)
-  * ``FileReadRequiredError`` (``EREAD_REQUIRED``)
-  * ``StaleFileError`` (``ESTALE``)
-  * ``FilesystemNotReadyError`` (``ENOTREADY``)
-  * ``UnsupportedGrepPatternError`` (``EUNSUPPORTED_PATTERN``, ``ValueError``)
-  * ``InvalidPathError`` (``EINVAL``, ``ValueError``)
-  * ``FileDecodeError`` (``EILSEQ``, ``ValueError``)
-  * ``NameTooLongError`` (``ENAMETOOLONG``)
-  * ``NoMountError`` (``ENOENT``, ``FileNotFoundError``)
-  * ``NotRegularFile`` (``EINVAL``: a FIFO, device or socket where contents were expected)
-  * ``FileTooLarge`` (``EFBIG``: larger than a read's ``max_bytes``)
-
-* ``SandboxError`` (``code``, ``details``)
-
-  * ``SandboxExecutionError``, ``SandboxTimeoutError`` (``TimeoutError``),
-    ``SandboxNotReadyError``, ``SandboxUnsupportedFeatureError``, ``SandboxAbortError``,
-    ``IsolationUnavailableError``, ``MountError``, ``MountNotSupportedError``,
-    ``FilesystemNotMountableError``
-
-* ``MountToolNotFoundError`` (a plain ``Exception``: a missing mount tool is a warning state)
-
-``str(err)`` is exactly the reference message, never prefixed with ``[Errno N]``.
+``str(err)`` is exactly the reference message, never prefixed with ``[Errno N]``. Every
+exception survives pickling (a mount child process reports errors to its parent).
 """
 
 from __future__ import annotations
@@ -52,8 +69,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 __all__ = [
+    "NOT_FOUND_MESSAGE",
+    "BM25FileError",
+    "BlobIntegrityError",
     "DirectoryNotEmpty",
     "DirectoryNotFound",
+    "EmbeddingError",
     "FileDecodeError",
     "FileExists",
     "FileNotFound",
@@ -64,6 +85,8 @@ __all__ = [
     "FilesystemNotMountableError",
     "FilesystemNotReadyError",
     "InvalidPathError",
+    "InvalidSkillError",
+    "InvalidSkillPathError",
     "IsDirectory",
     "IsolationUnavailableError",
     "MountError",
@@ -82,8 +105,12 @@ __all__ = [
     "SandboxNotReadyError",
     "SandboxTimeoutError",
     "SandboxUnsupportedFeatureError",
+    "SearchIndexError",
     "SearchNotAvailableError",
+    "SkillConflictError",
     "StaleFileError",
+    "StringNotFoundError",
+    "StringNotUniqueError",
     "UnsupportedGrepPatternError",
     "WorkspaceError",
     "WorkspaceNotAvailableError",
@@ -141,6 +168,28 @@ def _rebuild(cls: type[BaseException], state: dict[str, Any]) -> BaseException:
     if isinstance(err, OSError):
         err.errno = state.get("errno")
         err.strerror = message
+    err.__dict__.update(state)
+    return err
+
+
+class _Rebuilt(Exception):
+    """Pickles by state, not by calling the constructor again with ``args`` (which the
+    default does, and which fails for constructors that take other arguments)."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        os_state = (self.errno, self.strerror, self.filename) if isinstance(self, OSError) else None
+        return (_restore, (type(self), self.args, os_state, self.__dict__))
+
+
+def _restore(
+    cls: type[BaseException], args: tuple[Any, ...], os_state: tuple[Any, Any, Any] | None, state: dict[str, Any]
+) -> BaseException:
+    # A class with two builtin bases (ValueError and PermissionError) must be made by the
+    # one whose memory layout it has.
+    err = OSError.__new__(cls) if issubclass(cls, OSError) else cls.__new__(cls)
+    BaseException.__init__(err, *args)
+    if isinstance(err, OSError) and os_state is not None:
+        err.errno, err.strerror, err.filename = os_state
     err.__dict__.update(state)
     return err
 
@@ -548,11 +597,6 @@ class IsolationUnavailableError(SandboxError):
         )
 
 
-class MountError(SandboxError):
-    """Mounting a filesystem into a sandbox failed (``MOUNT_ERROR``)."""
-
-    def __init__(self, message: str, details: dict[str, Any] | None = None) -> None:
-        super().__init__(message, "MOUNT_ERROR", details)
 
 
 class MountNotSupportedError(SandboxError):
@@ -568,6 +612,139 @@ class FilesystemNotMountableError(SandboxError):
     def __init__(self, message: str) -> None:
         super().__init__(message, "FILESYSTEM_NOT_MOUNTABLE")
 
+# --------------------------------------------------------------------------------------------
+# Mount errors
+# --------------------------------------------------------------------------------------------
+
+
+class MountError(Exception):
+    """Mounting a filesystem failed (``MOUNT_ERROR``), into a sandbox or on its own.
+
+    Parameters
+    ----------
+    message : str
+        The message; ``str(err)`` returns it unchanged.
+    details : dict, optional
+        Extra data for callers.
+    """
+
+    def __init__(self, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = "MOUNT_ERROR"
+        self.details = details or {}
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self.__dict__))
+
 
 class MountToolNotFoundError(Exception):
     """The FUSE tool a mount needs is not installed; the mount becomes ``unavailable``."""
+
+
+# --------------------------------------------------------------------------------------------
+# Search errors
+# --------------------------------------------------------------------------------------------
+
+
+class SearchIndexError(_Rebuilt, RuntimeError):
+    """The index in ``index_dir`` cannot be used as it is (nothing was changed or deleted)."""
+
+
+class BM25FileError(_Rebuilt, OSError):
+    """The index file cannot be used: not a DuckDB file, corrupt, foreign, or locked.
+
+    The file is never modified or deleted when this is raised; ``filename`` names it.
+    """
+
+    def __init__(self, message: str, filename: str) -> None:
+        super().__init__(message)
+        self.filename = filename
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class EmbeddingError(_Rebuilt, ValueError):
+    """The embedder failed or returned something that is not a usable vector.
+
+    Attributes
+    ----------
+    failures : dict
+        Index of each text that failed -> why.
+    """
+
+    def __init__(self, message: str, failures: dict[int, str] | None = None) -> None:
+        super().__init__(message)
+        self.failures = failures or {}
+
+
+# --------------------------------------------------------------------------------------------
+# Skill errors
+# --------------------------------------------------------------------------------------------
+
+
+class InvalidSkillError(_Rebuilt, ValueError):
+    """A SKILL.md that cannot be loaded: unreadable front matter, or metadata that breaks the
+    Agent Skills rules (the message lists every problem, one a line)."""
+
+    def __init__(self, message: str, errors: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.errors = list(errors or [])
+
+
+class SkillConflictError(_Rebuilt, ValueError):
+    """Two distinct skills of the same name and the same source type: neither wins."""
+
+
+class InvalidSkillPathError(_Rebuilt, ValueError, PermissionError):
+    """A path inside a skill that is absolute, climbs out with ``..``, or resolves outside the
+    skill directory (``EACCES``); nothing outside the skill is ever read."""
+
+    def __init__(self, message: str) -> None:
+        ValueError.__init__(self, message)
+        self.errno = _errno.EACCES
+        self.strerror = message
+
+    def __str__(self) -> str:
+        return self.strerror or ""
+
+
+class BlobIntegrityError(_Rebuilt, OSError):
+    """A stored blob whose content does not hash to its name (``EIO``): it is never served."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.errno = _errno.EIO
+        self.strerror = message
+
+    def __str__(self) -> str:
+        return self.strerror or ""
+
+
+# --------------------------------------------------------------------------------------------
+# Edit errors (edit_file returns their messages rather than raising them)
+# --------------------------------------------------------------------------------------------
+
+NOT_FOUND_MESSAGE = "The specified text was not found. Make sure you use the exact text from the file."
+
+
+class StringNotFoundError(_Rebuilt, ValueError):
+    """``old_string`` does not occur (edit_file returns this message rather than raising)."""
+
+    def __init__(self) -> None:
+        super().__init__(NOT_FOUND_MESSAGE)
+
+
+class StringNotUniqueError(_Rebuilt, ValueError):
+    """``old_string`` occurs more than once and ``replace_all`` is False."""
+
+    def __init__(self, count: int) -> None:
+        super().__init__(
+            f"The specified text appears {count} times. Provide more surrounding context to make "
+            "the match unique, or use replace_all to replace all occurrences."
+        )
+        self.count = count

@@ -7,6 +7,7 @@ bucket as ordinary files. The semantics are written down in ``docs/mount-semanti
 
 # First: the passthrough library must be loaded before pyfuse3 is imported.
 from . import _passthrough  # noqa: F401  # isort: skip
+from .._exports import fixup_module_metadata
 from ._options import MountOptions as MountOptions
 from ._server import Mount as Mount
 from ._server import cleanup_stale_mount as cleanup_stale_mount
@@ -16,8 +17,4 @@ from ._server import mount as mount
 
 __all__ = ["Mount", "MountOptions", "cleanup_stale_mount", "fuse_available", "is_mounted", "mount"]
 
-for _name in __all__:
-    _obj = globals()[_name]
-    if hasattr(_obj, "__module__") and _obj.__module__.startswith(__name__ + "._"):
-        _obj.__module__ = __name__
-del _name, _obj
+fixup_module_metadata(__name__, globals())

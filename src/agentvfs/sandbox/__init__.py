@@ -6,6 +6,7 @@ limits, keeps background processes in its process manager, and mounts workspace 
 into its working directory through the mount manager.
 """
 
+from .._exports import fixup_module_metadata
 from ._isolation import detect_isolation as detect_isolation
 from ._local import COMMAND_RETAINED_BYTES as COMMAND_RETAINED_BYTES
 from ._local import LocalSandbox as LocalSandbox
@@ -38,8 +39,4 @@ __all__ = [
     "shell_quote",
 ]
 
-for _name in __all__:
-    _obj = globals()[_name]
-    if hasattr(_obj, "__module__") and _obj.__module__.startswith(__name__ + "._"):
-        _obj.__module__ = __name__
-del _name, _obj
+fixup_module_metadata(__name__, globals())

@@ -57,9 +57,10 @@ import duckdb
 import numpy as np
 import numpy.typing as npt
 
+from ..errors import BM25FileError
 from ._tokenize import TokenizeOptions, Tokenizer, find_line_range, make_tokenizer
 
-__all__ = ["BM25FileError", "BM25Hit", "BM25Index"]
+__all__ = ["BM25Hit", "BM25Index"]
 
 FORMAT = "agentvfs-bm25"
 FORMAT_VERSION = 1
@@ -123,18 +124,7 @@ SELECT top.doc, top.score FROM top ORDER BY top.score DESC, top.first_pos, top.d
 """
 
 
-class BM25FileError(OSError):
-    """The index file cannot be used: not a DuckDB file, corrupt, foreign, or locked.
 
-    The file is never modified or deleted when this is raised; ``filename`` names it.
-    """
-
-    def __init__(self, message: str, filename: str) -> None:
-        super().__init__(message)
-        self.filename = filename
-
-    def __str__(self) -> str:
-        return str(self.args[0])
 
 
 @dataclass(frozen=True, slots=True)

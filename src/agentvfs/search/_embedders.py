@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
-__all__ = ["DEFAULT_BATCH_SIZE", "EmbeddingError", "HashingEmbedder", "embed_texts", "embedder_id"]
+__all__ = ["DEFAULT_BATCH_SIZE", "HashingEmbedder", "embed_texts", "embedder_id"]
 
 #: Texts per call of a batch embedder without ``max_batch_size`` (the reference's group).
 DEFAULT_BATCH_SIZE = 256
@@ -26,18 +26,7 @@ DEFAULT_BATCH_SIZE = 256
 DEFAULT_CONCURRENCY = 8
 
 
-class EmbeddingError(ValueError):
-    """The embedder failed or returned something that is not a usable vector.
 
-    Attributes
-    ----------
-    failures : dict
-        Index of each text that failed -> why.
-    """
-
-    def __init__(self, message: str, failures: dict[int, str] | None = None) -> None:
-        super().__init__(message)
-        self.failures = failures or {}
 
 
 def embedder_id(embedder: Any) -> str:

@@ -19,8 +19,9 @@ from typing import Any, Literal, Protocol
 import anyio
 import anyio.to_thread
 
+from ..errors import EmbeddingError
 from ._bm25 import BM25Hit, BM25Index
-from ._embedders import EmbeddingError, embed_texts, embedder_id
+from ._embedders import embed_texts, embedder_id
 from ._tokenize import find_line_range, make_tokenizer
 
 __all__ = ["Document", "EmbeddingCache", "Fusion", "SearchEngine", "SearchMode", "SearchResult"]

@@ -27,23 +27,17 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
-from ..errors import FileTooLarge
+from ..errors import BM25FileError, FileTooLarge, SearchIndexError
 from ..tools._glob import create_glob_matcher, extract_glob_base, is_glob_pattern
 from ..vfs import FileEntry, WorkspaceFilesystem
 from ..vfs._base import list_stats, read_many, walk
-from ._bm25 import BM25FileError, BM25Index
+from ._bm25 import BM25Index
 from ._chunking import split_into_chunks
 from ._embedders import embedder_id
 from ._engine import Document, Fusion, SearchEngine, SearchResult
 from ._tokenize import TokenizeOptions
 
-__all__ = [
-    "INDEX_FILE",
-    "MAX_INDEX_FILE_BYTES",
-    "SearchIndexError",
-    "WorkspaceSearch",
-    "parse_bm25_config",
-]
+__all__ = ["INDEX_FILE", "MAX_INDEX_FILE_BYTES", "WorkspaceSearch", "parse_bm25_config"]
 
 _log = logging.getLogger("agentvfs.search")
 
@@ -66,8 +60,7 @@ ROUND_BYTES = 16 * 1024 * 1024
 MAX_INDEX_FILE_BYTES = 16 * 1024 * 1024
 
 
-class SearchIndexError(RuntimeError):
-    """The index in ``index_dir`` cannot be used as it is (nothing was changed or deleted)."""
+
 
 
 def parse_bm25_config(value: Any) -> tuple[float, float, TokenizeOptions | None] | None:

@@ -2,14 +2,15 @@
 and where skills are read from (the workspace filesystem, ``LocalSkillSource``, or published
 versions in a content-addressed ``SkillStore`` served by ``VersionedSkillSource``)."""
 
+from .._exports import fixup_module_metadata
+from ..errors import BlobIntegrityError as BlobIntegrityError
+from ..errors import InvalidSkillError as InvalidSkillError
+from ..errors import InvalidSkillPathError as InvalidSkillPathError
+from ..errors import SkillConflictError as SkillConflictError
 from ._parse import parse_skill_md as parse_skill_md
 from ._parse import validate_skill_metadata as validate_skill_metadata
-from ._records import BlobIntegrityError as BlobIntegrityError
 from ._records import ContentSource as ContentSource
-from ._records import InvalidSkillError as InvalidSkillError
-from ._records import InvalidSkillPathError as InvalidSkillPathError
 from ._records import Skill as Skill
-from ._records import SkillConflictError as SkillConflictError
 from ._records import SkillMetadata as SkillMetadata
 from ._records import SkillSearchResult as SkillSearchResult
 from ._skills import WorkspaceSkills as WorkspaceSkills
@@ -42,8 +43,4 @@ __all__ = [
     "validate_skill_metadata",
 ]
 
-for _name in __all__:
-    _obj = globals()[_name]
-    if getattr(_obj, "__module__", "").startswith(__name__ + "._"):
-        _obj.__module__ = __name__
-del _name, _obj
+fixup_module_metadata(__name__, globals())

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from ._records import InvalidSkillError
+from ..errors import InvalidSkillError
 
 __all__ = [
     "MAX_COMPATIBILITY_LENGTH",

@@ -1,22 +1,11 @@
-"""Value objects of the skills API and its errors."""
+"""Value objects of the skills API (its errors are in :mod:`agentvfs.errors`)."""
 
 from __future__ import annotations
 
-import errno as _errno
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = [
-    "BlobIntegrityError",
-    "ContentSource",
-    "InvalidSkillError",
-    "InvalidSkillPathError",
-    "Skill",
-    "SkillConflictError",
-    "SkillMetadata",
-    "SkillSearchResult",
-    "SourceType",
-]
+__all__ = ["ContentSource", "Skill", "SkillMetadata", "SkillSearchResult", "SourceType"]
 
 SourceType = Literal["local", "managed", "external"]
 
@@ -100,41 +89,3 @@ class SkillSearchResult:
     score: float
     line_range: tuple[int, int] | None = None
     score_details: dict[str, float] = field(default_factory=dict)
-
-
-class InvalidSkillError(ValueError):
-    """A SKILL.md that cannot be loaded: unreadable front matter, or metadata that breaks the
-    Agent Skills rules (the message lists every problem, one a line)."""
-
-    def __init__(self, message: str, errors: list[str] | None = None) -> None:
-        super().__init__(message)
-        self.errors = list(errors or [])
-
-
-class SkillConflictError(ValueError):
-    """Two distinct skills of the same name and the same source type: neither wins."""
-
-
-class InvalidSkillPathError(ValueError, PermissionError):
-    """A path inside a skill that is absolute, climbs out with ``..``, or resolves outside the
-    skill directory (``EACCES``); nothing outside the skill is ever read."""
-
-    def __init__(self, message: str) -> None:
-        ValueError.__init__(self, message)
-        self.errno = _errno.EACCES
-        self.strerror = message
-
-    def __str__(self) -> str:
-        return self.strerror or ""
-
-
-class BlobIntegrityError(OSError):
-    """A stored blob whose content does not hash to its name (``EIO``): it is never served."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.errno = _errno.EIO
-        self.strerror = message
-
-    def __str__(self) -> str:
-        return self.strerror or ""

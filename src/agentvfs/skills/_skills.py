@@ -28,7 +28,7 @@ import anyio
 
 from .._aio import maybe_await
 from .._context import RequestContext
-from ..errors import FileTooLarge, NotRegularFile
+from ..errors import FileTooLarge, InvalidSkillPathError, NotRegularFile, SkillConflictError
 from ..vfs import SupportsReadBeneath, read_many
 from ._discovery import (
     Discovery,
@@ -40,9 +40,7 @@ from ._discovery import (
     strip_trailing_slash,
 )
 from ._records import (
-    InvalidSkillPathError,
     Skill,
-    SkillConflictError,
     SkillMetadata,
     SkillSearchResult,
 )

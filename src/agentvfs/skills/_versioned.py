@@ -26,10 +26,17 @@ from typing import Any
 
 import anyio
 
-from ..errors import DirectoryNotFound, FileExists, FileNotFound, IsDirectory, NotDirectory
+from ..errors import (
+    BlobIntegrityError,
+    DirectoryNotFound,
+    FileExists,
+    FileNotFound,
+    InvalidSkillError,
+    IsDirectory,
+    NotDirectory,
+)
 from ..vfs import FileEntry, FileStat, FsspecFilesystem, WorkspaceFilesystem, get_mime_type
 from ._parse import MAX_SKILL_FILE_BYTES, parse_skill_md, too_large_message
-from ._records import BlobIntegrityError, InvalidSkillError
 from ._sources import SkillSource, norm_path, read_files, walk_source
 
 __all__ = ["BlobRef", "SkillStore", "SkillVersion", "VersionedSkillSource", "publish_skill"]

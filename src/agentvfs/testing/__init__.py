@@ -5,6 +5,7 @@ Third-party backends run the same suite: subclass :class:`FilesystemTests` and p
 Installing agentvfs registers this package's pytest plugin (the ``anyio`` marker backend).
 """
 
+from .._exports import fixup_module_metadata
 from ._adversary import ATTACKS as ATTACKS
 from ._adversary import Arena as Arena
 from ._adversary import Attack as Attack
@@ -42,3 +43,5 @@ __all__ = [
     "requirement_missing",
     "run_attack",
 ]
+
+fixup_module_metadata(__name__, globals())

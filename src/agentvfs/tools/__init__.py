@@ -5,6 +5,7 @@ Each tool validates its input against a JSON Schema, runs through the reference'
 Output is limited with tiktoken's offline ``cl100k_base`` encoding.
 """
 
+from .._exports import fixup_module_metadata
 from ._adapters import openai_tools as openai_tools
 from ._core import ToolMedia as ToolMedia
 from ._core import WorkspaceTool as WorkspaceTool
@@ -12,6 +13,4 @@ from ._names import WORKSPACE_TOOLS as WORKSPACE_TOOLS
 
 __all__ = ["WORKSPACE_TOOLS", "ToolMedia", "WorkspaceTool", "openai_tools"]
 
-for _name in ("ToolMedia", "WorkspaceTool", "openai_tools"):
-    globals()[_name].__module__ = __name__
-del _name
+fixup_module_metadata(__name__, globals())

@@ -20,12 +20,10 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from ..errors import NOT_FOUND_MESSAGE, StringNotFoundError, StringNotUniqueError
 from ..vfs import FileStat, read_range
 from ._core import ToolCall, ToolMedia, ToolResult, ToolSpec
 from ._lines import (
-    NOT_FOUND_MESSAGE,
-    StringNotFoundError,
-    StringNotUniqueError,
     extract_lines,
     format_with_line_numbers,
     line_numbers,

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import StringNotFoundError, StringNotUniqueError
+
 __all__ = [
     "MAX_REPORTED_OCCURRENCES",
     "LineRange",
     "Replacement",
-    "StringNotFoundError",
-    "StringNotUniqueError",
     "extract_lines",
     "format_with_line_numbers",
     "line_numbers",
@@ -20,27 +20,6 @@ __all__ = [
 #: Offsets of replaced occurrences :func:`replace_string` reports (edit_file names their
 #: lines); further occurrences are replaced and counted, not listed.
 MAX_REPORTED_OCCURRENCES = 1000
-
-NOT_FOUND_MESSAGE = "The specified text was not found. Make sure you use the exact text from the file."
-
-
-class StringNotFoundError(ValueError):
-    """``old_string`` does not occur (edit_file returns this message rather than raising)."""
-
-    def __init__(self) -> None:
-        super().__init__(NOT_FOUND_MESSAGE)
-
-
-class StringNotUniqueError(ValueError):
-    """``old_string`` occurs more than once and ``replace_all`` is False."""
-
-    def __init__(self, count: int) -> None:
-        super().__init__(
-            f"The specified text appears {count} times. Provide more surrounding context to make "
-            "the match unique, or use replace_all to replace all occurrences."
-        )
-        self.count = count
-
 
 @dataclass(frozen=True, slots=True)
 class LineRange:

@@ -5,6 +5,7 @@ directory with the reference's path rules; ``CompositeFilesystem`` mounts severa
 directories of one tree.
 """
 
+from .._exports import fixup_module_metadata
 from ._base import ChangeListener as ChangeListener
 from ._base import SupportsGrep as SupportsGrep
 from ._base import SupportsListStats as SupportsListStats
@@ -79,8 +80,4 @@ __all__ = [
     "walk",
 ]
 
-for _name in __all__:
-    _obj = globals()[_name]
-    if hasattr(_obj, "__module__") and _obj.__module__.startswith(__name__ + "._"):
-        _obj.__module__ = __name__
-del _name, _obj
+fixup_module_metadata(__name__, globals())
