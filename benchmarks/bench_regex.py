@@ -49,8 +49,10 @@ import anyio
 import anyio.to_thread
 import regex
 
+from agentvfs.errors import MatchTimeout
 from agentvfs.tools._search_files import translate_js_regex
-from agentvfs.vfs._grep import BoundedPattern, MatchTimeout, search_mode
+from agentvfs.vfs import BoundedPattern
+from agentvfs.vfs._grep import search_mode
 
 try:
     import re2  # type: ignore[import-not-found]

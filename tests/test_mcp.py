@@ -19,8 +19,9 @@ from mcp.client.session import ElicitationFnT
 from mcp.client.stdio import stdio_client
 
 from agentvfs import WORKSPACE_TOOLS, LocalFilesystem, Workspace
+from agentvfs._config import load_config, workspace_from_config
 from agentvfs.cli import main
-from agentvfs.tools._mcp import NOT_APPROVED, load_config, workspace_from_config
+from agentvfs.tools import NOT_APPROVED
 
 pytestmark = pytest.mark.anyio
 FS = WORKSPACE_TOOLS.FILESYSTEM
@@ -274,7 +275,8 @@ def test_cli_usage_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) ->
 
 
 def test_cli_builds_the_configuration(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    import agentvfs.tools._mcp as server_module
+    import agentvfs._config as config_module
+    import agentvfs.tools as tools_module
 
     seen: list[dict[str, Any]] = []
 
@@ -285,8 +287,8 @@ def test_cli_builds_the_configuration(monkeypatch: pytest.MonkeyPatch, tmp_path:
     async def serve(workspace: Workspace) -> None:
         seen.append({"filesystem": workspace.filesystem})
 
-    monkeypatch.setattr(server_module, "workspace_from_config", capture)
-    monkeypatch.setattr(server_module, "serve_stdio", serve)
+    monkeypatch.setattr(config_module, "workspace_from_config", capture)
+    monkeypatch.setattr(tools_module, "serve_stdio", serve)
     assert main(["mcp", "--url", "memory://x", "-o", "a=1", "-o", "b=text", "-o", 'c="2"', "-o", "d=true", "--read-only"]) == 0
     assert seen[0] == {"url": "memory://x", "read_only": True, "storage_options": {"a": 1, "b": "text", "c": "2", "d": True}}
     fs = seen[1]["filesystem"]

@@ -22,8 +22,9 @@ import pytest
 duckdb = pytest.importorskip("duckdb")
 pytest.importorskip("numpy")
 
+from agentvfs.errors import BM25FileError  # noqa: E402
 from agentvfs.search import _bm25  # noqa: E402
-from agentvfs.search._bm25 import BM25FileError, BM25Index, js_log  # noqa: E402
+from agentvfs.search._bm25 import BM25Index, js_log  # noqa: E402
 from agentvfs.search._tokenize import (  # noqa: E402
     DEFAULT_STOPWORDS,
     TokenizeOptions,

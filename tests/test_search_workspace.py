@@ -16,11 +16,15 @@ import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
 from agentvfs import FsspecFilesystem, LocalFilesystem, LocalSandbox, Workspace, WorkspaceError
-from agentvfs.errors import SearchNotAvailableError, WorkspaceNotReadyError
+from agentvfs.errors import (
+    EmbeddingError,
+    SearchIndexError,
+    SearchNotAvailableError,
+    WorkspaceNotReadyError,
+)
 from agentvfs.search import _workspace as search_workspace
-from agentvfs.search._embedders import EmbeddingError, HashingEmbedder
+from agentvfs.search._embedders import HashingEmbedder
 from agentvfs.search._engine import Document, Fusion, SearchEngine
-from agentvfs.search._workspace import SearchIndexError
 from agentvfs.testing._attacks_tools import peak_rss_growth
 from agentvfs.vfs import WorkspaceFilesystem, WrapperFilesystem
 from conftest import BACKENDS, harness_for

@@ -168,7 +168,7 @@ def test_moto_early_exit_names_command(recorded_popen: list[_RecordingPopen]) ->
     assert not server.running
 
 
-class _Sleeper(_servers._EmulatorProcess):
+class _Sleeper(_servers.EmulatorProcess):
     """A "server" that never answers, to exercise the startup timeout."""
 
     _label = "sleeper"

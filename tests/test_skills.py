@@ -961,7 +961,7 @@ async def test_resolver_returning_garbage(tmp_path: Path) -> None:
 
 
 async def test_demo_lists_and_opens_a_skill() -> None:
-    from agentvfs.skills._demo import demo_skills
+    from agentvfs._demo_skills import demo_skills
 
     lines: list[str] = []
     await demo_skills(lines.append)

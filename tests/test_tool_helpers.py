@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from agentvfs.tools._glob import create_glob_matcher, extract_glob_base, is_glob_pattern
+from agentvfs.errors import StringNotFoundError, StringNotUniqueError
 from agentvfs.tools._lines import (
     MAX_REPORTED_OCCURRENCES,
     Replacement,
-    StringNotFoundError,
-    StringNotUniqueError,
     extract_lines,
     format_with_line_numbers,
     line_numbers,
@@ -23,6 +21,7 @@ from agentvfs.tools._output import (
     count_tokens,
     output_char_budget,
 )
+from agentvfs.vfs import create_glob_matcher, extract_glob_base, is_glob_pattern
 
 
 def seq(a: int, b: int) -> str:

@@ -21,6 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentvfs import WORKSPACE_TOOLS, LocalFilesystem, Workspace, WorkspaceTool
+from agentvfs.errors import MatchTimeout
 from agentvfs.testing import Harness
 from agentvfs.testing._attacks_tools import peak_rss_growth
 from agentvfs.tools import _search_files
@@ -31,7 +32,6 @@ from agentvfs.vfs._grep import (
     MAX_PATTERN_EXPANSION,
     BoundedPattern,
     LineChunker,
-    MatchTimeout,
     PatternError,
     search_mode,
 )

@@ -36,8 +36,10 @@ def fixup_module_metadata(
     inside = module_name + "."
     for name in namespace["__all__"] if names is None else names:
         obj = namespace[name]
-        if not (inspect.isclass(obj) or inspect.isfunction(obj)):
-            continue  # a constant or an instance: its module is its class's, fixed there
+        if not (inspect.isclass(obj) or inspect.isfunction(obj) or hasattr(obj, "__wrapped__")):
+            # A constant or an instance: its module is its class's, fixed there. (A function
+            # behind a caching decorator has ``__wrapped__`` and a module of its own.)
+            continue
         home = obj.__module__
         if home.startswith(private) or (explicit and home.startswith(inside)):
             obj.__module__ = module_name

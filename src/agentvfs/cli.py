@@ -106,7 +106,7 @@ async def _demo(storage: str, out: list[str]) -> None:
             await _demo_mount(files, say)
             await _demo_search(files, say)
             await _demo_sandbox(say)
-            from .skills._demo import demo_skills
+            from ._demo_skills import demo_skills
 
             await demo_skills(say)
             info = await ws.get_info(include_file_count=True)
@@ -295,7 +295,8 @@ def _storage_option(text: str) -> tuple[str, Any]:
 
 
 def _mcp(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    from .tools._mcp import load_config, serve_stdio, workspace_from_config
+    from ._config import load_config, workspace_from_config
+    from .tools import serve_stdio
 
     try:
         config: dict[str, Any] = load_config(args.config) if args.config else {}
@@ -399,7 +400,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "the value from FILE. Never put credentials on the command line (every local user sees them in ps): use "
         "key=@FILE, secret=@FILE or the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)",
     )  # fmt: skip
-    from .bench._args import add_arguments as add_bench_arguments
+    from .bench import add_arguments as add_bench_arguments
 
     bench = sub.add_parser(
         "bench",
@@ -411,7 +412,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_bench_arguments(bench)
     args = parser.parse_args(argv)
     if args.command == "bench":
-        from .bench._cli import main as bench_main
+        from .bench import main as bench_main
 
         args.argv = list(argv) if argv is not None else sys.argv[1:]
         return bench_main(args, bench)

@@ -48,6 +48,8 @@ their own::
     │   └── FilesystemNotMountableError      FILESYSTEM_NOT_MOUNTABLE
     ├── MountError                           MOUNT_ERROR: a mount failed (code, details)
     ├── MountToolNotFoundError               a missing mount tool (a warning state)
+    ├── TimeoutError
+    │   └── MatchTimeout                     grep used up its time budget (pattern, seconds)
     ├── RuntimeError
     │   └── SearchIndexError                 the index in index_dir cannot be used
     └── ValueError
@@ -89,6 +91,7 @@ __all__ = [
     "InvalidSkillPathError",
     "IsDirectory",
     "IsolationUnavailableError",
+    "MatchTimeout",
     "MountError",
     "MountNotSupportedError",
     "MountToolNotFoundError",
@@ -648,6 +651,35 @@ class MountToolNotFoundError(Exception):
 # --------------------------------------------------------------------------------------------
 # Search errors
 # --------------------------------------------------------------------------------------------
+
+
+class MatchTimeout(_Rebuilt, TimeoutError):
+    """A search used up its time budget (or was cancelled) before it finished.
+
+    Attributes
+    ----------
+    pattern : str
+        The pattern's source.
+    seconds : float
+        The budget that ran out.
+    path : str or None
+        The file being searched when it ran out, once a caller knows it.
+    """
+
+    def __init__(self, pattern: str, seconds: float, path: str | None = None) -> None:
+        self.pattern = pattern
+        self.seconds = seconds
+        self.path = path
+        shown = pattern if len(pattern) <= 80 else pattern[:77] + "..."
+        where = f" (stopped in {path})" if path else ""
+        super().__init__(
+            f"grep: matching {shown!r} took longer than {seconds:g} s{where}; simplify the pattern "
+            "(nested quantifiers such as (a+)+ can take exponential time) or search fewer files"
+        )
+
+    def at(self, path: str) -> MatchTimeout:
+        """The same timeout, naming the file it happened in."""
+        return MatchTimeout(self.pattern, self.seconds, path)
 
 
 class SearchIndexError(_Rebuilt, RuntimeError):

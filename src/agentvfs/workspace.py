@@ -20,14 +20,17 @@ import anyio
 from ._aio import maybe_await as _maybe_await
 from ._context import RequestContext
 from .errors import SearchNotAvailableError, WorkspaceError, WorkspaceNotReadyError
-from .vfs import CompositeFilesystem, LocalFilesystem, WorkspaceFilesystem
-from .vfs._base import new_id
-from .vfs._wrapper import TimeoutFilesystem
+from .vfs import (
+    CompositeFilesystem,
+    LocalFilesystem,
+    TimeoutFilesystem,
+    WorkspaceFilesystem,
+    new_id,
+)
 
 if TYPE_CHECKING:
     from ._blocking import BlockingWorkspace
-    from .search._engine import SearchResult
-    from .search._workspace import WorkspaceSearch
+    from .search import SearchResult, WorkspaceSearch
     from .skills import WorkspaceSkills
     from .tools import WorkspaceTool
 
@@ -288,14 +291,14 @@ class Workspace:
                 )
             self._search_index_name = index_name
         try:
-            from .search._workspace import parse_bm25_config
+            from .search import parse_bm25_config
 
             parse_bm25_config(bm25)
         except ValueError as exc:
             raise WorkspaceError(str(exc), "INVALID_SEARCH_CONFIG", self._id) from None
         self._search: WorkspaceSearch | None = None
         if bm25 or (vector_store is not None and embedder is not None):
-            from .search._workspace import WorkspaceSearch
+            from .search import WorkspaceSearch
 
             self._search = WorkspaceSearch(
                 bm25=bm25,
@@ -387,9 +390,12 @@ class Workspace:
         if self._teardown_started:
             raise WorkspaceNotReadyError(self._id, self._status)
         if self._skills is None:
-            from .skills._skills import create_workspace_skills
+            from .skills import create_workspace_skills
 
-            self._skills = create_workspace_skills(self, self._skills_config or [], self._skill_source)
+            self._skills = create_workspace_skills(
+                self, self._skills_config or [], self._skill_source,
+                search=self._search, torn_down=lambda: self._teardown_started,
+            )
         return self._skills
 
     def has_skills_config(self) -> bool:
@@ -496,8 +502,7 @@ class Workspace:
         ValueError
             Two tools were configured with the same exposed name.
         """
-        from .tools._core import build_tools
-        from .tools._registry import workspace_tool_specs
+        from .tools import build_tools, workspace_tool_specs
 
         return await build_tools(self, workspace_tool_specs(self), request_context)
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..testing._servers import FakeGcsServer, MotoServer, _EmulatorProcess
+from ..testing import EmulatorProcess, FakeGcsServer, MotoServer
 from ._args import BACKENDS
 
 __all__ = ["BACKENDS", "Backend", "BenchError", "S3rverServer", "check_endpoint", "find_s3rver"]
@@ -91,7 +91,7 @@ def find_s3rver() -> str | None:
     return None
 
 
-class S3rverServer(_EmulatorProcess):
+class S3rverServer(EmulatorProcess):
     """s3rver (npm) on 127.0.0.1 with one bucket, storing objects as files in ``data_dir``."""
 
     _label = "s3rver"
@@ -143,7 +143,7 @@ class BackendSet:
         self.key, self.secret = key, secret
         self.bucket = bucket
         self.s3_server = s3_server
-        self._servers: list[_EmulatorProcess] = []
+        self._servers: list[EmulatorProcess] = []
         self._cleanup: list[Backend] = []
         self.run_id = uuid.uuid4().hex[:8]
 
@@ -162,7 +162,7 @@ class BackendSet:
             return b
         raise BenchError(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
 
-    def _track(self, server: _EmulatorProcess) -> None:
+    def _track(self, server: EmulatorProcess) -> None:
         self._servers.append(server)
         server.start()
 
@@ -178,7 +178,7 @@ class BackendSet:
             self._cleanup.append(b)
             return b
         if self.s3_server == "moto":
-            server: _EmulatorProcess = MotoServer(log_path=self.workdir / "moto.log")
+            server: EmulatorProcess = MotoServer(log_path=self.workdir / "moto.log")
             self._track(server)
             assert isinstance(server, MotoServer)
             server.create_bucket(BUCKET)

@@ -182,7 +182,7 @@ class _OursInProcess(_Engine):
 
 @functools.cache
 def _reference_tokens() -> Callable[[str], list[str]]:
-    from ..search._tokenize import make_tokenizer
+    from ..search import make_tokenizer
 
     return make_tokenizer(None)
 

@@ -34,15 +34,15 @@ def _version(dist: str) -> str:
 
 
 def _libfuse() -> str:
-    from ..mounts import _passthrough
+    from ..mounts import libfuse_version
 
-    return _passthrough.libfuse_version() or "unknown"
+    return libfuse_version() or "unknown"
 
 
 def _passthrough_state() -> str:
-    from ..mounts import _passthrough
+    from ..mounts import passthrough_unavailable_reason
 
-    reason = _passthrough.unavailable_reason()
+    reason = passthrough_unavailable_reason()
     if reason is None and os.geteuid() != 0:
         reason = "needs root"
     return "available (local-directory mounts)" if reason is None else f"off: {reason}"

@@ -8,13 +8,28 @@ bucket as ordinary files. The semantics are written down in ``docs/mount-semanti
 # First: the passthrough library must be loaded before pyfuse3 is imported.
 from . import _passthrough  # noqa: F401  # isort: skip
 from .._exports import fixup_module_metadata
+from ._child import ProcessMount as ProcessMount
+from ._child import recipe_for as recipe_for
 from ._options import MountOptions as MountOptions
+from ._passthrough import libfuse_version as libfuse_version
+from ._passthrough import unavailable_reason as passthrough_unavailable_reason
 from ._server import Mount as Mount
 from ._server import cleanup_stale_mount as cleanup_stale_mount
 from ._server import fuse_available as fuse_available
 from ._server import is_mounted as is_mounted
 from ._server import mount as mount
 
-__all__ = ["Mount", "MountOptions", "cleanup_stale_mount", "fuse_available", "is_mounted", "mount"]
+__all__ = [
+    "Mount",
+    "MountOptions",
+    "ProcessMount",
+    "cleanup_stale_mount",
+    "fuse_available",
+    "is_mounted",
+    "libfuse_version",
+    "mount",
+    "passthrough_unavailable_reason",
+    "recipe_for",
+]
 
 fixup_module_metadata(__name__, globals())

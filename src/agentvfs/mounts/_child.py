@@ -34,7 +34,7 @@ from types import TracebackType
 from typing import IO, Any
 
 from ..errors import MountError
-from ..vfs._base import WorkspaceFilesystem
+from ..vfs import WorkspaceFilesystem
 from ._options import MountOptions
 from ._server import Mount, cleanup_stale_mount, prepare_mountpoint
 

@@ -29,18 +29,19 @@ import pyfuse3
 import trio
 
 from .. import errors as _errors
-from ..vfs import SupportsLocalFiles, _paths
-from ..vfs._base import (
+from ..vfs import (
+    FileStat,
+    SupportsLocalFiles,
     SupportsStreamingUpload,
     UploadStream,
     WorkspaceFilesystem,
     download_file,
     list_stats,
+    normalize_path,
     read_range,
     read_range_into,
     upload_file,
 )
-from ..vfs._records import FileStat
 from . import _passthrough
 from ._nodes import Node, now_ns
 from ._options import MountOptions
@@ -805,7 +806,7 @@ class MountOperations(pyfuse3.Operations):
         notes: list[tuple[int | None, str | None, int | None]] = []
         for raw in paths:
             try:
-                rel = _paths.normalize(raw).strip("/")
+                rel = normalize_path(raw).strip("/")
             except Exception:
                 continue
             parts = [p for p in rel.split("/") if p]

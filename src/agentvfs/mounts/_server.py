@@ -23,7 +23,7 @@ import pyfuse3
 import trio
 
 from ..errors import MountError
-from ..vfs._base import WorkspaceFilesystem
+from ..vfs import WorkspaceFilesystem
 from . import _passthrough
 from ._ops import MountOperations, notify_kernel
 from ._options import MountOptions

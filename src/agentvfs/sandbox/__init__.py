@@ -7,7 +7,9 @@ into its working directory through the mount manager.
 """
 
 from .._exports import fixup_module_metadata
+from ._isolation import PROXY_PORT as PROXY_PORT
 from ._isolation import detect_isolation as detect_isolation
+from ._limits import detect_cgroups as detect_cgroups
 from ._local import COMMAND_RETAINED_BYTES as COMMAND_RETAINED_BYTES
 from ._local import LocalSandbox as LocalSandbox
 from ._local import shell_quote as shell_quote
@@ -25,6 +27,7 @@ from ._records import CommandResult as CommandResult
 __all__ = [
     "COMMAND_RETAINED_BYTES",
     "DEFAULT_MAX_RETAINED_BYTES",
+    "PROXY_PORT",
     "AbortSignal",
     "CommandResult",
     "LocalProcessManager",
@@ -35,6 +38,7 @@ __all__ = [
     "ProcessHandle",
     "RetainedOutputBuffer",
     "SandboxProcessManager",
+    "detect_cgroups",
     "detect_isolation",
     "shell_quote",
 ]

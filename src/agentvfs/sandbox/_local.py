@@ -17,7 +17,7 @@ import anyio.to_thread
 
 from .._aio import maybe_await as _maybe_await
 from ..errors import SandboxError, SandboxNotReadyError
-from ..vfs._base import new_id
+from ..vfs import new_id
 from ._isolation import (
     check_isolation,
     detect_isolation,

@@ -31,8 +31,7 @@ from ..errors import MountToolNotFoundError
 from ..vfs import LocalFilesystem, WorkspaceFilesystem
 
 if TYPE_CHECKING:
-    from ..mounts._child import ProcessMount
-    from ..mounts._server import Mount
+    from ..mounts import Mount, ProcessMount
 
 __all__ = [
     "MountEntry",
@@ -517,8 +516,7 @@ class MountManager:
         return is_mounted(host) and os.path.realpath(host) == self._expected_real_path(host)
 
     async def _fuse_mount(self, filesystem: WorkspaceFilesystem, host: str) -> Mount | ProcessMount:
-        from ..mounts._child import ProcessMount, recipe_for
-        from ..mounts._server import Mount
+        from ..mounts import Mount, ProcessMount, recipe_for
 
         # A window stays open between the check and the mount, and it is not short. The
         # check works on descriptors, but the mount is made by path, by libfuse in

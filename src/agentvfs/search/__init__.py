@@ -21,7 +21,10 @@ from ._engine import SearchEngine as SearchEngine
 from ._engine import SearchResult as SearchResult
 from ._minilm import MiniLMEmbedder as MiniLMEmbedder
 from ._tokenize import TokenizeOptions as TokenizeOptions
+from ._tokenize import make_tokenizer as make_tokenizer
 from ._vectors import HnswVectorStore as HnswVectorStore
+from ._workspace import WorkspaceSearch as WorkspaceSearch
+from ._workspace import parse_bm25_config as parse_bm25_config
 
 __all__ = [
     "BM25FileError",
@@ -37,6 +40,9 @@ __all__ = [
     "SearchIndexError",
     "SearchResult",
     "TokenizeOptions",
+    "WorkspaceSearch",
+    "make_tokenizer",
+    "parse_bm25_config",
     "split_into_chunks",
 ]
 

@@ -28,9 +28,16 @@ import anyio
 import anyio.to_thread
 
 from ..errors import BM25FileError, FileTooLarge, SearchIndexError
-from ..tools._glob import create_glob_matcher, extract_glob_base, is_glob_pattern
-from ..vfs import FileEntry, WorkspaceFilesystem
-from ..vfs._base import list_stats, read_many, walk
+from ..vfs import (
+    FileEntry,
+    WorkspaceFilesystem,
+    create_glob_matcher,
+    extract_glob_base,
+    is_glob_pattern,
+    list_stats,
+    read_many,
+    walk,
+)
 from ._bm25 import BM25Index
 from ._chunking import split_into_chunks
 from ._embedders import embedder_id

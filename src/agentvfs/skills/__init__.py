@@ -13,7 +13,9 @@ from ._records import ContentSource as ContentSource
 from ._records import Skill as Skill
 from ._records import SkillMetadata as SkillMetadata
 from ._records import SkillSearchResult as SkillSearchResult
+from ._skills import SkillsHost as SkillsHost
 from ._skills import WorkspaceSkills as WorkspaceSkills
+from ._skills import create_workspace_skills as create_workspace_skills
 from ._sources import LocalSkillSource as LocalSkillSource
 from ._sources import SkillSource as SkillSource
 from ._versioned import BlobRef as BlobRef
@@ -36,8 +38,10 @@ __all__ = [
     "SkillSource",
     "SkillStore",
     "SkillVersion",
+    "SkillsHost",
     "VersionedSkillSource",
     "WorkspaceSkills",
+    "create_workspace_skills",
     "parse_skill_md",
     "publish_skill",
     "validate_skill_metadata",

@@ -24,8 +24,7 @@ from typing import Any
 import anyio
 
 from ..errors import FileTooLarge, InvalidSkillError
-from ..tools._glob import create_glob_matcher, extract_glob_base, is_glob_pattern
-from ..vfs import FileEntry, read_many
+from ..vfs import FileEntry, create_glob_matcher, extract_glob_base, is_glob_pattern, read_many
 from ._parse import MAX_SKILL_FILE_BYTES, parse_skill_md, too_large_message
 from ._records import ContentSource, Skill
 from ._sources import READ_CONCURRENCY, SkillSource, Tree, TreeCache, is_flat, join_path

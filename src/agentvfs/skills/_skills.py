@@ -21,7 +21,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 from urllib.parse import quote
 
 import anyio
@@ -29,7 +29,7 @@ import anyio
 from .._aio import maybe_await
 from .._context import RequestContext
 from ..errors import FileTooLarge, InvalidSkillPathError, NotRegularFile, SkillConflictError
-from ..vfs import SupportsReadBeneath, read_many
+from ..vfs import SupportsReadBeneath, WorkspaceFilesystem, read_many
 from ._discovery import (
     Discovery,
     add_skill,
@@ -53,9 +53,7 @@ from ._sources import (
 )
 
 if TYPE_CHECKING:
-    from ..search._engine import SearchResult
-    from ..search._workspace import WorkspaceSearch
-    from ..workspace import Workspace
+    from ..search import SearchResult, WorkspaceSearch
 
 __all__ = ["SkillIndex", "SkillsConfig", "WorkspaceSkills", "create_workspace_skills"]
 
@@ -90,7 +88,7 @@ class SkillIndex:
 
     async def index_many(self, docs: Sequence[tuple[str, str, dict[str, Any]]]) -> None:
         """Index ``(id, content, metadata)`` documents in one batch."""
-        from ..search._engine import Document
+        from ..search import Document
 
         engine = await self._search.engine()
         await engine.index_many([Document(i, c, m) for i, c, m in docs])
@@ -1102,12 +1100,47 @@ def _is_source(value: Any) -> bool:
     )
 
 
+class SkillsHost(Protocol):
+    """What skills need of the workspace they belong to (:class:`agentvfs.Workspace` is one)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def status(self) -> str: ...
+
+    @property
+    def filesystem(self) -> WorkspaceFilesystem | None: ...
+
+    def has_filesystem_config(self) -> bool: ...
+
+    async def resolve_filesystem(
+        self, *, request_context: RequestContext | None = None
+    ) -> WorkspaceFilesystem | None: ...
+
+
 def create_workspace_skills(
-    workspace: Workspace, skills: SkillsConfig, skill_source: Any
+    workspace: SkillsHost,
+    skills: SkillsConfig,
+    skill_source: Any,
+    *,
+    search: WorkspaceSearch | None = None,
+    torn_down: Callable[[], bool] = lambda: False,
 ) -> WorkspaceSkills:
     """The ``skills`` of a workspace: read from ``skill_source`` if given, else from the
     filesystem resolved per request (a filesystem resolver), else the static filesystem, else
     the current directory (``LocalSkillSource``), sharing the workspace's search index.
+
+    Parameters
+    ----------
+    workspace : SkillsHost
+        The workspace the skills belong to.
+    skills, skill_source
+        The workspace's ``skills`` and ``skill_source`` configuration.
+    search : WorkspaceSearch, optional
+        The workspace's search index, which skill search shares.
+    torn_down : callable
+        True once the workspace's teardown started: every skills call then fails.
 
     Raises
     ------
@@ -1116,11 +1149,10 @@ def create_workspace_skills(
     """
     from ..errors import WorkspaceError, WorkspaceNotReadyError
 
-    search_state = getattr(workspace, "_search", None)
-    index = SkillIndex(search_state) if search_state is not None else None
+    index = SkillIndex(search) if search is not None else None
 
     def assert_available() -> None:
-        if getattr(workspace, "_teardown_started", False):
+        if torn_down():
             raise WorkspaceNotReadyError(workspace.id, workspace.status)
 
     options: dict[str, Any] = {"search": index, "assert_available": assert_available}

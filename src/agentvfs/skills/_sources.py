@@ -25,11 +25,18 @@ from ..errors import (
     FileNotFound,
     NotDirectory,
 )
-from ..vfs import FileEntry, FileStat, WorkspaceFilesystem, get_mime_type
+from ..vfs import (
+    Disk,
+    DiskEntry,
+    FileEntry,
+    FileStat,
+    WorkspaceFilesystem,
+    get_mime_type,
+    leads_out_of_directory,
+    run_sync,
+    translated_reads,
+)
 from ..vfs import read_many as vfs_read_many
-from ..vfs._base import run_sync
-from ..vfs._disk import Disk, DiskEntry
-from ..vfs._disk_fs import leads_out_of_directory, translated_reads
 
 __all__ = [
     "LocalSkillSource",

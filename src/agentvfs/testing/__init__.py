@@ -19,6 +19,7 @@ from ._harness import composite_harness as composite_harness
 from ._harness import fsspec_harness as fsspec_harness
 from ._harness import local_harness as local_harness
 from ._harness import mounted_harness as mounted_harness
+from ._servers import EmulatorProcess as EmulatorProcess
 from ._servers import FakeGcsServer as FakeGcsServer
 from ._servers import MotoServer as MotoServer
 from ._servers import free_port as free_port
@@ -29,6 +30,7 @@ __all__ = [
     "Arena",
     "Attack",
     "AttackReport",
+    "EmulatorProcess",
     "FakeGcsServer",
     "FilesystemTests",
     "Harness",

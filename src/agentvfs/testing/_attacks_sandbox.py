@@ -531,7 +531,7 @@ print(answer.decode("latin-1"))
     requires=("bwrap",),
 )
 async def egress_virtual_host(arena: Arena) -> None:
-    from ..sandbox._isolation import PROXY_PORT
+    from ..sandbox import PROXY_PORT
 
     server = _VirtualHosts()
     allowed = f"localhost:{server.port}"
@@ -899,7 +899,7 @@ _LIMITS = {"max_processes": 64, "max_memory_bytes": 256 << 20, "max_cpu_seconds"
     severity="medium",
 )
 async def resource_exhaustion(arena: Arena) -> None:
-    from ..sandbox._limits import detect_cgroups
+    from ..sandbox import detect_cgroups
 
     support, _reason = detect_cgroups()
     # Root is exempt from RLIMIT_NPROC: without a pids cgroup a fork bomb would be real.

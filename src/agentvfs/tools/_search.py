@@ -10,7 +10,7 @@ from ._output import DEFAULT_MAX_OUTPUT_TOKENS, apply_token_limit
 from ._schema import field, object_schema
 
 if TYPE_CHECKING:
-    from ..workspace import Workspace
+    from ._host import ToolHost
 
 __all__ = ["index_spec", "search_spec"]
 
@@ -20,7 +20,7 @@ SEARCH = WORKSPACE_TOOLS.SEARCH
 DEFAULT_TOP_K = 5
 
 
-def available_modes(workspace: Workspace) -> list[str]:
+def available_modes(workspace: ToolHost) -> list[str]:
     """The modes a search can run in here, for the tool's ``mode`` enum."""
     if workspace.can_bm25 and workspace.can_vector:
         return ["bm25", "vector", "hybrid"]
@@ -29,7 +29,7 @@ def available_modes(workspace: Workspace) -> list[str]:
     return ["bm25"]
 
 
-def effective_mode(workspace: Workspace, requested: str | None) -> str:
+def effective_mode(workspace: ToolHost, requested: str | None) -> str:
     """Fall back instead of failing: hybrid -> vector -> bm25; no request -> the best."""
     if requested == "hybrid" and not workspace.can_hybrid:
         requested = "vector" if workspace.can_vector else "bm25"
@@ -78,7 +78,7 @@ def _search_schema(modes: list[str]) -> dict[str, object]:
     )
 
 
-def search_spec(workspace: Workspace) -> ToolSpec:
+def search_spec(workspace: ToolHost) -> ToolSpec:
     """``mastra_workspace_search``: ``mode`` lists the modes available here; any mode is
     accepted and falls back to an available one."""
     return ToolSpec(

@@ -37,12 +37,22 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import anyio.to_thread
+from regex import error as PatternError  # what the grep engine raises for a bad pattern
 
-from ..errors import FileTooLarge
-from ..vfs import is_text_file, read_many, read_range, walk
-from ..vfs._grep import MATCH_LINE_LIMIT, BoundedPattern, LineChunker, MatchTimeout, PatternError
+from ..errors import FileTooLarge, MatchTimeout
+from ..vfs import (
+    MATCH_LINE_LIMIT,
+    BoundedPattern,
+    LineChunker,
+    create_glob_matcher,
+    extract_glob_base,
+    is_glob_pattern,
+    is_text_file,
+    read_many,
+    read_range,
+    walk,
+)
 from ._core import ToolCall, ToolResult
-from ._glob import create_glob_matcher, extract_glob_base, is_glob_pattern
 from ._listing import gitignore_for
 from ._output import DEFAULT_MAX_OUTPUT_TOKENS, apply_token_limit, output_char_budget
 

@@ -21,18 +21,31 @@ from ._base import UploadStream as UploadStream
 from ._base import WorkspaceFilesystem as WorkspaceFilesystem
 from ._base import download_file as download_file
 from ._base import list_stats as list_stats
+from ._base import new_id as new_id
 from ._base import read_file_beneath as read_file_beneath
 from ._base import read_many as read_many
 from ._base import read_range as read_range
 from ._base import read_range_into as read_range_into
+from ._base import run_sync as run_sync
 from ._base import upload_file as upload_file
 from ._base import walk as walk
 from ._composite import CompositeFilesystem as CompositeFilesystem
+from ._disk import Disk as Disk
+from ._disk import DiskEntry as DiskEntry
+from ._disk_fs import leads_out_of_directory as leads_out_of_directory
+from ._disk_fs import translated_reads as translated_reads
 from ._fsspec import FsspecFilesystem as FsspecFilesystem
+from ._glob import create_glob_matcher as create_glob_matcher
+from ._glob import extract_glob_base as extract_glob_base
+from ._glob import is_glob_pattern as is_glob_pattern
+from ._grep import MATCH_LINE_LIMIT as MATCH_LINE_LIMIT
+from ._grep import BoundedPattern as BoundedPattern
+from ._grep import LineChunker as LineChunker
 from ._local import LocalFilesystem as LocalFilesystem
 from ._mime import TEXT_EXTENSIONS as TEXT_EXTENSIONS
 from ._mime import get_mime_type as get_mime_type
 from ._mime import is_text_file as is_text_file
+from ._paths import normalize as normalize_path
 from ._records import Capabilities as Capabilities
 from ._records import FileEntry as FileEntry
 from ._records import FileStat as FileStat
@@ -43,15 +56,20 @@ from ._wrapper import TimeoutFilesystem as TimeoutFilesystem
 from ._wrapper import WrapperFilesystem as WrapperFilesystem
 
 __all__ = [
+    "MATCH_LINE_LIMIT",
     "TEXT_EXTENSIONS",
+    "BoundedPattern",
     "Capabilities",
     "ChangeListener",
     "CompositeFilesystem",
+    "Disk",
+    "DiskEntry",
     "FileEntry",
     "FileStat",
     "FsspecFilesystem",
     "GrepFileResult",
     "GrepMatch",
+    "LineChunker",
     "LocalFilesystem",
     "MountInfo",
     "SupportsGrep",
@@ -68,14 +86,22 @@ __all__ = [
     "UploadStream",
     "WorkspaceFilesystem",
     "WrapperFilesystem",
+    "create_glob_matcher",
     "download_file",
+    "extract_glob_base",
     "get_mime_type",
+    "is_glob_pattern",
     "is_text_file",
+    "leads_out_of_directory",
     "list_stats",
+    "new_id",
+    "normalize_path",
     "read_file_beneath",
     "read_many",
     "read_range",
     "read_range_into",
+    "run_sync",
+    "translated_reads",
     "upload_file",
     "walk",
 ]

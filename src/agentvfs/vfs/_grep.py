@@ -36,6 +36,7 @@ from typing import Literal
 
 import regex
 
+from ..errors import MatchTimeout
 from ._records import GrepFileResult, GrepMatch
 
 __all__ = [
@@ -44,7 +45,6 @@ __all__ = [
     "MAX_PATTERN_EXPANSION",
     "BoundedPattern",
     "LineChunker",
-    "MatchTimeout",
     "PatternError",
     "compile_pattern",
     "grep_lines",
@@ -63,35 +63,6 @@ PatternError = regex.error
 
 # Characters of a block searched per call (rounded up to whole lines).
 _WINDOW = 16 * 1024
-
-
-class MatchTimeout(TimeoutError):
-    """A search used up its time budget (or was cancelled) before it finished.
-
-    Attributes
-    ----------
-    pattern : str
-        The pattern's source.
-    seconds : float
-        The budget that ran out.
-    path : str or None
-        The file being searched when it ran out, once a caller knows it.
-    """
-
-    def __init__(self, pattern: str, seconds: float, path: str | None = None) -> None:
-        self.pattern = pattern
-        self.seconds = seconds
-        self.path = path
-        shown = pattern if len(pattern) <= 80 else pattern[:77] + "..."
-        where = f" (stopped in {path})" if path else ""
-        super().__init__(
-            f"grep: matching {shown!r} took longer than {seconds:g} s{where}; simplify the pattern "
-            "(nested quantifiers such as (a+)+ can take exponential time) or search fewer files"
-        )
-
-    def at(self, path: str) -> MatchTimeout:
-        """The same timeout, naming the file it happened in."""
-        return MatchTimeout(self.pattern, self.seconds, path)
 
 
 # Escapes of one character that is never "\n" (outside a class; \b there is a boundary).

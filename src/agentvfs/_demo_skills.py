@@ -28,7 +28,8 @@ _STYLE = "# Style\n\nUse sentence case.\nLink every change to its pull request.\
 async def demo_skills(say: Callable[[str], None]) -> None:
     """Build a skill in a temporary directory, then list it, open it with the ``skill`` tool
     and read one of its references with ``skill_read``, printing through ``say``."""
-    from .. import LocalFilesystem, Workspace
+    from .vfs import LocalFilesystem
+    from .workspace import Workspace
 
     with tempfile.TemporaryDirectory(prefix="agentvfs-skills-") as root:
         files = LocalFilesystem(root)
