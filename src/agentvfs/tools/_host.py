@@ -22,7 +22,12 @@ __all__ = ["ToolHost"]
 
 class ToolHost(Protocol):
     """The workspace a tool works in: its providers, its configuration, search and a hook
-    for what a tool wrote."""
+    for what a tool wrote.
+
+    It repeats the members of :class:`agentvfs.skills.SkillsHost` rather than extending it:
+    a Protocol's base is imported at run time, and importing the skills package would load
+    YAML into every process that imports agentvfs (a mount child, a CLI call) for nothing.
+    """
 
     @property
     def id(self) -> str: ...
