@@ -13,7 +13,7 @@ import pytest
 
 from _mounted import wait_until
 from agentvfs import FsspecFilesystem
-from agentvfs.mounts import Mount, _ops, fuse_available
+from agentvfs.mounts import Mount, _readahead, fuse_available
 from agentvfs.vfs._base import read_range, read_range_into
 
 MiB = 1 << 20
@@ -31,7 +31,7 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
         seen.append((start, end))
         return await original(fs, path, start, end)
 
-    monkeypatch.setattr(_ops, "read_range", counting)  # the name the mount calls
+    monkeypatch.setattr(_readahead, "read_range", counting)  # the name the mount calls
     return seen
 
 
@@ -124,7 +124,7 @@ def parts(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int, int]]:
         seen.append((start, len(buffer), id(buffer.obj)))
         return await original(fs, path, start, buffer)
 
-    monkeypatch.setattr(_ops, "read_range_into", counting)
+    monkeypatch.setattr(_readahead, "read_range_into", counting)
     return seen
 
 
@@ -155,7 +155,7 @@ def test_sequential_parts_reuse_their_buffers(tmp_path: Path, parts: list[tuple[
             assert len(parts) >= 20
             assert len({buffer for _, _, buffer in parts}) <= 2 * 4 + 4
             # Nothing being read: no part, and no buffer kept.
-            assert wait_until(lambda: ops.read_cache_used == 0 and not ops._buffers.free)
+            assert wait_until(lambda: ops.read_cache_used == 0 and not ops.readahead.buffers.free)
     finally:
         raw.rm(root, recursive=True)
 
@@ -173,7 +173,7 @@ def test_a_failed_part_gives_back_its_share_of_the_cache(
             raise OSError(5, "storage hiccup")
         return await original(fs, path, start, buffer)
 
-    monkeypatch.setattr(_ops, "read_range_into", flaky)
+    monkeypatch.setattr(_readahead, "read_range_into", flaky)
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     with Mount(fs, str(mnt), options={"part_size": MiB, "prefetch_parts": 1}) as m:

@@ -11,8 +11,9 @@ import pytest
 from agentvfs import LocalFilesystem
 from agentvfs.errors import WorkspaceError
 from agentvfs.mounts import MountOptions, _passthrough
-from agentvfs.mounts._ops import MountOperations, _PartLayout
+from agentvfs.mounts._ops import MountOperations
 from agentvfs.mounts._options import parse_option_strings
+from agentvfs.mounts._readahead import _PartLayout
 from conftest import memory_harness
 
 MiB = 1024 * 1024

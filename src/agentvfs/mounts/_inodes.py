@@ -1,0 +1,110 @@
+"""The inode table of a mount: the nodes the kernel knows, by inode number and by name."""
+
+from __future__ import annotations
+
+import errno
+import stat as stat_module
+from datetime import datetime
+from typing import Any
+
+import pyfuse3
+
+from ..vfs import FileStat
+from ._nodes import Node
+from ._options import MountOptions
+
+__all__ = ["InodeTable", "ns"]
+
+_S_IFDIR = stat_module.S_IFDIR
+_S_IFREG = stat_module.S_IFREG
+
+
+def ns(moment: datetime) -> int:
+    """A timestamp as nanoseconds since the epoch."""
+    return int(moment.timestamp() * 1_000_000_000)
+
+
+class InodeTable:
+    """Every node of one mount: ``inodes`` by number, and the tree from ``root`` by name.
+
+    A node may have several names (hard links) or none (unlinked while open); its storage
+    path is its first name's.
+
+    Parameters
+    ----------
+    options : MountOptions
+        The modes and owner that nodes listed from storage get.
+    """
+
+    def __init__(self, options: MountOptions) -> None:
+        self.options = options
+        self.root = Node(
+            pyfuse3.ROOT_INODE, _S_IFDIR, options.dir_mode, uid=options.uid, gid=options.gid, stored=True
+        )
+        #: What storage without directory times shows as their time: the mount's start.
+        self.started_ns = self.root.mtime
+        self.inodes: dict[int, Node] = {self.root.ino: self.root}
+        self._next = pyfuse3.ROOT_INODE + 1
+
+    def path_of(self, node: Node) -> str:
+        """The storage path of a node (its first name), ``""`` for the root."""
+        parts: list[str] = []
+        current = node
+        while current is not self.root:
+            if not current.links:
+                raise pyfuse3.FUSEError(errno.ENOENT)
+            parent, name = current.links[0]
+            parts.append(name)
+            current = parent
+        return "/".join(reversed(parts))
+
+    def child_path(self, parent: Node, name: str) -> str:
+        """The storage path of the entry ``name`` of directory ``parent``."""
+        base = self.path_of(parent)
+        return f"{base}/{name}" if base else name
+
+    def node(self, ino: int) -> Node:
+        """The node of inode ``ino``; ``ENOENT`` if the mount does not know it."""
+        node = self.inodes.get(ino)
+        if node is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return node
+
+    def new_node(self, kind: int, perm: int, **kwargs: Any) -> Node:
+        """A new node with the next inode number."""
+        node = Node(self._next, kind, perm, **kwargs)
+        self._next += 1
+        self.inodes[node.ino] = node
+        return node
+
+    def from_stat(self, st: FileStat, parent: Node, name: str) -> Node:
+        """A node for what storage listed as ``name`` in ``parent``."""
+        is_dir = st.type == "directory"
+        kind = _S_IFDIR if is_dir else _S_IFREG
+        default = self.options.dir_mode if is_dir else self.options.file_mode
+        node = self.new_node(
+            kind,
+            st.mode if st.mode is not None else default,
+            uid=self.options.uid,
+            gid=self.options.gid,
+            size=0 if is_dir else st.size,
+            # Storage without directory times (prefixes, memory) shows the mount's start time.
+            mtime=ns(st.modified_at) or self.started_ns,
+            stored=True,
+            etag=st.etag,
+        )
+        node.links.append((parent, name))
+        return node
+
+    def drop_link(self, node: Node, directory: Node, name: str) -> None:
+        """``node`` is no longer the entry ``name`` of ``directory``."""
+        node.links = [(d, n) for d, n in node.links if not (d is directory and n == name)]
+        if node.is_dir and node.children is not None and not node.links:
+            node.children = {}
+
+    def add_link(self, directory: Node, name: str, node: Node) -> None:
+        """Make ``node`` the entry ``name`` of ``directory``."""
+        assert directory.children is not None
+        directory.children[name] = node
+        node.links.append((directory, name))
+        directory.touch()

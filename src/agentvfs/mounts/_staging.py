@@ -1,0 +1,189 @@
+"""The staging area of a mount: local copies of files being written.
+
+A file opened for writing gets a staged copy on local disk; writes land there, and the copy
+is uploaded whole (or streamed) when the file is closed or synced. The area is bounded by
+``staging_limit``; where the filesystem offers a place beside its files (local disk), staged
+copies live there, held by descriptor, so that publishing is a link and a rename.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import itertools
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pyfuse3
+
+from ..vfs import WorkspaceFilesystem
+from ._nodes import Node
+from ._options import MountOptions
+
+__all__ = ["StagingStore"]
+
+_log = logging.getLogger("agentvfs.mounts")
+
+
+@dataclass(frozen=True, slots=True)
+class _Staging:
+    """Where a mount stages: ``path`` to work in, ``shown`` in messages; a directory held by
+    descriptor ``fd`` also has the ``parent`` it was made in and its ``name`` there."""
+
+    path: str
+    shown: str
+    fd: int = -1
+    parent: str = ""
+    name: str = ""
+
+
+def _default_staging(filesystem: WorkspaceFilesystem) -> _Staging:
+    """Stage beside the files where the filesystem offers a place (local disk: publishing is
+    then a link and a rename), else in a private temporary directory.
+
+    A directory beside the files may be within reach of whoever else writes there, so it is
+    held by a descriptor and used through ``/proc/self/fd/N``: a rename or a symlink swapped
+    in afterwards cannot redirect what the mount stages.
+    """
+    hint = getattr(filesystem, "local_staging_dir", None)
+    where = hint() if callable(hint) else None
+    if isinstance(where, str):
+        try:
+            made = tempfile.mkdtemp(prefix="s", dir=where)
+            fd = os.open(made, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            _release_staging(filesystem)
+        else:
+            shown = os.readlink(f"/proc/self/fd/{fd}")
+            return _Staging(f"/proc/self/fd/{fd}", shown, fd, where, os.path.basename(made))
+    made = tempfile.mkdtemp(prefix="agentvfs-staging-")
+    return _Staging(made, made)
+
+
+def _release_staging(filesystem: WorkspaceFilesystem) -> None:
+    release = getattr(filesystem, "local_staging_release", None)
+    if callable(release):
+        release()
+
+
+class StagingStore:
+    """Staged copies of the files of one mount, and the bytes they take.
+
+    Parameters
+    ----------
+    filesystem : WorkspaceFilesystem
+        The mounted filesystem (asked for a place beside its files).
+    options : MountOptions
+        ``staging_dir`` (None: beside the files, else a private temporary directory) and
+        ``staging_limit``.
+    shown : callable
+        How messages name a node.
+    """
+
+    def __init__(self, filesystem: WorkspaceFilesystem, options: MountOptions, shown: Callable[[Node], str]) -> None:
+        self.fs = filesystem
+        self.options = options
+        self.shown = shown
+        self._own = options.staging_dir is None
+        if options.staging_dir is None:
+            self._where = _default_staging(filesystem)
+        else:
+            self._where = _Staging(options.staging_dir, options.staging_dir)
+            os.makedirs(options.staging_dir, exist_ok=True)
+        #: Where staged copies live (a ``/proc/self/fd`` path when held by descriptor).
+        self.path = self._where.path
+        #: The same place as a plain path, for messages.
+        self.shown_path = self._where.shown
+        self._names = itertools.count()
+        #: Bytes the staged copies take together.
+        self.used = 0
+
+    def reserve(self, node: Node, new_size: int) -> None:
+        """Count ``node``'s staged copy as ``new_size`` bytes: ``EFBIG`` for a file larger
+        than the whole area, ``ENOSPC`` when the area is full."""
+        grow = new_size - node.staged_bytes
+        if grow <= 0:
+            return
+        if new_size > self.options.staging_limit:
+            # One file larger than the whole staging area can never be written.
+            raise pyfuse3.FUSEError(errno.EFBIG)
+        if self.used + grow > self.options.staging_limit:
+            _log.warning(
+                "staging area full (%d of %d bytes): write to %s refused with ENOSPC",
+                self.used, self.options.staging_limit, self.shown(node),
+            )
+            raise pyfuse3.FUSEError(errno.ENOSPC)
+        self.used += grow
+        node.staged_bytes = new_size
+
+    def new_file(self) -> tuple[int, str]:
+        """A new, empty, private file in the staging directory.
+
+        Names come from a counter: ``tempfile.mkstemp`` draws random names and was most of
+        the time a ``create`` took.
+        """
+        while True:
+            path = os.path.join(self.path, f"stage-{os.getpid()}-{next(self._names)}")
+            try:
+                flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+                return os.open(path, flags, 0o600), path
+            except FileExistsError:
+                continue  # left by an earlier mount that shared this staging directory
+
+    def own(self, node: Node) -> None:
+        """Before changing a staged copy: if publishing linked it into storage (local disk),
+        copy it first, so storage only ever changes by the next atomic publish."""
+        if node.stage is None or os.fstat(node.stage_fd).st_nlink <= 1:
+            return
+        fd, path = self.new_file()
+        os.fchmod(fd, node.perm & 0o777)
+        try:
+            # O_NOFOLLOW: a staging area beside the files may be within someone else's reach.
+            source = os.open(node.stage, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            with open(source, "rb") as src, open(fd, "wb", closefd=False) as dest:
+                shutil.copyfileobj(src, dest, 1024 * 1024)
+        except BaseException:
+            os.close(fd)
+            os.unlink(path)
+            raise
+        os.close(node.stage_fd)
+        os.unlink(node.stage)
+        node.stage, node.stage_fd = path, fd
+
+    def release_bytes(self, node: Node) -> None:
+        """``node`` holds no staged bytes any more."""
+        self.used -= node.staged_bytes
+        node.staged_bytes = 0
+
+    def drop(self, node: Node) -> None:
+        """Remove ``node``'s staged copy (its data is in storage, or no longer wanted)."""
+        if node.stage is None:
+            return
+        os.close(node.stage_fd)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(node.stage)
+        node.stage, node.stage_fd = None, -1
+        self.release_bytes(node)
+
+    def close(self) -> None:
+        """Remove the staging area if it is this mount's own and empty. Dirty copies remain
+        when an upload failed: data that did not reach storage is never deleted (rmdir fails
+        on a non-empty directory)."""
+        if not self._own:
+            return
+        staging, self._where = self._where, _Staging(self._where.shown, self._where.shown)
+        self._own = False  # once: the descriptor is gone after this
+        with contextlib.suppress(OSError):
+            if staging.fd >= 0:
+                # By name in the directory it was made in (itself held by descriptor).
+                os.close(staging.fd)
+                try:
+                    os.rmdir(os.path.join(staging.parent, staging.name))
+                finally:
+                    _release_staging(self.fs)
+            else:
+                os.rmdir(staging.path)

@@ -1,0 +1,169 @@
+"""Streamed uploads: a file written in order from empty is uploaded in parts while it grows.
+
+The staged copy on local disk stays the source of truth: a stream that breaks (the file is
+overwritten below what was sent, truncated, renamed) or fails only means the file is
+uploaded whole when it is closed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+
+import trio
+
+from ..vfs import SupportsStreamingUpload, UploadStream, WorkspaceFilesystem
+from ._nodes import Node
+from ._options import MountOptions
+
+__all__ = ["Uploads"]
+
+_log = logging.getLogger("agentvfs.mounts")
+
+
+class _Stream:
+    """A streamed upload of a file being written in order: a pump sends the staged bytes in
+    parts while the writer goes on; the staged copy stays the source of truth, so a broken
+    stream only means the file is uploaded whole at close instead."""
+
+    __slots__ = ("broken", "closing", "lock", "read_to", "sent", "upload", "wake")
+
+    def __init__(self, upload: UploadStream) -> None:
+        self.upload = upload
+        self.sent = 0
+        #: End of the staged bytes read for sending, sent or still in flight: a write below
+        #: it changes bytes the upload already holds.
+        self.read_to = 0
+        self.broken = False
+        self.closing = False
+        self.lock = trio.Lock()
+        self.wake = trio.Event()
+
+
+def _stream_done(stream: _Stream) -> bool:
+    return stream.broken or stream.closing
+
+
+class Uploads:
+    """The streamed uploads of one mount (one per file being written in order).
+
+    Parameters
+    ----------
+    filesystem : WorkspaceFilesystem
+        Where files go; streams start only where it can (``SupportsStreamingUpload``).
+    options : MountOptions
+        ``stream_threshold`` and ``stream_part_size``.
+    nursery : callable
+        Returns the mount's nursery, where the pumps run.
+    path_of, shown : callable
+        A node's path in the filesystem, and how messages name it.
+    """
+
+    def __init__(
+        self,
+        filesystem: WorkspaceFilesystem,
+        options: MountOptions,
+        nursery: Callable[[], trio.Nursery | None],
+        path_of: Callable[[Node], str],
+        shown: Callable[[Node], str],
+    ) -> None:
+        self.fs = filesystem
+        self.options = options
+        self.nursery = nursery
+        self.path_of = path_of
+        self.shown = shown
+
+    @staticmethod
+    def wake(node: Node) -> None:
+        """New bytes were staged: the pump may send the next part."""
+        if node.stream is not None:
+            node.stream.wake.set()
+
+    async def maybe_start(self, node: Node) -> None:
+        """Start uploading a file that is being written from empty, in order, once it has
+        grown past ``stream_threshold``."""
+        if (
+            not node.fresh
+            or node.size < self.options.stream_threshold
+            or len(node.links) != 1
+            or not isinstance(self.fs, SupportsStreamingUpload)
+            or (nursery := self.nursery()) is None
+        ):
+            return
+        node.fresh = False  # one attempt per fresh write
+        path = self.path_of(node)
+        try:
+            upload = await self.fs.open_upload(path, part_size=self.options.stream_part_size)
+        except Exception as exc:
+            _log.warning("streamed upload of /%s not started (%s); it is uploaded at close", path, exc)
+            return
+        if upload is None:
+            return
+        stream = _Stream(upload)
+        node.stream = stream
+        nursery.start_soon(self._pump, node, stream)
+
+    async def _pump(self, node: Node, stream: _Stream) -> None:
+        part = self.options.stream_part_size
+        try:
+            while not stream.broken and not stream.closing:
+                if node.size - stream.sent >= part and node.stage is not None:
+                    async with stream.lock:
+                        if _stream_done(stream):
+                            break  # closed or broken while this waited for the lock
+                        stream.read_to = stream.sent + part  # before the read: a write may race it
+                        data = await trio.to_thread.run_sync(os.pread, node.stage_fd, part, stream.sent)
+                        await stream.upload.write(data)
+                        stream.sent += len(data)
+                else:
+                    stream.wake = trio.Event()
+                    await stream.wake.wait()
+        except Exception as exc:
+            stream.broken = True
+            _log.warning("streamed upload of %s failed (%s); it is uploaded whole at close", self.shown(node), exc)
+
+    async def finish(self, node: Node) -> bool:
+        """Send what is left and complete the streamed upload; False if the file must be
+        uploaded whole instead (the stream broke, or completing it failed)."""
+        stream = node.stream
+        node.stream = None
+        assert isinstance(stream, _Stream)
+        stream.closing = True
+        stream.wake.set()
+        part = self.options.stream_part_size
+        async with stream.lock:
+            if not stream.broken and node.stage is not None:
+                try:
+                    while stream.sent < node.size:
+                        size = min(part, node.size - stream.sent)
+                        stream.read_to = stream.sent + size
+                        data = await trio.to_thread.run_sync(os.pread, node.stage_fd, size, stream.sent)
+                        await stream.upload.write(data)
+                        stream.sent += len(data)
+                    await stream.upload.commit()
+                    return True
+                except Exception as exc:
+                    _log.warning("streamed upload of %s failed at close (%s); uploading it whole", self.shown(node), exc)
+            await stream.upload.abort()
+        return False
+
+    def drop(self, node: Node) -> None:
+        """The file stopped being a plain in-order write (overwrite, truncate, rename...):
+        drop the streamed upload; the staged copy is uploaded whole instead."""
+        node.fresh = False
+        stream = node.stream
+        if stream is None:
+            return
+        node.stream = None
+        assert isinstance(stream, _Stream)
+        stream.broken = True
+        stream.wake.set()
+
+        async def abort() -> None:
+            async with stream.lock:
+                await stream.upload.abort()
+
+        nursery = self.nursery()
+        if nursery is not None:
+            nursery.start_soon(abort)
