@@ -58,6 +58,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import BM25FileError
+from ._duckdb import connect, table_names, transaction, trouble
 from ._tokenize import TokenizeOptions, Tokenizer, find_line_range, make_tokenizer
 
 __all__ = ["BM25Hit", "BM25Index"]
@@ -477,7 +478,7 @@ class BM25Index:
         if path is None:
             if self._read_only:
                 raise ValueError("read_only needs a path: an in-memory index starts empty")
-            return duckdb.connect(":memory:")
+            return connect(":memory:")
         exists = os.path.exists(path)
         if self._read_only and not exists:
             raise FileNotFoundError(f"BM25 index file {path} does not exist")
@@ -485,7 +486,7 @@ class BM25Index:
             # An empty file (e.g. from mkstemp) holds nothing to lose; DuckDB refuses it.
             os.unlink(path)
         try:
-            con = duckdb.connect(path, read_only=self._read_only)
+            con = connect(path, read_only=self._read_only)
         except duckdb.Error as exc:
             raise _file_error(path, exc) from exc
         return con
@@ -494,13 +495,7 @@ class BM25Index:
         con = self._con
         where = self._path or ":memory:"
         try:
-            tables = {
-                row[0]
-                for row in con.execute(
-                    "SELECT table_name FROM duckdb_tables() "
-                    "WHERE database_name = current_database() AND schema_name = 'main'"
-                ).fetchall()
-            }
+            tables = table_names(con)
         except duckdb.Error as exc:
             raise _file_error(where, exc) from exc
         if "bm25_meta" not in tables:
@@ -580,13 +575,8 @@ class BM25Index:
         with self._locked():
             con = self._con.cursor() if cursor else self._con
             try:
-                con.execute("BEGIN TRANSACTION")
-                try:
+                with transaction(con):
                     yield con
-                except BaseException:
-                    con.execute("ROLLBACK")
-                    raise
-                con.execute("COMMIT")
             finally:
                 if cursor:
                     con.close()
@@ -1308,15 +1298,7 @@ def _differences(recorded: Mapping[str, Any], wanted: Mapping[str, Any]) -> list
 
 
 def _file_error(path: str, exc: duckdb.Error) -> BM25FileError:
-    message = str(exc)
-    if "Could not set lock" in message or "Conflicting lock" in message:
-        why = "is held by another process (DuckDB allows one writer, or many read-only readers)"
-    elif "not a valid DuckDB database" in message:
-        why = "is not a DuckDB database"
-    elif "orrupt" in message or "checksum" in message:
-        why = "is corrupt"
-    else:
+    kind, why = trouble(exc)
+    if kind == "other":
         why = "cannot be read as a BM25 index"
-    return BM25FileError(
-        f"BM25 index file {path} {why}; it was left untouched. DuckDB: {message}", path
-    )
+    return BM25FileError(f"BM25 index file {path} {why}; it was left untouched. DuckDB: {exc}", path)

@@ -62,7 +62,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import json
 import logging
 import math
@@ -83,6 +82,9 @@ import duckdb
 import numpy as np
 import numpy.typing as npt
 
+from ._duckdb import connect, table_names, transaction, trouble
+from ._vector_filters import FilterNode, attr_rows, metadata_json, parse_filter, values_sql
+
 __all__ = ["HnswVectorStore"]
 
 _log = logging.getLogger(__name__)
@@ -102,17 +104,11 @@ _TMP_FILE = re.compile(r"\.(?P<name>[A-Za-z_][A-Za-z0-9_]*)\.(?P<seq>\d+)\.hnsw\
 DB_FILE: Final = "vectors.duckdb"
 _FORMAT: Final = "agentvfs.HnswVectorStore"
 _VERSION: Final = 1
-_OPERATORS: Final = "$eq, $ne, $in, $nin, $exists, $and, $or"
 
 # hnswlib's file header (hnswalg.h saveIndex): offsetLevel0, max_elements, cur_element_count,
 # size_data_per_element, label_offset, offsetData (size_t), maxlevel (int), enterpoint (uint32),
 # maxM, maxM0, M (size_t), mult (double), ef_construction (size_t); then the level-0 records.
 _HEADER = struct.Struct("<6QiI3QdQ")
-
-# Value tags of vector_attrs.t. Long strings and whole lists/objects are kept as SHA-256 digests,
-# so a 4,000-character chunk text costs 64 characters there and equality stays exact.
-_NULL, _BOOL, _NUM, _STR, _STR_DIGEST, _JSON_DIGEST = range(6)
-_SHORT_STRING = 256
 
 _SCHEMA = """
 CREATE TABLE vector_store (format VARCHAR, version INTEGER, next_label BIGINT, next_seq BIGINT,
@@ -531,23 +527,21 @@ class _Store:
     def _open_database(self) -> duckdb.DuckDBPyConnection:
         db = self._db_file
         try:
-            con = duckdb.connect(db)
+            con = connect(db)
         except duckdb.Error as exc:
-            if "lock" in str(exc).lower():
+            kind, why = trouble(exc)
+            if kind == "locked":
                 raise OSError(f"{db}: in use by another process ({exc})") from exc
-            raise ValueError(f"{db}: not a DuckDB database of an HnswVectorStore ({exc})") from exc
+            raise ValueError(f"{db}: not a DuckDB database of an HnswVectorStore: it {why} ({exc})") from exc
         try:
             # Metadata goes in as NumPy object arrays; without this DuckDB inspects 1,000
             # values of each column before every insert.
             con.execute("SET pandas_analyze_sample = 0")
-            tables = {
-                row[0] for row in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()
-            }
+            tables = table_names(con)
             if not tables:
-                con.begin()
-                con.execute(_SCHEMA)
-                con.execute("INSERT INTO vector_store VALUES (?, ?, 0, 0, 0)", [_FORMAT, _VERSION])
-                con.commit()
+                with transaction(con):
+                    con.execute(_SCHEMA)
+                    con.execute("INSERT INTO vector_store VALUES (?, ?, 0, 0, 0)", [_FORMAT, _VERSION])
             elif "vector_store" not in tables:
                 raise ValueError(
                     f"{db}: a DuckDB database of something else (tables: {', '.join(sorted(tables))}), "
@@ -738,14 +732,14 @@ class _Store:
             ix = self._index(name)
             matrix = _vectors(ix, vectors, id_list)
             texts = [
-                _metadata_json(ix.name, id, meta) for id, meta in zip(id_list, metas, strict=True)
+                metadata_json(ix.name, id, meta) for id, meta in zip(id_list, metas, strict=True)
             ]
             if n == 0:
                 return id_list
             old = [(ix.ids[id], id) for id in id_list if id in ix.ids]
             labels = np.arange(self._next_label, self._next_label + n, dtype=np.int64)
             seq = self._next_seq
-            attrs = _attr_rows(labels, metas)
+            attrs = attr_rows(labels, metas)
             keys = attrs.pop("key")
             fresh = dict.fromkeys(k for k in keys if k not in ix.keys)
             new_keys = {key: self._next_kid + i for i, key in enumerate(fresh)}
@@ -804,7 +798,7 @@ class _Store:
             return self._delete(ix, found)
 
     def delete_matching(self, name: str, filter: Mapping[str, Any]) -> int:
-        node = _parse_filter(filter)
+        node = parse_filter(filter)
         if node == ("all",):
             raise ValueError(
                 f"Vector index {name!r}: delete_vectors needs a non-empty filter (delete_index deletes everything)"
@@ -884,7 +878,7 @@ class _Store:
             raise ValueError(
                 f"Vector index {name!r}: top_k must be a non-negative integer, got {top_k!r}"
             )
-        node = ("all",) if filter is None else _parse_filter(filter)
+        node = ("all",) if filter is None else parse_filter(filter)
         with self._lock:
             ix = self._index(name)
             q = _query_vector(ix, vector)
@@ -958,7 +952,7 @@ class _Store:
 
     # -- filters ---------------------------------------------------------------------------
 
-    def _evaluate(self, ix: _Index, node: _Node) -> _Mask:
+    def _evaluate(self, ix: _Index, node: FilterNode) -> _Mask:
         """The items of ``ix`` that ``node`` allows, as a mask over labels."""
         kind = node[0]
         if kind == "all":
@@ -980,7 +974,7 @@ class _Store:
         if kind == "exists":
             sql, params = "NOT elem", list[Any]()
         else:
-            sql, params = _values_sql(node[2])
+            sql, params = values_sql(node[2])
         if sql and kid is not None:
             found = (
                 self._connect()
@@ -1188,8 +1182,8 @@ class _Store:
 
     # -- DuckDB helpers --------------------------------------------------------------------
 
-    def _transaction(self) -> _Transaction:
-        return _Transaction(self._connect())
+    def _transaction(self) -> contextlib.AbstractContextManager[duckdb.DuckDBPyConnection]:
+        return transaction(self._connect())
 
     def _one(self, sql: str, params: list[Any]) -> tuple[Any, ...]:
         row = self._connect().execute(sql, params).fetchone()
@@ -1203,28 +1197,6 @@ class _Store:
             return [(int(label), str(id)) for label, id in con.execute(sql).fetchall()]
         finally:
             con.unregister("batch_labels")
-
-
-class _Transaction:
-    """``with`` block around BEGIN/COMMIT that rolls back on any error."""
-
-    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
-        self._con = con
-
-    def __enter__(self) -> duckdb.DuckDBPyConnection:
-        self._con.begin()
-        return self._con
-
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        if exc_type is not None:
-            self._con.rollback()
-            return
-        try:
-            self._con.commit()
-        except BaseException:
-            with contextlib.suppress(duckdb.Error):  # DuckDB may have rolled back already
-                self._con.rollback()
-            raise
 
 
 def _finalize(con: duckdb.DuckDBPyConnection, dir_key: str | None) -> None:
@@ -1450,202 +1422,3 @@ def _scores_from_distances(
         return 1.0 / (1.0 + np.sqrt(np.maximum(d, 0.0)))
     scores = 1.0 - d  # cosine and ip distances are 1 - dot
     return np.clip(scores, -1.0, 1.0) if metric == "cosine" else scores
-
-
-# -- metadata ------------------------------------------------------------------------------
-
-
-def _metadata_json(index: str, id: str, meta: Mapping[str, Any]) -> str:
-    if not isinstance(meta, Mapping):
-        raise ValueError(
-            f"Vector index {index!r}: the metadata of id {id!r} must be a mapping, got {type(meta).__name__}"
-        )
-    for key in meta:
-        if not isinstance(key, str):
-            raise ValueError(
-                f"Vector index {index!r}: the metadata of id {id!r} has a non-string key {key!r}"
-            )
-    try:
-        return json.dumps(dict(meta), ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(
-            f"Vector index {index!r}: the metadata of id {id!r} is not JSON-compatible ({exc})"
-        ) from exc
-
-
-def _normalize(value: Any) -> Any:
-    """JSON value with integral floats as ints, so that ``[1.0] == [1]`` as in JSON."""
-    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
-        return int(value)
-    if isinstance(value, list | tuple):
-        return [_normalize(v) for v in value]
-    if isinstance(value, Mapping):
-        return {str(k): _normalize(v) for k, v in value.items()}
-    return value
-
-
-def _encode(value: Any) -> tuple[int, str | None, float | None]:
-    """A metadata or filter value as (tag, s, n) of vector_attrs."""
-    if value is None:
-        return _NULL, None, None
-    if isinstance(value, bool):
-        return _BOOL, None, 1.0 if value else 0.0
-    if isinstance(value, int | float):
-        try:
-            number = float(value)
-        except OverflowError:
-            raise ValueError(f"number {value!r} is too large") from None
-        if not math.isfinite(number):
-            raise ValueError(f"{value!r} is not a JSON number")
-        return _NUM, None, number
-    if isinstance(value, str):
-        if len(value) <= _SHORT_STRING:
-            return _STR, value, None
-        return _STR_DIGEST, hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest(), None
-    if isinstance(value, list | tuple | Mapping):
-        try:
-            text = json.dumps(
-                _normalize(value),
-                sort_keys=True,
-                separators=(",", ":"),
-                ensure_ascii=False,
-                allow_nan=False,
-            )
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"{value!r} is not JSON-compatible ({exc})") from exc
-        return _JSON_DIGEST, hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest(), None
-    raise ValueError(f"{value!r} ({type(value).__name__}) is not a JSON value")
-
-
-def _attr_rows(labels: _Labels, metas: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """vector_attrs rows: one per top-level key, plus one per element of a list value."""
-    label: list[int] = []
-    key: list[str] = []
-    tag: list[int] = []
-    text: list[str | None] = []
-    number: list[float] = []
-    elem: list[bool] = []
-
-    def row(item: int, name: str, value: Any, element: bool) -> None:
-        t, s, n = _encode(value)
-        label.append(item)
-        key.append(name)
-        tag.append(t)
-        text.append(s)
-        number.append(math.nan if n is None else n)
-        elem.append(element)
-
-    for item, meta in zip(labels.tolist(), metas, strict=True):
-        for name, value in meta.items():
-            row(item, name, value, False)
-            if isinstance(value, list | tuple):
-                for element in value:
-                    row(item, name, element, True)
-    return {
-        "label": np.array(label, np.int64),
-        "key": key,
-        "t": np.array(tag, np.uint8),
-        "s": np.array(text, dtype=object),
-        "n": np.array(number, np.float64),
-        "elem": np.array(elem, np.bool_),
-    }
-
-
-# -- filter parsing ------------------------------------------------------------------------
-
-# ("all",) | ("and", [nodes]) | ("or", [nodes]) | ("not", node) | ("exists", key)
-# | ("match", key, values): the key equals one of the values (or, for a list, contains it).
-_Node = tuple[Any, ...]
-
-
-def _parse_filter(filter: object) -> _Node:
-    if not isinstance(filter, Mapping):
-        raise ValueError(f"A filter must be a mapping, got {type(filter).__name__}")
-    parts: list[_Node] = []
-    for key, condition in filter.items():
-        if not isinstance(key, str) or not key:
-            raise ValueError(f"Filter keys must be non-empty strings, got {key!r}")
-        if key.startswith("$"):
-            if key not in ("$and", "$or"):
-                raise ValueError(f"Unsupported filter operator {key!r} (supported: {_OPERATORS})")
-            if (
-                isinstance(condition, str | bytes | Mapping)
-                or not isinstance(condition, Sequence)
-                or not condition
-            ):
-                raise ValueError(
-                    f"Filter operator {key} needs a non-empty list of filters, got {condition!r}"
-                )
-            children = [_parse_filter(child) for child in condition]
-            parts.append(("and" if key == "$and" else "or", children))
-        else:
-            parts.append(_parse_field(key, condition))
-    if not parts:
-        return ("all",)
-    return parts[0] if len(parts) == 1 else ("and", parts)
-
-
-def _parse_field(key: str, condition: Any) -> _Node:
-    operators = isinstance(condition, Mapping) and [
-        k for k in condition if isinstance(k, str) and k.startswith("$")
-    ]
-    if not operators:
-        return ("match", key, (_checked(key, condition),))
-    assert isinstance(condition, Mapping)
-    if len(operators) != len(condition):
-        raise ValueError(f"Filter on {key!r} mixes operators and plain keys: {dict(condition)!r}")
-    parts: list[_Node] = []
-    for op, value in condition.items():
-        if op in ("$eq", "$ne"):
-            match = ("match", key, (_checked(key, value),))
-            parts.append(match if op == "$eq" else ("not", match))
-        elif op in ("$in", "$nin"):
-            if isinstance(value, str | bytes | Mapping) or not isinstance(value, Sequence):
-                raise ValueError(f"Filter operator {op} on {key!r} needs a list, got {value!r}")
-            match = ("match", key, tuple(_checked(key, v) for v in value))
-            parts.append(match if op == "$in" else ("not", match))
-        elif op == "$exists":
-            if not isinstance(value, bool):
-                raise ValueError(
-                    f"Filter operator $exists on {key!r} needs true or false, got {value!r}"
-                )
-            parts.append(("exists", key) if value else ("not", ("exists", key)))
-        else:
-            raise ValueError(
-                f"Unsupported filter operator {op!r} on {key!r} (supported: {_OPERATORS})"
-            )
-    return parts[0] if len(parts) == 1 else ("and", parts)
-
-
-def _checked(key: str, value: Any) -> Any:
-    try:
-        _encode(value)
-    except ValueError as exc:
-        raise ValueError(f"Filter value for {key!r}: {exc}") from None
-    return value
-
-
-def _values_sql(values: Sequence[Any]) -> tuple[str, list[Any]]:
-    """SQL over vector_attrs (t, s, n) true when the row equals one of ``values``."""
-    strings: dict[int, list[str]] = {}
-    numbers: dict[int, list[float]] = {}
-    null = False
-    for value in values:
-        t, s, n = _encode(value)
-        if t == _NULL:
-            null = True
-        elif s is not None:
-            strings.setdefault(t, []).append(s)
-        elif n is not None:
-            numbers.setdefault(t, []).append(n)
-    clauses: list[str] = []
-    params: list[Any] = []
-    for t, group in sorted(strings.items()):
-        clauses.append(f"(t = {t} AND s IN ({', '.join('?' * len(group))}))")
-        params.extend(group)
-    for t, nums in sorted(numbers.items()):
-        clauses.append(f"(t = {t} AND n IN ({', '.join('?' * len(nums))}))")
-        params.extend(nums)
-    if null:
-        clauses.append(f"t = {_NULL}")
-    return " OR ".join(clauses), params

@@ -1,0 +1,76 @@
+"""What the BM25 index and the vector store share of DuckDB: opening a database file,
+naming why one cannot be used, listing its tables, and transactions.
+
+Both keep their data in one DuckDB file each and must never change a file that is not
+theirs; both report a file held by another process, a file that is no DuckDB database and a
+corrupt file in words a user can act on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Iterator
+from typing import Literal
+
+import duckdb
+
+__all__ = ["FileTrouble", "connect", "table_names", "transaction", "trouble"]
+
+#: Why a DuckDB file cannot be used.
+FileTrouble = Literal["locked", "not_duckdb", "corrupt", "other"]
+
+_WHY: dict[FileTrouble, str] = {
+    "locked": "is held by another process (DuckDB allows one writer, or many read-only readers)",
+    "not_duckdb": "is not a DuckDB database",
+    "corrupt": "is corrupt",
+    "other": "cannot be read",
+}
+
+
+def trouble(exc: duckdb.Error) -> tuple[FileTrouble, str]:
+    """Classify a DuckDB error about a file, and say it in a few words (``is corrupt``)."""
+    message = str(exc)
+    kind: FileTrouble
+    if re.search(r"\block\b", message, re.IGNORECASE):
+        kind = "locked"  # "Could not set lock", "Conflicting lock" (a word: "block" is not one)
+    elif "not a valid DuckDB database" in message:
+        kind = "not_duckdb"
+    elif "orrupt" in message or "checksum" in message:
+        kind = "corrupt"
+    else:
+        kind = "other"
+    return kind, _WHY[kind]
+
+
+def connect(path: str, *, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+    """Open a DuckDB database (``":memory:"`` for none); DuckDB's errors propagate, for the
+    caller to report with :func:`trouble` in its own terms."""
+    return duckdb.connect(path, read_only=read_only)
+
+
+def table_names(con: duckdb.DuckDBPyConnection) -> set[str]:
+    """The tables of the database's main schema."""
+    rows = con.execute(
+        "SELECT table_name FROM duckdb_tables() "
+        "WHERE database_name = current_database() AND schema_name = 'main'"
+    ).fetchall()
+    return {row[0] for row in rows}
+
+
+@contextlib.contextmanager
+def transaction(con: duckdb.DuckDBPyConnection) -> Iterator[duckdb.DuckDBPyConnection]:
+    """BEGIN, then COMMIT, or ROLLBACK on any error (a failed COMMIT included)."""
+    con.execute("BEGIN TRANSACTION")
+    try:
+        yield con
+    except BaseException:
+        with contextlib.suppress(duckdb.Error):  # DuckDB may have rolled back already
+            con.execute("ROLLBACK")
+        raise
+    try:
+        con.execute("COMMIT")
+    except BaseException:
+        with contextlib.suppress(duckdb.Error):
+            con.execute("ROLLBACK")
+        raise
