@@ -25,7 +25,7 @@ FOUNDATION = frozenset({"errors", "_context", "_exports", "_aio"})
 #: What each unit may import besides itself. A unit is a subpackage (``vfs``) or a module at
 #: the top of the package (``workspace``, ``cli``); ``agentvfs`` is the package's __init__.
 BELOW_WORKSPACE = FOUNDATION | {"vfs", "mounts", "search", "sandbox", "skills", "tools"}
-APPLICATION = BELOW_WORKSPACE | {"agentvfs", "workspace", "_blocking", "_config", "_demo_skills"}
+APPLICATION = BELOW_WORKSPACE | {"agentvfs", "workspace", "_blocking", "_config", "_demo_skills", "_providers"}
 MAY_IMPORT: dict[str, frozenset[str]] = {
     "errors": frozenset(),
     "_exports": frozenset(),
@@ -37,7 +37,8 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "sandbox": FOUNDATION | {"vfs", "mounts"},
     "skills": FOUNDATION | {"vfs", "search"},
     "tools": FOUNDATION | {"vfs", "search", "sandbox", "skills"},
-    "workspace": BELOW_WORKSPACE | {"_blocking"},
+    "_providers": FOUNDATION | {"vfs"},
+    "workspace": BELOW_WORKSPACE | {"_blocking", "_providers"},
     "_blocking": FOUNDATION | {"vfs", "workspace"},
     "_config": BELOW_WORKSPACE | {"workspace"},
     "_demo_skills": BELOW_WORKSPACE | {"workspace"},

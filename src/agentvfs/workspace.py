@@ -19,6 +19,7 @@ import anyio
 
 from ._aio import maybe_await as _maybe_await
 from ._context import RequestContext
+from ._providers import SandboxView, call_lifecycle
 from .errors import SearchNotAvailableError, WorkspaceError, WorkspaceNotReadyError
 from .vfs import (
     CompositeFilesystem,
@@ -48,13 +49,6 @@ _DYNAMIC_SANDBOX_TEXT = (
     "at tool execution time."
 )
 
-
-
-async def _call_lifecycle(provider: Any, method: str) -> None:
-    """Call ``provider.<method>()`` if it exists (plain objects without lifecycle are fine)."""
-    fn = getattr(provider, method, None)
-    if callable(fn):
-        await _maybe_await(fn())
 
 
 def _is_filesystem(value: Any) -> bool:
@@ -191,7 +185,35 @@ class Workspace:
         sandbox_cache_key: Callable[[RequestContext], str | None] | None = None,
         instructions: Mapping[str, Any] | None = None,
     ) -> None:
-        # 1. identity
+        # The reference's order of checks: identity, providers, search, something to work with.
+        self._configure_identity(id, name, operation_timeout)
+        self._configure_providers(sandbox, mounts, filesystem, on_mount)
+        self._configure_search(bm25, vector_store, embedder, auto_index_paths, index_dir, search_index_name)
+        # Something to work with.
+        self._skills_config = skills
+        self._skill_source = skill_source
+        self._skills: WorkspaceSkills | None = None
+        has_skills = callable(skills) or bool(skills)
+        if (
+            self._filesystem is None
+            and self._filesystem_resolver is None
+            and self._sandbox is None
+            and self._sandbox_resolver is None
+            and not has_skills
+        ):
+            raise WorkspaceError("Workspace requires at least a filesystem, sandbox, or skills", "NO_PROVIDERS")
+
+        self._tools_config = tools
+        self._sandbox_cache_key = sandbox_cache_key
+        self._sandbox_cache: dict[str, _Pending] = {}
+        self._instructions = dict(instructions or {})
+        self._teardown_started = False
+        self._stopping: anyio.Event | None = None
+        self._destroying: anyio.Event | None = None
+        self._destroy_error: BaseException | None = None
+
+    def _configure_identity(self, id: str | None, name: str | None, operation_timeout: float | None) -> None:
+        """Id, name, times and status; the operation timeout, checked first."""
         self._id = id if id is not None else new_id("ws")
         self._name = name if name is not None else f"workspace-{self._id[:8]}"
         self.created_at = datetime.now(UTC)
@@ -207,7 +229,16 @@ class Workspace:
             )
         self._operation_timeout = operation_timeout
 
-        # 2. sandbox: instance or resolver
+    def _configure_providers(
+        self,
+        sandbox: Any,
+        mounts: Mapping[str, WorkspaceFilesystem] | None,
+        filesystem: WorkspaceFilesystem | Resolver | None,
+        on_mount: Callable[..., Any] | None,
+    ) -> None:
+        """The sandbox (an instance or a resolver), then the filesystem: a composite of
+        ``mounts``, an instance or a resolver; under ``operation_timeout`` where it is set."""
+        # The sandbox: an instance, or a resolver.
         self._sandbox: Any = None
         self._sandbox_resolver: Resolver | None = None
         if inspect.isclass(sandbox):
@@ -217,7 +248,7 @@ class Workspace:
         else:
             self._sandbox = sandbox
 
-        # 3. mounts -> composite filesystem
+        # Mounts become one composite filesystem.
         self._filesystem: WorkspaceFilesystem | None = None
         self._filesystem_resolver: Resolver | None = None
         if mounts:
@@ -238,12 +269,12 @@ class Workspace:
                         path,
                     )
             self._filesystem = CompositeFilesystem(mounts)
-            manager = getattr(self._sandbox, "mounts", None)
+            manager = SandboxView(self._sandbox).mounts
             if manager is not None:
                 manager.set_context(sandbox=self._sandbox, workspace=self)
                 manager.add(dict(mounts))
                 manager.set_on_mount(on_mount)
-        # 4. filesystem: instance or resolver (a class is a mistake worth naming)
+        # Or the filesystem: an instance, or a resolver (a class is a mistake worth naming).
         elif filesystem is not None:
             if inspect.isclass(filesystem):
                 raise _class_error("filesystem", "LocalFilesystem(...)", "lambda request_context: fs")
@@ -256,11 +287,20 @@ class Workspace:
                     f"filesystem must be a WorkspaceFilesystem or a resolver function, not {type(filesystem).__name__}",
                     "INVALID_CONFIG",
                 )
-        if self._filesystem is not None and operation_timeout is not None:
-            self._filesystem = TimeoutFilesystem(self._filesystem, operation_timeout)
+        if self._filesystem is not None and self._operation_timeout is not None:
+            self._filesystem = TimeoutFilesystem(self._filesystem, self._operation_timeout)
         self._on_mount = on_mount
 
-        # 6. search configuration
+    def _configure_search(
+        self,
+        bm25: bool | Mapping[str, Any] | None,
+        vector_store: Any,
+        embedder: Callable[..., Any] | None,
+        auto_index_paths: Sequence[str] | None,
+        index_dir: str | None,
+        search_index_name: str | None,
+    ) -> None:
+        """BM25 and vector search, their index name and where the index lives."""
         if vector_store is not None and embedder is None:
             raise WorkspaceError("vector_store requires an embedder", "INVALID_SEARCH_CONFIG")
         self._bm25 = bm25
@@ -269,7 +309,7 @@ class Workspace:
         self._auto_index_paths = list(auto_index_paths or [])
         self._index_dir = index_dir
         self._search_index_name: str | None = None
-        # 7. the index name is only needed (and so only checked) for vector search
+        # The index name is only needed (and so only checked) for vector search.
         if vector_store is not None and embedder is not None:
             # A persistent index keeps one name across Workspace instances (the id-based
             # default changes with every instance and would orphan the stored vectors).
@@ -311,35 +351,12 @@ class Workspace:
                 private_dir=index_dir is None,
             )
 
-        # 9. something to work with
-        self._skills_config = skills
-        self._skill_source = skill_source
-        self._skills: WorkspaceSkills | None = None
-        has_skills = callable(skills) or bool(skills)
-        if (
-            self._filesystem is None
-            and self._filesystem_resolver is None
-            and self._sandbox is None
-            and self._sandbox_resolver is None
-            and not has_skills
-        ):
-            raise WorkspaceError("Workspace requires at least a filesystem, sandbox, or skills", "NO_PROVIDERS")
-
-        self._tools_config = tools
-        self._sandbox_cache_key = sandbox_cache_key
-        self._sandbox_cache: dict[str, _Pending] = {}
-        self._instructions = dict(instructions or {})
-        self._teardown_started = False
-        self._stopping: anyio.Event | None = None
-        self._destroying: anyio.Event | None = None
-        self._destroy_error: BaseException | None = None
-
     def _default_index_dir(self) -> str | None:
         """Next to the mounts when filesystems are mounted into a local sandbox, else None
         (in memory)."""
-        manager = getattr(self._sandbox, "mounts", None)
-        workdir = getattr(self._sandbox, "working_directory", None)
-        if manager is None or workdir is None or not getattr(manager, "entries", None):
+        view = SandboxView(self._sandbox)
+        workdir = view.working_directory
+        if workdir is None or not view.mount_entries:
             return None
         import os
 
@@ -646,11 +663,10 @@ class Workspace:
                 # The default index lies in the sandbox's working directory: made before the
                 # sandbox runs anything, and bound read-only into its commands.
                 private = await anyio.to_thread.run_sync(self._search.prepare_private_dir)
-                protect = getattr(self._sandbox, "protect_path", None)
-                if private is not None and callable(protect):
-                    protect(private)
+                if private is not None:
+                    SandboxView(self._sandbox).protect_path(private)
             if self._sandbox is not None:
-                await _call_lifecycle(self._sandbox, "start")
+                await call_lifecycle(self._sandbox, "start")
             if self._search is not None and self._filesystem is not None and self._auto_index_paths:
                 if self._search.index_dir is not None:
                     # A persistent index: only what changed since it was last in step.
@@ -679,7 +695,7 @@ class Workspace:
         self._stopping = anyio.Event()
         try:
             if self._sandbox is not None:
-                await _call_lifecycle(self._sandbox, "stop")
+                await call_lifecycle(self._sandbox, "stop")
         finally:
             self._stopping.set()
             self._stopping = None
@@ -704,7 +720,7 @@ class Workspace:
             if self._stopping is not None:
                 await self._stopping.wait()
             if self._sandbox is not None:
-                await _call_lifecycle(self._sandbox, "destroy")
+                await call_lifecycle(self._sandbox, "destroy")
             if self._filesystem is not None:
                 await self._filesystem.destroy()
             self.clear_sandbox_cache()
@@ -787,13 +803,7 @@ class Workspace:
                 fs_info["total_files"] = await self._count_files(fs)
             info["filesystem"] = fs_info
         if self._sandbox is not None:
-            get = getattr(self._sandbox, "get_info", None)
-            raw = await _maybe_await(get()) if callable(get) else {}
-            info["sandbox"] = {
-                "provider": raw.get("provider", getattr(self._sandbox, "provider", None)),
-                "status": raw.get("status", getattr(self._sandbox, "status", None)),
-                "resources": raw.get("resources"),
-            }
+            info["sandbox"] = await SandboxView(self._sandbox).info()
         elif self._sandbox_resolver is not None:
             info["sandbox"] = {"provider": "dynamic", "status": "pending"}
         return info
@@ -808,22 +818,21 @@ class Workspace:
 
     def _sandbox_instructions(self, sandbox: Any, ctx: RequestContext | None) -> list[str]:
         parts: list[str] = []
-        get = getattr(sandbox, "get_instructions", None)
-        text = get(request_context=ctx) if callable(get) else ""
+        view = SandboxView(sandbox)
+        text = view.instructions(ctx)
         if text:
             parts.append(text)
-        manager = getattr(sandbox, "mounts", None)
-        entries = getattr(manager, "entries", None) or {}
+        entries = view.mount_entries
         if not entries:
             return parts
         accessible: list[str] = []
         workspace_only: list[str] = []
-        workdir = getattr(sandbox, "working_directory", None)
+        workdir = view.working_directory
         for mount_path, entry in entries.items():
-            fs = getattr(entry, "filesystem", None)
-            label = (getattr(fs, "display_name", None) or getattr(fs, "provider", "unknown")) if fs else "unknown"
-            mode = "read-only" if getattr(fs, "read_only", False) else "read-write"
-            if getattr(entry, "state", None) in ("mounted", "pending", "mounting"):
+            fs = entry.filesystem
+            label = (fs.display_name or fs.provider) if fs is not None else "unknown"
+            mode = "read-only" if fs is not None and fs.read_only else "read-write"
+            if entry.state in ("mounted", "pending", "mounting"):
                 shown = f"{str(workdir).rstrip('/')}/{mount_path.lstrip('/')}" if workdir else mount_path
                 accessible.append(f"  - {shown}: {label} ({mode})")
             else:
@@ -846,7 +855,7 @@ class Workspace:
         parts: list[str] = []
         if self._sandbox is not None:
             parts = self._sandbox_instructions(self._sandbox, request_context)
-        has_mounts = bool(getattr(getattr(self._sandbox, "mounts", None), "entries", None))
+        has_mounts = bool(SandboxView(self._sandbox).mount_entries)
         if not has_mounts and self._filesystem is not None:
             text = self._filesystem.get_instructions(request_context=request_context)
             if text:
@@ -871,7 +880,7 @@ class Workspace:
                 parts.append(_DYNAMIC_SANDBOX_TEXT)
         if sandbox is not None:
             parts.extend(self._sandbox_instructions(sandbox, ctx))
-        has_mounts = bool(getattr(getattr(sandbox, "mounts", None), "entries", None))
+        has_mounts = bool(SandboxView(sandbox).mount_entries)
         if not has_mounts:
             fs = await self.resolve_filesystem(request_context=ctx)
             if fs is not None:
