@@ -16,12 +16,8 @@ import pytest
 
 from _procs import assert_group_gone, eventually, live_members
 from agentvfs.errors import SandboxExecutionError
-from agentvfs.sandbox._processes import (
-    LocalProcessManager,
-    ProcessHandle,
-    RetainedOutputBuffer,
-    check_max_retained_bytes,
-)
+from agentvfs.sandbox import LocalProcessManager, ProcessHandle, RetainedOutputBuffer
+from agentvfs.sandbox._output import check_max_retained_bytes
 
 pytestmark = pytest.mark.anyio
 

@@ -16,11 +16,11 @@ from ._local import shell_quote as shell_quote
 from ._mounts import MountEntry as MountEntry
 from ._mounts import MountManager as MountManager
 from ._mounts import MountState as MountState
-from ._processes import DEFAULT_MAX_RETAINED_BYTES as DEFAULT_MAX_RETAINED_BYTES
+from ._output import DEFAULT_MAX_RETAINED_BYTES as DEFAULT_MAX_RETAINED_BYTES
+from ._output import RetainedOutputBuffer as RetainedOutputBuffer
 from ._processes import AbortSignal as AbortSignal
 from ._processes import LocalProcessManager as LocalProcessManager
 from ._processes import ProcessHandle as ProcessHandle
-from ._processes import RetainedOutputBuffer as RetainedOutputBuffer
 from ._processes import SandboxProcessManager as SandboxProcessManager
 from ._records import CommandResult as CommandResult
 

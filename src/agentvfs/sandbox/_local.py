@@ -24,8 +24,9 @@ from ._isolation import (
     normalize_native_sandbox,
 )
 from ._launch import Launcher
+from ._loop import OutputCallback
 from ._mounts import MountManager
-from ._processes import AbortSignal, LaunchPlan, LocalProcessManager, OutputCallback
+from ._processes import AbortSignal, LaunchPlan, LocalProcessManager
 from ._records import CommandResult
 
 if TYPE_CHECKING:

@@ -31,13 +31,10 @@ The loop side learns about new output through a *waker*: the I/O thread schedule
 
 from __future__ import annotations
 
-import asyncio
 import atexit
-import codecs
 import concurrent.futures
 import contextlib
 import fcntl
-import inspect
 import itertools
 import logging
 import math
@@ -49,16 +46,18 @@ import threading
 import time
 import weakref
 from abc import ABC, abstractmethod
-from collections import OrderedDict, deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import anyio
 import anyio.to_thread
-import sniffio
 
 from ..errors import SandboxExecutionError
+from ._groups import format_ms, group_alive, group_is_ours, open_pidfd, signal_group, start_time
+from ._loop import OutputCallback, Subscription, Waker, deliver, start_task
+from ._output import DEFAULT_MAX_RETAINED_BYTES, RetainedOutputBuffer, check_max_retained_bytes
 from ._records import CommandResult
 from ._supervisor import KILL_SIGNAL
 
@@ -67,24 +66,16 @@ if TYPE_CHECKING:
     from ._local import LocalSandbox
 
 __all__ = [
-    "DEFAULT_MAX_RETAINED_BYTES",
     "AbortSignal",
     "LaunchPlan",
     "LocalProcessManager",
-    "OutputCallback",
     "ProcessHandle",
-    "RetainedOutputBuffer",
     "SandboxProcessManager",
-    "check_max_retained_bytes",
 ]
 
 _log = logging.getLogger("agentvfs.sandbox")
 
-#: Output kept per stream of a spawned process unless ``max_retained_bytes`` says otherwise.
-DEFAULT_MAX_RETAINED_BYTES = 1 << 20
 
-#: A callback receiving one decoded chunk of output; it may be a coroutine function.
-OutputCallback = Callable[[str], Any]
 
 StreamName = Literal["stdout", "stderr"]
 
@@ -113,243 +104,6 @@ class AbortSignal(Protocol):
     def is_set(self) -> bool:
         """True once the operation should be aborted."""
         ...
-
-
-def check_max_retained_bytes(value: object, name: str = "max_retained_bytes") -> int | float:
-    """Return ``value`` if it is a valid retention limit: a non-negative integer or ``math.inf``.
-
-    Raises
-    ------
-    ValueError
-        ``value`` is negative, fractional, NaN, a bool or not a number; the message names
-        ``name``.
-    """
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"{name} must be a non-negative integer or math.inf, got {value!r}")
-    if isinstance(value, float):
-        if value == math.inf:
-            return value
-        if math.isnan(value) or not value.is_integer():
-            raise ValueError(f"{name} must be a non-negative integer or math.inf, got {value!r}")
-        value = int(value)
-    if value < 0:
-        raise ValueError(f"{name} must be a non-negative integer or math.inf, got {value!r}")
-    return value
-
-
-def _utf8_len(text: str) -> int:
-    # str.isascii() is O(1) for CPython's compact ASCII strings: the common case costs nothing.
-    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
-
-
-class RetainedOutputBuffer:
-    """The newest ``max_bytes`` UTF-8 bytes of a stream of output.
-
-    Bytes are decoded incrementally, so a character split across two reads is decoded
-    whole (invalid UTF-8 becomes U+FFFD). When the text grows past ``max_bytes``, whole
-    code points are dropped from the front; ``dropped_bytes`` counts them and
-    ``truncated`` says whether any were. ``math.inf`` keeps everything.
-
-    Not thread-safe: the owner serialises access.
-
-    Parameters
-    ----------
-    max_bytes : int or math.inf
-        How many UTF-8 bytes to keep.
-
-    Raises
-    ------
-    ValueError
-        ``max_bytes`` is not a non-negative integer or ``math.inf``.
-    """
-
-    __slots__ = ("_chunks", "_decoder", "_size", "_sizes", "dropped_bytes", "max_bytes")
-
-    def __init__(self, max_bytes: int | float = DEFAULT_MAX_RETAINED_BYTES) -> None:
-        self.max_bytes = check_max_retained_bytes(max_bytes, "max_bytes")
-        self._chunks: deque[str] = deque()
-        self._sizes: deque[int] = deque()
-        self._size = 0
-        self.dropped_bytes = 0
-        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
-
-    @property
-    def truncated(self) -> bool:
-        """Whether output was dropped from the front."""
-        return self.dropped_bytes > 0
-
-    @property
-    def retained_bytes(self) -> int:
-        """UTF-8 bytes currently kept."""
-        return self._size
-
-    @property
-    def text(self) -> str:
-        """The retained text."""
-        if len(self._chunks) > 1:
-            # Join once and keep the result, so repeated reads cost nothing.
-            joined = "".join(self._chunks)
-            self._chunks.clear()
-            self._sizes.clear()
-            self._chunks.append(joined)
-            self._sizes.append(self._size)
-        return self._chunks[0] if self._chunks else ""
-
-    def write(self, data: bytes) -> str:
-        """Decode ``data`` (continuing any character split by the previous write), retain it,
-        and return the decoded text (empty while a character is incomplete)."""
-        text = self._decoder.decode(data)
-        self.append(text)
-        return text
-
-    def flush(self) -> str:
-        """End the byte stream: an incomplete trailing character becomes U+FFFD, which is
-        retained and returned."""
-        text = self._decoder.decode(b"", final=True)
-        self.append(text)
-        return text
-
-    def append(self, text: str) -> None:
-        """Retain already-decoded text."""
-        if not text:
-            return
-        size = _utf8_len(text)
-        self._chunks.append(text)
-        self._sizes.append(size)
-        self._size += size
-        if self._size > self.max_bytes:
-            self._trim()
-
-    def _trim(self) -> None:
-        excess = self._size - self.max_bytes
-        while excess > 0:
-            first = self._sizes[0]
-            if first <= excess:
-                self._chunks.popleft()
-                self._sizes.popleft()
-                self._size -= first
-                self.dropped_bytes += first
-                excess -= first
-                continue
-            chunk = self._chunks[0]
-            cut = int(excess)
-            if chunk.isascii():
-                rest = chunk[cut:]
-            else:
-                raw = chunk.encode("utf-8", "surrogatepass")
-                # Never split a character: move the cut forward past continuation bytes.
-                while cut < len(raw) and raw[cut] & 0xC0 == 0x80:
-                    cut += 1
-                rest = raw[cut:].decode("utf-8", "surrogatepass")
-            self._chunks[0] = rest
-            self._sizes[0] = first - cut
-            self._size -= cut
-            self.dropped_bytes += cut
-            return
-
-    def __repr__(self) -> str:
-        return f"RetainedOutputBuffer(max_bytes={self.max_bytes}, retained={self._size}, dropped={self.dropped_bytes})"
-
-
-# -- event-loop plumbing ------------------------------------------------------------------------
-
-
-def _loop_call_soon() -> Callable[[Callable[[], object]], object]:
-    """Return a thread-safe, non-blocking "run this soon in the current event loop"."""
-    if sniffio.current_async_library() == "trio":
-        import trio
-
-        return trio.lowlevel.current_trio_token().run_sync_soon
-    return asyncio.get_running_loop().call_soon_threadsafe
-
-
-# Strong references to asyncio tasks started by ``_start_task`` (the loop keeps only weak ones).
-_TASKS: set[asyncio.Task[None]] = set()
-
-
-def _start_task(fn: Callable[[], Awaitable[None]]) -> None:
-    """Start ``fn()`` in the current event loop without an owner: it outlives the caller and
-    is cancelled when the loop (or trio run) ends."""
-    if sniffio.current_async_library() == "trio":
-        import trio
-
-        trio.lowlevel.spawn_system_task(fn)
-        return
-
-    async def run() -> None:
-        await fn()
-
-    task = asyncio.get_running_loop().create_task(run())
-    _TASKS.add(task)
-    task.add_done_callback(_TASKS.discard)
-
-
-class _Waker:
-    """Wakes a task of one event loop from any thread, never blocking that thread."""
-
-    __slots__ = ("_call_soon", "_event", "_lock", "_scheduled")
-
-    def __init__(self) -> None:
-        self._event = anyio.Event()
-        self._call_soon = _loop_call_soon()
-        self._lock = threading.Lock()
-        self._scheduled = False
-
-    def wake(self) -> None:
-        """Make the current or next :meth:`wait` return (callable from any thread)."""
-        with self._lock:
-            if self._scheduled:
-                return
-            self._scheduled = True
-        # RuntimeError: the loop has finished (trio.RunFinishedError is one): nobody to wake.
-        with contextlib.suppress(RuntimeError):
-            self._call_soon(self._fire)
-
-    def _fire(self) -> None:
-        with self._lock:
-            self._scheduled = False
-        self._event.set()
-
-    async def wait(self, limit: float | None = None) -> None:
-        """Wait for a wake (or ``limit`` seconds)."""
-        with anyio.move_on_after(limit):
-            await self._event.wait()
-        # Only the loop thread replaces the event, right after it was set; a wake that comes
-        # later sets the new one. No wake is lost because callers look at the state again.
-        if self._event.is_set():
-            self._event = anyio.Event()
-
-
-class _Subscription:
-    """Output callbacks and the chunks queued for them."""
-
-    __slots__ = ("backlog", "dead", "on_stderr", "on_stdout", "pump", "queue", "waker")
-
-    def __init__(
-        self,
-        on_stdout: OutputCallback | None,
-        on_stderr: OutputCallback | None,
-        waker: _Waker,
-        *,
-        pump: bool,
-    ) -> None:
-        self.on_stdout = on_stdout
-        self.on_stderr = on_stderr
-        self.waker = waker
-        self.pump = pump
-        self.queue: deque[tuple[OutputCallback, str]] = deque()
-        self.backlog = 0
-        self.dead = False
-
-
-async def _deliver(items: list[tuple[OutputCallback, str]]) -> None:
-    for callback, text in items:
-        try:
-            result = callback(text)
-            if inspect.isawaitable(result):
-                await result
-        except Exception:
-            _log.exception("output callback %r failed", callback)
 
 
 # -- handles ----------------------------------------------------------------------------------------
@@ -390,8 +144,8 @@ class ProcessHandle(ABC):
         self._space = threading.Condition(self._lock)
         self._out = RetainedOutputBuffer(max_retained_bytes)
         self._err = RetainedOutputBuffer(max_retained_bytes)
-        self._subs: list[_Subscription] = []
-        self._wakers: set[_Waker] = set()
+        self._subs: list[Subscription] = []
+        self._wakers: set[Waker] = set()
         self._result: CommandResult | None = None
         self._started = time.monotonic()
         #: True once a timeout fired.
@@ -399,9 +153,9 @@ class ProcessHandle(ABC):
         #: True once the process was killed (by :meth:`kill`, an abort or a timeout).
         self.killed = False
         if on_stdout is not None or on_stderr is not None:
-            sub = _Subscription(on_stdout, on_stderr, _Waker(), pump=True)
+            sub = Subscription(on_stdout, on_stderr, Waker(), pump=True)
             self._subs.append(sub)
-            _start_task(lambda: self._pump(sub))
+            start_task(lambda: self._pump(sub))
 
     # -- state ------------------------------------------------------------------------------------
 
@@ -503,9 +257,9 @@ class ProcessHandle(ABC):
         -------
         CommandResult
         """
-        waker = _Waker()
+        waker = Waker()
         sub = (
-            _Subscription(on_stdout, on_stderr, waker, pump=False)
+            Subscription(on_stdout, on_stderr, waker, pump=False)
             if on_stdout or on_stderr
             else None
         )
@@ -517,7 +271,7 @@ class ProcessHandle(ABC):
         try:
             while True:
                 if sub is not None:
-                    await _deliver(self._drain(sub))
+                    await deliver(self._drain(sub))
                 with self._lock:
                     result = self._result
                     # Spawn-time subscriptions leave ``_subs`` once they delivered everything.
@@ -614,7 +368,7 @@ class ProcessHandle(ABC):
             waker.wake()
         return result
 
-    def _drain(self, sub: _Subscription) -> list[tuple[OutputCallback, str]]:
+    def _drain(self, sub: Subscription) -> list[tuple[OutputCallback, str]]:
         with self._lock:
             items = list(sub.queue)
             sub.queue.clear()
@@ -623,10 +377,10 @@ class ProcessHandle(ABC):
                 self._space.notify_all()
             return items
 
-    async def _pump(self, sub: _Subscription) -> None:
+    async def _pump(self, sub: Subscription) -> None:
         try:
             while True:
-                await _deliver(self._drain(sub))
+                await deliver(self._drain(sub))
                 with self._lock:
                     finished = self._result is not None and not sub.queue
                 if finished:
@@ -646,73 +400,6 @@ class ProcessHandle(ABC):
     def __repr__(self) -> str:
         state = "running" if self._result is None else f"exit_code={self._result.exit_code}"
         return f"<{type(self).__name__} pid={self.pid} {state} command={self.command!r}>"
-
-
-# -- process-group bookkeeping (Linux /proc) ------------------------------------------------------
-
-
-def _start_time(pid: int) -> int | None:
-    """The start time (clock ticks since boot) of process ``pid``, or None if unknown."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read()
-    except OSError:
-        return None
-    # Field 2 (the command name) may contain spaces and parentheses: split after the last ")".
-    fields = raw[raw.rfind(b")") + 2 :].split()
-    try:
-        return int(fields[19])
-    except (IndexError, ValueError):
-        return None
-
-
-_HAVE_PROC = os.path.exists("/proc/self/stat")
-
-
-def _group_is_ours(pgid: int, leader_start: int | None) -> bool:
-    """Whether process group ``pgid``, whose leader we already reaped, is still ours.
-
-    The kernel never reuses a pid while it names a process group. So if no process has
-    pid ``pgid`` now, every process in group ``pgid`` descends from our command; if one
-    has, it must be our leader (same start time), not a newcomer that got the recycled
-    pid. Without ``/proc`` this cannot be told, and the answer is no.
-    """
-    if not _HAVE_PROC or leader_start is None:
-        return False
-    now = _start_time(pgid)
-    return now is None or now == leader_start
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _signal_group(pgid: int, sig: int) -> bool:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        return False
-    return True
-
-
-def _open_pidfd(pid: int) -> int | None:
-    pidfd_open = getattr(os, "pidfd_open", None)
-    if pidfd_open is None:
-        return None
-    try:
-        return int(pidfd_open(pid))
-    except OSError:
-        return None
-
-
-def _format_ms(ms: float) -> str:
-    return str(int(ms)) if float(ms).is_integer() else str(ms)
 
 
 # Managers whose processes are killed at interpreter exit.
@@ -754,7 +441,7 @@ class _LocalProcessHandle(ProcessHandle):
         self._deadline = None if not timeout_ms else self._started + timeout_ms / 1000
         self._abort = abort_signal
         self._on_linger = on_linger
-        self._leader_start = _start_time(proc.pid) if proc is not None else None
+        self._leader_start = start_time(proc.pid) if proc is not None else None
         self._term_at: float | None = None
         self._escalated = False
         self._stdin_lock = threading.Lock()
@@ -811,7 +498,7 @@ class _LocalProcessHandle(ProcessHandle):
                 with contextlib.suppress(OSError):
                     os.kill(member, signal.SIGKILL)
         # Until the leader is reaped its pid names our group; afterwards check it still does.
-        if (proc.returncode is None or _group_is_ours(pgid, self._leader_start)) and _signal_group(
+        if (proc.returncode is None or group_is_ours(pgid, self._leader_start)) and signal_group(
             pgid, sig
         ):
             return
@@ -933,7 +620,7 @@ class _LocalProcessHandle(ProcessHandle):
             with contextlib.suppress(OSError):
                 fcntl.fcntl(fd, _F_SETPIPE_SZ, _PIPE_SIZE)
             selector.register(fd, selectors.EVENT_READ, name)
-        pidfd = _open_pidfd(proc.pid)
+        pidfd = open_pidfd(proc.pid)
         if pidfd is not None:
             selector.register(pidfd, selectors.EVENT_READ, "exit")
         exited_at: float | None = None
@@ -984,7 +671,7 @@ class _LocalProcessHandle(ProcessHandle):
             returncode = proc.returncode
             if self.timed_out:
                 self._emit(
-                    "stderr", f"\nProcess timed out after {_format_ms(self._timeout_ms or 0)}ms"
+                    "stderr", f"\nProcess timed out after {format_ms(self._timeout_ms or 0)}ms"
                 )
                 exit_code = 124
             elif returncode < 0:
@@ -995,7 +682,7 @@ class _LocalProcessHandle(ProcessHandle):
             if self.killed and self._cgroup is not None:
                 # A killed or timed-out command ends whole, what left its group included.
                 self._cgroup.kill()
-            lingering = bool(streams) or _group_alive(proc.pid)
+            lingering = bool(streams) or group_alive(proc.pid)
             self._close(exit_code, timed_out=self.timed_out, killed=killed)
             self._close_stdin()
             if lingering and self._on_linger is not None:
@@ -1453,5 +1140,5 @@ class LocalProcessManager(SandboxProcessManager):
         with self._lingering_lock:
             groups, self._lingering = self._lingering, {}
         for pgid, leader_start in groups.items():
-            if _group_is_ours(pgid, leader_start):
-                _signal_group(pgid, signal.SIGKILL)
+            if group_is_ours(pgid, leader_start):
+                signal_group(pgid, signal.SIGKILL)
