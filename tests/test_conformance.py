@@ -12,9 +12,11 @@ from agentvfs.testing import (
     FilesystemTests,
     Harness,
     MotoServer,
+    backend_harness,
     composite_harness,
     local_harness,
 )
+from agentvfs.vfs import MemoryBackend
 from conftest import file_harness, gcs_harness, memory_harness, s3_harness
 
 
@@ -22,6 +24,25 @@ class TestMemory(FilesystemTests):
     @pytest.fixture
     def harness(self) -> Harness:
         return memory_harness()
+
+
+class TestMemoryBackend(FilesystemTests):
+    """The reference implementation of the storage contract, through ``BackendFilesystem``:
+    what a third-party ``Backend`` runs to prove itself."""
+
+    @pytest.fixture
+    def harness(self) -> Harness:
+        return backend_harness(MemoryBackend())
+
+
+class TestMemoryBackendOnTrio(FilesystemTests):
+    @pytest.fixture
+    def anyio_backend(self) -> str:
+        return "trio"
+
+    @pytest.fixture
+    def harness(self) -> Harness:
+        return backend_harness(MemoryBackend())
 
 
 class TestMemoryOnTrio(FilesystemTests):

@@ -15,6 +15,7 @@ from ._adversary import load_attacks as load_attacks
 from ._adversary import requirement_missing as requirement_missing
 from ._adversary import run_attack as run_attack
 from ._harness import Harness as Harness
+from ._harness import backend_harness as backend_harness
 from ._harness import composite_harness as composite_harness
 from ._harness import fsspec_harness as fsspec_harness
 from ._harness import local_harness as local_harness
@@ -36,6 +37,7 @@ __all__ = [
     "Harness",
     "MotoServer",
     "attack",
+    "backend_harness",
     "composite_harness",
     "free_port",
     "fsspec_harness",

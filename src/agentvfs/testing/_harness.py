@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
+import functools
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
-from ..vfs import CompositeFilesystem, FsspecFilesystem, LocalFilesystem, WorkspaceFilesystem
+from ..vfs import (
+    Backend,
+    BackendFilesystem,
+    CompositeFilesystem,
+    FsspecFilesystem,
+    LocalFilesystem,
+    WorkspaceFilesystem,
+)
 
-__all__ = ["Harness", "composite_harness", "fsspec_harness", "local_harness", "mounted_harness"]
+T = TypeVar("T")
+
+__all__ = ["Harness", "backend_harness", "composite_harness", "fsspec_harness", "local_harness", "mounted_harness"]
 
 
 @dataclass
@@ -81,6 +93,45 @@ def fsspec_harness(raw: Any, root: str, *, name: str, **options: Any) -> Harness
         return FsspecFilesystem(raw, root=root, **(options | kw))
 
     return Harness(FsspecFilesystem(raw, root=root, **options), put, get, isdir, reopen, name=name)
+
+
+def _blocking(call: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run an async backend call to completion from synchronous code, even inside a running
+    event loop (the oracle is called from async tests): in a thread of its own."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, call()).result()
+
+
+def backend_harness(backend: Backend, *, name: str = "") -> Harness:
+    """Build a harness for ``BackendFilesystem(backend)`` with the backend itself as the
+    oracle: how a third-party :class:`~agentvfs.vfs.Backend` runs the conformance suite.
+
+    The oracle calls the backend's operations directly (bypassing the filesystem layer), so
+    the backend must allow calls from another thread and event loop.
+    """
+
+    def put(path: str, data: bytes) -> None:
+        parts = path.split("/")[:-1]
+        for directory in ("/".join(parts[:depth]) for depth in range(1, len(parts) + 1)):
+            _blocking(functools.partial(backend.make_dir, directory))
+        _blocking(lambda: backend.write(path, data))
+
+    def get(path: str) -> bytes | None:
+        try:
+            return _blocking(lambda: backend.read(path))
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None
+
+    def isdir(path: str) -> bool:
+        try:
+            return _blocking(lambda: backend.stat(path)).type == "directory"
+        except FileNotFoundError:
+            return False
+
+    def reopen(**kw: Any) -> WorkspaceFilesystem:
+        return BackendFilesystem(backend, **kw)
+
+    return Harness(BackendFilesystem(backend), put, get, isdir, reopen, name=name or backend.provider)
 
 
 def local_harness(base: str, *, name: str = "local") -> Harness:

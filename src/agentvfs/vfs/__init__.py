@@ -1,11 +1,24 @@
 """Storage: the workspace filesystem contract and its backends.
 
+``Backend`` is the storage contract (seven async operations on relative paths, with version
+guards and object metadata); ``BackendFilesystem`` is the workspace filesystem over any
+backend, and ``MemoryBackend`` the reference backend.
+
 ``FsspecFilesystem`` wraps any fsspec backend under a root; ``LocalFilesystem`` is a local
 directory with the reference's path rules; ``CompositeFilesystem`` mounts several of them at
 directories of one tree.
 """
 
 from .._exports import fixup_module_metadata
+from ._backend import Backend as Backend
+from ._backend import ByteRange as ByteRange
+from ._backend import KnownVersions as KnownVersions
+from ._backend import SupportsReadIntoBuffer as SupportsReadIntoBuffer
+from ._backend import Version as Version
+from ._backend import WriteMode as WriteMode
+from ._backend import translate as translate
+from ._backend import translated as translated
+from ._backend_fs import BackendFilesystem as BackendFilesystem
 from ._base import ChangeListener as ChangeListener
 from ._base import SupportsGrep as SupportsGrep
 from ._base import SupportsListStats as SupportsListStats
@@ -42,6 +55,7 @@ from ._grep import MATCH_LINE_LIMIT as MATCH_LINE_LIMIT
 from ._grep import BoundedPattern as BoundedPattern
 from ._grep import LineChunker as LineChunker
 from ._local import LocalFilesystem as LocalFilesystem
+from ._memory_backend import MemoryBackend as MemoryBackend
 from ._mime import TEXT_EXTENSIONS as TEXT_EXTENSIONS
 from ._mime import get_mime_type as get_mime_type
 from ._mime import is_text_file as is_text_file
@@ -58,7 +72,10 @@ from ._wrapper import WrapperFilesystem as WrapperFilesystem
 __all__ = [
     "MATCH_LINE_LIMIT",
     "TEXT_EXTENSIONS",
+    "Backend",
+    "BackendFilesystem",
     "BoundedPattern",
+    "ByteRange",
     "Capabilities",
     "ChangeListener",
     "CompositeFilesystem",
@@ -69,8 +86,10 @@ __all__ = [
     "FsspecFilesystem",
     "GrepFileResult",
     "GrepMatch",
+    "KnownVersions",
     "LineChunker",
     "LocalFilesystem",
+    "MemoryBackend",
     "MountInfo",
     "SupportsGrep",
     "SupportsListStats",
@@ -78,14 +97,17 @@ __all__ = [
     "SupportsRangedRead",
     "SupportsReadBeneath",
     "SupportsReadInto",
+    "SupportsReadIntoBuffer",
     "SupportsReadMany",
     "SupportsStreamingUpload",
     "SupportsTransfer",
     "SupportsWalk",
     "TimeoutFilesystem",
     "UploadStream",
+    "Version",
     "WorkspaceFilesystem",
     "WrapperFilesystem",
+    "WriteMode",
     "create_glob_matcher",
     "download_file",
     "extract_glob_base",
@@ -101,6 +123,8 @@ __all__ = [
     "read_range",
     "read_range_into",
     "run_sync",
+    "translate",
+    "translated",
     "translated_reads",
     "upload_file",
     "walk",

@@ -43,6 +43,7 @@ __all__ = [
     "SupportsWalk",
     "UploadStream",
     "WorkspaceFilesystem",
+    "as_bytes",
     "download_file",
     "drop_hidden",
     "filter_extension",
@@ -865,6 +866,15 @@ for _name, _positions in _MUTATORS.items():
     # but a listener must not depend on how an operation is composed).
     if _name in WorkspaceFilesystem.__dict__:
         setattr(WorkspaceFilesystem, _name, _announcing(_name, WorkspaceFilesystem.__dict__[_name], _positions))
+
+
+def as_bytes(content: str | bytes | bytearray | memoryview, name: str = "content") -> bytes:
+    """``content`` as bytes (text as UTF-8); ``TypeError`` naming ``name`` for anything else."""
+    if isinstance(content, str):
+        return content.encode("utf-8")
+    if isinstance(content, (bytes, bytearray, memoryview)):
+        return bytes(content)
+    raise TypeError(f"{name} must be str or bytes, not {type(content).__name__}")
 
 
 def filter_extension(entries: list[FileEntry], extension: str | list[str] | None) -> list[FileEntry]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import errno as _errno
 import os
 import posixpath
 import threading
@@ -33,9 +32,11 @@ from ..errors import (
     StaleFileError,
 )
 from . import _paths
+from ._backend import KnownVersions, translate
 from ._base import (
     UploadStream,
     WorkspaceFilesystem,
+    as_bytes,
     drop_hidden,
     filter_extension,
     new_id,
@@ -174,14 +175,6 @@ class _Listings:
             below = rel + "/"
             for key in [k for k in self._dirs if k == rel or k.startswith(below)]:
                 del self._dirs[key]
-
-
-def _as_bytes(content: str | bytes | bytearray | memoryview, name: str = "content") -> bytes:
-    if isinstance(content, str):
-        return content.encode("utf-8")
-    if isinstance(content, (bytes, bytearray, memoryview)):
-        return bytes(content)
-    raise TypeError(f"{name} must be str or bytes, not {type(content).__name__}")
 
 
 def _to_datetime(value: Any) -> datetime | None:
@@ -348,8 +341,7 @@ class FsspecFilesystem(WorkspaceFilesystem):
         )
         self._ls_kwargs: dict[str, Any] = {"refresh": True} if self._object else {}
         self._listings = _Listings(listing_ttl)
-        self._versions: OrderedDict[str, tuple[int, str]] = OrderedDict()
-        self._versions_lock = threading.Lock()
+        self._known = KnownVersions()
         #: Ranged reads through signed URLs where the store signs them (``_ranged``).
         self._ranged: SignedRangeReader | None = signed_range_reader(fs) if self._object else None
 
@@ -475,63 +467,13 @@ class FsspecFilesystem(WorkspaceFilesystem):
             mime_type=get_mime_type(name) if kind == "file" else None,
             etag=str(etag).strip('"') if etag is not None and kind == "file" else None,
         )
-        if stat.etag is not None:
-            self._remember_version(rel, stat)
+        self._known.remember(stat)
         return stat
 
-    def _remember_version(self, rel: str, stat: FileStat) -> None:
-        # A caller holding only a modification time (e.g. FileStat.modified_at kept by a
-        # read tracker) still gets version precision: we remember which ETag went with that
-        # time when we last saw the file.
-        assert stat.etag is not None
-        with self._versions_lock:
-            self._versions[rel] = (_ms(stat.modified_at), stat.etag)
-            self._versions.move_to_end(rel)
-            while len(self._versions) > 10_000:
-                self._versions.popitem(last=False)
-
-    def _check_stale(
-        self,
-        display: str,
-        expected: datetime | FileStat,
-        current: FileStat,
-        known: tuple[int, str] | None,
-    ) -> None:
-        if isinstance(expected, FileStat):
-            if expected.etag is not None and current.etag is not None:
-                if expected.etag != current.etag:
-                    raise StaleFileError(display, expected.modified_at, current.modified_at)
-                return
-            expected_time = expected.modified_at
-        else:
-            expected_time = expected
-            if known is not None and known[0] == _ms(expected_time) and current.etag is not None:
-                if known[1] != current.etag:
-                    raise StaleFileError(display, expected_time, current.modified_at)
-                return
-        if _ms(expected_time) != _ms(current.modified_at):
-            raise StaleFileError(display, expected_time, current.modified_at)
-
     def _translate(self, exc: BaseException, display: str, operation: str) -> BaseException:
-        """Map a backend exception to the most specific workspace error."""
-        if isinstance(exc, FilesystemError):
-            return exc
-        if isinstance(exc, FileNotFoundError):
-            return FileNotFound(display)
-        if isinstance(exc, FileExistsError):
-            return FileExists(display)
-        if isinstance(exc, IsADirectoryError):
-            return IsDirectory(display)
-        if isinstance(exc, NotADirectoryError):
-            return NotDirectory(display)
-        if isinstance(exc, PermissionError):
-            return PermissionDenied(display, operation)
-        if isinstance(exc, OSError) and exc.errno == _errno.ENOTEMPTY:
-            return DirectoryNotEmpty(display)
-        code = exc.errno if isinstance(exc, OSError) and exc.errno else _errno.EIO
-        err = FilesystemError(f"{operation} failed on {display}: {exc}", _errno.errorcode.get(code, "EIO"), display)
-        err.errno = code
-        return err
+        """Map a backend exception to the most specific workspace error (one table for
+        every backend: :func:`~agentvfs.vfs.translate`)."""
+        return translate(exc, display, operation)
 
     # -- read side ------------------------------------------------------------------------------
 
@@ -918,7 +860,7 @@ class FsspecFilesystem(WorkspaceFilesystem):
     ) -> None:
         """Write a whole file atomically; see :meth:`WorkspaceFilesystem.write_file`."""
         self._check_writable("write_file")
-        data = _as_bytes(content)
+        data = as_bytes(content)
         if self.status != "ready":
             await self.ensure_ready()
         rel = self._rel(path)
@@ -950,14 +892,14 @@ class FsspecFilesystem(WorkspaceFilesystem):
             assert isinstance(expected, FileStat)
             extra["IfMatch"] = f'"{expected.etag}"'
         elif expected is not None:
-            with self._versions_lock:
-                known = self._versions.get(rel)
+            guard = self._known.guard(rel, expected)
             info = self._info(rel)
             if info is not None:
                 current = self._stat_from_info(rel, info)
                 if current.type == "directory":
                     raise IsDirectory(display)
-                self._check_stale(display, expected, current, known)
+                if not guard.matches(current):
+                    raise StaleFileError(display, guard.modified_at, current.modified_at)
                 if self._protocol in ("s3", "s3a") and current.etag:
                     # Close the race between our check and the PUT: S3 refuses the write if
                     # the object changed in between.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
@@ -38,6 +39,9 @@ class FileStat:
     etag: str | None = None
     #: POSIX permission bits where the backend keeps them (local disk); not part of ``to_dict``.
     mode: int | None = None
+    #: The object metadata a backend keeps with a file (``Capabilities.metadata``); not part
+    #: of ``to_dict``.
+    metadata: Mapping[str, str] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Return the record as a JSON-friendly dict (ISO-8601 times)."""
@@ -92,6 +96,8 @@ class Capabilities:
         The backend has symbolic links.
     versions : bool
         Stat results carry an ``etag`` (version token) that changes on every write.
+    metadata : bool
+        Files carry object metadata (a small map of strings) kept by the storage.
     blocking : bool
         Calls may block on I/O and are run in worker threads; False for in-process memory.
     """
@@ -101,6 +107,7 @@ class Capabilities:
     symlinks: bool = False
     versions: bool = False
     blocking: bool = True
+    metadata: bool = False
 
 
 @dataclass(frozen=True, slots=True)
