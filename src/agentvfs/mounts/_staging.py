@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import pyfuse3
 
-from ..vfs import WorkspaceFilesystem
+from ..vfs import SupportsLocalStaging, WorkspaceFilesystem
 from ._nodes import Node
 from ._options import MountOptions
 
@@ -49,9 +49,8 @@ def _default_staging(filesystem: WorkspaceFilesystem) -> _Staging:
     held by a descriptor and used through ``/proc/self/fd/N``: a rename or a symlink swapped
     in afterwards cannot redirect what the mount stages.
     """
-    hint = getattr(filesystem, "local_staging_dir", None)
-    where = hint() if callable(hint) else None
-    if isinstance(where, str):
+    where = filesystem.local_staging_dir() if isinstance(filesystem, SupportsLocalStaging) else None
+    if where is not None:
         try:
             made = tempfile.mkdtemp(prefix="s", dir=where)
             fd = os.open(made, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -65,9 +64,8 @@ def _default_staging(filesystem: WorkspaceFilesystem) -> _Staging:
 
 
 def _release_staging(filesystem: WorkspaceFilesystem) -> None:
-    release = getattr(filesystem, "local_staging_release", None)
-    if callable(release):
-        release()
+    if isinstance(filesystem, SupportsLocalStaging):
+        filesystem.local_staging_release()
 
 
 class StagingStore:

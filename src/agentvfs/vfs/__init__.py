@@ -23,6 +23,7 @@ from ._base import ChangeListener as ChangeListener
 from ._base import SupportsGrep as SupportsGrep
 from ._base import SupportsListStats as SupportsListStats
 from ._base import SupportsLocalFiles as SupportsLocalFiles
+from ._base import SupportsLocalStaging as SupportsLocalStaging
 from ._base import SupportsRangedRead as SupportsRangedRead
 from ._base import SupportsReadBeneath as SupportsReadBeneath
 from ._base import SupportsReadInto as SupportsReadInto
@@ -94,6 +95,7 @@ __all__ = [
     "SupportsGrep",
     "SupportsListStats",
     "SupportsLocalFiles",
+    "SupportsLocalStaging",
     "SupportsRangedRead",
     "SupportsReadBeneath",
     "SupportsReadInto",

@@ -36,6 +36,7 @@ __all__ = [
     "ChangeListener",
     "SupportsGrep",
     "SupportsListStats",
+    "SupportsLocalStaging",
     "SupportsRangedRead",
     "SupportsReadMany",
     "SupportsStreamingUpload",
@@ -384,6 +385,21 @@ class SupportsLocalFiles(Protocol):
 
     def local_unlink(self, path: str) -> None:
         """Remove the name ``path`` on disk."""
+        ...
+
+
+@runtime_checkable
+class SupportsLocalStaging(Protocol):
+    """Backends on local disk that lend a directory beside their files, where a FUSE mount
+    stages what is written so that publishing is a link and a rename instead of a copy."""
+
+    def local_staging_dir(self) -> str | None:
+        """The directory (a ``/proc/self/fd/N`` path), or None where there is none; each
+        call is given back with :meth:`local_staging_release`."""
+        ...
+
+    def local_staging_release(self) -> None:
+        """One user of :meth:`local_staging_dir` is done."""
         ...
 
 
