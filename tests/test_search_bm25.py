@@ -23,7 +23,7 @@ duckdb = pytest.importorskip("duckdb")
 pytest.importorskip("numpy")
 
 from agentvfs.errors import BM25FileError  # noqa: E402
-from agentvfs.search import _bm25  # noqa: E402
+from agentvfs.search import _bm25, _postings  # noqa: E402
 from agentvfs.search._bm25 import BM25Index, js_log  # noqa: E402
 from agentvfs.search._tokenize import (  # noqa: E402
     DEFAULT_STOPWORDS,
@@ -305,7 +305,7 @@ def test_random_corpora_match_the_reference(cached: bool, seed: int) -> None:
 
 def test_compaction_keeps_results(cached: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     # Compact the in-memory postings and the table on disk after nearly every write.
-    monkeypatch.setattr(_bm25, "_COMPACT_MIN_POSTINGS", 5)
+    monkeypatch.setattr(_postings, "_COMPACT_MIN_POSTINGS", 5)
     monkeypatch.setattr(_bm25, "_DEAD_MIN_ROWS", 3)
     monkeypatch.setattr(_bm25, "_TAIL_MIN_ROWS", 4)
     rng = random.Random(11)

@@ -49,7 +49,7 @@ import threading
 import weakref
 import zlib
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +59,7 @@ import numpy.typing as npt
 
 from ..errors import BM25FileError
 from ._duckdb import connect, table_names, transaction, trouble
+from ._postings import PostingCache
 from ._tokenize import TokenizeOptions, Tokenizer, find_line_range, make_tokenizer
 
 __all__ = ["BM25Hit", "BM25Index"]
@@ -72,9 +73,6 @@ START_LINE_KEY = "_startLineOffset"
 _EXACT_FOLD_TOKENS = 1024
 _EXACT_FOLD_WORK = 4_000_000
 _HASH_CACHE_SIZE = 250_000
-#: The in-memory postings are re-sorted once the recent adds and removals reach this many
-#: postings, or half the sorted ones, whichever is more (amortised constant cost per write).
-_COMPACT_MIN_POSTINGS = 200_000
 #: On disk: postings of removed documents are dropped once they are as many as the live ones
 #: (and at least this many); SQL scoring also re-sorts once the unsorted tail is an eighth of
 #: the sorted postings (and at least this many). See `BM25Index.optimize`.
@@ -238,169 +236,6 @@ def js_log(x: float) -> float:
     return dk * _LN2_HI - ((s * (f - r) - dk * _LN2_LO) - f)
 
 
-class _Buffer:
-    """A growable 1-d array (amortised O(1) append)."""
-
-    __slots__ = ("data", "size")
-
-    def __init__(self, data: npt.NDArray[Any]) -> None:
-        self.data = data
-        self.size = len(data)
-
-    def view(self) -> npt.NDArray[Any]:
-        return self.data[: self.size]
-
-    def append(self, values: npt.NDArray[Any] | Sequence[Any]) -> None:
-        count = len(values)
-        if self.size + count > len(self.data):
-            grown = np.zeros(max(2 * len(self.data), self.size + count, 1024), self.data.dtype)
-            grown[: self.size] = self.data[: self.size]
-            self.data = grown
-        self.data[self.size : self.size + count] = values
-        self.size += count
-
-
-class _PostingCache:
-    """The postings of one index in memory: term-sorted arrays plus a delta of recent adds.
-
-    Documents are numbered by *slots* in insertion order (slot order = ``doc`` order), so the
-    per-query arrays stay as small as the number of documents, not of ``doc`` numbers ever used.
-    Removed documents are only marked dead; their postings go at the next compaction.
-    """
-
-    def __init__(
-        self,
-        version: int,
-        terms: npt.NDArray[np.int64],
-        slots: npt.NDArray[np.int64],
-        tfs: npt.NDArray[np.int32],
-        slot_doc: npt.NDArray[np.int64],
-        slot_len: npt.NDArray[np.int64],
-    ) -> None:
-        self.version = version
-        self._set_main(terms, slots, tfs)
-        self.slot_doc = _Buffer(slot_doc)
-        self.slot_len = _Buffer(slot_len.astype(np.float64))
-        self.alive = _Buffer(np.ones(len(slot_doc), dtype=np.bool_))
-        self.delta: dict[int, tuple[list[int], list[int]]] = {}
-        self.delta_size = 0
-        self.dead = 0
-
-    def _set_main(
-        self,
-        terms: npt.NDArray[np.int64],
-        slots: npt.NDArray[np.int64],
-        tfs: npt.NDArray[np.int32],
-    ) -> None:
-        if len(terms):
-            bounds = np.flatnonzero(terms[1:] != terms[:-1]) + 1
-            starts = np.concatenate(([0], bounds, [len(terms)]))
-            self.keys = terms[starts[:-1]]
-        else:
-            starts = np.zeros(1, dtype=np.int64)
-            self.keys = np.zeros(0, dtype=np.int64)
-        self.starts = starts.astype(np.int64)
-        self.slots = slots
-        self.tfs = tfs
-
-    @classmethod
-    def load(cls, cur: duckdb.DuckDBPyConnection, version: int) -> _PostingCache:
-        docs = cur.execute("SELECT doc, len FROM bm25_docs ORDER BY doc").fetchnumpy()
-        slot_doc = np.asarray(docs["doc"], dtype=np.int64)
-        postings = cur.execute(
-            "SELECT term, doc, tf FROM bm25_postings ORDER BY term, doc"
-        ).fetchnumpy()
-        terms = np.asarray(postings["term"], dtype=np.int64)
-        tfs = np.asarray(postings["tf"], dtype=np.int32)
-        doc_of = np.asarray(postings["doc"], dtype=np.int64)
-        slots = np.searchsorted(slot_doc, doc_of).astype(np.int64)
-        # Postings of removed documents stay on disk until a compaction: leave them out.
-        live = slots < len(slot_doc)
-        live[live] = slot_doc[slots[live]] == doc_of[live]
-        if not live.all():
-            terms, slots, tfs = terms[live], slots[live], tfs[live]
-        return cls(version, terms, slots, tfs, slot_doc, np.asarray(docs["len"], dtype=np.int64))
-
-    def add(
-        self, doc: int, length: int, terms: npt.NDArray[np.int64], tfs: npt.NDArray[np.int32]
-    ) -> None:
-        slot = self.slot_doc.size
-        self.slot_doc.append([doc])
-        self.slot_len.append([float(length)])
-        self.alive.append([True])
-        delta = self.delta
-        for term, tf in zip(terms.tolist(), tfs.tolist(), strict=True):
-            entry = delta.get(term)
-            if entry is None:
-                delta[term] = ([slot], [tf])
-            else:
-                entry[0].append(slot)
-                entry[1].append(tf)
-        self.delta_size += len(terms)
-
-    def remove(self, doc: int) -> None:
-        slot = int(np.searchsorted(self.slot_doc.view(), doc))
-        if slot < self.slot_doc.size and self.slot_doc.data[slot] == doc:
-            self.alive.data[slot] = False
-            self.dead += 1
-
-    def postings(self, term: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int32]]:
-        """Slots (ascending) and term frequencies of the live documents holding ``term``."""
-        i = int(np.searchsorted(self.keys, term))
-        if i < len(self.keys) and self.keys[i] == term:
-            lo, hi = self.starts[i], self.starts[i + 1]
-            slots, tfs = self.slots[lo:hi], self.tfs[lo:hi]
-        else:
-            slots, tfs = self.slots[:0], self.tfs[:0]
-        extra = self.delta.get(term)
-        if extra is not None:
-            slots = np.concatenate((slots, np.array(extra[0], dtype=np.int64)))
-            tfs = np.concatenate((tfs, np.array(extra[1], dtype=np.int32)))
-        if self.dead:
-            keep = self.alive.data[slots]
-            if not keep.all():
-                slots, tfs = slots[keep], tfs[keep]
-        return slots, tfs
-
-    def maybe_compact(self) -> None:
-        """Fold the delta into the sorted arrays and drop dead postings, when they have grown.
-
-        Amortised: it runs after at least half as many new or dead postings as there are in
-        the sorted arrays (and at least ``_COMPACT_MIN_POSTINGS``), so each write pays a
-        constant share.
-        """
-        threshold = max(_COMPACT_MIN_POSTINGS, len(self.slots) // 2)
-        dead_postings = self.dead * (len(self.slots) / max(1, self.slot_doc.size))
-        if self.delta_size + dead_postings < threshold:
-            return
-        delta_terms = np.fromiter(
-            (t for t, (s, _) in self.delta.items() for _ in s), np.int64, self.delta_size
-        )
-        delta_slots = np.fromiter(
-            (x for s, _ in self.delta.values() for x in s), np.int64, self.delta_size
-        )
-        delta_tfs = np.fromiter(
-            (x for _, f in self.delta.values() for x in f), np.int32, self.delta_size
-        )
-        terms = np.concatenate((np.repeat(self.keys, np.diff(self.starts)), delta_terms))
-        slots = np.concatenate((self.slots, delta_slots))
-        tfs = np.concatenate((self.tfs, delta_tfs))
-        alive = self.alive.view()
-        keep = alive[slots]
-        terms, slots, tfs = terms[keep], slots[keep], tfs[keep]
-        # Renumber the live documents densely; slot order (= insertion order) is kept.
-        new_slot = np.cumsum(alive) - 1
-        slots = new_slot[slots]
-        order = np.lexsort((slots, terms))
-        self._set_main(terms[order], slots[order], tfs[order])
-        self.slot_doc = _Buffer(self.slot_doc.view()[alive].copy())
-        self.slot_len = _Buffer(self.slot_len.view()[alive].copy())
-        self.alive = _Buffer(np.ones(self.slot_doc.size, dtype=np.bool_))
-        self.delta = {}
-        self.delta_size = 0
-        self.dead = 0
-
-
 class BM25Index:
     """A BM25 index of text documents in DuckDB, scored exactly as the reference scores.
 
@@ -448,7 +283,7 @@ class BM25Index:
         self._path = os.fspath(path) if path is not None else None
         self._read_only = read_only
         self._cache_postings = cache_postings
-        self._cache: _PostingCache | None = None
+        self._cache: PostingCache | None = None
         self._shared = _shared_state(self._path)
         self._lock = self._shared.lock
         self._closed = False
@@ -913,7 +748,7 @@ class BM25Index:
             self._compact()
         return due
 
-    def _cache_after_write(self, version_before: int) -> _PostingCache | None:
+    def _cache_after_write(self, version_before: int) -> PostingCache | None:
         """The cache to patch after a committed write, now at ``version_before + 1``.
 
         None when there is no cache, or it had missed a write made through another connection
@@ -1071,7 +906,7 @@ class BM25Index:
     ) -> list[tuple[int, float]]:
         cache = self._cache
         if cache is None or cache.version != version:
-            cache = self._cache = _PostingCache.load(cur, version)
+            cache = self._cache = PostingCache.load(cur, version)
         cache.maybe_compact()
         k1, b = self._k1, self._b
         k1_plus_1, one_minus_b = k1 + 1, 1 - b
