@@ -19,9 +19,11 @@ from agentvfs.testing import (
     FilesystemTests,
     Harness,
     MotoServer,
+    backend_harness,
     local_harness,
     mounted_harness,
 )
+from agentvfs.vfs import MemoryBackend
 from conftest import gcs_harness, memory_harness, s3_harness
 
 pytestmark = pytest.mark.skipif(fuse_available() is not None, reason=f"FUSE unavailable: {fuse_available()}")
@@ -38,6 +40,14 @@ class TestMountMemory(FilesystemTests):
     @pytest.fixture
     def harness(self, tmp_path: Path) -> Iterator[Harness]:
         yield from _mount(memory_harness(), tmp_path)
+
+
+class TestMountMemoryBackend(FilesystemTests):
+    """A filesystem over the storage contract, mounted: what a third-party backend gets."""
+
+    @pytest.fixture
+    def harness(self, tmp_path: Path) -> Iterator[Harness]:
+        yield from _mount(backend_harness(MemoryBackend()), tmp_path)
 
 
 class TestMountLocal(FilesystemTests):
