@@ -223,6 +223,13 @@ async def test_capabilities_and_description_are_the_inner_filesystems() -> None:
     assert [s.name for s in await fs.list_stats("")] == ["a.txt"]
 
 
+async def test_a_wrapper_keeps_the_storage_location(tmp_path: Any) -> None:
+    # Read-before-write is remembered per storage location: a wrapped filesystem must not
+    # share one with every other filesystem of its provider.
+    local = LocalFilesystem(str(tmp_path))
+    assert TimeoutFilesystem(local, 1000).location == local.location == str(tmp_path)
+
+
 async def test_a_wrapper_never_hands_out_descriptors(tmp_path: Any) -> None:
     # The kernel reads a passed-through descriptor itself, beyond any deadline; a wrapped
     # local filesystem is served through the wrapper instead.

@@ -120,7 +120,7 @@ def strip_ansi(text: str) -> str:
 
 
 def _scope(fs: WorkspaceFilesystem) -> str:
-    base = getattr(fs, "base_path", None) or getattr(fs, "root", None)
+    base = fs.location
     return f"{fs.provider}:{base}" if base else fs.provider
 
 

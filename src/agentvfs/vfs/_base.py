@@ -856,6 +856,13 @@ class WorkspaceFilesystem(ABC):
         """Return how a sandbox can mount this filesystem, without secrets; None if it cannot."""
         return None
 
+    @property
+    def location(self) -> str | None:
+        """Where the storage is, as a string that tells two storages apart (a local
+        directory, a bucket prefix); None where the filesystem cannot say. Used to scope
+        what is remembered per storage, such as the files read before a write."""
+        return None
+
     def metadata(self) -> dict[str, Any]:
         """Backend-specific facts for :meth:`get_info` (never credentials)."""
         return {}

@@ -357,6 +357,10 @@ class FsspecFilesystem(WorkspaceFilesystem):
         """The backend path of the workspace root."""
         return self._root_path
 
+    @property
+    def location(self) -> str | None:
+        return self._root_path or None
+
     def _bpath(self, rel: str) -> str:
         return self._prefix + rel if rel else self._root_path
 

@@ -212,6 +212,10 @@ class LocalFilesystem(DiskFilesystem):
         """Return ``{"type": "local", "base_path": ...}``."""
         return {"type": "local", "base_path": self.base_path}
 
+    @property
+    def location(self) -> str | None:
+        return os.fspath(self.base_path)
+
     def metadata(self) -> dict[str, Any]:
         """``base_path``, ``contained`` and, if any, ``allowed_paths``."""
         out: dict[str, Any] = {"base_path": self.base_path, "contained": self.contained}

@@ -120,6 +120,10 @@ class WrapperFilesystem(WorkspaceFilesystem):
     def get_mount_config(self) -> dict[str, Any] | None:
         return self.inner.get_mount_config()
 
+    @property
+    def location(self) -> str | None:
+        return self.inner.location
+
     def metadata(self) -> dict[str, Any]:
         return self.inner.metadata()
 
