@@ -17,7 +17,6 @@ from typing import Any, TypeVar
 from ..errors import (
     DirectoryNotEmpty,
     DirectoryNotFound,
-    FileDecodeError,
     FileExists,
     FileNotFound,
     FilesystemError,
@@ -28,7 +27,7 @@ from ..errors import (
 )
 from . import _paths
 from ._backend import Backend, ByteRange, KnownVersions, SupportsReadIntoBuffer, WriteMode
-from ._base import WorkspaceFilesystem, as_bytes, filter_extension, new_id, order_tree
+from ._base import WorkspaceFilesystem, as_bytes, decoded, filter_extension, new_id, order_tree
 from ._records import FileEntry, FileStat
 
 __all__ = ["BackendFilesystem"]
@@ -116,12 +115,7 @@ class BackendFilesystem(WorkspaceFilesystem):
         if not rel:
             raise IsDirectory(path)
         data = await self._call(path, rel, lambda: self._backend.read(rel))
-        if encoding is None:
-            return data
-        try:
-            return data.decode(encoding)
-        except UnicodeDecodeError as exc:
-            raise FileDecodeError(path, encoding, f"byte 0x{data[exc.start]:02x} at offset {exc.start}") from None
+        return decoded(data, encoding, path)
 
     async def read_range(self, path: str, start: int, end: int) -> bytes:
         """Bytes ``start`` to ``end`` of a file, read as one range from the backend."""

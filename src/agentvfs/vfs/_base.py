@@ -17,6 +17,7 @@ import anyio
 import anyio.to_thread
 
 from ..errors import (
+    FileDecodeError,
     FileExists,
     FileNotFound,
     FilesystemNotReadyError,
@@ -45,6 +46,7 @@ __all__ = [
     "UploadStream",
     "WorkspaceFilesystem",
     "as_bytes",
+    "decoded",
     "download_file",
     "drop_hidden",
     "filter_extension",
@@ -898,6 +900,22 @@ def as_bytes(content: str | bytes | bytearray | memoryview, name: str = "content
     if isinstance(content, (bytes, bytearray, memoryview)):
         return bytes(content)
     raise TypeError(f"{name} must be str or bytes, not {type(content).__name__}")
+
+
+def decoded(data: bytes, encoding: str | None, path: str) -> str | bytes:
+    """``data`` as ``read_file`` returns it: the bytes, or text in ``encoding``.
+
+    Raises
+    ------
+    FileDecodeError
+        The bytes are not valid in ``encoding``; the message names the first bad byte.
+    """
+    if encoding is None:
+        return data
+    try:
+        return data.decode(encoding)
+    except UnicodeDecodeError as exc:
+        raise FileDecodeError(path, encoding, f"byte 0x{data[exc.start]:02x} at offset {exc.start}") from None
 
 
 def filter_extension(entries: list[FileEntry], extension: str | list[str] | None) -> list[FileEntry]:

@@ -21,7 +21,6 @@ from fsspec.implementations.memory import MemoryFileSystem
 from ..errors import (
     DirectoryNotEmpty,
     DirectoryNotFound,
-    FileDecodeError,
     FileExists,
     FileNotFound,
     FilesystemError,
@@ -37,6 +36,7 @@ from ._base import (
     UploadStream,
     WorkspaceFilesystem,
     as_bytes,
+    decoded,
     drop_hidden,
     filter_extension,
     new_id,
@@ -492,12 +492,7 @@ class FsspecFilesystem(WorkspaceFilesystem):
             data = bytes(item.getbuffer()) if item is not None else self._read_sync(rel, path)
         else:
             data = await self._call(self._read_sync, rel, path)
-        if encoding is None:
-            return data
-        try:
-            return data.decode(encoding)
-        except UnicodeDecodeError as exc:
-            raise FileDecodeError(path, encoding, f"byte 0x{data[exc.start]:02x} at offset {exc.start}") from None
+        return decoded(data, encoding, path)
 
     def _read_sync(self, rel: str, display: str, start: int | None = None, end: int | None = None) -> bytes:
         if not rel:
