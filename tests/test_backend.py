@@ -16,6 +16,7 @@ from agentvfs.errors import (
     FileExists,
     FileNotFound,
     FilesystemError,
+    FileTooLarge,
     IsDirectory,
     NameTooLongError,
     NotDirectory,
@@ -29,6 +30,8 @@ from agentvfs.vfs import (
     FileStat,
     KnownVersions,
     MemoryBackend,
+    SupportsBatchRead,
+    SupportsTreeWalk,
     Version,
     WriteMode,
     translate,
@@ -191,3 +194,33 @@ async def test_the_filesystem_layer_adds_the_agent_semantics() -> None:
         BackendFilesystem(object())  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="Can't instantiate abstract class"):
         Backend()  # type: ignore[abstract]
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "fallback"])
+async def test_the_optional_groups_and_their_fallbacks_agree(native: bool) -> None:
+    from test_conformance import SevenOperations
+
+    backend: Backend = MemoryBackend() if native else SevenOperations()
+    assert isinstance(backend, SupportsBatchRead) == native
+    assert isinstance(backend, SupportsTreeWalk) == native
+    fs = BackendFilesystem(backend)
+    await fs.write_file("d/a.txt", "alpha")
+    await fs.write_file("d/e/b.txt", "b" * 100)
+    await fs.write_file("d/.hidden/c.txt", "c")
+    await fs.mkdir("d/empty")
+    walked = [(e.name, e.type) for e in await fs.walk("d")]
+    assert walked == [
+        (".hidden", "directory"), (".hidden/c.txt", "file"), ("a.txt", "file"),
+        ("e", "directory"), ("e/b.txt", "file"), ("empty", "directory"),
+    ]  # fmt: skip
+    assert [e.name for e in await fs.walk("d", include_hidden=False)] == ["a.txt", "e", "e/b.txt", "empty"]
+    assert [e.name for e in await fs.walk("d", max_depth=1)] == [".hidden", "a.txt", "e", "empty"]
+    assert [s.name for s in await fs.list_stats("d")] == [".hidden", "a.txt", "e", "empty"]
+    got = await fs.read_many(["d/a.txt", "/d/e/b.txt", "d/missing", "d/e", "../x"], max_bytes=50)
+    assert got["d/a.txt"] == b"alpha"
+    assert isinstance(got["/d/e/b.txt"], FileTooLarge)
+    assert isinstance(got["d/missing"], FileNotFound) and str(got["d/missing"]) == "File not found: d/missing"
+    assert isinstance(got["d/e"], IsADirectoryError)
+    assert isinstance(got["../x"], PermissionDenied)
+    with pytest.raises(NotDirectory):
+        await fs.walk("d/a.txt")

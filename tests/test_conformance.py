@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,7 +17,16 @@ from agentvfs.testing import (
     composite_harness,
     local_harness,
 )
-from agentvfs.vfs import MemoryBackend
+from agentvfs.vfs import (
+    Backend,
+    ByteRange,
+    Capabilities,
+    FileStat,
+    MemoryBackend,
+    SupportsBatchRead,
+    SupportsReadIntoBuffer,
+    SupportsTreeWalk,
+)
 from conftest import file_harness, gcs_harness, memory_harness, s3_harness
 
 
@@ -33,6 +43,44 @@ class TestMemoryBackend(FilesystemTests):
     @pytest.fixture
     def harness(self) -> Harness:
         return backend_harness(MemoryBackend())
+
+
+class SevenOperations(Backend):
+    """A backend with the seven required operations only (no batch reads, no tree walk, no
+    reads into buffers, the derived copy and move): every fallback of the layer above runs."""
+
+    def __init__(self) -> None:
+        self._store = MemoryBackend()
+        self.capabilities = Capabilities(atomic_rename=False, versions=True, blocking=False)
+
+    async def stat(self, path: str) -> FileStat:
+        return await self._store.stat(path)
+
+    async def list(self, path: str) -> list[FileStat]:
+        return await self._store.list(path)
+
+    async def read(self, path: str, range: ByteRange | None = None) -> bytes:
+        return await self._store.read(path, range)
+
+    async def write(self, path: str, data: bytes, **kw: Any) -> FileStat:
+        return await self._store.write(path, data, **kw)
+
+    async def delete(self, path: str) -> None:
+        await self._store.delete(path)
+
+    async def make_dir(self, path: str) -> None:
+        await self._store.make_dir(path)
+
+    async def remove_dir(self, path: str) -> None:
+        await self._store.remove_dir(path)
+
+
+class TestSevenOperationsBackend(FilesystemTests):
+    @pytest.fixture
+    def harness(self) -> Harness:
+        backend = SevenOperations()
+        assert not isinstance(backend, SupportsBatchRead | SupportsTreeWalk | SupportsReadIntoBuffer)
+        return backend_harness(backend, name="seven-operations")
 
 
 class TestMemoryBackendOnTrio(FilesystemTests):

@@ -13,7 +13,9 @@ from .._exports import fixup_module_metadata
 from ._backend import Backend as Backend
 from ._backend import ByteRange as ByteRange
 from ._backend import KnownVersions as KnownVersions
+from ._backend import SupportsBatchRead as SupportsBatchRead
 from ._backend import SupportsReadIntoBuffer as SupportsReadIntoBuffer
+from ._backend import SupportsTreeWalk as SupportsTreeWalk
 from ._backend import Version as Version
 from ._backend import WriteMode as WriteMode
 from ._backend import translate as translate
@@ -92,6 +94,7 @@ __all__ = [
     "LocalFilesystem",
     "MemoryBackend",
     "MountInfo",
+    "SupportsBatchRead",
     "SupportsGrep",
     "SupportsListStats",
     "SupportsLocalFiles",
@@ -103,6 +106,7 @@ __all__ = [
     "SupportsReadMany",
     "SupportsStreamingUpload",
     "SupportsTransfer",
+    "SupportsTreeWalk",
     "SupportsWalk",
     "TimeoutFilesystem",
     "UploadStream",

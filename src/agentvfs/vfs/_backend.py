@@ -30,7 +30,7 @@ import errno as _errno
 import threading
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import ClassVar, Protocol, runtime_checkable
@@ -51,7 +51,9 @@ __all__ = [
     "Backend",
     "ByteRange",
     "KnownVersions",
+    "SupportsBatchRead",
     "SupportsReadIntoBuffer",
+    "SupportsTreeWalk",
     "Version",
     "WriteMode",
     "translate",
@@ -310,6 +312,36 @@ class SupportsReadIntoBuffer(Protocol):
     async def read_into(self, path: str, start: int, buffer: memoryview) -> int:
         """Read from ``start`` into ``buffer`` (as many bytes as it holds, fewer at the end
         of the file); how many were read."""
+        ...
+
+
+@runtime_checkable
+class SupportsBatchRead(Protocol):
+    """Backends that read many files in one go (concurrent GETs, one pass over a store)."""
+
+    async def read_many(
+        self, paths: Sequence[str], *, max_bytes: int | None = None
+    ) -> dict[str, bytes | OSError]:
+        """Each path's bytes, or the error reading it raised (:class:`~agentvfs.errors.FileTooLarge`
+        past ``max_bytes``)."""
+        ...
+
+
+@runtime_checkable
+class SupportsTreeWalk(Protocol):
+    """Backends that list a whole tree in one request (a paginated listing of a prefix)."""
+
+    async def walk(self, path: str) -> list[FileStat]:
+        """Every file and directory below the directory ``path``, in any order; each
+        ``FileStat.path`` relative to the backend's root, as :meth:`Backend.stat` gives it.
+
+        Raises
+        ------
+        DirectoryNotFound
+            Nothing is there.
+        NotDirectory
+            A file is there.
+        """
         ...
 
 

@@ -10,7 +10,7 @@ path the caller gave.
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -26,8 +26,25 @@ from ..errors import (
     StaleFileError,
 )
 from . import _paths
-from ._backend import Backend, ByteRange, KnownVersions, SupportsReadIntoBuffer, WriteMode
-from ._base import WorkspaceFilesystem, as_bytes, decoded, filter_extension, new_id, order_tree
+from ._backend import (
+    Backend,
+    ByteRange,
+    KnownVersions,
+    SupportsBatchRead,
+    SupportsReadIntoBuffer,
+    SupportsTreeWalk,
+    WriteMode,
+)
+from ._base import (
+    WorkspaceFilesystem,
+    as_bytes,
+    decoded,
+    drop_hidden,
+    filter_extension,
+    new_id,
+    order_tree,
+    read_each,
+)
 from ._records import FileEntry, FileStat
 
 __all__ = ["BackendFilesystem"]
@@ -167,6 +184,64 @@ class BackendFilesystem(WorkspaceFilesystem):
         await visit(rel, "", 1)
         entries = order_tree(found) if recursive else [found[n] for n in sorted(found)]
         return filter_extension(entries, extension)
+
+    async def list_stats(self, path: str = "") -> list[FileStat]:
+        """Metadata of every child of ``path``: the backend's listing, which has it."""
+        rel = _paths.normalize(path)
+        stats = await self._call(path, rel, lambda: self._list_dir(rel))
+        return sorted(stats, key=lambda s: s.name)
+
+    async def walk(
+        self, path: str = "", *, max_depth: int | None = None, include_hidden: bool = True
+    ) -> list[FileEntry]:
+        """List a whole tree: one request where the backend walks (``SupportsTreeWalk``), else
+        a recursive listing. Names are relative to ``path``."""
+        backend = self._backend
+        if not isinstance(backend, SupportsTreeWalk):
+            entries = await self.readdir(path, recursive=True, max_depth=max_depth)
+            return entries if include_hidden else drop_hidden(entries)
+        rel = _paths.normalize(path)
+        depth = _DEFAULT_DEPTH if max_depth is None else max_depth
+        prefix = f"{rel}/" if rel else ""
+        found: dict[str, FileEntry] = {}
+        for stat in await self._call(path, rel, lambda: backend.walk(rel)):
+            name = stat.path[len(prefix):] if stat.path.startswith(prefix) else stat.path
+            if name and name.count("/") < depth:
+                found[name] = _entry(name, stat)
+        entries = order_tree(found)
+        return entries if include_hidden else drop_hidden(entries)
+
+    async def read_many(
+        self, paths: Sequence[str], *, max_bytes: int | None = None
+    ) -> dict[str, bytes | OSError]:
+        """Read many files: in one batch where the backend can (``SupportsBatchRead``), else
+        eight at a time. Each path, as given, maps to its bytes or its error."""
+        backend = self._backend
+        if not isinstance(backend, SupportsBatchRead):
+            return await read_each(self.read_file, paths, max_bytes=max_bytes)
+        if self.status != "ready":
+            await self.ensure_ready()
+        out: dict[str, bytes | OSError] = {}
+        given: dict[str, str] = {}
+        for path in paths:
+            try:
+                rel = _paths.normalize(path)
+            except OSError as exc:
+                out[path] = exc
+                continue
+            if not rel:
+                out[path] = IsDirectory(path)
+                continue
+            given[rel] = path
+        got = await backend.read_many(list(given), max_bytes=max_bytes)
+        for rel, path in given.items():
+            value = got.get(rel)
+            if value is None:
+                value = FileNotFound(path)
+            elif isinstance(value, _ONE_PATH) and value.path == rel and path != rel:
+                value = type(value)(path)
+            out[path] = value
+        return out
 
     async def _list_dir(self, rel: str) -> list[FileStat]:
         try:

@@ -9,7 +9,7 @@ import secrets
 import shutil
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
@@ -53,6 +53,7 @@ __all__ = [
     "list_stats",
     "new_id",
     "order_tree",
+    "read_each",
     "read_many",
     "read_range",
     "run_sync",
@@ -214,13 +215,24 @@ async def read_many(
         if max_bytes is None:
             return await fs.read_many(paths)
         return await fs.read_many(paths, max_bytes=max_bytes)
+    return await read_each(fs.read_file, paths, concurrency=concurrency, max_bytes=max_bytes)
+
+
+async def read_each(
+    read: Callable[[str], Awaitable[str | bytes]],
+    paths: Sequence[str],
+    *,
+    concurrency: int = 8,
+    max_bytes: int | None = None,
+) -> dict[str, bytes | OSError]:
+    """:func:`read_many` by one ``read`` call per path, ``concurrency`` at a time."""
     out: dict[str, bytes | OSError] = {}
     limiter = anyio.Semaphore(concurrency)
 
     async def one(path: str) -> None:
         async with limiter:
             try:
-                data = await fs.read_file(path)
+                data = await read(path)
                 raw = data if isinstance(data, bytes) else data.encode()
                 too_large = max_bytes is not None and len(raw) > max_bytes
                 out[path] = FileTooLarge(path, max_bytes) if max_bytes is not None and too_large else raw

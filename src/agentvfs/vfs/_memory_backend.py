@@ -6,9 +6,10 @@ what a third-party backend can be compared with: the conformance suite runs on i
 
 from __future__ import annotations
 
+import builtins
 import itertools
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -17,6 +18,7 @@ from ..errors import (
     DirectoryNotFound,
     FileExists,
     FileNotFound,
+    FileTooLarge,
     IsDirectory,
     NotDirectory,
     StaleFileError,
@@ -151,6 +153,32 @@ class MemoryBackend(Backend):
             )
             self._touch_parent(path, now)
             return self._stat_of(path)
+
+    async def walk(self, path: str) -> builtins.list[FileStat]:
+        """Every file and directory below ``path``, in one pass under the lock."""
+        with self._lock:
+            if path in self._files:
+                raise NotDirectory(path)
+            if path not in self._dirs:
+                raise DirectoryNotFound(path)
+            prefix = f"{path}/" if path else ""
+            return [self._stat_of(key) for key in itertools.chain(self._dirs, self._files) if key and key.startswith(prefix)]
+
+    async def read_many(
+        self, paths: Sequence[str], *, max_bytes: int | None = None
+    ) -> dict[str, bytes | OSError]:
+        """Many files in one pass under the lock (one consistent moment of the store)."""
+        out: dict[str, bytes | OSError] = {}
+        with self._lock:
+            for path in paths:
+                item = self._files.get(path)
+                if item is None:
+                    out[path] = IsDirectory(path) if path in self._dirs else FileNotFound(path)
+                elif max_bytes is not None and len(item.data) > max_bytes:
+                    out[path] = FileTooLarge(path, max_bytes)
+                else:
+                    out[path] = item.data
+        return out
 
     async def delete(self, path: str) -> None:
         with self._lock:
