@@ -134,7 +134,30 @@ def _iso(value: datetime | None) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-class WorkspaceError(Exception):
+class _Rebuilt(Exception):
+    """Pickles by state, not by calling the constructor again with ``args`` (which the
+    default does, and which fails for constructors that take other arguments): every error
+    here survives a trip to another process (a mount child reports errors to its parent)."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        os_state = (self.errno, self.strerror, self.filename) if isinstance(self, OSError) else None
+        return (_restore, (type(self), self.args, os_state, self.__dict__))
+
+
+def _restore(
+    cls: type[BaseException], args: tuple[Any, ...], os_state: tuple[Any, Any, Any] | None, state: dict[str, Any]
+) -> BaseException:
+    # A class with two builtin bases (ValueError and PermissionError) must be made by the
+    # one whose memory layout it has.
+    err = OSError.__new__(cls) if issubclass(cls, OSError) else cls.__new__(cls)
+    BaseException.__init__(err, *args)
+    if isinstance(err, OSError) and os_state is not None:
+        err.errno, err.strerror, err.filename = os_state
+    err.__dict__.update(state)
+    return err
+
+
+class WorkspaceError(_Rebuilt):
     """Base of configuration and lifecycle errors raised by :class:`agentvfs.Workspace`.
 
     Parameters
@@ -157,44 +180,6 @@ class WorkspaceError(Exception):
 
     def __str__(self) -> str:
         return self.message
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, (type(self), self.__dict__))
-
-
-def _rebuild(cls: type[BaseException], state: dict[str, Any]) -> BaseException:
-    # Exceptions with keyword-rich constructors do not survive the default pickling, which
-    # re-calls the constructor with ``args``; rebuild from the instance dict instead.
-    err = cls.__new__(cls)
-    message = state.get("message", "")
-    BaseException.__init__(err, message)
-    if isinstance(err, OSError):
-        err.errno = state.get("errno")
-        err.strerror = message
-    err.__dict__.update(state)
-    return err
-
-
-class _Rebuilt(Exception):
-    """Pickles by state, not by calling the constructor again with ``args`` (which the
-    default does, and which fails for constructors that take other arguments)."""
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        os_state = (self.errno, self.strerror, self.filename) if isinstance(self, OSError) else None
-        return (_restore, (type(self), self.args, os_state, self.__dict__))
-
-
-def _restore(
-    cls: type[BaseException], args: tuple[Any, ...], os_state: tuple[Any, Any, Any] | None, state: dict[str, Any]
-) -> BaseException:
-    # A class with two builtin bases (ValueError and PermissionError) must be made by the
-    # one whose memory layout it has.
-    err = OSError.__new__(cls) if issubclass(cls, OSError) else cls.__new__(cls)
-    BaseException.__init__(err, *args)
-    if isinstance(err, OSError) and os_state is not None:
-        err.errno, err.strerror, err.filename = os_state
-    err.__dict__.update(state)
-    return err
 
 
 class WorkspaceNotAvailableError(WorkspaceError):
@@ -263,16 +248,13 @@ class WorkspaceReadOnlyError(WorkspaceError, OSError):
     def __str__(self) -> str:
         return self.message
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, (type(self), self.__dict__ | {"errno": self.errno}))
-
 
 # --------------------------------------------------------------------------------------------
 # Filesystem errors
 # --------------------------------------------------------------------------------------------
 
 
-class FilesystemError(OSError):
+class FilesystemError(_Rebuilt, OSError):
     """Base of filesystem errors; also an :class:`OSError` with ``errno`` set.
 
     Parameters
@@ -296,9 +278,6 @@ class FilesystemError(OSError):
 
     def __str__(self) -> str:
         return self.message
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, (type(self), self.__dict__ | {"errno": self.errno}))
 
 
 class FileNotFound(FilesystemError, FileNotFoundError):
@@ -523,7 +502,7 @@ class FileTooLarge(FilesystemError):
 # --------------------------------------------------------------------------------------------
 
 
-class SandboxError(Exception):
+class SandboxError(_Rebuilt):
     """Base of command-execution errors.
 
     Parameters
@@ -544,9 +523,6 @@ class SandboxError(Exception):
 
     def __str__(self) -> str:
         return self.message
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, (type(self), self.__dict__))
 
 
 class SandboxExecutionError(SandboxError):
@@ -620,7 +596,7 @@ class FilesystemNotMountableError(SandboxError):
 # --------------------------------------------------------------------------------------------
 
 
-class MountError(Exception):
+class MountError(_Rebuilt):
     """Mounting a filesystem failed (``MOUNT_ERROR``), into a sandbox or on its own.
 
     Parameters
@@ -639,9 +615,6 @@ class MountError(Exception):
 
     def __str__(self) -> str:
         return self.message
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, (type(self), self.__dict__))
 
 
 class MountToolNotFoundError(Exception):
