@@ -224,3 +224,12 @@ async def test_the_optional_groups_and_their_fallbacks_agree(native: bool) -> No
     assert isinstance(got["../x"], PermissionDenied)
     with pytest.raises(NotDirectory):
         await fs.walk("d/a.txt")
+
+
+async def test_two_spellings_of_one_file_in_one_batch_both_get_an_answer() -> None:
+    fs = BackendFilesystem(MemoryBackend())
+    await fs.write_file("a.txt", "x")
+    got = await fs.read_many(["a.txt", "/a.txt", "./missing", "missing"])
+    assert (got["a.txt"], got["/a.txt"]) == (b"x", b"x")
+    assert str(got["./missing"]) == "File not found: ./missing"
+    assert str(got["missing"]) == "File not found: missing"

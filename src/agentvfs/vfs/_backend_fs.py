@@ -121,33 +121,36 @@ class BackendFilesystem(WorkspaceFilesystem):
         try:
             return await call()
         except _ONE_PATH as exc:
-            if exc.path == rel and display != rel:
-                raise type(exc)(display) from None
-            raise
+            renamed = _named(exc, rel, display)
+            if renamed is exc:
+                raise
+            raise renamed from None
+
+    @staticmethod
+    def _file(path: str) -> str:
+        """``path`` normalised, where a file is expected: the root is a directory."""
+        rel = _paths.normalize(path)
+        if not rel:
+            raise IsDirectory(path)
+        return rel
 
     # -- reads ------------------------------------------------------------------------------
 
     async def read_file(self, path: str, *, encoding: str | None = None) -> str | bytes:
-        rel = _paths.normalize(path)
-        if not rel:
-            raise IsDirectory(path)
+        rel = self._file(path)
         data = await self._call(path, rel, lambda: self._backend.read(rel))
         return decoded(data, encoding, path)
 
     async def read_range(self, path: str, start: int, end: int) -> bytes:
         """Bytes ``start`` to ``end`` of a file, read as one range from the backend."""
-        rel = _paths.normalize(path)
-        if not rel:
-            raise IsDirectory(path)
+        rel = self._file(path)
         if end <= start:
             return b""
         return await self._call(path, rel, lambda: self._backend.read(rel, ByteRange(start, end)))
 
     async def read_range_into(self, path: str, start: int, buffer: memoryview) -> int:
         """Read from ``start`` into ``buffer``: straight into it where the backend can."""
-        rel = _paths.normalize(path)
-        if not rel:
-            raise IsDirectory(path)
+        rel = self._file(path)
         backend = self._backend
         if isinstance(backend, SupportsReadIntoBuffer):
             return await self._call(path, rel, lambda: backend.read_into(rel, start, buffer))
@@ -222,25 +225,22 @@ class BackendFilesystem(WorkspaceFilesystem):
         if self.status != "ready":
             await self.ensure_ready()
         out: dict[str, bytes | OSError] = {}
-        given: dict[str, str] = {}
+        given: dict[str, list[str]] = {}  # two spellings may name one file
         for path in paths:
             try:
-                rel = _paths.normalize(path)
+                given.setdefault(self._file(path), []).append(path)
             except OSError as exc:
                 out[path] = exc
-                continue
-            if not rel:
-                out[path] = IsDirectory(path)
-                continue
-            given[rel] = path
         got = await backend.read_many(list(given), max_bytes=max_bytes)
-        for rel, path in given.items():
+        for rel, spellings in given.items():
             value = got.get(rel)
-            if value is None:
-                value = FileNotFound(path)
-            elif isinstance(value, _ONE_PATH) and value.path == rel and path != rel:
-                value = type(value)(path)
-            out[path] = value
+            for path in spellings:
+                if value is None:
+                    out[path] = FileNotFound(path)
+                elif isinstance(value, _ONE_PATH):
+                    out[path] = _named(value, rel, path)
+                else:
+                    out[path] = value
         return out
 
     async def _list_dir(self, rel: str) -> list[FileStat]:
@@ -262,9 +262,7 @@ class BackendFilesystem(WorkspaceFilesystem):
         expected_mtime: datetime | FileStat | None = None,
     ) -> None:
         self._check_writable("write_file")
-        rel = _paths.normalize(path)
-        if not rel:
-            raise IsDirectory(path)
+        rel = self._file(path)
         data = as_bytes(content)
         await self._parents(path, rel, recursive)
         guard = self._known.guard(rel, expected_mtime) if expected_mtime is not None else None
@@ -314,9 +312,7 @@ class BackendFilesystem(WorkspaceFilesystem):
 
     async def delete_file(self, path: str, *, force: bool = False) -> None:
         self._check_writable("delete_file")
-        rel = _paths.normalize(path)
-        if not rel:
-            raise IsDirectory(path)
+        rel = self._file(path)
         try:
             await self._call(path, rel, lambda: self._backend.delete(rel))
         except FileNotFoundError:
@@ -384,6 +380,14 @@ class BackendFilesystem(WorkspaceFilesystem):
 
     def __repr__(self) -> str:
         return f"BackendFilesystem({self._backend!r}, read_only={self.read_only})"
+
+
+def _named(exc: FilesystemError, rel: str, display: str) -> FilesystemError:
+    """``exc``, an error of one of ``_ONE_PATH`` about ``rel``, naming ``display`` instead
+    (the path as the caller wrote it); ``exc`` itself where it names something else."""
+    if exc.path == rel and display != rel:
+        return type(exc)(display)  # each of _ONE_PATH takes just the path
+    return exc
 
 
 def _entry(name: str, stat: FileStat) -> FileEntry:
