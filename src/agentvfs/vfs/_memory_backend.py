@@ -9,7 +9,7 @@ from __future__ import annotations
 import builtins
 import itertools
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -93,6 +93,15 @@ class MemoryBackend(Backend):
             current = _paths.dirname(current)
         raise DirectoryNotFound(parent)
 
+    def _below(self, path: str) -> Iterator[str]:
+        """Every file and directory below the directory ``path``; its errors if it is none."""
+        if path in self._files:
+            raise NotDirectory(path)
+        if path not in self._dirs:
+            raise DirectoryNotFound(path)
+        prefix = f"{path}/" if path else ""
+        return (key for key in itertools.chain(self._dirs, self._files) if key and key.startswith(prefix))
+
     def _touch_parent(self, path: str, now: datetime) -> None:
         self._dirs[_paths.dirname(path)].modified_at = now
 
@@ -103,17 +112,9 @@ class MemoryBackend(Backend):
             return self._stat_of(path)
 
     async def list(self, path: str) -> list[FileStat]:
+        depth = path.count("/") + 1 if path else 0
         with self._lock:
-            if path in self._files:
-                raise NotDirectory(path)
-            if path not in self._dirs:
-                raise DirectoryNotFound(path)
-            prefix = f"{path}/" if path else ""
-            names = [
-                key for key in itertools.chain(self._dirs, self._files)
-                if key and key.startswith(prefix) and "/" not in key[len(prefix):]
-            ]  # fmt: skip
-            return [self._stat_of(name) for name in names]
+            return [self._stat_of(key) for key in self._below(path) if key.count("/") == depth]
 
     async def read(self, path: str, range: ByteRange | None = None) -> bytes:
         with self._lock:
@@ -157,12 +158,7 @@ class MemoryBackend(Backend):
     async def walk(self, path: str) -> builtins.list[FileStat]:
         """Every file and directory below ``path``, in one pass under the lock."""
         with self._lock:
-            if path in self._files:
-                raise NotDirectory(path)
-            if path not in self._dirs:
-                raise DirectoryNotFound(path)
-            prefix = f"{path}/" if path else ""
-            return [self._stat_of(key) for key in itertools.chain(self._dirs, self._files) if key and key.startswith(prefix)]
+            return [self._stat_of(key) for key in self._below(path)]
 
     async def read_many(
         self, paths: Sequence[str], *, max_bytes: int | None = None
@@ -201,12 +197,9 @@ class MemoryBackend(Backend):
 
     async def remove_dir(self, path: str) -> None:
         with self._lock:
-            if path in self._files:
-                raise NotDirectory(path)
-            if path not in self._dirs or not path:
-                raise DirectoryNotFound(path)
-            prefix = f"{path}/"
-            if any(key.startswith(prefix) for key in itertools.chain(self._dirs, self._files)):
+            if not path:
+                raise DirectoryNotFound(path)  # the root is never removed
+            if any(True for _ in self._below(path)):
                 raise DirectoryNotEmpty(path)
             del self._dirs[path]
             self._touch_parent(path, datetime.now(UTC))
