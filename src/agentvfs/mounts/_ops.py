@@ -1265,7 +1265,7 @@ class MountOperations(pyfuse3.Operations):
         node.write_seq += 1
         node.touch()
         if node.stream is not None:
-            Uploads.wake(node)
+            node.stream.wake.set()  # the pump may send the next part
         elif node.fresh:
             await self.uploads.maybe_start(node)
         return written

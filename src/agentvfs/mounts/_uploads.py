@@ -74,12 +74,6 @@ class Uploads:
         self.path_of = path_of
         self.shown = shown
 
-    @staticmethod
-    def wake(node: Node) -> None:
-        """New bytes were staged: the pump may send the next part."""
-        if node.stream is not None:
-            node.stream.wake.set()
-
     async def maybe_start(self, node: Node) -> None:
         """Start uploading a file that is being written from empty, in order, once it has
         grown past ``stream_threshold``."""
