@@ -806,17 +806,11 @@ async def resolve_path_pattern(fs: WorkspaceFilesystem, pattern: str) -> list[tu
     return out
 
 
-async def collect_files(fs: WorkspaceFilesystem, patterns: Sequence[str]) -> list[str]:
-    """Every file ``patterns`` name, in order, once (directory matches walked, minus those
-    under a directory already walked). A pattern whose listing fails is skipped, as the
-    reference does; :func:`scan_files` also says which paths could not be listed."""
-    return (await scan_files(fs, patterns))[0]
-
-
 async def scan_files(fs: WorkspaceFilesystem, patterns: Sequence[str]) -> tuple[list[str], list[str]]:
-    """:func:`collect_files`, and the paths whose listing failed for another reason than
-    not being there (below them, the files are unknown, not gone); each is logged as a
-    warning."""
+    """Every file ``patterns`` name, in order, once (directory matches walked, minus those
+    under a directory already walked), and the paths whose listing failed for another reason
+    than not being there (below them, the files are unknown, not gone; each is logged as a
+    warning). A malformed pattern is skipped, as the reference does."""
     files: list[str] = []
     seen: set[str] = set()
     unlisted: list[str] = []
