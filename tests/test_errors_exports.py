@@ -106,6 +106,8 @@ def test_demo_command(storage: str) -> None:
         check=True, capture_output=True, text=True, timeout=120,
     ).stdout
     assert f"== agentvfs demo on {storage} storage" in out
+    assert "guarded write by the first writer of version m1: written" in out
+    assert "guarded write by the second writer of version m1: StaleFileError" in out
     assert "write_file README.md overwrite=False -> FileExists: File already exists: README.md" in out
     assert "read_file ../etc/passwd -> PermissionDenied: Permission denied: access on ../etc/passwd" in out
     assert "stale write -> StaleFileError: File was modified externally: README.md" in out

@@ -106,6 +106,7 @@ async def _demo(storage: str, out: list[str]) -> None:
             await _demo_mount(files, say)
             await _demo_search(files, say)
             await _demo_sandbox(say)
+            await _demo_backend(say)
             from ._demo_skills import demo_skills
 
             await demo_skills(say)
@@ -200,6 +201,26 @@ def _demo_bucket(say: Any) -> Iterator[Any]:
         yield server.s3fs(use_listings_cache=False), "demo-bucket/project"
     finally:
         server.stop()
+
+
+async def _demo_backend(say: Any) -> None:
+    """The storage contract: a filesystem over a backend, and two writers of one version."""
+    from .errors import StaleFileError
+    from .vfs import BackendFilesystem, MemoryBackend
+
+    say("storage contract (agentvfs.vfs.Backend):")
+    backend = MemoryBackend()
+    fs = BackendFilesystem(backend)
+    await fs.write_file("shared/counter.txt", "0")
+    seen = await fs.stat("shared/counter.txt")
+    for writer in ("first", "second"):
+        try:
+            await fs.write_file("shared/counter.txt", f"1 by the {writer} writer", expected_mtime=seen)
+            say(f"  guarded write by the {writer} writer of version {seen.etag}: written")
+        except StaleFileError as exc:
+            say(f"  guarded write by the {writer} writer of version {seen.etag}: {type(exc).__name__}")
+    final = await backend.read("shared/counter.txt")
+    say(f"  the file holds {final.decode()!r}: one writer won, the other was told")
 
 
 async def _demo_sandbox(say: Any) -> None:
