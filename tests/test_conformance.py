@@ -7,7 +7,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fsspec.implementations.dirfs import DirFileSystem
+from fsspec.implementations.local import LocalFileSystem
+from fsspec.implementations.memory import MemoryFileSystem
 
+from agentvfs import FsspecFilesystem
 from agentvfs.testing import (
     FakeGcsServer,
     FilesystemTests,
@@ -15,19 +19,33 @@ from agentvfs.testing import (
     MotoServer,
     backend_harness,
     composite_harness,
+    fsspec_harness,
     local_harness,
 )
 from agentvfs.vfs import (
     Backend,
     ByteRange,
     Capabilities,
+    DiskBackend,
     FileStat,
+    FsspecBackend,
+    GcsBackend,
     MemoryBackend,
+    MemoryStoreBackend,
+    S3Backend,
     SupportsBatchRead,
     SupportsReadIntoBuffer,
     SupportsTreeWalk,
 )
-from conftest import file_harness, gcs_harness, memory_harness, s3_harness
+from conftest import (
+    GCS_BUCKET,
+    S3_BUCKET,
+    file_harness,
+    gcs_harness,
+    memory_harness,
+    s3_harness,
+    unique,
+)
 
 
 class TestMemory(FilesystemTests):
@@ -159,3 +177,65 @@ class TestCompositeLocalMemory(FilesystemTests):
         base.mkdir()
         return composite_harness(local_harness(os.fspath(base)), memory_harness())
 
+
+
+# -- the storage kinds under FsspecFilesystem, each as a Backend on its own -----------------------
+#
+# Every kind passes the suite twice: through FsspecFilesystem (above) and here, through the
+# generic BackendFilesystem over ``fs.backend``, the way a third party would use it.
+
+
+class TestMemoryStoreBackend(FilesystemTests):
+    @pytest.fixture
+    def harness(self) -> Harness:
+        raw = MemoryFileSystem(global_store=False, skip_instance_cache=True)
+        backend = FsspecFilesystem(raw, root=f"/{unique('ws')}").backend
+        assert isinstance(backend, MemoryStoreBackend)
+        return backend_harness(backend)
+
+
+class TestDiskBackend(FilesystemTests):
+    @pytest.fixture
+    def harness(self, tmp_path: Path) -> Harness:
+        backend = FsspecFilesystem(f"file://{tmp_path}").backend
+        assert isinstance(backend, DiskBackend)
+        return backend_harness(backend)
+
+
+class TestGenericFsspec(FilesystemTests):
+    """The generic kind (real directories, staged writes renamed into place), through
+    FsspecFilesystem: a ``DirFileSystem`` is neither memory, local disk nor an object store."""
+
+    @pytest.fixture
+    def harness(self, tmp_path: Path) -> Harness:
+        raw = DirFileSystem(path=os.fspath(tmp_path), fs=LocalFileSystem())
+        harness = fsspec_harness(raw, "ws", name="dir")
+        assert isinstance(harness.fs, FsspecFilesystem) and type(harness.fs.backend) is FsspecBackend
+        return harness
+
+
+class TestGenericFsspecBackend(FilesystemTests):
+    @pytest.fixture
+    def harness(self, tmp_path: Path) -> Harness:
+        raw = DirFileSystem(path=os.fspath(tmp_path), fs=LocalFileSystem())
+        (tmp_path / "ws").mkdir()
+        return backend_harness(FsspecFilesystem(raw, root="ws").backend, name="dir")
+
+
+@pytest.mark.s3
+class TestS3Backend(FilesystemTests):
+    @pytest.fixture
+    def harness(self, moto: MotoServer) -> Harness:
+        raw = moto.s3fs(use_listings_cache=False)
+        backend = FsspecFilesystem(raw, root=f"{S3_BUCKET}/{unique('ws')}").backend
+        assert isinstance(backend, S3Backend)
+        return backend_harness(backend)
+
+
+@pytest.mark.gcs
+class TestGCSBackend(FilesystemTests):
+    @pytest.fixture
+    def harness(self, fake_gcs: FakeGcsServer) -> Harness:
+        backend = FsspecFilesystem(fake_gcs.gcsfs(), root=f"{GCS_BUCKET}/{unique('ws')}").backend
+        assert isinstance(backend, GcsBackend)
+        return backend_harness(backend)

@@ -1,4 +1,4 @@
-"""Ranged reads through signed URLs (``agentvfs.vfs._ranged``): on the S3 and GCS emulators
+"""Ranged reads through signed URLs (``agentvfs.vfs.backend.ranged``): on the S3 and GCS emulators
 through ``FsspecFilesystem.read_range``, and against a scripted HTTP server for every answer
 that must send the read back to fsspec."""
 
@@ -17,6 +17,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 
 from agentvfs import FileNotFound, FileTooLarge, FsspecFilesystem, IsDirectory
 from agentvfs.testing import FakeGcsServer, MotoServer
+from agentvfs.vfs import ObjectStoreBackend
 from agentvfs.vfs._ranged import SignedRangeReader, signed_range_reader
 from conftest import GCS_BUCKET, S3_BUCKET, unique
 from test_fsspec_backend import _count_s3_calls
@@ -38,7 +39,7 @@ async def test_s3_ranges_go_through_signed_urls(moto: MotoServer) -> None:
     fs = FsspecFilesystem(raw, root=f"{S3_BUCKET}/{unique('rr')}")
     await fs.write_file("d/big.bin", DATA)
     await fs.mkdir("d/sub")
-    assert fs._ranged is not None
+    assert isinstance(fs.backend, ObjectStoreBackend) and fs.backend.ranged is not None
     calls = _count_s3_calls(raw)
     pieces: dict[tuple[int, int], bytes] = {}
     for start, end in [(0, 1), (0, 4096), (12345, 678901), (len(DATA) - 10, len(DATA)), (len(DATA) - 10, len(DATA) + 500)]:
@@ -120,7 +121,7 @@ async def test_gcs_ranges_go_through_the_media_url(fake_gcs: FakeGcsServer) -> N
     fs = FsspecFilesystem(raw, root=f"{GCS_BUCKET}/{unique('rr')}")
     data = DATA[: 512 * 1024]  # a larger body makes aiohttp warn on the upload
     await fs.write_file("big.bin", data)
-    assert fs._ranged is not None
+    assert isinstance(fs.backend, ObjectStoreBackend) and fs.backend.ranged is not None
     fetched: list[str] = []
     original = raw.cat_file
 

@@ -15,6 +15,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 
 from agentvfs import FilesystemError, FsspecFilesystem, Workspace, WorkspaceReadOnlyError
 from agentvfs.testing import MotoServer
+from agentvfs.vfs import ObjectStoreBackend
 from conftest import S3_BUCKET, unique
 
 pytestmark = pytest.mark.anyio
@@ -58,7 +59,8 @@ def count_requests(fs: Any) -> Counter[str]:
 
 def count_url_gets(fs: FsspecFilesystem, seen: Counter[str]) -> None:
     """Count the GETs ``fs`` sends through signed URLs (outside s3fs) as ``GetObject`` too."""
-    reader = fs._ranged
+    assert isinstance(fs.backend, ObjectStoreBackend)
+    reader = fs.backend.ranged
     assert reader is not None
     whole, ranged = reader.read_whole, reader.read
 

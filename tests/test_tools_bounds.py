@@ -663,13 +663,13 @@ async def test_a_call_past_timeout_ms_fails_naming_the_tool_and_the_limit(tmp_pa
 
 async def test_a_timed_out_write_leaves_no_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fs = LocalFilesystem(tmp_path)
-    commit = type(fs)._commit
+    commit = type(fs.backend).commit
 
     def slow_commit(self: Any, *args: Any) -> Any:
         time.sleep(0.5)  # in the worker thread, after the data is staged
         return commit(self, *args)
 
-    monkeypatch.setattr(type(fs), "_commit", slow_commit)
+    monkeypatch.setattr(type(fs.backend), "commit", slow_commit)
     tools = await Workspace(filesystem=fs, tools={FS.WRITE_FILE: {"timeout_ms": 100}}).create_tools()
     with pytest.raises(TimeoutError, match="mastra_workspace_write_file timed out after 100ms"):
         await run(tools, FS.WRITE_FILE, path="late.txt", content="x" * 1000)

@@ -4,9 +4,11 @@
 guards and object metadata); ``BackendFilesystem`` is the workspace filesystem over any
 backend, and ``MemoryBackend`` the reference backend.
 
-``FsspecFilesystem`` wraps any fsspec backend under a root; ``LocalFilesystem`` is a local
-directory with the reference's path rules; ``CompositeFilesystem`` mounts several of them at
-directories of one tree.
+``FsspecFilesystem`` wraps any fsspec filesystem under a root, over a backend of its storage
+kind (``fsspec_backend`` chooses one: ``MemoryStoreBackend``, ``ObjectStoreBackend``,
+``S3Backend``, ``GcsBackend``, ``DiskBackend`` or the generic ``FsspecBackend``);
+``LocalFilesystem`` is a local directory with the reference's path rules;
+``CompositeFilesystem`` mounts several of them at directories of one tree.
 """
 
 from .._exports import fixup_module_metadata
@@ -48,9 +50,13 @@ from ._base import walk as walk
 from ._composite import CompositeFilesystem as CompositeFilesystem
 from ._disk import Disk as Disk
 from ._disk import DiskEntry as DiskEntry
+from ._disk_fs import DiskBackend as DiskBackend
 from ._disk_fs import leads_out_of_directory as leads_out_of_directory
 from ._disk_fs import translated_reads as translated_reads
 from ._fsspec import FsspecFilesystem as FsspecFilesystem
+from ._fsspec import fsspec_backend as fsspec_backend
+from ._fsspec_backends import FsspecBackend as FsspecBackend
+from ._fsspec_backends import MemoryStoreBackend as MemoryStoreBackend
 from ._glob import create_glob_matcher as create_glob_matcher
 from ._glob import extract_glob_base as extract_glob_base
 from ._glob import is_glob_pattern as is_glob_pattern
@@ -62,6 +68,9 @@ from ._memory_backend import MemoryBackend as MemoryBackend
 from ._mime import TEXT_EXTENSIONS as TEXT_EXTENSIONS
 from ._mime import get_mime_type as get_mime_type
 from ._mime import is_text_file as is_text_file
+from ._object_store import GcsBackend as GcsBackend
+from ._object_store import ObjectStoreBackend as ObjectStoreBackend
+from ._object_store import S3Backend as S3Backend
 from ._paths import normalize as normalize_path
 from ._records import Capabilities as Capabilities
 from ._records import FileEntry as FileEntry
@@ -83,17 +92,23 @@ __all__ = [
     "ChangeListener",
     "CompositeFilesystem",
     "Disk",
+    "DiskBackend",
     "DiskEntry",
     "FileEntry",
     "FileStat",
+    "FsspecBackend",
     "FsspecFilesystem",
+    "GcsBackend",
     "GrepFileResult",
     "GrepMatch",
     "KnownVersions",
     "LineChunker",
     "LocalFilesystem",
     "MemoryBackend",
+    "MemoryStoreBackend",
     "MountInfo",
+    "ObjectStoreBackend",
+    "S3Backend",
     "SupportsBatchRead",
     "SupportsGrep",
     "SupportsListStats",
@@ -117,6 +132,7 @@ __all__ = [
     "create_glob_matcher",
     "download_file",
     "extract_glob_base",
+    "fsspec_backend",
     "get_mime_type",
     "is_glob_pattern",
     "is_text_file",

@@ -33,7 +33,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import ClassVar, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from ..errors import (
     DirectoryNotEmpty,
@@ -174,7 +174,7 @@ class Backend(ABC):
         What the storage does natively.
     """
 
-    provider: ClassVar[str] = "custom"
+    provider: str = "custom"
     capabilities: Capabilities = Capabilities()
 
     @abstractmethod
@@ -189,7 +189,8 @@ class Backend(ABC):
 
     @abstractmethod
     async def list(self, path: str) -> list[FileStat]:
-        """The children of the directory ``path``, in any order.
+        """The children of the directory ``path``, in any order. Their ``metadata`` may be
+        empty where the storage lists none (S3); :meth:`stat` has it.
 
         Raises
         ------

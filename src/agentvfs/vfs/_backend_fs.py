@@ -36,6 +36,9 @@ from ._backend import (
     WriteMode,
 )
 from ._base import (
+    SupportsStreamingUpload,
+    SupportsTransfer,
+    UploadStream,
     WorkspaceFilesystem,
     as_bytes,
     decoded,
@@ -44,6 +47,9 @@ from ._base import (
     new_id,
     order_tree,
     read_each,
+    read_local,
+    run_sync,
+    write_local,
 )
 from ._records import FileEntry, FileStat
 
@@ -278,6 +284,42 @@ class BackendFilesystem(WorkspaceFilesystem):
             if exc.path != path:
                 raise StaleFileError(path, exc.expected_mtime, exc.actual_mtime) from None
             raise
+
+    async def upload_file(self, local_path: str, path: str) -> None:
+        """Publish the local file ``local_path`` as ``path``, creating parents: streamed from
+        disk where the backend transfers files (``SupportsTransfer``), else read and written
+        whole."""
+        self._check_writable("upload_file")
+        rel = self._file(path)
+        await self._parents(path, rel, True)
+        backend = self._backend
+        if isinstance(backend, SupportsTransfer):
+            await self._call(path, rel, lambda: backend.upload_file(local_path, rel))
+            return
+        data = await run_sync(read_local, local_path)
+        await self._call(path, rel, lambda: backend.write(rel, data))
+
+    async def download_file(self, path: str, local_path: str) -> None:
+        """Copy ``path`` into the local file ``local_path``: streamed where the backend
+        transfers files (``SupportsTransfer``), else read whole and written."""
+        rel = self._file(path)
+        backend = self._backend
+        if isinstance(backend, SupportsTransfer):
+            await self._call(path, rel, lambda: backend.download_file(rel, local_path))
+            return
+        data = await self._call(path, rel, lambda: backend.read(rel))
+        await run_sync(write_local, local_path, data)
+
+    async def open_upload(self, path: str, *, part_size: int) -> UploadStream | None:
+        """A streamed upload of ``path`` where the backend streams (``SupportsStreamingUpload``),
+        else None: the caller writes the file whole."""
+        self._check_writable("open_upload")
+        backend = self._backend
+        if not isinstance(backend, SupportsStreamingUpload):
+            return None
+        rel = self._file(path)
+        await self._parents(path, rel, True)
+        return await self._call(path, rel, lambda: backend.open_upload(rel, part_size=part_size))
 
     async def _parents(self, display: str, rel: str, recursive: bool) -> None:
         """Make sure the parent directory of ``rel`` exists (creating it with ``recursive``)."""

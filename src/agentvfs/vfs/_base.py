@@ -54,11 +54,13 @@ __all__ = [
     "new_id",
     "order_tree",
     "read_each",
+    "read_local",
     "read_many",
     "read_range",
     "run_sync",
     "upload_file",
     "walk",
+    "write_local",
 ]
 
 _log = logging.getLogger("agentvfs")
@@ -314,7 +316,8 @@ class UploadStream(Protocol):
 
 @runtime_checkable
 class SupportsStreamingUpload(Protocol):
-    """Backends that can upload a file while it is still being written (multipart)."""
+    """Filesystems and storage backends (:class:`~agentvfs.vfs.Backend`) that can upload a
+    file while it is still being written (multipart)."""
 
     async def open_upload(self, path: str, *, part_size: int) -> UploadStream | None:
         """Start a streamed upload of ``path``, or None where this backend gains nothing."""
@@ -323,8 +326,10 @@ class SupportsStreamingUpload(Protocol):
 
 @runtime_checkable
 class SupportsTransfer(Protocol):
-    """Backends that move whole files between local disk and storage without holding them
-    in memory (multipart uploads, streamed downloads)."""
+    """Filesystems and storage backends (:class:`~agentvfs.vfs.Backend`) that move whole files
+    between local disk and storage without holding them in memory (multipart uploads,
+    streamed downloads).
+    A backend's ``upload_file`` needs the parent directory to exist."""
 
     async def upload_file(self, local_path: str, path: str) -> None:
         """Publish the local file as ``path``, atomically, creating parents."""
@@ -354,7 +359,7 @@ async def upload_file(fs: WorkspaceFilesystem, local_path: str, path: str) -> No
     if isinstance(fs, SupportsTransfer):
         await fs.upload_file(local_path, path)
         return
-    data = await run_sync(_read_local, local_path)
+    data = await run_sync(read_local, local_path)
     await fs.write_file(path, data)
 
 
@@ -365,15 +370,17 @@ async def download_file(fs: WorkspaceFilesystem, path: str, local_path: str) -> 
         return
     data = await fs.read_file(path)
     assert isinstance(data, bytes)
-    await run_sync(_write_local, local_path, data)
+    await run_sync(write_local, local_path, data)
 
 
-def _read_local(local_path: str) -> bytes:
+def read_local(local_path: str) -> bytes:
+    """The bytes of the local file ``local_path``."""
     with open(local_path, "rb") as f:
         return f.read()
 
 
-def _write_local(local_path: str, data: bytes) -> None:
+def write_local(local_path: str, data: bytes) -> None:
+    """Replace the content of the local file ``local_path`` with ``data``."""
     with open(local_path, "wb") as f:
         f.write(data)
 

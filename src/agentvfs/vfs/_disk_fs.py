@@ -1,11 +1,11 @@
-"""The local-disk kind of :class:`~agentvfs.vfs.FsspecFilesystem`: every operation through
-descriptors of :class:`~agentvfs.vfs._disk.Disk`, so that a symlink swapped during a call
-cannot take it outside the root.
+"""The local-disk kind: :class:`DiskBackend` does every operation through descriptors of
+:class:`~agentvfs.vfs._disk.Disk`, so that a symlink swapped during a call cannot take it
+outside its roots; :class:`DiskFilesystem` is the agent-facing layer over it.
 
 ``FsspecFilesystem("file:///path")`` (or around a ``LocalFileSystem`` instance) is built as a
-:class:`DiskFilesystem`, and ``LocalFilesystem`` extends it. The object-store and memory code
-of the parent never runs here: this class replaces each storage step the parent would have
-sent through fsspec's ``LocalFileSystem``.
+:class:`DiskFilesystem`, and ``LocalFilesystem`` extends it. Beyond the storage contract the
+disk offers what only a local file can: descriptors for a FUSE mount's passthrough, a
+staging directory beside the files, reads beneath a directory that cannot leave it.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import stat as stat_module
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
+
+from fsspec.implementations.local import LocalFileSystem
 
 from ..errors import (
     DirectoryNotEmpty,
@@ -44,10 +46,11 @@ from ._disk import (
     link_or_copy_from,
     write_into,
 )
-from ._fsspec import _NEVER, FsspecFilesystem, _display_parent
-from ._records import FileEntry, FileStat, FileType
+from ._fsspec import FsspecFilesystem
+from ._fsspec_backends import NEVER, FsspecBackend, display_parent
+from ._records import Capabilities, FileEntry, FileStat, FileType
 
-__all__ = ["DiskFilesystem", "leads_out_of_directory", "translated_reads"]
+__all__ = ["DiskBackend", "DiskFilesystem", "leads_out_of_directory", "translated_reads"]
 
 _O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -101,62 +104,77 @@ def translated_reads(shown: str, escape: Callable[[], BaseException]) -> Iterato
         raise FileNotFound(shown) from None
 
 
-class DiskFilesystem(FsspecFilesystem):
-    """A directory on local disk under a root nothing can leave, not even through a race.
+class DiskBackend(FsspecBackend):
+    """A directory tree on local disk, every operation through descriptors of a :class:`Disk`.
 
-    See :class:`FsspecFilesystem` for the parameters; this is what it builds for ``file://``
-    URLs and ``LocalFileSystem`` instances. Symlinks inside the root work while they stay
-    inside (also when created after the check: each call resolves once, beneath a descriptor
-    of the root, and acts on what it found). FIFOs, devices and sockets are listed but never
-    opened: reading or writing one fails with :class:`~agentvfs.errors.NotRegularFile`.
+    Paths below ``root`` are resolved beneath a descriptor of one of the disk's roots, once
+    per operation, and acted on where they were found: a symlink swapped during a call cannot
+    lead out. Symlinks that stay inside are followed; FIFOs, devices and sockets are listed
+    but never opened (:class:`~agentvfs.errors.NotRegularFile`).
+
+    Parameters
+    ----------
+    root : str
+        The directory this backend's paths are relative to.
+    disk : Disk, optional
+        The roots nothing may leave (by default ``root`` alone).
+    escape : callable, optional
+        ``escape(rel, display)``: how a refusal of a path that leads out names it (by default
+        as the caller wrote it).
+    fs : LocalFileSystem, optional
+        The fsspec instance shown as :attr:`fs` (nothing is read or written through it).
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._disk = Disk([self._root_path or "/"])
-        # A FUSE mount stages here (see local_staging_dir), held by descriptor.
-        self._staging_fd = -1
-        self._staging_users = 0
-        self._staging_lock = threading.Lock()
+    capabilities = Capabilities(empty_dirs=True, atomic_rename=True, symlinks=True, versions=False, blocking=True)
+
+    def __init__(
+        self,
+        root: str,
+        *,
+        disk: Disk | None = None,
+        escape: Callable[[str, str], str] | None = None,
+        fs: LocalFileSystem | None = None,
+    ) -> None:
+        super().__init__(fs if fs is not None else LocalFileSystem(), root)
+        self.provider = "file"
+        #: The descriptors every path is resolved beneath (replaceable: new allowed roots).
+        self.disk = disk if disk is not None else Disk([self.root_path or "/"])
+        self.escape: Callable[[str, str], str] = escape or (lambda rel, display: display)
 
     # -- errors ---------------------------------------------------------------------------------
 
-    def _escape_display(self, rel: str, display: str) -> str:
-        """How a containment refusal names the path (LocalFilesystem names the host path)."""
-        return display
-
-    def _translate(self, exc: BaseException, display: str, operation: str) -> BaseException:
+    def translate(self, exc: BaseException, display: str, operation: str) -> FilesystemError:
         if isinstance(exc, ContainmentError):
             return PermissionDenied(display, "access")
         if isinstance(exc, NotRegularFileError):
             return NotRegularFile(display, exc.kind)
-        return super()._translate(exc, display, operation)
+        return super().translate(exc, display, operation)
 
-    def _refuse(self, exc: BaseException, rel: str, display: str, operation: str) -> BaseException:
-        """Translate ``exc``, naming escapes as :meth:`_escape_display` says."""
+    def refuse(self, exc: BaseException, rel: str, display: str, operation: str) -> FilesystemError:
+        """Translate ``exc``, naming escapes as ``escape`` says."""
         if isinstance(exc, ContainmentError):
-            return PermissionDenied(self._escape_display(rel, display), "access")
-        return self._translate(exc, display, operation)
+            return PermissionDenied(self.escape(rel, display), "access")
+        return self.translate(exc, display, operation)
 
     # -- reads ----------------------------------------------------------------------------------
 
-    def _info(self, rel: str) -> dict[str, Any] | None:
-        host = self._bpath(rel)
+    def info(self, rel: str) -> dict[str, Any] | None:
+        host = self.bpath(rel)
         try:
-            own = self._disk.lstat(host)
+            own = self.disk.lstat(host)
             link = None
             seen = own
             if stat_module.S_ISLNK(own.st_mode):
-                link = self._disk.readlink(host)
-                seen = self._disk.stat(host)
+                link = self.disk.readlink(host)
+                seen = self.disk.stat(host)
         except (FileNotFoundError, NotADirectoryError):
             return None
         except ContainmentError:
-            raise PermissionDenied(self._escape_display(rel, self._public_path(rel)), "access") from None
+            raise PermissionDenied(self.escape(rel, rel), "access") from None
         return _info_dict(host, own, seen, link)
 
-    def _stat_from_info(self, rel: str, info: dict[str, Any]) -> FileStat:
-        stat = super()._stat_from_info(rel, info)
+    def stat_of(self, rel: str, info: dict[str, Any]) -> FileStat:
+        stat = super().stat_of(rel, info)
         return dataclasses.replace(stat, mode=stat_module.S_IMODE(info["mode"]))
 
     @contextlib.contextmanager
@@ -165,31 +183,330 @@ class DiskFilesystem(FsspecFilesystem):
     ) -> Iterator[None]:
         """Map the errors of a read of ``rel`` on disk to workspace errors naming ``display``
         (a path that leads out: ``escape()``, by default ``PermissionDenied``)."""
-        refusal = escape or (lambda: PermissionDenied(self._escape_display(rel, display), "access"))
+        refusal = escape or (lambda: PermissionDenied(self.escape(rel, display), "access"))
         try:
             with translated_reads(display, refusal):
                 yield
         except FilesystemError:
             raise
         except OSError as exc:
-            raise self._translate(exc, display, operation) from exc
+            raise self.translate(exc, display, operation) from exc
 
-    def _read_sync(self, rel: str, display: str, start: int | None = None, end: int | None = None) -> bytes:
-        if self._is_root(rel):
+    def read_sync(self, rel: str, display: str, start: int | None = None, end: int | None = None) -> bytes:
+        if not rel:
             raise IsDirectory(display)
         with self._reading(rel, display, "read_file"):
-            return self._disk.read(self._bpath(rel), start, end)
+            return self.disk.read(self.bpath(rel), start, end)
         raise AssertionError("unreachable")  # pragma: no cover - the context re-raises
 
-    def _read_range_into_sync(self, rel: str, display: str, start: int, buffer: memoryview) -> int:
-        if self._is_root(rel):
+    def read_into_sync(self, rel: str, display: str, start: int, buffer: memoryview) -> int:
+        if not rel:
             raise IsDirectory(display)
         with self._reading(rel, display, "read_file"):
-            return self._disk.read_into(self._bpath(rel), start, buffer)
+            return self.disk.read_into(self.bpath(rel), start, buffer)
         raise AssertionError("unreachable")  # pragma: no cover - the context re-raises
 
-    def _read_range_sync(self, rel: str, display: str, start: int, end: int) -> bytes:
-        return self._read_sync(rel, display, start, end)
+    def read_range_sync(self, rel: str, display: str, start: int, end: int) -> bytes:
+        return self.read_sync(rel, display, start, end)
+
+    def cat_many(self, rels: list[str], max_bytes: int | None = None) -> dict[str, bytes | OSError]:
+        # A listing shows links and special files; only contained regular files are read, and
+        # no more than max_bytes (+1) of each, whatever size the listing showed.
+        out: dict[str, bytes | OSError] = {}
+        for rel in rels:
+            try:
+                out[rel] = self.disk.read(self.bpath(rel), max_bytes=max_bytes)
+            except TooLargeError as exc:
+                out[rel] = FileTooLarge(rel, exc.limit)
+            except (OSError, ValueError):
+                continue
+        return out
+
+    def download_sync(self, rel: str, display: str, local_path: str) -> None:
+        with self._reading(rel, display, "download_file"):
+            self.disk.copy_out(self.bpath(rel), local_path)
+
+    # -- listings -------------------------------------------------------------------------------
+
+    def list_raw(self, rel: str, display: str) -> list[dict[str, Any]]:
+        host = self.bpath(rel)
+        try:
+            entries = self.disk.listdir(host)
+        except FileNotFoundError:
+            raise self.missing_dir(rel, display) from None
+        except NotADirectoryError:
+            raise self.missing_dir(rel, display) from None
+        except Exception as exc:
+            raise self.refuse(exc, rel, display, "readdir") from exc
+        return [
+            _info_dict(posixpath.join(host, e.name), e.lstat, e.stat, e.link) for e in entries
+        ]
+
+    def listed(self, rel: str, display: str) -> dict[str, dict[str, Any]]:
+        # A directory lists its own entries even when empty; no second look needed.
+        return self.children(rel, self.list_raw(rel, display), display)
+
+    def entry(self, name: str, info: dict[str, Any]) -> FileEntry:
+        link = bool(info.get("islink"))
+        # A link's type is its target's, where that lies inside (else, or broken: a file).
+        kind: FileType = "directory" if info.get("type") == "directory" else "file"
+        return FileEntry(
+            name=name,
+            type=kind,
+            size=int(info.get("size") or 0) if kind == "file" and not link else None,
+            is_symlink=link,
+            symlink_target=info.get("destination"),
+        )
+
+    def walk_sync(self, rel: str, display: str, max_depth: int, cancel: threading.Event = NEVER) -> list[FileEntry]:
+        host = self.bpath(rel)
+        try:
+            found = self.disk.walk(
+                host, max_depth=max_depth, skip=lambda name: TMP_MARK in name, stop=cancel.is_set
+            )
+        except FileNotFoundError:
+            raise self.missing_dir(rel, display) from None
+        except NotADirectoryError:
+            raise NotDirectory(display) from None
+        except Exception as exc:
+            raise self.refuse(exc, rel, display, "readdir") from exc
+        return [self._walk_entry(entry) for entry in found]
+
+    @staticmethod
+    def _walk_entry(entry: DiskEntry) -> FileEntry:
+        is_dir = entry.is_dir
+        link = entry.link is not None
+        size = entry.lstat.st_size if not is_dir and not link else None
+        return FileEntry(entry.name, "directory" if is_dir else "file", size, link, entry.link)
+
+    # -- writes ---------------------------------------------------------------------------------
+
+    def prepare_parent(self, rel: str, display: str, recursive: bool) -> None:
+        parent = _paths.dirname(rel)
+        if not parent:
+            return
+        host = self.bpath(parent)
+        shown = display_parent(display)
+        try:
+            if recursive:
+                self.disk.makedirs(host)
+                return
+            info = self.disk.stat(host)
+        except (FileExistsError, NotADirectoryError):
+            # A file on the way: in the way of a recursive write; without ``recursive``, the
+            # directory is simply not there (as on every backend).
+            raise (NotDirectory(shown) if recursive else DirectoryNotFound(shown)) from None
+        except FileNotFoundError:
+            raise DirectoryNotFound(shown) from None
+        except Exception as exc:
+            raise self.refuse(exc, parent, shown, "write_file") from exc
+        if not stat_module.S_ISDIR(info.st_mode):
+            raise NotDirectory(shown)
+
+    def commit(
+        self,
+        rel: str,
+        display: str,
+        data: bytes,
+        overwrite: bool,
+        cancel: threading.Event,
+        extra: dict[str, Any],
+    ) -> None:
+        self.publish_fill(rel, display, write_into(data), overwrite, cancel)
+
+    def publish_fill(
+        self, rel: str, display: str, fill: Any, overwrite: bool, cancel: threading.Event = NEVER
+    ) -> None:
+        try:
+            self.disk.publish(
+                self.bpath(rel), fill, overwrite=overwrite, proceed=lambda: not cancel.is_set()
+            )
+        except IsADirectoryError:
+            raise IsDirectory(display) from None
+        except FileExistsError:
+            raise FileExists(display) from None
+        except FilesystemError:
+            raise
+        except Exception as exc:
+            raise self.refuse(exc, rel, display, "write_file") from exc
+
+    def upload_sync(self, rel: str, display: str, local_path: str, cancel: threading.Event = NEVER) -> None:
+        if not rel:
+            raise IsDirectory(display)
+        self.prepare_parent(rel, display, True)
+        if cancel.is_set():
+            return
+        self.publish_fill(rel, display, link_or_copy_from(local_path), True, cancel)
+
+    def delete_sync(self, rel: str, display: str, force: bool = False) -> None:
+        if not rel:
+            raise IsDirectory(display)
+        info = self.info(rel)
+        if info is None:
+            # A broken symlink has no info but is a name that can go.
+            try:
+                self.disk.unlink(self.bpath(rel))
+                return
+            except (FileNotFoundError, NotADirectoryError):
+                if force:
+                    return
+                raise FileNotFound(display) from None
+            except Exception as exc:
+                raise self.refuse(exc, rel, display, "delete_file") from exc
+        if info.get("type") == "directory":
+            raise IsDirectory(display)
+        try:
+            self.disk.unlink(self.bpath(rel))
+        except FileNotFoundError:
+            if not force:
+                raise FileNotFound(display) from None
+        except IsADirectoryError:
+            raise IsDirectory(display) from None
+        except Exception as exc:
+            raise self.refuse(exc, rel, display, "delete_file") from exc
+
+    def mkdir_sync(self, rel: str, display: str, recursive: bool = True) -> None:
+        if not rel:
+            return
+        info = self.info(rel)
+        if info is not None:
+            if info.get("type") == "directory":
+                return
+            raise FileExists(display)
+        parent = _paths.dirname(rel)
+        if parent:
+            # As every backend answers: a file as the parent is in the way; a parent missing
+            # (or below a file) is missing, unless ``recursive`` makes it.
+            pinfo = self.info(parent)
+            if pinfo is not None and pinfo.get("type") != "directory":
+                raise NotDirectory(display_parent(display))
+            if pinfo is None and not recursive:
+                raise DirectoryNotFound(display_parent(display))
+        host = self.bpath(rel)
+        try:
+            if recursive:
+                self.disk.makedirs(host)
+            else:
+                self.disk.mkdir(host)
+        except FileExistsError:
+            # Made by someone else meanwhile (fine if a directory), or a file in the way.
+            again = self.info(rel)
+            if again is not None and again.get("type") == "directory":
+                return
+            raise (FileExists(display) if again is not None else NotDirectory(display_parent(display))) from None
+        except NotADirectoryError:
+            raise NotDirectory(display_parent(display)) from None
+        except FileNotFoundError:
+            raise DirectoryNotFound(display_parent(display)) from None
+        except Exception as exc:
+            raise self.refuse(exc, rel, display, "mkdir") from exc
+
+    def rmdir_sync(self, rel: str, display: str, recursive: bool = False, force: bool = False) -> None:
+        if not self.check_rmdir(rel, display, force):
+            return
+        host = self.bpath(rel)
+        try:
+            if recursive:
+                self.disk.rmtree(host)
+            else:
+                if self.children(rel, self.list_raw(rel, display), display):
+                    raise DirectoryNotEmpty(display)
+                self.disk.rmdir(host)
+        except FilesystemError:
+            raise
+        except FileNotFoundError:
+            if not force:
+                raise DirectoryNotFound(display) from None
+        except OSError as exc:
+            if exc.errno == _errno.ENOTEMPTY:
+                raise DirectoryNotEmpty(display) from None
+            raise self.refuse(exc, rel, display, "rmdir") from exc
+
+    def copy_sync(
+        self, src_rel: str, src: str, dest_rel: str, dest: str, overwrite: bool, cancel: threading.Event = NEVER
+    ) -> None:
+        if not dest_rel:
+            raise IsDirectory(dest)
+        dinfo = self.info(dest_rel)
+        if dinfo is not None:
+            if dinfo.get("type") == "directory":
+                raise IsDirectory(dest)
+            if not overwrite:
+                raise FileExists(dest)
+        self.prepare_parent(dest_rel, dest, True)
+        try:
+            fd = self.disk.open_regular(self.bpath(src_rel))
+        except IsADirectoryError:
+            raise IsDirectory(src) from None
+        except (FileNotFoundError, NotADirectoryError):
+            raise FileNotFound(src) from None
+        except Exception as exc:
+            raise self.refuse(exc, src_rel, src, "copy_file") from exc
+        try:
+            self.publish_fill(dest_rel, dest, copy_into(fd), overwrite, cancel)
+        finally:
+            os.close(fd)
+
+    def move_sync(self, src_rel: str, src: str, dest_rel: str, dest: str, overwrite: bool) -> None:
+        self.check_move(src_rel, src, dest_rel, dest, overwrite)
+        self.prepare_parent(dest_rel, dest, True)
+        try:
+            self.disk.rename(self.bpath(src_rel), self.bpath(dest_rel), replace=overwrite)
+        except FileExistsError:
+            raise FileExists(dest) from None
+        except FileNotFoundError:
+            raise FileNotFound(src) from None
+        except IsADirectoryError:
+            raise IsDirectory(dest) from None
+        except OSError as exc:
+            if exc.errno == _errno.ENOTEMPTY:
+                raise DirectoryNotEmpty(dest) from None
+            raise self.refuse(exc, dest_rel, dest, "move_file") from exc
+
+    def read_beneath_sync(self, rel: str, path: str, shown: str, max_bytes: int | None) -> bytes:
+        with self._reading(rel, shown, "read_file", escape=lambda: leads_out_of_directory(path)):
+            return self.disk.read_beneath(self.bpath(rel), path, max_bytes=max_bytes)
+        raise AssertionError("unreachable")  # pragma: no cover - the context re-raises
+
+    def append_sync(self, rel: str, display: str, data: bytes) -> None:
+        if not rel:
+            raise IsDirectory(display)
+        self.prepare_parent(rel, display, True)
+        try:
+            self.disk.append(self.bpath(rel), data)
+        except IsADirectoryError:
+            raise IsDirectory(display) from None
+        except Exception as exc:
+            raise self.refuse(exc, rel, display, "append_file") from exc
+
+
+class DiskFilesystem(FsspecFilesystem):
+    """A directory on local disk under a root nothing can leave, not even through a race.
+
+    See :class:`FsspecFilesystem` for the parameters; this is what it builds for ``file://``
+    URLs and ``LocalFileSystem`` instances, over a :class:`DiskBackend`. Symlinks inside the
+    root work while they stay inside (also when created after the check: each call resolves
+    once, beneath a descriptor of the root, and acts on what it found). FIFOs, devices and
+    sockets are listed but never opened: reading or writing one fails with
+    :class:`~agentvfs.errors.NotRegularFile`.
+    """
+
+    _backend: DiskBackend
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # A FUSE mount stages here (see local_staging_dir), held by descriptor.
+        self._staging_fd = -1
+        self._staging_users = 0
+        self._staging_lock = threading.Lock()
+
+    def _make_backend(self, fs: Any, root: str, listing_ttl: float) -> DiskBackend:
+        return DiskBackend(root, fs=fs)
+
+    @property
+    def backend(self) -> DiskBackend:
+        """The :class:`DiskBackend` under this filesystem."""
+        return self._backend
 
     async def read_file_beneath(self, directory: str, path: str, *, max_bytes: int | None = None) -> bytes:
         """Read ``path`` (relative) below ``directory`` without leaving it, not even through a
@@ -208,141 +525,7 @@ class DiskFilesystem(FsspecFilesystem):
             await self.ensure_ready()
         rel = self._rel(directory)
         shown = f"{directory.rstrip('/')}/{path}" if directory.strip("/") else path
-        return await self._call(self._read_beneath_sync, rel, path, shown, max_bytes)
-
-    def _read_beneath_sync(self, rel: str, path: str, shown: str, max_bytes: int | None) -> bytes:
-        with self._reading(rel, shown, "read_file", escape=lambda: leads_out_of_directory(path)):
-            return self._disk.read_beneath(self._bpath(rel), path, max_bytes=max_bytes)
-        raise AssertionError("unreachable")  # pragma: no cover - the context re-raises
-
-    def _cat_many(self, rels: list[str], max_bytes: int | None = None) -> dict[str, bytes | OSError]:
-        # A listing shows links and special files; only contained regular files are read, and
-        # no more than max_bytes (+1) of each, whatever size the listing showed.
-        out: dict[str, bytes | OSError] = {}
-        for rel in rels:
-            try:
-                out[rel] = self._disk.read(self._bpath(rel), max_bytes=max_bytes)
-            except TooLargeError as exc:
-                out[rel] = FileTooLarge(self._public_path(rel), exc.limit)
-            except (OSError, ValueError):
-                continue
-        return out
-
-    def _download_sync(self, rel: str, display: str, local_path: str) -> None:
-        with self._reading(rel, display, "download_file"):
-            self._disk.copy_out(self._bpath(rel), local_path)
-
-    # -- listings -------------------------------------------------------------------------------
-
-    def _list_raw(self, rel: str, display: str) -> list[dict[str, Any]]:
-        host = self._bpath(rel)
-        try:
-            entries = self._disk.listdir(host)
-        except FileNotFoundError:
-            raise self._missing_dir(rel, display) from None
-        except NotADirectoryError:
-            raise self._missing_dir(rel, display) from None
-        except Exception as exc:
-            raise self._refuse(exc, rel, display, "readdir") from exc
-        return [
-            _info_dict(posixpath.join(host, e.name), e.lstat, e.stat, e.link) for e in entries
-        ]
-
-    def _listed(self, rel: str, display: str) -> dict[str, dict[str, Any]]:
-        # A directory lists its own entries even when empty; no second look needed.
-        return self._children(rel, self._list_raw(rel, display), display)
-
-    def _entry(self, name: str, info: dict[str, Any]) -> FileEntry:
-        link = bool(info.get("islink"))
-        # A link's type is its target's, where that lies inside (else, or broken: a file).
-        kind: FileType = "directory" if info.get("type") == "directory" else "file"
-        return FileEntry(
-            name=name,
-            type=kind,
-            size=int(info.get("size") or 0) if kind == "file" and not link else None,
-            is_symlink=link,
-            symlink_target=info.get("destination"),
-        )
-
-    def _walk_sync(self, rel: str, display: str, max_depth: int, cancel: threading.Event = _NEVER) -> list[FileEntry]:
-        host = self._bpath(rel)
-        try:
-            found = self._disk.walk(
-                host, max_depth=max_depth, skip=lambda name: TMP_MARK in name, stop=cancel.is_set
-            )
-        except FileNotFoundError:
-            raise self._missing_dir(rel, display) from None
-        except NotADirectoryError:
-            raise NotDirectory(display) from None
-        except Exception as exc:
-            raise self._refuse(exc, rel, display, "readdir") from exc
-        return [self._walk_entry(entry) for entry in found]
-
-    @staticmethod
-    def _walk_entry(entry: DiskEntry) -> FileEntry:
-        is_dir = entry.is_dir
-        link = entry.link is not None
-        size = entry.lstat.st_size if not is_dir and not link else None
-        return FileEntry(entry.name, "directory" if is_dir else "file", size, link, entry.link)
-
-    # -- writes ---------------------------------------------------------------------------------
-
-    def _prepare_parent(self, rel: str, display: str, recursive: bool) -> None:
-        parent = _paths.dirname(rel)
-        if not parent or self._is_root(parent):
-            return
-        host = self._bpath(parent)
-        shown = _display_parent(display)
-        try:
-            if recursive:
-                self._disk.makedirs(host)
-                return
-            info = self._disk.stat(host)
-        except (FileExistsError, NotADirectoryError):
-            # A file on the way: in the way of a recursive write; without ``recursive``, the
-            # directory is simply not there (as on every backend).
-            raise (NotDirectory(shown) if recursive else DirectoryNotFound(shown)) from None
-        except FileNotFoundError:
-            raise DirectoryNotFound(shown) from None
-        except Exception as exc:
-            raise self._refuse(exc, parent, shown, "write_file") from exc
-        if not stat_module.S_ISDIR(info.st_mode):
-            raise NotDirectory(shown)
-
-    def _commit(
-        self,
-        rel: str,
-        display: str,
-        data: bytes,
-        overwrite: bool,
-        cancel: threading.Event,
-        extra: dict[str, Any],
-    ) -> None:
-        self._publish_fill(rel, display, write_into(data), overwrite, cancel)
-
-    def _publish_fill(
-        self, rel: str, display: str, fill: Any, overwrite: bool, cancel: threading.Event
-    ) -> None:
-        try:
-            self._disk.publish(
-                self._bpath(rel), fill, overwrite=overwrite, proceed=lambda: not cancel.is_set()
-            )
-        except IsADirectoryError:
-            raise IsDirectory(display) from None
-        except FileExistsError:
-            raise FileExists(display) from None
-        except FilesystemError:
-            raise
-        except Exception as exc:
-            raise self._refuse(exc, rel, display, "write_file") from exc
-
-    def _upload_sync(self, rel: str, display: str, local_path: str, cancel: threading.Event) -> None:
-        if self._is_root(rel):
-            raise IsDirectory(display)
-        self._prepare_parent(rel, display, True)
-        if cancel.is_set():
-            return
-        self._publish_fill(rel, display, link_or_copy_from(local_path), True, cancel)
+        return await self._call(self._backend.read_beneath_sync, rel, path, shown, max_bytes)
 
     async def append_file(self, path: str, content: str | bytes) -> None:
         """Append to a file in place, creating it and its parents if missing; the file is cut
@@ -352,143 +535,9 @@ class DiskFilesystem(FsspecFilesystem):
         if self.status != "ready":
             await self.ensure_ready()
         rel = self._rel(path)
-        await self._call(self._append_sync, rel, path, data)
-
-    def _append_sync(self, rel: str, display: str, data: bytes) -> None:
         if self._is_root(rel):
-            raise IsDirectory(display)
-        self._prepare_parent(rel, display, True)
-        try:
-            self._disk.append(self._bpath(rel), data)
-        except IsADirectoryError:
-            raise IsDirectory(display) from None
-        except Exception as exc:
-            raise self._refuse(exc, rel, display, "append_file") from exc
-
-    def _delete_sync(self, rel: str, display: str, force: bool) -> None:
-        if self._is_root(rel):
-            raise IsDirectory(display)
-        info = self._info(rel)
-        if info is None:
-            # A broken symlink has no info but is a name that can go.
-            try:
-                self._disk.unlink(self._bpath(rel))
-                return
-            except (FileNotFoundError, NotADirectoryError):
-                if force:
-                    return
-                raise FileNotFound(display) from None
-            except Exception as exc:
-                raise self._refuse(exc, rel, display, "delete_file") from exc
-        if info.get("type") == "directory":
-            raise IsDirectory(display)
-        try:
-            self._disk.unlink(self._bpath(rel))
-        except FileNotFoundError:
-            if not force:
-                raise FileNotFound(display) from None
-        except IsADirectoryError:
-            raise IsDirectory(display) from None
-        except Exception as exc:
-            raise self._refuse(exc, rel, display, "delete_file") from exc
-
-    def _mkdir_sync(self, rel: str, display: str, recursive: bool) -> None:
-        if self._is_root(rel):
-            return
-        info = self._info(rel)
-        if info is not None:
-            if info.get("type") == "directory":
-                return
-            raise FileExists(display)
-        parent = _paths.dirname(rel)
-        if parent and not self._is_root(parent):
-            # As every backend answers: a file as the parent is in the way; a parent missing
-            # (or below a file) is missing, unless ``recursive`` makes it.
-            pinfo = self._info(parent)
-            if pinfo is not None and pinfo.get("type") != "directory":
-                raise NotDirectory(_display_parent(display))
-            if pinfo is None and not recursive:
-                raise DirectoryNotFound(_display_parent(display))
-        host = self._bpath(rel)
-        try:
-            if recursive:
-                self._disk.makedirs(host)
-            else:
-                self._disk.mkdir(host)
-        except FileExistsError:
-            # Made by someone else meanwhile (fine if a directory), or a file in the way.
-            again = self._info(rel)
-            if again is not None and again.get("type") == "directory":
-                return
-            raise (FileExists(display) if again is not None else NotDirectory(_display_parent(display))) from None
-        except NotADirectoryError:
-            raise NotDirectory(_display_parent(display)) from None
-        except FileNotFoundError:
-            raise DirectoryNotFound(_display_parent(display)) from None
-        except Exception as exc:
-            raise self._refuse(exc, rel, display, "mkdir") from exc
-
-    def _rmdir_sync(self, rel: str, display: str, recursive: bool, force: bool) -> None:
-        if not self._check_rmdir(rel, display, force):
-            return
-        host = self._bpath(rel)
-        try:
-            if recursive:
-                self._disk.rmtree(host)
-            else:
-                if self._children(rel, self._list_raw(rel, display), display):
-                    raise DirectoryNotEmpty(display)
-                self._disk.rmdir(host)
-        except FilesystemError:
-            raise
-        except FileNotFoundError:
-            if not force:
-                raise DirectoryNotFound(display) from None
-        except OSError as exc:
-            if exc.errno == _errno.ENOTEMPTY:
-                raise DirectoryNotEmpty(display) from None
-            raise self._refuse(exc, rel, display, "rmdir") from exc
-
-    def _copy_sync(
-        self, src_rel: str, src: str, dest_rel: str, dest: str, overwrite: bool, cancel: threading.Event
-    ) -> None:
-        if self._is_root(dest_rel):
-            raise IsDirectory(dest)
-        dinfo = self._info(dest_rel)
-        if dinfo is not None:
-            if dinfo.get("type") == "directory":
-                raise IsDirectory(dest)
-            if not overwrite:
-                raise FileExists(dest)
-        self._prepare_parent(dest_rel, dest, True)
-        try:
-            fd = self._disk.open_regular(self._bpath(src_rel))
-        except IsADirectoryError:
-            raise IsDirectory(src) from None
-        except (FileNotFoundError, NotADirectoryError):
-            raise FileNotFound(src) from None
-        except Exception as exc:
-            raise self._refuse(exc, src_rel, src, "copy_file") from exc
-        try:
-            self._publish_fill(dest_rel, dest, copy_into(fd), overwrite, cancel)
-        finally:
-            os.close(fd)
-
-    def _move_sync(self, src_rel: str, src: str, dest_rel: str, dest: str, overwrite: bool) -> None:
-        self._check_move(src_rel, src, dest_rel, dest, overwrite)
-        self._prepare_parent(dest_rel, dest, True)
-        try:
-            self._disk.rename(self._bpath(src_rel), self._bpath(dest_rel), replace=overwrite)
-        except FileExistsError:
-            raise FileExists(dest) from None
-        except FileNotFoundError:
-            raise FileNotFound(src) from None
-        except IsADirectoryError:
-            raise IsDirectory(dest) from None
-        except OSError as exc:
-            if exc.errno == _errno.ENOTEMPTY:
-                raise DirectoryNotEmpty(dest) from None
-            raise self._refuse(exc, dest_rel, dest, "move_file") from exc
+            raise IsDirectory(path)
+        await self._call(self._backend.append_sync, rel, path, data)
 
     # -- direct access for mounts -------------------------------------------------------------
 
@@ -518,9 +567,9 @@ class DiskFilesystem(FsspecFilesystem):
         """
         rel = self._rel(path)
         try:
-            return self._disk.open_regular(self._bpath(rel), flags, mode)
+            return self._backend.disk.open_regular(self._backend.bpath(rel), flags, mode)
         except Exception as exc:
-            raise self._refuse(exc, rel, path, "open") from exc
+            raise self._backend.refuse(exc, rel, path, "open") from exc
 
     def local_unlink(self, path: str) -> None:
         """Remove the name ``path`` on disk (a symlink itself, not its target).
@@ -534,11 +583,11 @@ class DiskFilesystem(FsspecFilesystem):
         if self._is_root(rel):
             raise IsDirectory(path)
         try:
-            self._disk.unlink(self._bpath(rel))
+            self._backend.disk.unlink(self._backend.bpath(rel))
         except FileNotFoundError:
             raise
         except Exception as exc:
-            raise self._refuse(exc, rel, path, "unlink") from exc
+            raise self._backend.refuse(exc, rel, path, "unlink") from exc
 
     def local_staging_dir(self) -> str | None:
         """A directory beside the files where a FUSE mount stages writes, so that publishing
@@ -554,8 +603,8 @@ class DiskFilesystem(FsspecFilesystem):
         with self._staging_lock:
             if self._staging_fd < 0:
                 try:
-                    self._disk.makedirs(self._staging_name())
-                    self._staging_fd = self._disk.open(
+                    self._backend.disk.makedirs(self._staging_name())
+                    self._staging_fd = self._backend.disk.open(
                         self._staging_name(), os.O_RDONLY | _O_DIRECTORY | _O_NOFOLLOW
                     )
                 except OSError:
@@ -573,10 +622,10 @@ class DiskFilesystem(FsspecFilesystem):
             os.close(self._staging_fd)
             self._staging_fd = -1
             with contextlib.suppress(OSError):  # not empty: a failed upload's copy is kept
-                self._disk.rmdir(self._staging_name())
+                self._backend.disk.rmdir(self._staging_name())
 
     def _staging_name(self) -> str:
         return posixpath.join(self._staging_root(), f".mount{TMP_MARK}{os.getpid()}")
 
     def _staging_root(self) -> str:
-        return self._root_path or "/"
+        return self._backend.root_path or "/"

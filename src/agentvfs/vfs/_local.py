@@ -12,7 +12,7 @@ from ..errors import PermissionDenied
 from . import _paths
 from ._base import new_id
 from ._disk import Disk
-from ._disk_fs import DiskFilesystem
+from ._disk_fs import DiskBackend, DiskFilesystem
 from ._records import FileStat
 
 __all__ = ["LocalFilesystem"]
@@ -113,7 +113,7 @@ class LocalFilesystem(DiskFilesystem):
             raw = _expand(os.fspath(item))
             resolved.append(os.path.normpath(raw if os.path.isabs(raw) else os.path.join(self.base_path, raw)))
         self._allowed = resolved
-        self._disk = Disk([self.base_path, *resolved] if self.contained else ["/"])
+        self._backend.disk = Disk([self.base_path, *resolved] if self.contained else ["/"])
 
     # -- path resolution ------------------------------------------------------------------------------
 
@@ -130,13 +130,13 @@ class LocalFilesystem(DiskFilesystem):
         target = os.path.normpath(raw if os.path.isabs(raw) else os.path.join(self.base_path, raw))
         # Lexically inside a root (by its path or its real path); symlinks on the way are the
         # business of each operation, which resolves beneath the root's descriptor.
-        if self.contained and not self._disk.contains(target):
+        if self.contained and not self._backend.disk.contains(target):
             raise PermissionDenied(path, self._refusal(path))
         return target.lstrip("/")
 
-    def _escape_display(self, rel: str, display: str) -> str:
+    def _make_backend(self, fs: Any, root: str, listing_ttl: float) -> DiskBackend:
         # A symlink that leads out is reported with the host path it was met on.
-        return "/" + rel
+        return DiskBackend(root, fs=fs, escape=lambda rel, display: "/" + rel)
 
     def _refusal(self, path: str) -> str:
         if not path.startswith("/"):
@@ -159,10 +159,9 @@ class LocalFilesystem(DiskFilesystem):
         relative = os.path.relpath(host, self.base_path)
         return "" if relative == "." else relative.replace(os.sep, "/")
 
-    def _stat_from_info(self, rel: str, info: dict[str, Any]) -> FileStat:
-        stat = super()._stat_from_info(rel, info)
-        host = "/" + rel
-        relative = self._public_path(rel)
+    def _public_stat(self, stat: FileStat) -> FileStat:
+        host = "/" + stat.path
+        relative = self._public_path(stat.path)
         return FileStat(
             name=os.path.basename(host) if relative else os.path.basename(self.base_path),
             path=relative,
@@ -184,9 +183,9 @@ class LocalFilesystem(DiskFilesystem):
 
     def _realpath_sync(self, host: str) -> str:
         try:
-            real = self._disk.realpath(host)
+            real = self._backend.disk.realpath(host)
         except Exception as exc:
-            raise self._refuse(exc, host.lstrip("/"), host, "realpath") from exc
+            raise self._backend.refuse(exc, host.lstrip("/"), host, "realpath") from exc
         real_base = os.path.realpath(self.base_path)
         return os.path.relpath(real, real_base) if _inside(real, real_base) else real
 
