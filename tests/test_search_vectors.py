@@ -584,13 +584,14 @@ async def test_other_process_sees_acknowledged_writes_with_and_without_close(tmp
 CRASH_CHILD = """
 import os, signal, sys
 import agentvfs.search._vectors as vectors
+import agentvfs.search._vector_graphs as graphs
 where = sys.argv[2]
 def die(*args, **kwargs):
     os.kill(os.getpid(), signal.SIGKILL)
 if where == "before_rename":      # the new graph is written and fsynced, not renamed
     vectors.os.replace = die
 else:                             # renamed into place, not yet recorded in DuckDB
-    vectors._fsync_dir = die
+    graphs.fsync_dir = die
 async def main():
     store = HnswVectorStore(sys.argv[1], checkpoint_every=10**9)
     x = np.random.default_rng(0).normal(size=(300, 4))

@@ -67,11 +67,9 @@ import logging
 import math
 import os
 import re
-import struct
 import threading
 import uuid
 import weakref
-import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,17 +80,17 @@ import duckdb
 import numpy as np
 import numpy.typing as npt
 
+from . import _vector_graphs, _vector_math
 from ._duckdb import connect, table_names, transaction, trouble
 from ._vector_filters import FilterNode, attr_rows, metadata_json, parse_filter, values_sql
+from ._vector_graphs import GraphFile
+from ._vector_math import Floats, Labels, Mask
 
 __all__ = ["HnswVectorStore"]
 
 _log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
-_Mask = npt.NDArray[np.bool_]
-_Labels = npt.NDArray[np.int64]
-_Floats = npt.NDArray[np.float32]
 
 #: Metric name -> hnswlib space.
 METRICS: Final[Mapping[str, str]] = {"cosine": "cosine", "dotproduct": "ip", "euclidean": "l2"}
@@ -105,10 +103,6 @@ DB_FILE: Final = "vectors.duckdb"
 _FORMAT: Final = "agentvfs.HnswVectorStore"
 _VERSION: Final = 1
 
-# hnswlib's file header (hnswalg.h saveIndex): offsetLevel0, max_elements, cur_element_count,
-# size_data_per_element, label_offset, offsetData (size_t), maxlevel (int), enterpoint (uint32),
-# maxM, maxM0, M (size_t), mult (double), ef_construction (size_t); then the level-0 records.
-_HEADER = struct.Struct("<6QiI3QdQ")
 
 _SCHEMA = """
 CREATE TABLE vector_store (format VARCHAR, version INTEGER, next_label BIGINT, next_seq BIGINT,
@@ -389,16 +383,16 @@ class _Index:
     graph: Any
     file_seq: int  # seq of the graph file loaded or written last (created_seq when none)
     ids: dict[str, int]
-    live: _Mask  # by label: a vector of this index
-    rows: _Labels  # by label: its row in `matrix`, -1 when none
-    matrix: _Floats  # the vectors as hnswlib keeps them (unit length for cosine)
+    live: Mask  # by label: a vector of this index
+    rows: Labels  # by label: its row in `matrix`, -1 when none
+    matrix: Floats  # the vectors as hnswlib keeps them (unit length for cosine)
     free_rows: list[int]
     used_rows: int = 0
     count: int = 0
     dirty: int = 0  # changes since the last checkpoint
     # Masks of single conditions, valid while no item changes (the search engine sends the same
     # filter with every query); keyed by the condition's repr.
-    masks: dict[str, _Mask] = field(default_factory=dict)
+    masks: dict[str, Mask] = field(default_factory=dict)
     keys: dict[str, int] = field(default_factory=dict)  # metadata key -> kid of vector_keys
 
     @property
@@ -411,7 +405,7 @@ class _Index:
             self.live = np.concatenate([self.live, np.zeros(size - len(self.live), np.bool_)])
             self.rows = np.concatenate([self.rows, np.full(size - len(self.rows), -1, np.int64)])
 
-    def take_rows(self, n: int) -> _Labels:
+    def take_rows(self, n: int) -> Labels:
         reused = [self.free_rows.pop() for _ in range(min(n, len(self.free_rows)))]
         fresh = n - len(reused)
         if self.used_rows + fresh > len(self.matrix):
@@ -423,7 +417,7 @@ class _Index:
         self.used_rows += fresh
         return rows
 
-    def add(self, labels: _Labels, vectors: _Floats, ids: Sequence[str]) -> None:
+    def add(self, labels: Labels, vectors: Floats, ids: Sequence[str]) -> None:
         """Add vectors under new labels to the graph and the matrix (labels never seen before)."""
         if len(labels) == 0:
             return
@@ -455,13 +449,6 @@ class _Index:
             self.ids.pop(id, None)
         self.count -= len(labels)
         self.masks.clear()
-
-
-@dataclass(frozen=True, slots=True)
-class _GraphFile:
-    path: Path
-    seq: int
-    crc: int
 
 
 class _Store:
@@ -849,7 +836,7 @@ class _Store:
         self._attrs_unsorted = 0
 
     @staticmethod
-    def _delete_rows(cur: duckdb.DuckDBPyConnection, name: str, labels: _Labels) -> None:
+    def _delete_rows(cur: duckdb.DuckDBPyConnection, name: str, labels: Labels) -> None:
         cur.register("batch_deleted", {"label": labels})
         cur.execute("DELETE FROM vector_items WHERE label IN (SELECT label FROM batch_deleted)")
         cur.execute("DELETE FROM vector_attrs WHERE label IN (SELECT label FROM batch_deleted)")
@@ -901,7 +888,7 @@ class _Store:
             return self._results(hits)
 
     def _approximate(
-        self, ix: _Index, q: _Floats, k: int, allowed: _Mask | None, n_allowed: int
+        self, ix: _Index, q: Floats, k: int, allowed: Mask | None, n_allowed: int
     ) -> list[tuple[int, float]]:
         """hnswlib's nearest items, those ``allowed`` kept; exact search when they are too few.
 
@@ -928,7 +915,7 @@ class _Store:
             found, dist = found[keep][:k], dist[keep][:k]
             if len(found) < k:  # the allowed items lie far from the query
                 return _exact(ix, q, np.flatnonzero(allowed), k)
-        scores = _scores_from_distances(ix.metric, dist)
+        scores = _vector_math.scores_from_distances(ix.metric, dist)
         return [(int(label), float(score)) for label, score in zip(found, scores, strict=True)]
 
     def _results(self, hits: list[tuple[int, float]]) -> list[dict[str, Any]]:
@@ -952,7 +939,7 @@ class _Store:
 
     # -- filters ---------------------------------------------------------------------------
 
-    def _evaluate(self, ix: _Index, node: FilterNode) -> _Mask:
+    def _evaluate(self, ix: _Index, node: FilterNode) -> Mask:
         """The items of ``ix`` that ``node`` allows, as a mask over labels."""
         kind = node[0]
         if kind == "all":
@@ -1007,7 +994,7 @@ class _Store:
         return found
 
     def _new_graph(self, space: str, dimension: int, capacity: int) -> Any:
-        hnswlib = _hnswlib()
+        hnswlib = _vector_graphs.hnswlib()
         graph = hnswlib.Index(space=space, dim=dimension)
         graph.init_index(
             max_elements=max(capacity, 1024),
@@ -1032,8 +1019,8 @@ class _Store:
         )
         file_seq = graph_seq if checkpoint is None else checkpoint.seq
         # Vectors added since the checkpoint, in the order they were added.
-        logged_labels: list[_Labels] = []
-        logged_vectors: list[_Floats] = []
+        logged_labels: list[Labels] = []
+        logged_vectors: list[Floats] = []
         for labels_blob, vectors_blob in con.execute(
             "SELECT labels, vectors FROM vector_log WHERE idx = ? AND seq > ? ORDER BY seq",
             [name, file_seq],
@@ -1068,7 +1055,7 @@ class _Store:
             ix.graph = self._new_graph(space, dimension, len(live_labels))
             file_live = np.zeros(0, np.int64)
         else:
-            ix.graph, file_labels, file_deleted, file_vectors = _read_graph(
+            ix.graph, file_labels, file_deleted, file_vectors = _vector_graphs.read_graph(
                 checkpoint, space, dimension
             )
             file_live = file_labels[~file_deleted]
@@ -1115,9 +1102,9 @@ class _Store:
         self._maybe_checkpoint(ix)
         return ix
 
-    def _pick_checkpoint(self, name: str, created_seq: int, graph_seq: int) -> _GraphFile | None:
+    def _pick_checkpoint(self, name: str, created_seq: int, graph_seq: int) -> GraphFile | None:
         graphs = [
-            _GraphFile(path, seq, crc)
+            GraphFile(path, seq, crc)
             for path, seq, crc in self._graph_files(name)
             if crc is not None and seq >= graph_seq
         ]
@@ -1149,13 +1136,13 @@ class _Store:
         tmp = self.dir / f".{ix.name}.{seq}.hnsw.tmp"
         try:
             ix.graph.save_index(str(tmp))
-            crc = _fsync_and_crc(tmp)
+            crc = _vector_graphs.fsync_and_crc(tmp)
             final = self.dir / f"{ix.name}.{seq}.{crc:08x}.hnsw"
             os.replace(tmp, final)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
-        _fsync_dir(self.dir)
+        _vector_graphs.fsync_dir(self.dir)
         self._record_checkpoint(ix.name, seq)
         ix.file_seq = seq
         ix.dirty = 0
@@ -1207,88 +1194,6 @@ def _finalize(con: duckdb.DuckDBPyConnection, dir_key: str | None) -> None:
             _open_dirs.discard(dir_key)
 
 
-# -- graph files ---------------------------------------------------------------------------
-
-
-def _hnswlib() -> Any:
-    try:
-        import hnswlib  # type: ignore[import-untyped,import-not-found,unused-ignore]
-    except ImportError as exc:  # pragma: no cover - depends on the installation
-        raise ImportError(
-            "HnswVectorStore needs hnswlib: pip install hnswlib (it builds with a C++ compiler)"
-        ) from exc
-    return hnswlib
-
-
-def _fsync_and_crc(path: Path) -> int:
-    crc = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            crc = zlib.crc32(chunk, crc)
-        os.fsync(f.fileno())
-    return crc
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _read_graph(
-    checkpoint: _GraphFile, space: str, dimension: int
-) -> tuple[Any, _Labels, _Mask, Callable[[npt.NDArray[np.intp]], _Floats]]:
-    """Load a checkpoint: the hnswlib graph, and from its level-0 records the labels, the
-    deleted marks and a function returning the vectors of given records."""
-    path = checkpoint.path
-    with open(path, "rb") as f:
-        crc = 0
-        while chunk := f.read(1 << 22):
-            crc = zlib.crc32(chunk, crc)
-    if crc != checkpoint.crc:
-        raise ValueError(
-            f"{path}: checksum {crc:08x} does not match its name: the graph file is corrupt"
-        )
-    size = path.stat().st_size
-    if size < _HEADER.size:
-        raise ValueError(f"{path}: too short for an hnswlib graph")
-    with open(path, "rb") as f:
-        header = _HEADER.unpack(f.read(_HEADER.size))
-    offset_level0, max_elements, count, record, label_offset, data_offset = header[:6]
-    max_m0 = header[9]
-    if (
-        offset_level0 != 0
-        or count > max_elements
-        or data_offset != 4 * max_m0 + 4
-        or label_offset != data_offset + 4 * dimension
-        or record != label_offset + 8
-        or size < _HEADER.size + count * record
-    ):
-        raise ValueError(f"{path}: not an hnswlib graph of dimension {dimension}")
-    graph = _hnswlib().Index(space=space, dim=dimension)
-    try:
-        graph.load_index(str(path), allow_replace_deleted=True)
-    except RuntimeError as exc:
-        raise ValueError(f"{path}: hnswlib cannot load it ({exc})") from exc
-    records = np.memmap(path, dtype=np.uint8, mode="r", offset=_HEADER.size, shape=(count, record))
-    labels = (
-        np.ascontiguousarray(records[:, label_offset : label_offset + 8])
-        .view("<u8")
-        .ravel()
-        .astype(np.int64)
-    )
-    # The deleted mark is bit 0 of the third byte of a record's level-0 link header.
-    deleted = (records[:, 2] & 1).astype(np.bool_)
-
-    def vectors(positions: npt.NDArray[np.intp]) -> _Floats:
-        raw = np.ascontiguousarray(records[positions, data_offset:label_offset])
-        return raw.view("<f4").reshape(len(positions), dimension).astype(np.float32)
-
-    return graph, labels, deleted, vectors
-
-
 # -- values, vectors and scores ------------------------------------------------------------
 
 
@@ -1311,7 +1216,7 @@ def _check_name(name: object) -> None:
         )
 
 
-def _vectors(ix: _Index, vectors: Sequence[Sequence[float]], ids: Sequence[str]) -> _Floats:
+def _vectors(ix: _Index, vectors: Sequence[Sequence[float]], ids: Sequence[str]) -> Floats:
     """The vectors as a float32 matrix (unit length for cosine), or ValueError naming the id."""
     d = ix.dimension
     try:
@@ -1344,10 +1249,10 @@ def _vectors(ix: _Index, vectors: Sequence[Sequence[float]], ids: Sequence[str])
             f"Vector index {ix.name!r}: the vector of id {ids[bad]!r} (dimension {d}) contains NaN or "
             "infinity (or numbers too large for float32)"
         )
-    return _prepare(ix.metric, matrix)
+    return _vector_math.prepare(ix.metric, matrix)
 
 
-def _query_vector(ix: _Index, vector: Sequence[float]) -> _Floats:
+def _query_vector(ix: _Index, vector: Sequence[float]) -> Floats:
     try:
         q = np.asarray(vector, dtype=np.float64)
     except (TypeError, ValueError):
@@ -1365,60 +1270,18 @@ def _query_vector(ix: _Index, vector: Sequence[float]) -> _Floats:
         raise ValueError(
             f"Vector index {ix.name!r}: the query vector (dimension {ix.dimension}) contains NaN or infinity"
         )
-    prepared: _Floats = _prepare(ix.metric, q32.reshape(1, -1))[0]
+    prepared: Floats = _vector_math.prepare(ix.metric, q32.reshape(1, -1))[0]
     return prepared
 
 
-def _prepare(metric: str, matrix: _Floats) -> _Floats:
-    if metric != "cosine":
-        return np.ascontiguousarray(matrix)
-    norms = np.linalg.norm(matrix.astype(np.float64), axis=1, keepdims=True)
-    # hnswlib leaves a zero vector at zero (cosine 0 with everything); do the same.
-    unit = np.divide(matrix, norms, out=np.zeros_like(matrix), where=norms > 0)
-    return np.ascontiguousarray(unit, dtype=np.float32)
-
-
-def _exact(ix: _Index, q: _Floats, labels: npt.NDArray[np.intp], k: int) -> list[tuple[int, float]]:
+def _exact(ix: _Index, q: Floats, labels: npt.NDArray[np.intp], k: int) -> list[tuple[int, float]]:
     """Top ``k`` of ``labels`` by exact score; ties go to the older item."""
     rows = ix.rows[labels]
     if 6 * len(rows) > ix.used_rows:
         # Many of the rows: one pass over the whole matrix costs less than copying them.
-        scores = _score(ix.metric, ix.matrix[: ix.used_rows], q)[rows]
+        scores = _vector_math.score(ix.metric, ix.matrix[: ix.used_rows], q)[rows]
     else:
-        scores = _score(ix.metric, ix.matrix[rows], q)
+        scores = _vector_math.score(ix.metric, ix.matrix[rows], q)
     top = np.argpartition(-scores, k - 1)[:k] if len(labels) > k else np.arange(len(labels))
     order = top[np.lexsort((labels[top], -scores[top]))]
     return [(int(labels[i]), float(scores[i])) for i in order]
-
-
-def _score(metric: str, vectors: _Floats, q: _Floats) -> npt.NDArray[np.floating[Any]]:
-    dots = _rowdot(vectors, q)
-    if metric == "euclidean":
-        squared = _rowdot(vectors, vectors) - 2.0 * dots + float(_rowdot(q, q))
-        distance: npt.NDArray[np.floating[Any]] = np.sqrt(np.maximum(squared, 0.0))
-        return 1.0 / (1.0 + distance)
-    return np.clip(dots, -1.0, 1.0) if metric == "cosine" else dots
-
-
-def _rowdot(a: _Floats, b: _Floats) -> npt.NDArray[np.floating[Any]]:
-    """Dot products along the last axis, one single-threaded dot per row. A BLAS matrix-vector
-    product would be multi-threaded and, on a busy machine, wait milliseconds for its helper
-    threads. ``np.vecdot`` is NumPy 2; ``einsum`` does the same on NumPy 1."""
-    if _VECDOT is not None:
-        result: npt.NDArray[np.floating[Any]] = _VECDOT(a, b)
-    else:
-        result = np.einsum("...i,...i->...", a, b)
-    return result
-
-
-_VECDOT: Callable[..., Any] | None = getattr(np, "vecdot", None)
-
-
-def _scores_from_distances(
-    metric: str, distances: npt.NDArray[np.float32]
-) -> npt.NDArray[np.float64]:
-    d = distances.astype(np.float64)
-    if metric == "euclidean":  # hnswlib's l2 is the squared distance
-        return 1.0 / (1.0 + np.sqrt(np.maximum(d, 0.0)))
-    scores = 1.0 - d  # cosine and ip distances are 1 - dot
-    return np.clip(scores, -1.0, 1.0) if metric == "cosine" else scores
