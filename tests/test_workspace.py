@@ -346,7 +346,9 @@ async def test_operation_timeout_on_local_disk_leaves_no_file(tmp_path: Path) ->
     (root / "old.txt").write_text("old")
     ws = Workspace(filesystem=LocalFilesystem(str(root)), operation_timeout=5)
     assert ws.filesystem is not None
-    big = b"x" * (64 << 20)  # far more than 5 ms of writing
+    # Far more than 5 ms of writing: a 64 MiB write can take 17 ms, and the deadline may be
+    # delivered some milliseconds late while another abandoned write holds the interpreter.
+    big = b"x" * (256 << 20)
     with pytest.raises(TimeoutError, match="timed out after 5ms"):
         await ws.filesystem.write_file("old.txt", big)
     with pytest.raises(TimeoutError):

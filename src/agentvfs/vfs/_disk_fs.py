@@ -286,6 +286,8 @@ class DiskBackend(FsspecBackend):
         if not parent:
             return
         host = self.bpath(parent)
+        if host in self.disk.roots:
+            return  # a root of the disk (a workspace's base path): there, or nothing works
         shown = display_parent(display)
         try:
             if recursive:
@@ -366,22 +368,8 @@ class DiskBackend(FsspecBackend):
             raise self.refuse(exc, rel, display, "delete_file") from exc
 
     def mkdir_sync(self, rel: str, display: str, recursive: bool = True) -> None:
-        if not rel:
+        if not rel or not self.check_mkdir(rel, display, recursive):
             return
-        info = self.info(rel)
-        if info is not None:
-            if info.get("type") == "directory":
-                return
-            raise FileExists(display)
-        parent = _paths.dirname(rel)
-        if parent:
-            # As every backend answers: a file as the parent is in the way; a parent missing
-            # (or below a file) is missing, unless ``recursive`` makes it.
-            pinfo = self.info(parent)
-            if pinfo is not None and pinfo.get("type") != "directory":
-                raise NotDirectory(display_parent(display))
-            if pinfo is None and not recursive:
-                raise DirectoryNotFound(display_parent(display))
         host = self.bpath(rel)
         try:
             if recursive:

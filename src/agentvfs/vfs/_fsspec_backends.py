@@ -672,14 +672,16 @@ class FsspecBackend(Backend):
     def _keep_parent(self, rel: str) -> None:
         """Keep the parent directory of a removed ``rel`` (object stores drop empty prefixes)."""
 
-    def mkdir_sync(self, rel: str, display: str, recursive: bool = True) -> None:
-        """Create the directory ``rel`` (``recursive``: and its missing parents)."""
-        if not rel:
-            return
+    def check_mkdir(self, rel: str, display: str, recursive: bool) -> bool:
+        """Refuse an mkdir the contract forbids; False when the directory is already there.
+
+        A file at ``rel`` is in the way (``FileExists``), and so is a file as the parent
+        (``NotDirectory``); a missing parent is missing unless ``recursive`` makes it.
+        """
         info = self.info(rel)
         if info is not None:
             if info.get("type") == "directory":
-                return
+                return False
             raise FileExists(display)
         parent = _paths.dirname(rel)
         if parent:
@@ -690,6 +692,12 @@ class FsspecBackend(Backend):
                 if not recursive:
                     raise DirectoryNotFound(display_parent(display))
                 self._check_ancestors(_paths.dirname(parent))
+        return True
+
+    def mkdir_sync(self, rel: str, display: str, recursive: bool = True) -> None:
+        """Create the directory ``rel`` (``recursive``: and its missing parents)."""
+        if not rel or not self.check_mkdir(rel, display, recursive):
+            return
         try:
             self._make_dir(rel)
         except (FileExistsError, NotADirectoryError):
