@@ -129,12 +129,15 @@ async def test_backend_filesystem_streams_through_an_s3_backend(moto: MotoServer
     assert await fs.read_file("in/big.bin") == local.read_bytes()
     await fs.download_file("in/big.bin", os.fspath(tmp_path / "back.bin"))
     assert (tmp_path / "back.bin").read_bytes() == local.read_bytes()
-    stream = await fs.open_upload("in/streamed.bin", part_size=5 << 20)
+    changes: list[tuple[str, tuple[str, ...]]] = []
+    fs.watch(lambda _fs, op, paths: changes.append((op, paths)))
+    stream = await fs.open_upload("/in/streamed.bin", part_size=5 << 20)
     assert stream is not None
     for _ in range(3):
         await stream.write(b"x" * (4 << 20))
     assert not await fs.exists("in/streamed.bin")  # invisible until committed
     await stream.commit()
+    assert changes == [("upload_file", ("/in/streamed.bin",))]  # announced as the caller named it
     assert (await fs.stat("in/streamed.bin")).size == 12 << 20
     dropped = await fs.open_upload("in/dropped.bin", part_size=5 << 20)
     assert dropped is not None
@@ -288,3 +291,41 @@ async def test_object_metadata_where_the_kind_keeps_it(backend: Backend) -> None
     assert (await backend.stat("a.sh")).metadata == {}  # a write replaces what it had
     listed = {s.name: s.metadata for s in await backend.list("")}
     assert listed["b.sh"] in (meta, {})  # listings carry it where the store lists it (not S3)
+
+
+@pytest.mark.s3
+async def test_s3_missing_bucket_is_nothing_there(moto: MotoServer) -> None:
+    fs = FsspecFilesystem(moto.s3fs(use_listings_cache=False, skip_instance_cache=True), root="no-such-bucket/x")
+    assert not await fs.exists("a.txt")
+    with pytest.raises(FileNotFoundError):
+        await fs.stat("a.txt")
+    with pytest.raises(FileNotFoundError, match="no-such-bucket"):
+        await fs.probe()
+
+
+async def test_a_subclass_on_local_disk_gets_the_disk_kind(tmp_path: Path) -> None:
+    class Mine(FsspecFilesystem):
+        pass
+
+    fs = Mine(LocalFileSystem(), root=os.fspath(tmp_path))
+    assert type(fs.backend) is DiskBackend and fs.capabilities.atomic_rename
+    os.symlink("/etc", tmp_path / "out")
+    with pytest.raises(PermissionError):
+        await fs.read_file("out/hostname")  # contained by descriptors, as DiskFilesystem is
+    await fs.write_file("a.txt", "x")
+    assert (tmp_path / "a.txt").read_text() == "x"
+
+
+async def test_local_filesystem_names_paths_as_before(tmp_path: Path) -> None:
+    base, allowed = tmp_path / "base", tmp_path / "allowed"
+    base.mkdir()
+    fs = LocalFilesystem(base, allowed_paths=[os.fspath(allowed)])
+    with pytest.raises(FileNotFoundError) as missing:
+        await fs.write_file(f"{allowed}/x.txt", "hi")  # the allowed directory is not there
+    assert missing.value.filename == os.fspath(allowed) or os.fspath(allowed) in str(missing.value)
+    with pytest.raises(IsADirectoryError):
+        await fs.write_file(".", "x")
+    base.rmdir()
+    with pytest.raises(FileNotFoundError) as gone:
+        await fs.probe()
+    assert "base" not in str(gone.value)  # the workspace root, named as the root

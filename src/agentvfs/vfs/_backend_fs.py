@@ -36,6 +36,7 @@ from ._backend import (
     WriteMode,
 )
 from ._base import (
+    AnnouncedUpload,
     SupportsStreamingUpload,
     SupportsTransfer,
     UploadStream,
@@ -319,7 +320,8 @@ class BackendFilesystem(WorkspaceFilesystem):
             return None
         rel = self._file(path)
         await self._parents(path, rel, True)
-        return await self._call(path, rel, lambda: backend.open_upload(rel, part_size=part_size))
+        stream = await self._call(path, rel, lambda: backend.open_upload(rel, part_size=part_size))
+        return None if stream is None else AnnouncedUpload(stream, self, path)
 
     async def _parents(self, display: str, rel: str, recursive: bool) -> None:
         """Make sure the parent directory of ``rel`` exists (creating it with ``recursive``)."""

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from .._context import RequestContext
 
 __all__ = [
+    "AnnouncedUpload",
     "ChangeListener",
     "SupportsGrep",
     "SupportsListStats",
@@ -312,6 +313,26 @@ class UploadStream(Protocol):
     async def abort(self) -> None:
         """Drop the upload; storage keeps what it had."""
         ...
+
+
+class AnnouncedUpload:
+    """An upload stream whose commit is announced on its filesystem's change feed (as the
+    ``upload_file`` of its path), like every other change."""
+
+    def __init__(self, stream: UploadStream, owner: WorkspaceFilesystem, path: str) -> None:
+        self._stream = stream
+        self._owner = owner
+        self._path = path
+
+    async def write(self, data: bytes) -> None:
+        await self._stream.write(data)
+
+    async def commit(self) -> None:
+        await self._stream.commit()
+        self._owner._announce("upload_file", (self._path,))
+
+    async def abort(self) -> None:
+        await self._stream.abort()
 
 
 @runtime_checkable

@@ -140,6 +140,8 @@ class DiskBackend(FsspecBackend):
         #: The descriptors every path is resolved beneath (replaceable: new allowed roots).
         self.disk = disk if disk is not None else Disk([self.root_path or "/"])
         self.escape: Callable[[str, str], str] = escape or (lambda rel, display: display)
+        #: A directory (a host path) that writes into it do not make (a workspace's base path).
+        self.base_dir: str | None = None
 
     # -- errors ---------------------------------------------------------------------------------
 
@@ -286,8 +288,8 @@ class DiskBackend(FsspecBackend):
         if not parent:
             return
         host = self.bpath(parent)
-        if host in self.disk.roots:
-            return  # a root of the disk (a workspace's base path): there, or nothing works
+        if host == self.base_dir:
+            return  # the workspace's own directory: made by setup, never made again here
         shown = display_parent(display)
         try:
             if recursive:

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import anyio
 import fsspec
+from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
 from ..errors import (
@@ -29,6 +30,7 @@ from ..errors import (
 )
 from . import _paths
 from ._base import (
+    AnnouncedUpload,
     UploadStream,
     WorkspaceFilesystem,
     as_bytes,
@@ -54,10 +56,13 @@ _DEFAULT_MAX_DEPTH = 100
 def fsspec_backend(fs: fsspec.AbstractFileSystem, root: str, *, listing_ttl: float = 2.0) -> FsspecBackend:
     """The backend of the kind of ``fs``, rooted at ``root`` (a path of ``fs``, no protocol).
 
-    Local disk is not chosen here: :class:`FsspecFilesystem` builds its descriptor-based kind
-    (:class:`~agentvfs.vfs.DiskBackend`) itself.
+    Local disk (a ``LocalFileSystem``) gets the descriptor-based :class:`~agentvfs.vfs.DiskBackend`.
     """
     protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
+    if isinstance(fs, LocalFileSystem):
+        from ._disk_fs import DiskBackend  # it builds on this module's filesystem class
+
+        return DiskBackend(root or "/", fs=fs)
     if isinstance(fs, MemoryFileSystem):
         return MemoryStoreBackend(fs, root)
     if set(protocols) & OBJECT_STORES:
@@ -66,25 +71,6 @@ def fsspec_backend(fs: fsspec.AbstractFileSystem, root: str, *, listing_ttl: flo
     return FsspecBackend(fs, root)
 
 
-
-
-class _AnnouncedUpload:
-    """A backend's upload stream whose commit is also announced on the change feed."""
-
-    def __init__(self, stream: UploadStream, owner: FsspecFilesystem, display: str) -> None:
-        self._stream = stream
-        self._owner = owner
-        self._display = display
-
-    async def write(self, data: bytes) -> None:
-        await self._stream.write(data)
-
-    async def commit(self) -> None:
-        await self._stream.commit()
-        self._owner._announce("upload_file", (self._display,))
-
-    async def abort(self) -> None:
-        await self._stream.abort()
 
 
 class FsspecFilesystem(WorkspaceFilesystem):
@@ -222,7 +208,7 @@ class FsspecFilesystem(WorkspaceFilesystem):
         exists (a missing bucket otherwise looks like an empty root)."""
         if self.status != "ready":
             await self.ensure_ready()
-        await self._call(self._backend.probe_sync, self._rel(""))
+        await self._call(self._backend.probe_sync, self._rel(""), "")
 
     async def setup(self) -> None:
         """Create the root directory on backends with real directories (not object stores)."""
@@ -328,8 +314,11 @@ class FsspecFilesystem(WorkspaceFilesystem):
             return None
         if self.status != "ready":
             await self.ensure_ready()
-        stream = await backend.open_upload(self._rel(path), part_size=part_size)
-        return None if stream is None else _AnnouncedUpload(stream, self, path)
+        rel = self._rel(path)
+        if self._is_root(rel):
+            raise IsDirectory(path)
+        stream = await backend.open_upload_as(rel, path, part_size=part_size)
+        return None if stream is None else AnnouncedUpload(stream, self, path)
 
     async def download_file(self, path: str, local_path: str) -> None:
         """Copy ``path`` into the local file ``local_path`` in a streamed transfer."""

@@ -162,9 +162,9 @@ class FsspecBackend(Backend):
 
     # -- setup ----------------------------------------------------------------------------------
 
-    def probe_sync(self, rel: str = "") -> None:
+    def probe_sync(self, rel: str = "", display: str = "") -> None:
         """One request that proves the storage answers (a stat of ``rel``)."""
-        self.stat_sync(rel, rel)
+        self.stat_sync(rel, display)
 
     def setup_sync(self) -> None:
         """Create the root directory (a filesystem with real directories needs it)."""

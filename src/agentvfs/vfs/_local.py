@@ -91,6 +91,7 @@ class LocalFilesystem(DiskFilesystem):
         )
         self.provider = "local"
         self.base_path = base
+        self._backend.base_dir = base
         self.contained = bool(contained)
         self._allowed: list[str] = []
         self.set_allowed_paths(list(allowed_paths))

@@ -204,7 +204,7 @@ class ObjectStoreBackend(FsspecBackend):
         """The bucket (or container) of the root."""
         return self.root_path.strip("/").split("/", 1)[0]
 
-    def probe_sync(self, rel: str = "") -> None:
+    def probe_sync(self, rel: str = "", display: str = "") -> None:
         """Check that the bucket exists (a missing bucket otherwise looks like an empty root)."""
         bucket = self.bucket
         if bucket and not self._bucket_exists(bucket):
@@ -384,14 +384,18 @@ class ObjectStoreBackend(FsspecBackend):
     async def open_upload(self, path: str, *, part_size: int) -> UploadStream | None:
         """Start a multipart upload of ``path``: invisible until committed (None where the
         store's files cannot drop a half-done upload)."""
-        if not path:
-            raise IsDirectory(path)
-        handle = await self._run(self.open_upload_sync, path, path, part_size)
+        return await self.open_upload_as(path, path, part_size=part_size)
+
+    async def open_upload_as(self, rel: str, display: str, *, part_size: int) -> UploadStream | None:
+        """:meth:`open_upload` of ``rel``, its errors naming ``display``."""
+        if not rel:
+            raise IsDirectory(display)
+        handle = await self._run(self.open_upload_sync, rel, display, part_size)
         if not callable(getattr(handle, "discard", None)):
             # Without a way to drop a half-done upload, closing would publish it.
             await self._run(handle.close)
             return None
-        return _ObjectUpload(self, path, path, handle)
+        return _ObjectUpload(self, rel, display, handle)
 
     def _known_file(self, rel: str) -> bool:
         return self._listings.kind(rel) == "file"
@@ -438,7 +442,10 @@ class S3Backend(ObjectStoreBackend):
         try:
             out = self._s3("head_object", Bucket=bucket, Key=key)
         except FileNotFoundError:
-            below = self._s3("list_objects_v2", Bucket=bucket, Prefix=key + "/", Delimiter="/", MaxKeys=1)
+            try:
+                below = self._s3("list_objects_v2", Bucket=bucket, Prefix=key + "/", Delimiter="/", MaxKeys=1)
+            except FileNotFoundError:
+                return None  # no bucket: nothing is there
             if below.get("KeyCount", 0) > 0 or below.get("Contents") or below.get("CommonPrefixes"):
                 return {"name": bpath, "type": "directory", "size": 0, "StorageClass": "DIRECTORY"}
             return None
