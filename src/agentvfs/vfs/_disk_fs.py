@@ -415,14 +415,7 @@ class DiskBackend(FsspecBackend):
     def copy_sync(
         self, src_rel: str, src: str, dest_rel: str, dest: str, overwrite: bool, cancel: threading.Event = NEVER
     ) -> None:
-        if not dest_rel:
-            raise IsDirectory(dest)
-        dinfo = self.info(dest_rel)
-        if dinfo is not None:
-            if dinfo.get("type") == "directory":
-                raise IsDirectory(dest)
-            if not overwrite:
-                raise FileExists(dest)
+        self.check_copy(dest_rel, dest, overwrite)
         self.prepare_parent(dest_rel, dest, True)
         try:
             fd = self.disk.open_regular(self.bpath(src_rel))

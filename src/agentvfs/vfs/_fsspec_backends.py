@@ -749,10 +749,8 @@ class FsspecBackend(Backend):
     def _remove_empty_dir(self, rel: str) -> None:
         self._fs.rmdir(self.bpath(rel))
 
-    def copy_sync(
-        self, src_rel: str, src: str, dest_rel: str, dest: str, overwrite: bool, cancel: threading.Event = NEVER
-    ) -> None:
-        """Copy the file ``src_rel`` to ``dest_rel``, creating parents."""
+    def check_copy(self, dest_rel: str, dest: str, overwrite: bool) -> None:
+        """Refuse a copy onto a directory, or onto a file without ``overwrite``."""
         if not dest_rel:
             raise IsDirectory(dest)
         dinfo = self.info(dest_rel)
@@ -761,6 +759,12 @@ class FsspecBackend(Backend):
                 raise IsDirectory(dest)
             if not overwrite:
                 raise FileExists(dest)
+
+    def copy_sync(
+        self, src_rel: str, src: str, dest_rel: str, dest: str, overwrite: bool, cancel: threading.Event = NEVER
+    ) -> None:
+        """Copy the file ``src_rel`` to ``dest_rel``, creating parents."""
+        self.check_copy(dest_rel, dest, overwrite)
         try:
             self.prepare_parent(dest_rel, dest, True)
             self._copy_file(src_rel, dest_rel, dest, overwrite, cancel)
