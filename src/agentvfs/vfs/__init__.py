@@ -34,6 +34,7 @@ from ._base import SupportsReadInto as SupportsReadInto
 from ._base import SupportsReadMany as SupportsReadMany
 from ._base import SupportsStreamingUpload as SupportsStreamingUpload
 from ._base import SupportsTransfer as SupportsTransfer
+from ._base import SupportsUploadRecovery as SupportsUploadRecovery
 from ._base import SupportsWalk as SupportsWalk
 from ._base import UploadStream as UploadStream
 from ._base import WorkspaceFilesystem as WorkspaceFilesystem
@@ -122,6 +123,7 @@ __all__ = [
     "SupportsStreamingUpload",
     "SupportsTransfer",
     "SupportsTreeWalk",
+    "SupportsUploadRecovery",
     "SupportsWalk",
     "TimeoutFilesystem",
     "UploadStream",

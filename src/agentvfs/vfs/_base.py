@@ -334,6 +334,22 @@ class AnnouncedUpload:
     async def abort(self) -> None:
         await self._stream.abort()
 
+    def ticket(self) -> dict[str, str] | None:
+        """The stream's ``ticket()`` where it has one (see :class:`SupportsUploadRecovery`)."""
+        ticket = getattr(self._stream, "ticket", None)
+        return ticket() if callable(ticket) else None
+
+
+@runtime_checkable
+class SupportsUploadRecovery(Protocol):
+    """Filesystems whose streamed uploads can be aborted by another process: a stream's
+    ``ticket()`` names it in storage once its first part is out, and ``abort_upload`` drops
+    it (after a crash, an incomplete multipart upload would otherwise stay in the bucket)."""
+
+    async def abort_upload(self, ticket: Mapping[str, str]) -> bool:
+        """Abort the upload ``ticket`` names; False when storage no longer knows it."""
+        ...
+
 
 @runtime_checkable
 class SupportsStreamingUpload(Protocol):

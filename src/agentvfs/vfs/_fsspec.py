@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import posixpath
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -319,6 +319,16 @@ class FsspecFilesystem(WorkspaceFilesystem):
             raise IsDirectory(path)
         stream = await backend.open_upload_as(rel, path, part_size=part_size)
         return None if stream is None else AnnouncedUpload(stream, self, path)
+
+    async def abort_upload(self, ticket: Mapping[str, str]) -> bool:
+        """Abort the streamed upload a ``ticket()`` named (S3 multipart uploads; False where
+        the store cannot, or no longer knows it)."""
+        abort = getattr(self._backend, "abort_upload_sync", None)
+        if abort is None:
+            return False
+        if self.status != "ready":
+            await self.ensure_ready()
+        return bool(await self._call(abort, ticket))
 
     async def download_file(self, path: str, local_path: str) -> None:
         """Copy ``path`` into the local file ``local_path`` in a streamed transfer."""

@@ -163,6 +163,15 @@ class _ObjectUpload:
         with contextlib.suppress(Exception):
             await self._owner._run(self._handle.discard)
 
+    def ticket(self) -> dict[str, str] | None:
+        """What names the upload in storage once its first part is out (S3: bucket, key and
+        upload id), so that a process that outlives this one can abort it; None before."""
+        mpu = getattr(self._handle, "mpu", None)
+        upload_id = mpu.get("UploadId") if isinstance(mpu, dict) else None
+        if not upload_id:
+            return None
+        return {"bucket": str(self._handle.bucket), "key": str(self._handle.key), "upload_id": str(upload_id)}
+
 
 class ObjectStoreBackend(FsspecBackend):
     """An object store (S3, GCS, Azure...) under ``root``, a ``bucket/prefix`` path.
@@ -459,6 +468,21 @@ class S3Backend(ObjectStoreBackend):
             "ContentType": out.get("ContentType"),
             "Metadata": out.get("Metadata") or {},
         }
+
+    def abort_upload_sync(self, ticket: Mapping[str, str]) -> bool:
+        """Abort the multipart upload ``ticket`` names (see ``ticket()`` of a streamed upload);
+        False when storage no longer knows it (completed or aborted before)."""
+        try:
+            self._s3(
+                "abort_multipart_upload", Bucket=ticket["bucket"], Key=ticket["key"], UploadId=ticket["upload_id"]
+            )
+        except FileNotFoundError:
+            return False
+        except Exception as exc:
+            if "NoSuchUpload" in repr(exc):
+                return False
+            raise
+        return True
 
     def _s3(self, method: str, **kwargs: Any) -> Any:
         """One S3 request through s3fs (its retries, its error translation, its options)."""
