@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -101,7 +103,9 @@ def test_read_only_filesystem_cannot_mount_read_write(mnt: str) -> None:
 # -- durability ---------------------------------------------------------------------------------
 
 
-def test_upload_failure_is_eio_at_close_and_kept_for_a_retry(mnt: str, caplog: pytest.LogCaptureFixture) -> None:
+def test_upload_failure_is_eio_at_close_and_never_retried_behind_the_writer(
+    mnt: str, caplog: pytest.LogCaptureFixture
+) -> None:
     h = memory_harness()
     h.put("f.txt", b"old content")
     fs = _FailingUploads(h.fs.fs, root=h.fs.root)  # type: ignore[attr-defined]
@@ -114,7 +118,17 @@ def test_upload_failure_is_eio_at_close_and_kept_for_a_retry(mnt: str, caplog: p
         assert info.value.errno == errno.EIO
         assert h.get("f.txt") == b"old content"  # the failed write lost nothing
         assert any("upload of /f.txt failed" in r.getMessage() for r in caplog.records)
-        # fsync reports it as well, and succeeds once storage accepts writes again.
+        # Its writer was told: the data goes to the recovery area, and the mount shows what
+        # storage holds (what the next mount will show), even once storage is back.
+        assert wait_until(lambda: len(handle.kept) == 1)
+        kept = handle.kept[0]
+        assert kept.path == "f.txt" and "upload failed" in kept.reason
+        assert open(kept.data, "rb").read() == b"NEW content"
+        fs.fail = False
+        assert wait_until(lambda: open(f"{mnt}/f.txt", "rb").read() == b"old content")
+        assert h.get("f.txt") == b"old content"
+        # fsync reports a failure as well; the writer's own next fsync tries again.
+        fs.fail = True
         fd = os.open(f"{mnt}/f.txt", os.O_WRONLY)
         os.pwrite(fd, b"N", 0)
         with pytest.raises(OSError) as info:
@@ -122,37 +136,53 @@ def test_upload_failure_is_eio_at_close_and_kept_for_a_retry(mnt: str, caplog: p
         assert info.value.errno == errno.EIO
         fs.fail = False
         os.fsync(fd)
-        assert h.get("f.txt") == b"NEW content"
+        assert h.get("f.txt") == b"Nld content"
         os.close(fd)
     finally:
         fs.fail = False
         handle.close()
 
 
-def test_unmount_reports_uploads_that_still_fail(mnt: str) -> None:
+def test_unmount_keeps_uploads_that_still_fail(mnt: str) -> None:
     h = memory_harness()
     fs = _FailingUploads(h.fs.fs, root=h.fs.root)  # type: ignore[attr-defined]
     handle = Mount(fs, mnt).start()
     fd = os.open(f"{mnt}/pending.txt", os.O_CREAT | os.O_WRONLY, 0o644)
     os.write(fd, b"data that cannot be uploaded")
+    with pytest.raises(OSError):
+        os.fsync(fd)
+    with contextlib.suppress(OSError):
+        os.close(fd)  # its close tries again, for its writer, and fails again
     with pytest.raises(MountError, match=r"pending\.txt") as info:
         handle.close()
-    staging = info.value.details["staging_dir"]
-    with pytest.raises(OSError):
-        os.close(fd)
-    # The staged copy is still on disk: nothing was thrown away.
-    kept = [os.path.join(staging, n) for n in os.listdir(staging)]
-    assert any(open(p, "rb").read() == b"data that cannot be uploaded" for p in kept)
+    # Nothing was thrown away, and nothing was uploaded behind the writer's back.
+    (kept,) = info.value.details["kept"]
+    assert open(kept["data"], "rb").read() == b"data that cannot be uploaded"
+    assert h.get("pending.txt") is None
     assert not is_mounted(mnt)
 
 
-def test_unmount_waits_for_pending_uploads(mnt: str) -> None:
+def test_unmount_waits_for_writers_then_keeps_what_is_still_open(mnt: str) -> None:
     h = memory_harness()
-    handle = Mount(h.fs, mnt).start()
-    fd = os.open(f"{mnt}/open.txt", os.O_CREAT | os.O_WRONLY, 0o644)
-    os.write(fd, b"written, never closed")
-    handle.close()
-    assert h.get("open.txt") == b"written, never closed"
+    h.put("open.txt", b"the old version")
+    handle = Mount(h.fs, mnt, options={"stop_timeout": 1.5}).start()
+    # A writer that closes while the unmount waits: its file is published whole.
+    late = open(f"{mnt}/late.txt", "wb")
+    late.write(b"closed in time")
+    timer = threading.Timer(0.5, late.close)
+    timer.start()
+    # A writer that never closes: its half-written file is not published over the old one.
+    fd = os.open(f"{mnt}/open.txt", os.O_WRONLY | os.O_TRUNC)
+    os.write(fd, b"half of the ne")
+    started = time.monotonic()
+    with pytest.raises(MountError, match=r"open\.txt.*still open for writing") as info:
+        handle.close()
+    assert 1.4 < time.monotonic() - started < 10
+    timer.join()
+    assert h.get("late.txt") == b"closed in time"
+    assert h.get("open.txt") == b"the old version"
+    (kept,) = info.value.details["kept"]
+    assert kept["path"] == "open.txt" and open(kept["data"], "rb").read() == b"half of the ne"
     with pytest.raises(OSError):
         os.close(fd)
 
@@ -258,8 +288,11 @@ def test_one_session_per_process(mnt: str, tmp_path: Path) -> None:
 
 
 def test_missing_mountpoint_is_a_mount_error(tmp_path: Path) -> None:
-    with pytest.raises(MountError, match="not a directory"):
+    with pytest.raises(MountError, match="does not exist; create the directory first"):
         Mount(memory_harness().fs, tmp_path / "absent").start()
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(MountError, match="not a directory"):
+        Mount(memory_harness().fs, tmp_path / "file").start()
 
 
 def test_unknown_option_is_refused() -> None:
@@ -480,3 +513,36 @@ def test_mounting_a_bucket_that_does_not_exist_fails_cleanly(moto: MotoServer, m
     assert not is_mounted(mnt)
     with Mount(memory_harness().fs, mnt):  # the session was given back
         assert os.listdir(mnt) == []
+
+
+# -- safe defaults ------------------------------------------------------------------------------
+
+
+def test_a_mount_point_must_be_an_empty_directory_unless_nonempty(mnt: str, tmp_path: Path) -> None:
+    h = memory_harness()
+    Path(mnt, "project.txt").write_text("my work")
+    with pytest.raises(MountError, match=r"not empty.*project\.txt.*nonempty"):
+        Mount(h.fs, mnt).start()
+    assert not is_mounted(mnt)
+    with Mount(h.fs, mnt, options={"nonempty": True}):
+        assert os.listdir(mnt) == []  # hidden while mounted
+    assert Path(mnt, "project.txt").read_text() == "my work"
+    with pytest.raises(MountError, match=r"does not exist"):
+        Mount(h.fs, os.fspath(tmp_path / "nope")).start()
+
+
+def test_only_the_mounting_user_by_default_and_df_shows_room(mnt: str) -> None:
+    h = memory_harness()
+    with Mount(h.fs, mnt, options={"staging_limit": 64 << 20}):
+        with open("/proc/self/mountinfo", encoding="utf-8") as f:
+            (line,) = [row for row in f if f" {mnt} " in row]
+        assert "allow_other" not in line
+        st = os.statvfs(mnt)
+        # The staging budget as the disk: nothing staged, so nothing used.
+        assert st.f_bavail * st.f_frsize == 64 << 20 == st.f_blocks * st.f_frsize
+        df = subprocess.run(["df", "--output=pcent", mnt], capture_output=True, text=True, check=True).stdout
+        assert df.split()[-1] == "0%"
+    with Mount(h.fs, mnt, options={"allow_other": True}):
+        with open("/proc/self/mountinfo", encoding="utf-8") as f:
+            (line,) = [row for row in f if f" {mnt} " in row]
+        assert "allow_other" in line

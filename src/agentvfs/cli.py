@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import functools
 import json
 import os
@@ -381,6 +382,88 @@ def _mount(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
+def _storage_of(entry_storage: str, url: str | None) -> str:
+    """The URL to open for a recovered file: the one given, else the one it was kept for
+    (``local:///dir`` is the directory)."""
+    if url:
+        return url
+    return entry_storage[len("local://") :] if entry_storage.startswith("local://") else entry_storage
+
+
+async def _restore_one(entry: Any, url: str, to: str | None, force: bool, storage_options: dict[str, Any]) -> str:
+    from .errors import StaleFileError
+
+    fs = _filesystem_for(url, False, storage_options)
+    path = to or entry.path
+    data = await anyio.Path(entry.data).read_bytes()
+    try:
+        current = await fs.stat(path)
+    except FileNotFoundError:
+        current = None
+    if force:
+        await fs.write_file(path, data)
+    elif current is None:
+        if entry.base is not None and to is None:
+            raise StaleFileError(path, None, None)  # deleted since: not restored over nothing
+        await fs.write_file(path, data, overwrite=False)
+    elif to is None and (entry.base is None or current.etag != entry.base):
+        raise StaleFileError(path, None, current.modified_at)
+    else:
+        await fs.write_file(path, data, expected_mtime=current)
+    return path
+
+
+def _recover(args: argparse.Namespace) -> int:
+    from .mounts import default_state_dir, discard_recovered, list_recovered
+
+    root = args.state_dir or default_state_dir()
+    url = args.url
+    if url and "://" not in url and "::" not in url:
+        url = "file://" + os.path.abspath(url)
+    entries = list_recovered(root)
+    if args.url:
+        # The storage as the mount filed it: local directories as local://, the rest by URL.
+        wanted = {url, "local://" + os.path.abspath(args.url)}
+        entries = [e for e in entries if e.storage in wanted or e.storage.split("://", 1)[-1] == url.split("://", 1)[-1]]
+    chosen = args.restore or args.discard
+    if chosen is None:
+        if args.json:
+            print(json.dumps([e.to_dict() for e in entries], indent=1))
+        elif not entries:
+            print(f"no recovered files in {root}")
+        for e in entries if not args.json else []:
+            base = e.base or "new file"
+            print(f"{e.id}  {e.size:>10}  {e.storage.rstrip('/')}/{e.path}  (base {base}; kept {e.kept_at}: {e.reason})")
+        return 0
+    by_id = {e.id: e for e in entries}
+    missing = [i for i in chosen if i not in by_id]
+    if missing:
+        print(f"agentvfs recover: no recovered file {', '.join(missing)} (see agentvfs recover --list)", file=sys.stderr)
+        return 2
+    if args.to and len(chosen) != 1:
+        print("agentvfs recover: --to takes one --restore ID", file=sys.stderr)
+        return 2
+    status = 0
+    storage_options = dict(args.options)
+    for ident in chosen:
+        entry = by_id[ident]
+        if args.discard:
+            discard_recovered(entry)
+            print(f"discarded {ident} ({entry.path})")
+            continue
+        try:
+            target = _storage_of(entry.storage, args.url and url)
+            written = anyio.run(_restore_one, entry, target, args.to, args.force, storage_options)
+        except OSError as exc:
+            status = 1
+            why = "storage changed since it was kept (--force writes over that)" if exc.errno == errno.ESTALE else exc
+            print(f"agentvfs recover: {ident} ({entry.path}) not restored: {why}", file=sys.stderr)
+            continue
+        discard_recovered(entry)
+        print(f"restored {ident} to {written}")
+    return status
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``agentvfs`` command."""
     parser = argparse.ArgumentParser(prog="agentvfs", description="A workspace for AI agents over any fsspec storage.")
@@ -421,6 +504,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         "the value from FILE. Never put credentials on the command line (every local user sees them in ps): use "
         "key=@FILE, secret=@FILE or the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)",
     )  # fmt: skip
+    rec = sub.add_parser(
+        "recover",
+        help="list, restore or discard files a mount kept instead of publishing them",
+        description="A mount never publishes a file that was still open for writing when it stopped, whose "
+        "upload failed, or that storage changed under it, and the next mount of a storage moves what a killed "
+        "mount left staged into the recovery area. This lists those files (the default), writes one back to "
+        "its storage (--restore: only over the version it was based on, unless --force) or deletes it "
+        "(--discard).",
+    )
+    rec.add_argument("url", metavar="URL", nargs="?", help="only files of this storage; the storage to restore to")
+    action = rec.add_mutually_exclusive_group()
+    action.add_argument("--list", action="store_true", help="list the recovered files (the default)")
+    action.add_argument("--restore", metavar="ID", nargs="+", help="write these files back to their storage")
+    action.add_argument("--discard", metavar="ID", nargs="+", help="delete these recovered files for good")
+    rec.add_argument("--to", metavar="PATH", help="with one --restore ID: write it to PATH instead of its own path")
+    rec.add_argument("--force", action="store_true", help="restore even over a version written since")
+    rec.add_argument("--json", action="store_true", help="print the list as JSON")
+    rec.add_argument("--state-dir", metavar="DIR", help="the mounts' state directory (default: the mount default)")
+    rec.add_argument(
+        "-o", dest="options", action="append", type=_storage_option, default=[], metavar="KEY=VALUE",
+        help="an fsspec storage option for restoring (endpoint_url, ...); KEY=@FILE reads it from FILE",
+    )  # fmt: skip
     from .bench import add_arguments as add_bench_arguments
 
     bench = sub.add_parser(
@@ -439,6 +544,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return bench_main(args, bench)
     if args.command == "mount":
         return _mount(args, mnt)
+    if args.command == "recover":
+        return _recover(args)
     commands = {"demo": lambda: anyio.run(_demo, args.storage, []), "mcp": lambda: _mcp(args, mcp)}
     commands[args.command]()
     return 0

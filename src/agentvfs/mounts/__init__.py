@@ -13,6 +13,10 @@ from ._child import recipe_for as recipe_for
 from ._options import MountOptions as MountOptions
 from ._passthrough import libfuse_version as libfuse_version
 from ._passthrough import unavailable_reason as passthrough_unavailable_reason
+from ._recovery import RecoveredFile as RecoveredFile
+from ._recovery import default_state_dir as default_state_dir
+from ._recovery import discard_recovered as discard_recovered
+from ._recovery import list_recovered as list_recovered
 from ._server import Mount as Mount
 from ._server import cleanup_stale_mount as cleanup_stale_mount
 from ._server import fuse_available as fuse_available
@@ -23,10 +27,14 @@ __all__ = [
     "Mount",
     "MountOptions",
     "ProcessMount",
+    "RecoveredFile",
     "cleanup_stale_mount",
+    "default_state_dir",
+    "discard_recovered",
     "fuse_available",
     "is_mounted",
     "libfuse_version",
+    "list_recovered",
     "mount",
     "passthrough_unavailable_reason",
     "recipe_for",

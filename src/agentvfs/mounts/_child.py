@@ -162,7 +162,7 @@ class ProcessMount:
         MountError
             See the class.
         """
-        prepare_mountpoint(self.mountpoint)
+        prepare_mountpoint(self.mountpoint, nonempty=self.options.nonempty)
         options = {name: getattr(self.options, name) for name in self.options.__dataclass_fields__}
         request = {"recipe": self._recipe, "mountpoint": self.mountpoint, "read_only": self.read_only, "options": options}
         self._proc = subprocess.Popen(
@@ -275,10 +275,11 @@ class ProcessMount:
         self.pending_failures = failures
         if failures:
             listed = "; ".join(f"{path}: {why}" for path, why in sorted(failures.items()))
+            details = {key: (reply or {}).get(key) for key in ("kept", "recovery_dir", "staging_dir")}
             raise MountError(
-                f"Unmounted {self.mountpoint} with uploads that failed (kept in "
-                f"{(reply or {}).get('staging_dir')}): {listed}",
-                {"failed": failures, "staging_dir": (reply or {}).get("staging_dir")},
+                f"Unmounted {self.mountpoint} without publishing {len(failures)} file(s), kept in "
+                f"{details['recovery_dir']} (agentvfs recover --list): {listed}",
+                {"failed": failures, **details},
             )
 
     def _kill(self) -> None:
@@ -360,7 +361,8 @@ def _serve(requests: IO[bytes], replies: IO[bytes]) -> int:
             handle.close()
         except MountError as exc:
             closed["failures"] = exc.details.get("failed", {})
-            closed["staging_dir"] = exc.details.get("staging_dir")
+            for key in ("kept", "recovery_dir", "staging_dir"):
+                closed[key] = exc.details.get(key)
             _log.error("%s", exc)
         with contextlib.suppress(OSError):
             reply(closed)

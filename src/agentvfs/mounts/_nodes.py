@@ -93,6 +93,7 @@ class Node:
         "ctime",
         "dirty",
         "etag",
+        "failed",
         "fresh",
         "gid",
         "ino",
@@ -120,6 +121,7 @@ class Node:
         "version",
         "write_seq",
         "writers",
+        "written",
     )
 
     def __init__(
@@ -166,6 +168,14 @@ class Node:
         self.staged_bytes = 0
         self.dirty = False
         self.write_seq = 0
+        #: Bytes were written (or the size set) since the last publish. A file only
+        #: truncated by ``O_TRUNC`` is dirty but not written: a ``flush`` then publishes
+        #: nothing (``cmd > f`` flushes once before its first write), the last close does.
+        self.written = False
+        #: Why the last upload of this file failed (reported to its writer as ``EIO``);
+        #: None once one succeeds. A failed file is never uploaded again but at its writer's
+        #: own request (``fsync``, ``close``): otherwise it goes to the recovery area.
+        self.failed: str | None = None
         #: Written from empty in this mount (created or truncated to zero), in order so far:
         #: a candidate for a streamed upload.
         self.fresh = False

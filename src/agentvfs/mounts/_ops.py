@@ -25,6 +25,7 @@ from .. import errors as _errors
 from ..vfs import (
     FileStat,
     SupportsLocalFiles,
+    SupportsUploadRecovery,
     WorkspaceFilesystem,
     download_file,
     list_stats,
@@ -36,6 +37,7 @@ from ._inodes import InodeTable, ns
 from ._nodes import Node, now_ns
 from ._options import MountOptions
 from ._readahead import ReadAhead, ReadState
+from ._recovery import RecoveredFile, RecoveryArea, Session, default_state_dir, recover_sessions
 from ._staging import StagingStore
 from ._uploads import Uploads
 
@@ -109,15 +111,39 @@ def _fail(code: int) -> pyfuse3.FUSEError:
     return pyfuse3.FUSEError(code)
 
 
+def storage_url(filesystem: WorkspaceFilesystem) -> str:
+    """The storage a filesystem is, as a URL (``s3://bucket/prefix``, ``local:///dir``): what
+    its mounts' journals and recovered files are filed under."""
+    where = filesystem.location
+    return f"{filesystem.provider}://{where}" if where else f"{filesystem.provider}:{filesystem.id}"
+
+
+def _process_of(tid: int) -> int:
+    """The process (thread group) of thread ``tid``; 0 once it is gone."""
+    try:
+        with open(f"/proc/{tid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Tgid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
 class _Handle:
     """An open file: its node, its access mode and its read-ahead state."""
 
-    __slots__ = ("append", "fd", "fd_state", "node", "passthrough", "path", "reading", "writable")
+    __slots__ = (
+        "append", "fd", "fd_state", "node", "opener", "opener_process", "passthrough", "path", "reading", "writable",
+    )  # fmt: skip
 
-    def __init__(self, node: Node, *, writable: bool, append: bool) -> None:
+    def __init__(self, node: Node, *, writable: bool, append: bool, opener: int = 0) -> None:
         self.node = node
         self.writable = writable
         self.append = append
+        #: The thread that opened the file (0: unknown), and its process once asked for.
+        self.opener = opener
+        self.opener_process = 0
         self.reading = ReadState()
         self.path = ""
         #: A descriptor of the file itself where storage is local disk (read directly), and
@@ -133,7 +159,14 @@ class MountOperations(pyfuse3.Operations):
 
     supports_dot_lookup = False
 
-    def __init__(self, filesystem: WorkspaceFilesystem, options: MountOptions, *, read_only: bool) -> None:
+    def __init__(
+        self,
+        filesystem: WorkspaceFilesystem,
+        options: MountOptions,
+        *,
+        read_only: bool,
+        mountpoint: str | None = None,
+    ) -> None:
         super().__init__()
         self.fs = filesystem
         self.options = options
@@ -148,14 +181,35 @@ class MountOperations(pyfuse3.Operations):
         self.path_of = self.table.path_of
         self.handles: dict[int, _Handle] = {}
         self.dir_handles: dict[int, list[tuple[str, Node]]] = {}
-        self.staging = StagingStore(filesystem, options, self._safe_path)
+        #: The journal of staged copies (None: a read-only mount, or operations served
+        #: without a mount point, which journal nothing), and where unpublished files go.
+        self.session: Session | None = None
+        self.recovery: RecoveryArea | None = None
+        #: Files a mount of this storage that ended without publishing them left, found
+        #: when this one started (now in the recovery area), and the multipart uploads it
+        #: left open (aborted once the storage answers).
+        self.recovered: list[RecoveredFile] = []
+        self.pending_aborts: list[dict[str, Any]] = []
+        #: Files this mount put into the recovery area.
+        self.kept: list[RecoveredFile] = []
+        #: Set when a writer closes while an unmount waits for the writers (``drain``).
+        self._writer_closed: trio.Event | None = None
+        if mountpoint is not None and not read_only:
+            root = options.state_dir or default_state_dir()
+            url = storage_url(filesystem)
+            self.recovered, self.pending_aborts = recover_sessions(root, url, mountpoint)
+            self.session = Session(root, url, mountpoint)
+            self.recovery = RecoveryArea(root, url, mountpoint)
+        self.staging = StagingStore(filesystem, options, self._safe_path, self.session)
         #: Where staged copies live (a ``/proc/self/fd`` path when held by descriptor).
         self.staging_dir = self.staging.path
         #: The same place as a plain path, for messages.
         self.staging_shown = self.staging.shown_path
         self.nursery: trio.Nursery | None = None
         self.readahead = ReadAhead(filesystem, options, lambda: self.nursery)
-        self.uploads = Uploads(filesystem, options, lambda: self.nursery, self.path_of, self._safe_path)
+        self.uploads = Uploads(
+            filesystem, options, lambda: self.nursery, self.path_of, self._safe_path, self.staging.mark_upload
+        )
         self.thread_id: int | None = None
         self.failed_uploads: dict[str, str] = {}
         self.atomic_rename = filesystem.capabilities.atomic_rename
@@ -365,10 +419,19 @@ class MountOperations(pyfuse3.Operations):
             self.staging.release_bytes(node)
             self.staging.reserve(node, node.size)
 
+    def _dirty(self, node: Node, *, written: bool) -> None:
+        """``node``'s staged copy changed: it holds what storage does not (journaled)."""
+        if not node.dirty:
+            self.staging.mark_dirty(node, self._safe_path(node).lstrip("/"), node.etag if node.stored else None)
+        node.dirty = True
+        node.written = node.written or written
+        node.write_seq += 1
+
     async def commit(self, node: Node) -> None:
         """Upload a dirty file to every name it has; ``EIO`` (logged with the path) if storage
-        refuses. The staged copy is kept on failure, so nothing is lost and a later
-        ``fsync``, ``close`` or unmount tries again."""
+        refuses. The staged copy is kept on failure and the file marked failed: only its
+        writer's next ``fsync`` or ``close`` tries again; otherwise it goes to the recovery
+        area (see :meth:`keep`), never uploaded silently later."""
         if not node.dirty or node.stage is None:
             return
         async with node.lock:
@@ -384,26 +447,116 @@ class MountOperations(pyfuse3.Operations):
                     try:
                         await upload_file(self.fs, node.stage, path)
                     except Exception as exc:
-                        self.failed_uploads["/" + path] = str(exc)
+                        node.failed = str(exc) or type(exc).__name__
+                        self.failed_uploads["/" + path] = node.failed
+                        self.staging.mark_failed(node, node.failed)
                         _log.error("upload of /%s failed, kept staged at %s: %s", path, node.stage, exc)
                         raise _fail(errno.EIO) from None
                     self.failed_uploads.pop("/" + path, None)
             node.stored = True
+            node.failed = None
             node.etag = None
             node.checked_at = time.monotonic()
             if node.write_seq == seq:
-                node.dirty = False
+                node.dirty = node.written = False
+                self.staging.mark_clean(node)
 
-    async def drain(self) -> dict[str, str]:
-        """Upload every dirty file (used before unmounting); returns the failures."""
+    async def keep(self, node: Node, reason: str) -> None:
+        """Put ``node``'s unpublished data into the recovery area instead of storage; the
+        mount then shows what storage holds (the old file, or no file)."""
+        if node.stage is None or not node.dirty:
+            return
+        path = self._safe_path(node).lstrip("/")
+        async with node.lock:
+            if not _has_stage(node) or not _is_dirty(node):
+                return  # published or let go by a concurrent request while this one waited
+            if self.recovery is None:
+                # Operations without a mount point: nowhere durable to put it; keep it staged.
+                _log.error("/%s was not published (%s); it stays staged at %s", path, reason, node.stage)
+                return
+            base = node.etag if node.stored else None
+            kept = await trio.to_thread.run_sync(
+                functools.partial(self.recovery.keep, node.stage, path=path, base=base, reason=reason)
+            )
+            self.kept.append(kept)
+            for name in [self.table.child_path(parent, name) for parent, name in node.links]:
+                self.failed_uploads.pop("/" + name, None)
+            node.dirty = node.written = False
+            node.failed = None
+            self.uploads.drop(node)
+            self.staging.drop(node)
+        await self._show_storage(node)
+
+    async def _show_storage(self, node: Node) -> None:
+        """After ``keep``: make the mount show what storage holds under ``node``'s names."""
+        node.version += 1
+        node.kernel_version = -1
+        if not node.stored:
+            # Never published: storage has no such file.
+            for parent, name in list(node.links):
+                assert parent.children is not None
+                parent.children.pop(name, None)
+                self.table.drop_link(node, parent, name)
+                self._invalidate_later(parent.ino, name, node.ino)
+            return
+        for parent, name in node.links:
+            parent.listed_at = 0.0
+            self._invalidate_later(parent.ino, name, node.ino)
+        try:
+            st = await self.fs.stat(self.path_of(node))
+        except (OSError, pyfuse3.FUSEError):
+            node.checked_at = 0.0
+            return
+        node.size, node.etag = st.size, st.etag
+        node.mtime = node.ctime = ns(st.modified_at)
+        node.checked_at = time.monotonic()
+
+    def _writers_staged(self) -> list[Node]:
+        return [n for n in self.inodes.values() if n.dirty and n.stage is not None and n.writers]
+
+    async def drain(self, wait: float | None = None) -> dict[str, str]:
+        """Before unmounting: wait up to ``wait`` seconds (default ``stop_timeout``) for files
+        open for writing to be closed, publish every dirty file nobody writes any more, and
+        keep the rest in the recovery area: files still open (half written, perhaps) and
+        files whose upload failed before. Returns what was not published, by path."""
+        deadline = trio.current_time() + (self.options.stop_timeout if wait is None else wait)
+        while self._writers_staged() and trio.current_time() < deadline:
+            self._writer_closed = trio.Event()
+            with trio.move_on_at(deadline):
+                await self._writer_closed.wait()
+        self._writer_closed = None
+        unpublished: dict[str, str] = {}
         for node in list(self.inodes.values()):
-            if node.dirty:
-                with contextlib.suppress(pyfuse3.FUSEError):
+            if not node.dirty or node.stage is None:
+                continue
+            path = self._safe_path(node)
+            if node.writers:
+                reason = "still open for writing when the mount stopped"
+            elif node.failed is not None:
+                reason = f"its upload failed: {node.failed}"
+            else:
+                try:
                     await self.commit(node)
-        return dict(self.failed_uploads)
+                    continue
+                except pyfuse3.FUSEError:
+                    reason = f"its upload failed: {node.failed}"
+            unpublished[path] = reason
+            await self.keep(node, reason)
+        return unpublished
+
+    async def abort_left_uploads(self) -> None:
+        """Abort the multipart uploads a mount that ended left open (named in its journal)."""
+        tickets, self.pending_aborts = self.pending_aborts, []
+        for ticket in tickets:
+            try:
+                if isinstance(self.fs, SupportsUploadRecovery) and await self.fs.abort_upload(ticket):
+                    _log.warning("aborted an incomplete upload left by an earlier mount: %s", ticket.get("key"))
+            except Exception as exc:
+                _log.error("could not abort an incomplete upload left by an earlier mount (%s): %s", ticket, exc)
 
     def close_staging(self) -> None:
-        """Drop staged copies of clean files; remove the staging area if it is ours and empty."""
+        """Drop staged copies of clean files; remove the staging area if it is ours and empty,
+        and the session with its journal if nothing in it is left unpublished."""
         for node in self.inodes.values():
             if node.backing_fd >= 0:
                 os.close(node.backing_fd)  # the session is gone, and its backing ids with it
@@ -411,6 +564,8 @@ class MountOperations(pyfuse3.Operations):
             if not node.dirty:
                 self.staging.drop(node)
         self.staging.close()
+        if self.session is not None:
+            self.session.close()
 
     # -- change feed from the same filesystem object ----------------------------------------
 
@@ -553,12 +708,16 @@ class MountOperations(pyfuse3.Operations):
             os.ftruncate(node.stage_fd, size)
             # POSIX: a successful truncate marks the file changed even at the same size.
             node.size = size
-            node.dirty = True
-            node.write_seq += 1
+            self._dirty(node, written=True)
             node.touch()
             if not node.writers:
                 # truncate(2) without an open file: it is done when the call returns.
-                await self.commit(node)
+                try:
+                    await self.commit(node)
+                except pyfuse3.FUSEError:
+                    if not node.opens:
+                        await self.keep(node, f"its upload failed: {node.failed}")
+                    raise
                 if not node.opens:
                     self.staging.drop(node)
         if fields.update_mode:
@@ -636,15 +795,20 @@ class MountOperations(pyfuse3.Operations):
         local = os.statvfs(self.staging_dir)
         out.f_bsize = 4096
         out.f_frsize = 4096
-        # Storage has no fixed size: report the staging budget still free as the free space,
-        # since that is what bounds a write through the mount; with passthrough, writes go to
-        # the disk holding the files (the staging area sits on it), and its free space does.
-        free = local.f_bavail * local.f_frsize
-        if not self.passthrough_granted():
-            free = min(free, max(0, self.options.staging_limit - self.staging.used))
-        out.f_blocks = max(free, 1 << 40) // 4096
-        out.f_bfree = free // 4096
-        out.f_bavail = free // 4096
+        if self.passthrough_granted():
+            # Writes go to the disk holding the files (the staging area sits on it): its own
+            # size and free space are the mount's.
+            scale = local.f_frsize
+            out.f_blocks = local.f_blocks * scale // 4096
+            out.f_bfree = local.f_bfree * scale // 4096
+            out.f_bavail = local.f_bavail * scale // 4096
+        else:
+            # Storage has no fixed size: what bounds a write through the mount is the staging
+            # budget still free (and the disk under it). Reported as a disk of that budget,
+            # used only by what is staged now, so `df` shows room, never a full disk.
+            free = min(local.f_bavail * local.f_frsize, max(0, self.options.staging_limit - self.staging.used))
+            out.f_bfree = out.f_bavail = max(1, free // 4096)
+            out.f_blocks = out.f_bfree + self.staging.used // 4096
         out.f_files = 1 << 32
         out.f_ffree = (1 << 32) - len(self.inodes)
         out.f_favail = out.f_ffree
@@ -884,11 +1048,13 @@ class MountOperations(pyfuse3.Operations):
         if node.dirty and node.stage is not None:
             # Publish the staged content under the new name, then drop the old one.
             async with node.lock:
-                await upload_file(self.fs, node.stage, new_path)
-                if node.stored:
-                    await self.fs.delete_file(old_path, force=True)
-            node.stored = True
-            return
+                # Checked again: a close may have published it while this waited.
+                if node.dirty and node.stage is not None:
+                    await upload_file(self.fs, node.stage, new_path)
+                    if node.stored:
+                        await self.fs.delete_file(old_path, force=True)
+                    node.stored = True
+                    return
         if node.stored:
             await self.fs.move_file(old_path, new_path, overwrite=True)
         elif target is not None and target.stored:
@@ -935,15 +1101,14 @@ class MountOperations(pyfuse3.Operations):
         node = self.table.new_node(_S_IFREG, mode, uid=uid, gid=gid)
         self.table.add_link(directory, name, node)
         await self._materialize(node, truncate_to=0)
-        node.dirty = True
+        self._dirty(node, written=False)
         node.fresh = True
-        node.write_seq += 1
         return node
 
-    def _open_handle(self, node: Node, flags: int) -> int:
+    def _open_handle(self, node: Node, flags: int, pid: int = 0) -> int:
         accmode = flags & os.O_ACCMODE
         writable = accmode in (os.O_WRONLY, os.O_RDWR)
-        handle = _Handle(node, writable=writable, append=bool(flags & os.O_APPEND))
+        handle = _Handle(node, writable=writable, append=bool(flags & os.O_APPEND), opener=pid)
         fh = self._next_fh
         self._next_fh += 1
         self.handles[fh] = handle
@@ -964,7 +1129,7 @@ class MountOperations(pyfuse3.Operations):
         if existing is not None:
             if flags & os.O_EXCL:
                 raise _fail(errno.EEXIST)
-            info = await self._open(existing, flags)
+            info = await self._open(existing, flags, ctx.pid)
             return info, self._entry(existing)
         uid, gid = self._owner(directory, ctx)
         if self.passthrough_granted():
@@ -972,16 +1137,16 @@ class MountOperations(pyfuse3.Operations):
             if created is not None:
                 return created[0], self._entry(created[1])
         node = await self._create_file(directory, text, mode, uid, gid)
-        fh = self._open_handle(node, flags)
+        fh = self._open_handle(node, flags, ctx.pid)
         info = pyfuse3.FileInfo(fh=fh, keep_cache=True)
         node.kernel_version = node.version
         return info, self._entry(node)
 
     @_fuse_errors
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
-        return await self._open(self.table.node(inode), flags)
+        return await self._open(self.table.node(inode), flags, ctx.pid)
 
-    async def _open(self, node: Node, flags: int) -> pyfuse3.FileInfo:
+    async def _open(self, node: Node, flags: int, pid: int = 0) -> pyfuse3.FileInfo:
         if node.is_dir:
             raise _fail(errno.EISDIR)
         accmode = flags & os.O_ACCMODE
@@ -1006,10 +1171,9 @@ class MountOperations(pyfuse3.Operations):
                 os.ftruncate(node.stage_fd, 0)
                 node.size = 0
             node.fresh = len(node.links) == 1
-            node.dirty = True
-            node.write_seq += 1
+            self._dirty(node, written=False)
             node.touch()
-        fh = self._open_handle(node, flags)
+        fh = self._open_handle(node, flags, pid)
         handle = self.handles[fh]
         handle.path = self._safe_path(node)
         if node.stage is None and node.stored and node.links:
@@ -1261,8 +1425,7 @@ class MountOperations(pyfuse3.Operations):
         written = os.pwrite(node.stage_fd, buf, off)
         if end > node.size:
             node.size = end
-        node.dirty = True
-        node.write_seq += 1
+        self._dirty(node, written=True)
         node.touch()
         if node.stream is not None:
             node.stream.wake.set()  # the pump may send the next part
@@ -1272,13 +1435,29 @@ class MountOperations(pyfuse3.Operations):
 
     @_fuse_errors
     async def flush(self, fh: int) -> None:
+        # First, before any await: which thread closed a descriptor of this handle.
+        closer = _passthrough.LIBRARY.flush_pid(fh) if _passthrough.LIBRARY is not None else 0
         handle = self.handles.get(fh)
         if handle is None:
             raise _fail(errno.EBADF)
         if handle.passthrough and handle.writable and len(handle.node.links) > 1:
             await self._copy_to_other_names(handle.node)
-        if handle.node.dirty:
-            await self.commit(handle.node)
+        # A flush publishes only data (not a bare O_TRUNC: the shell's `cmd > f` closes a
+        # duplicate before the first write), and only when the process that opened the file
+        # closes it: the children of `{ a; b; } > f` each close a copy of the descriptor
+        # while the file is half written. Their closes leave it to the opener's, or to
+        # the last close (release).
+        node = handle.node
+        if node.dirty and node.written and self._closed_by_opener(handle, closer):
+            await self.commit(node)
+
+    @staticmethod
+    def _closed_by_opener(handle: _Handle, closer: int) -> bool:
+        if not closer or not handle.opener or closer == handle.opener:
+            return True  # unknown (no FUSE helper library), or the very thread
+        if not handle.opener_process:
+            handle.opener_process = _process_of(handle.opener) or -1
+        return _process_of(closer) == handle.opener_process
 
     @_fuse_errors
     async def fsync(self, fh: int, datasync: bool) -> None:
@@ -1329,11 +1508,16 @@ class MountOperations(pyfuse3.Operations):
         node.opens -= 1
         if handle.writable:
             node.writers -= 1
+            if self._writer_closed is not None:
+                self._writer_closed.set()  # an unmount waiting for writers looks again
         if node.dirty and not node.writers:
-            try:
-                await self.commit(node)
-            except pyfuse3.FUSEError:
-                return  # logged by commit; the staged copy stays for the next attempt
+            # The last close. A file whose upload failed (its writer was told) is not tried
+            # again behind the writer's back; one that fails now has nobody left to tell.
+            if node.failed is None:
+                with contextlib.suppress(pyfuse3.FUSEError):
+                    await self.commit(node)
+            if node.dirty and node.failed is not None:
+                await self.keep(node, f"its upload failed: {node.failed}")
         if not node.opens and not node.dirty:
             self.staging.drop(node)
             if not node.links and not node.lookups:

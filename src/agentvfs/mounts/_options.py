@@ -41,6 +41,14 @@ class MountOptions:
     staging_limit : int
         Bytes of local disk the staged copies may take together; a write beyond it fails with
         ``ENOSPC``.
+    state_dir : str or None
+        Where the mount keeps the journal of its staged copies and the recovery area of what
+        it could not publish (default: ``$AGENTVFS_STATE_DIR``, ``$XDG_STATE_HOME/agentvfs``
+        or ``~/.local/state/agentvfs``). Staged copies of remote files live there too unless
+        ``staging_dir`` is given. See ``agentvfs recover``.
+    stop_timeout : float
+        Seconds an unmount waits for files still open for writing to be closed; what is open
+        after that is kept in the recovery area, not published.
     stream_threshold : int
         A file written from empty, in order, is uploaded while it is written (a multipart
         upload, parts of ``stream_part_size``) once it grows beyond this many bytes, where the
@@ -56,7 +64,12 @@ class MountOptions:
     file_mode, dir_mode : int
         Permission bits of files and directories the backend keeps none for.
     allow_other : bool
-        Let other users (a sandbox running as another uid) use the mount.
+        Let other users (processes of another uid) use the mount. Off by default: the
+        mounting user (and the commands of a bubblewrap sandbox it starts, which are that
+        user to the kernel) can use it; ``-o allow_other`` as root opens it to everyone.
+    nonempty : bool
+        Mount over a directory that has entries (they are hidden while mounted). Refused by
+        default: a mistyped mount point would otherwise hide a project's files.
     writeback_cache : bool
         Let the kernel gather small writes into large ones. Off by default: the kernel then
         holds written data until the file is closed (no upload can stream while it is being
@@ -86,6 +99,8 @@ class MountOptions:
     random_read_size: int = _MiB
     staging_dir: str | None = None
     staging_limit: int = 8 * 1024 * _MiB
+    state_dir: str | None = None
+    stop_timeout: float = 10.0
     stream_threshold: int = 320 * _MiB
     stream_part_size: int = 64 * _MiB
     rename_dir_limit: int = 1000
@@ -93,7 +108,8 @@ class MountOptions:
     gid: int = field(default_factory=os.getgid)
     file_mode: int = 0o644
     dir_mode: int = 0o755
-    allow_other: bool = True
+    allow_other: bool = False
+    nonempty: bool = False
     writeback_cache: bool = False
     passthrough: bool = True
     read_ahead_kb: int = 1024

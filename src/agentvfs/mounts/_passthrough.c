@@ -11,7 +11,8 @@
  *
  * - fuse_session_new_versioned: wraps the init callback, to ask the kernel for
  *   passthrough (when the Python side asked for it) and to record whether the
- *   kernel granted it;
+ *   kernel granted it; and the flush callback, to record which process closed a
+ *   descriptor (pyfuse3 does not pass it on; see agentvfs_flush_pid);
  * - fuse_session_mount: records the session's /dev/fuse descriptor, which the
  *   backing-file ioctls go through;
  * - fuse_reply_open and fuse_reply_create: add the backing id the Python side
@@ -50,11 +51,15 @@ typedef int (*session_mount_fn)(struct fuse_session *, const char *);
 typedef int (*reply_open_fn)(fuse_req_t, const struct fuse_file_info *);
 typedef int (*reply_create_fn)(fuse_req_t, const struct fuse_entry_param *, const struct fuse_file_info *);
 typedef void (*init_fn)(void *, struct fuse_conn_info *);
+typedef void (*flush_fn)(fuse_req_t, fuse_ino_t, struct fuse_file_info *);
 
 static int requested;          /* ask the kernel for passthrough at init */
 static int granted;            /* the kernel agreed */
 static int session_fd = -1;    /* /dev/fuse of the mounted session */
 static init_fn inner_init;     /* pyfuse3's init callback */
+static flush_fn inner_flush;   /* pyfuse3's flush callback */
+static uint64_t flush_fh;      /* the handle of the flush being dispatched, and who sent it */
+static pid_t flush_pid;
 static struct fuse_lowlevel_ops wrapped_ops;
 
 static pthread_mutex_t pending_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -84,6 +89,19 @@ static void init_wrapper(void *userdata, struct fuse_conn_info *conn)
     granted = 1;
 }
 
+/*
+ * pyfuse3 starts the Python handler of a request right after this callback returns and
+ * before it reads the next request, so the handler's first statement still sees the
+ * values recorded here for its own handle.
+ */
+static void flush_wrapper(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+    const struct fuse_ctx *ctx = fuse_req_ctx(req);
+    flush_fh = fi->fh;
+    flush_pid = ctx != NULL ? ctx->pid : 0;
+    inner_flush(req, ino, fi);
+}
+
 struct fuse_session *fuse_session_new_versioned(struct fuse_args *args, const struct fuse_lowlevel_ops *op,
                                                 size_t op_size, struct libfuse_version *version, void *userdata)
 {
@@ -98,6 +116,9 @@ struct fuse_session *fuse_session_new_versioned(struct fuse_args *args, const st
     memcpy(&wrapped_ops, op, op_size);
     inner_init = wrapped_ops.init;
     wrapped_ops.init = init_wrapper;
+    inner_flush = wrapped_ops.flush;
+    if (inner_flush != NULL)
+        wrapped_ops.flush = flush_wrapper;
     granted = 0;
     session_fd = -1;
     return real(args, &wrapped_ops, op_size, version, userdata);
@@ -157,7 +178,13 @@ int fuse_reply_create(fuse_req_t req, const struct fuse_entry_param *e, const st
 
 int agentvfs_pt_version(void)
 {
-    return 1;
+    return 2;
+}
+
+/* The thread id that sent the flush of handle fh being handled now (0: unknown). */
+int agentvfs_flush_pid(uint64_t fh)
+{
+    return flush_fh == fh ? (int)flush_pid : 0;
 }
 
 void agentvfs_pt_request(int on)

@@ -46,6 +46,7 @@ class Passthrough:
         lib.agentvfs_pt_attach.argtypes = [ctypes.c_uint64, ctypes.c_int]
         lib.agentvfs_pt_detach.argtypes = [ctypes.c_uint64]
         lib.agentvfs_pt_detach.restype = None
+        lib.agentvfs_flush_pid.argtypes = [ctypes.c_uint64]
 
     def request(self, on: bool) -> None:
         """Ask for passthrough when the next session starts (before ``pyfuse3.init``)."""
@@ -84,6 +85,11 @@ class Passthrough:
         """Forget an attachment whose open failed before its reply."""
         self._lib.agentvfs_pt_detach(fh)
 
+    def flush_pid(self, fh: int) -> int:
+        """The thread that sent the flush of ``fh`` being handled (0 when unknown). Valid
+        only before the handler's first ``await``."""
+        return int(self._lib.agentvfs_flush_pid(fh))
+
 
 def _candidates() -> list[Path]:
     explicit = os.environ.get("AGENTVFS_PASSTHROUGH_LIB")
@@ -119,7 +125,7 @@ def _load() -> tuple[Passthrough | None, str]:
                 "pyfuse3 is not built against libfuse >= 3.17 (scripts/setup.sh rebuilds it)",
             )
         lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
-        if lib.agentvfs_pt_version() != 1:
+        if lib.agentvfs_pt_version() != 2:
             return None, f"{path} is of another version"
     except OSError as exc:
         return None, f"{path} cannot be loaded: {exc}"

@@ -27,6 +27,7 @@ from ..vfs import WorkspaceFilesystem
 from . import _passthrough
 from ._ops import MountOperations, notify_kernel
 from ._options import MountOptions
+from ._recovery import RecoveredFile
 
 __all__ = ["Mount", "cleanup_stale_mount", "fuse_available", "is_mounted", "mount"]
 
@@ -106,21 +107,36 @@ def cleanup_stale_mount(path: str) -> bool:
     raise MountError(f"Mount point {point} is already in use by another mount")
 
 
-def prepare_mountpoint(mountpoint: str) -> None:
-    """Check that FUSE works and ``mountpoint`` is a free directory, removing a dead mount a
-    killed process left there (which also makes the directory readable again).
+def prepare_mountpoint(mountpoint: str, *, nonempty: bool = False) -> None:
+    """Check that FUSE works and ``mountpoint`` is a free, empty directory (any directory
+    with ``nonempty``), removing a dead mount a killed process left there (which also makes
+    the directory readable again).
 
     Raises
     ------
     MountError
-        FUSE is unavailable, the path is not a directory, or a live mount is there.
+        FUSE is unavailable, the path is missing, not a directory or not empty, or a live
+        mount is there.
     """
     reason = fuse_available()
     if reason is not None:
         raise MountError(f"FUSE is not available: {reason}")
     cleanup_stale_mount(mountpoint)
+    if not os.path.lexists(mountpoint):
+        raise MountError(f"Mount point {mountpoint} does not exist; create the directory first")
     if not os.path.isdir(mountpoint):
         raise MountError(f"Mount point {mountpoint} is not a directory")
+    if not nonempty:
+        try:
+            with os.scandir(mountpoint) as entries:
+                first = next(entries, None)
+        except OSError as exc:
+            raise MountError(f"Mount point {mountpoint} cannot be listed: {exc.strerror}") from None
+        if first is not None:
+            raise MountError(
+                f"Mount point {mountpoint} is not empty (it holds {first.name!r}, which the mount would hide); "
+                "use an empty directory, or mount option nonempty=true"
+            )
 
 
 def _tune(mountpoint: str, options: MountOptions) -> None:
@@ -263,7 +279,20 @@ class Mount:
         self._token: trio.lowlevel.TrioToken | None = None
         self._unwatch: Any = None
         self._holds_session = False
+        #: Paths the last ``close`` could not publish, with the reason (their data is in
+        #: the recovery area, see ``kept``).
         self.pending_failures: dict[str, str] = {}
+
+    @property
+    def recovered(self) -> list[RecoveredFile]:
+        """Files a mount of the same storage that ended without publishing them left behind,
+        moved to the recovery area when this one started (``agentvfs recover``)."""
+        return list(self.operations.recovered) if self.operations is not None else []
+
+    @property
+    def kept(self) -> list[RecoveredFile]:
+        """Files this mount put into the recovery area instead of storage."""
+        return list(self.operations.kept) if self.operations is not None else []
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -279,12 +308,14 @@ class Mount:
         MountError
             See the class.
         """
-        prepare_mountpoint(self.mountpoint)
+        prepare_mountpoint(self.mountpoint, nonempty=self.options.nonempty)
         if not _session_lock.acquire(blocking=False):
             raise MountError("Another mount is already served by this process (one FUSE session per process)")
         self._holds_session = True
         try:
-            self.operations = MountOperations(self.filesystem, self.options, read_only=self.read_only)
+            self.operations = MountOperations(
+                self.filesystem, self.options, read_only=self.read_only, mountpoint=self.mountpoint
+            )
             self._thread = threading.Thread(target=self._serve, name=f"agentvfs-mount {self.mountpoint}", daemon=True)
             self._thread.start()
             self._ready.wait()
@@ -316,6 +347,9 @@ class Mount:
         # bucket or bad credentials fail the mount, not the first `ls`) and sets up its client,
         # so the first read through the mount does not pay for that.
         await self.filesystem.probe()
+        # What an earlier mount of this storage could not publish was moved to the recovery
+        # area when the operations were made; the uploads it left open go now.
+        await ops.abort_left_uploads()
         flags = {
             "fsname=" + self.options.fsname,
             "subtype=agentvfs",
@@ -362,12 +396,15 @@ class Mount:
             notify_kernel(parent, name, ino)  # this is the caller's thread, not the FUSE one
 
     def close(self) -> None:
-        """Upload pending writes, then unmount.
+        """Wait up to ``stop_timeout`` for files open for writing to be closed, upload what
+        is pending, then unmount. A file still open, or whose upload failed, is not
+        published: it goes to the recovery area (``agentvfs recover``).
 
         Raises
         ------
         MountError
-            Some files could not be uploaded (their staged copies are kept and named).
+            Some files were not published (each named with the reason; details ``failed``
+            by path and ``kept``, the recovery entries).
         """
         if self._thread is None:
             return
@@ -393,9 +430,12 @@ class Mount:
         if failures:
             listed = "; ".join(f"{path}: {why}" for path, why in sorted(failures.items()))
             assert ops is not None
+            kept = [entry.to_dict() for entry in ops.kept]
+            where = ops.recovery.path if ops.recovery is not None else ops.staging_shown
             raise MountError(
-                f"Unmounted {self.mountpoint} with uploads that failed (kept in {ops.staging_shown}): {listed}",
-                {"failed": failures, "staging_dir": ops.staging_shown},
+                f"Unmounted {self.mountpoint} without publishing {len(failures)} file(s), kept in {where} "
+                f"(agentvfs recover --list): {listed}",
+                {"failed": failures, "kept": kept, "recovery_dir": where, "staging_dir": ops.staging_shown},
             )
 
     def _stop_thread(self) -> None:

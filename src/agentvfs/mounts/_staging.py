@@ -3,7 +3,10 @@
 A file opened for writing gets a staged copy on local disk; writes land there, and the copy
 is uploaded whole (or streamed) when the file is closed or synced. The area is bounded by
 ``staging_limit``; where the filesystem offers a place beside its files (local disk), staged
-copies live there, held by descriptor, so that publishing is a link and a rename.
+copies live there, held by descriptor, so that publishing is a link and a rename; elsewhere
+they live in the mount's session directory (see ``_recovery``). Each copy that holds data not
+yet in storage is named in the session's journal, so that a mount killed meanwhile leaves
+nothing the next one cannot find.
 """
 
 from __future__ import annotations
@@ -17,12 +20,14 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import pyfuse3
 
 from ..vfs import SupportsLocalStaging, WorkspaceFilesystem
 from ._nodes import Node
 from ._options import MountOptions
+from ._recovery import Session
 
 __all__ = ["StagingStore"]
 
@@ -32,18 +37,21 @@ _log = logging.getLogger("agentvfs.mounts")
 @dataclass(frozen=True, slots=True)
 class _Staging:
     """Where a mount stages: ``path`` to work in, ``shown`` in messages; a directory held by
-    descriptor ``fd`` also has the ``parent`` it was made in and its ``name`` there."""
+    descriptor ``fd`` also has the ``parent`` it was made in and its ``name`` there. ``owned``:
+    made for this mount, removed by it."""
 
     path: str
     shown: str
     fd: int = -1
     parent: str = ""
     name: str = ""
+    owned: bool = True
 
 
-def _default_staging(filesystem: WorkspaceFilesystem) -> _Staging:
+def _default_staging(filesystem: WorkspaceFilesystem, session: Session | None) -> _Staging:
     """Stage beside the files where the filesystem offers a place (local disk: publishing is
-    then a link and a rename), else in a private temporary directory.
+    then a link and a rename), else in the mount's session directory (a private temporary
+    directory for a mount that writes nothing).
 
     A directory beside the files may be within reach of whoever else writes there, so it is
     held by a descriptor and used through ``/proc/self/fd/N``: a rename or a symlink swapped
@@ -59,6 +67,8 @@ def _default_staging(filesystem: WorkspaceFilesystem) -> _Staging:
         else:
             shown = os.readlink(f"/proc/self/fd/{fd}")
             return _Staging(f"/proc/self/fd/{fd}", shown, fd, where, os.path.basename(made))
+    if session is not None:
+        return _Staging(session.path, session.path, owned=False)  # the session removes it
     made = tempfile.mkdtemp(prefix="agentvfs-staging-")
     return _Staging(made, made)
 
@@ -80,18 +90,29 @@ class StagingStore:
         ``staging_limit``.
     shown : callable
         How messages name a node.
+    session : Session or None
+        The journal of the mount (None: nothing is journaled, for a read-only mount).
     """
 
-    def __init__(self, filesystem: WorkspaceFilesystem, options: MountOptions, shown: Callable[[Node], str]) -> None:
+    def __init__(
+        self,
+        filesystem: WorkspaceFilesystem,
+        options: MountOptions,
+        shown: Callable[[Node], str],
+        session: Session | None = None,
+    ) -> None:
         self.fs = filesystem
         self.options = options
         self.shown = shown
-        self._own = options.staging_dir is None
+        self.session = session
         if options.staging_dir is None:
-            self._where = _default_staging(filesystem)
+            self._where = _default_staging(filesystem, session)
         else:
-            self._where = _Staging(options.staging_dir, options.staging_dir)
+            self._where = _Staging(options.staging_dir, options.staging_dir, owned=False)
             os.makedirs(options.staging_dir, exist_ok=True)
+        self._own = self._where.owned
+        if session is not None:
+            session.note_staging(self._where.shown)
         #: Where staged copies live (a ``/proc/self/fd`` path when held by descriptor).
         self.path = self._where.path
         #: The same place as a plain path, for messages.
@@ -99,6 +120,42 @@ class StagingStore:
         self._names = itertools.count()
         #: Bytes the staged copies take together.
         self.used = 0
+
+    # -- the journal ------------------------------------------------------------------------
+
+    def _ident(self, node: Node) -> str | None:
+        return os.path.basename(node.stage) if node.stage is not None and self.session is not None else None
+
+    def mark_dirty(self, node: Node, path: str, base: str | None) -> None:
+        """``node``'s staged copy now holds data storage does not have (journaled once until
+        it is published or let go)."""
+        ident = self._ident(node)
+        if ident is None or self.session is None or ident in self.session.open_entries:
+            return
+        self.session.record("dirty", ident, file=os.path.join(self.shown_path, ident), path=path, base=base)
+
+    def mark_clean(self, node: Node) -> None:
+        """``node``'s staged copy is what storage holds now."""
+        ident = self._ident(node)
+        if ident is not None and self.session is not None and ident in self.session.open_entries:
+            self.session.record("clean", ident)
+
+    def mark_failed(self, node: Node, why: str) -> None:
+        """The upload of ``node`` failed (the copy stays unpublished)."""
+        ident = self._ident(node)
+        if ident is not None and self.session is not None:
+            self.session.record("failed", ident, why=why)
+
+    def mark_upload(self, node: Node, ticket: dict[str, str] | None) -> None:
+        """A streamed upload of ``node`` is open in storage (``ticket`` names it), or done
+        (None: completed or aborted)."""
+        ident = self._ident(node)
+        if ident is None or self.session is None:
+            return
+        if ticket is None:
+            self.session.record("upload-done", ident)
+        else:
+            self.session.record("upload", ident, ticket=ticket)
 
     def reserve(self, node: Node, new_size: int) -> None:
         """Count ``node``'s staged copy as ``new_size`` bytes: ``EFBIG`` for a file larger
@@ -148,9 +205,22 @@ class StagingStore:
             os.close(fd)
             os.unlink(path)
             raise
+        moved = self._open_record(node)
+        self._forget(node)
         os.close(node.stage_fd)
         os.unlink(node.stage)
         node.stage, node.stage_fd = path, fd
+        if moved is not None:
+            self.mark_dirty(node, str(moved.get("path", "")), moved.get("base"))
+
+    def _open_record(self, node: Node) -> dict[str, Any] | None:
+        ident = self._ident(node)
+        return None if ident is None or self.session is None else self.session.open_entries.get(ident)
+
+    def _forget(self, node: Node) -> None:
+        ident = self._ident(node)
+        if ident is not None and self.session is not None and ident in self.session.open_entries:
+            self.session.record("gone", ident)
 
     def release_bytes(self, node: Node) -> None:
         """``node`` holds no staged bytes any more."""
@@ -161,6 +231,7 @@ class StagingStore:
         """Remove ``node``'s staged copy (its data is in storage, or no longer wanted)."""
         if node.stage is None:
             return
+        self._forget(node)
         os.close(node.stage_fd)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(node.stage)

@@ -27,7 +27,7 @@ class _Stream:
     parts while the writer goes on; the staged copy stays the source of truth, so a broken
     stream only means the file is uploaded whole at close instead."""
 
-    __slots__ = ("broken", "closing", "lock", "read_to", "sent", "upload", "wake")
+    __slots__ = ("broken", "closing", "lock", "read_to", "sent", "ticketed", "upload", "wake")
 
     def __init__(self, upload: UploadStream) -> None:
         self.upload = upload
@@ -37,6 +37,8 @@ class _Stream:
         self.read_to = 0
         self.broken = False
         self.closing = False
+        #: The upload was named in the journal (it exists in storage until completed).
+        self.ticketed = False
         self.lock = trio.Lock()
         self.wake = trio.Event()
 
@@ -58,6 +60,9 @@ class Uploads:
         Returns the mount's nursery, where the pumps run.
     path_of, shown : callable
         A node's path in the filesystem, and how messages name it.
+    journal : callable, optional
+        Told ``(node, ticket)`` once a stream exists in storage, and ``(node, None)`` once it
+        is completed or aborted, so that a mount killed in between has it aborted later.
     """
 
     def __init__(
@@ -67,12 +72,29 @@ class Uploads:
         nursery: Callable[[], trio.Nursery | None],
         path_of: Callable[[Node], str],
         shown: Callable[[Node], str],
+        journal: Callable[[Node, dict[str, str] | None], None] | None = None,
     ) -> None:
         self.fs = filesystem
         self.options = options
         self.nursery = nursery
         self.path_of = path_of
         self.shown = shown
+        self.journal = journal
+
+    def _sent(self, node: Node, stream: _Stream) -> None:
+        """After a part went out: name the upload in the journal once storage has it."""
+        if stream.ticketed or self.journal is None:
+            return
+        ticket = getattr(stream.upload, "ticket", None)
+        named = ticket() if callable(ticket) else None
+        if named:
+            stream.ticketed = True
+            self.journal(node, named)
+
+    def _ended(self, node: Node, stream: _Stream) -> None:
+        if stream.ticketed and self.journal is not None:
+            stream.ticketed = False
+            self.journal(node, None)
 
     async def maybe_start(self, node: Node) -> None:
         """Start uploading a file that is being written from empty, in order, once it has
@@ -110,6 +132,7 @@ class Uploads:
                         data = await trio.to_thread.run_sync(os.pread, node.stage_fd, part, stream.sent)
                         await stream.upload.write(data)
                         stream.sent += len(data)
+                        self._sent(node, stream)
                 else:
                     stream.wake = trio.Event()
                     await stream.wake.wait()
@@ -135,11 +158,14 @@ class Uploads:
                         data = await trio.to_thread.run_sync(os.pread, node.stage_fd, size, stream.sent)
                         await stream.upload.write(data)
                         stream.sent += len(data)
+                        self._sent(node, stream)
                     await stream.upload.commit()
+                    self._ended(node, stream)
                     return True
                 except Exception as exc:
                     _log.warning("streamed upload of %s failed at close (%s); uploading it whole", self.shown(node), exc)
             await stream.upload.abort()
+            self._ended(node, stream)
         return False
 
     def drop(self, node: Node) -> None:
@@ -157,6 +183,7 @@ class Uploads:
         async def abort() -> None:
             async with stream.lock:
                 await stream.upload.abort()
+                self._ended(node, stream)
 
         nursery = self.nursery()
         if nursery is not None:

@@ -1,0 +1,107 @@
+"""A mount publishes only complete files: a flush before any write publishes nothing, and
+readers of the storage see the old object or the new one while a file is being written."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from _mounted import wait_until
+from agentvfs import FsspecFilesystem
+from agentvfs.mounts import Mount, fuse_available, is_mounted
+from agentvfs.testing import MotoServer
+from conftest import S3_BUCKET, unique
+
+pytestmark = [
+    pytest.mark.skipif(fuse_available() is not None, reason=f"FUSE unavailable: {fuse_available()}"),
+    pytest.mark.s3,
+]
+
+
+@pytest.fixture
+def mnt(tmp_path: Path) -> Iterator[str]:
+    point = tmp_path / "mnt"
+    point.mkdir()
+    yield os.fspath(point)
+    if is_mounted(os.fspath(point)):
+        subprocess.run(["fusermount3", "-uz", os.fspath(point)], check=False)
+
+
+def _calls(raw: Any) -> list[str]:
+    """The S3 operations ``raw`` (an s3fs instance) sends, in order, from now on."""
+    seen: list[str] = []
+    raw.s3.meta.events.register("before-call.s3", lambda model, **kw: seen.append(model.name))
+    return seen
+
+
+def _sh(script: str, cwd: str) -> None:
+    subprocess.run(["bash", "-c", script], cwd=cwd, check=True, timeout=60)
+
+
+def test_a_shell_redirect_is_one_put_of_the_whole_file(moto: MotoServer, mnt: str, tmp_path: Path) -> None:
+    raw = moto.s3fs(use_listings_cache=False)
+    prefix = f"{S3_BUCKET}/{unique('publish')}"
+    raw.pipe_file(f"{prefix}/old.txt", b"old content\n")
+    with Mount(FsspecFilesystem(raw, root=prefix), mnt, options={"metadata_ttl": 0.2}):
+        os.listdir(mnt)  # the mount's client exists: its events can be watched
+        calls = _calls(raw)
+        _sh("echo hi > new.txt", mnt)
+        # Durable when the writer's close returned, in one request.
+        assert raw.cat_file(f"{prefix}/new.txt") == b"hi\n"
+        assert calls.count("PutObject") == 1, calls
+        calls.clear()
+        # Over an existing file: the shell truncates (O_TRUNC), closes a duplicate (a FLUSH
+        # before any write), then writes. Storage never holds the empty file.
+        _sh("echo new > old.txt", mnt)
+        assert calls.count("PutObject") == 1, calls
+        assert raw.cat_file(f"{prefix}/old.txt") == b"new\n"
+        # A truncation with nothing written is published too, at the last close.
+        _sh(": > old.txt", mnt)
+        assert wait_until(lambda: raw.cat_file(f"{prefix}/old.txt") == b"", timeout=10)
+        # A new file closed without a write appears, empty.
+        _sh("touch touched.txt", mnt)
+        assert wait_until(lambda: raw.exists(f"{prefix}/touched.txt"), timeout=10)
+
+
+@pytest.mark.parametrize("writer", ["redirect", "dd", "cp"])
+def test_readers_of_storage_see_the_old_or_the_new_object(
+    moto: MotoServer, mnt: str, tmp_path: Path, writer: str
+) -> None:
+    raw = moto.s3fs(use_listings_cache=False)
+    prefix = f"{S3_BUCKET}/{unique('whole')}"
+    old = b"o" * (3 << 20)
+    new = os.urandom(8 << 20)
+    source = tmp_path / "new.bin"
+    source.write_bytes(new)
+    raw.pipe_file(f"{prefix}/f.bin", old)
+    observer = moto.s3fs(use_listings_cache=False)
+    seen: list[bytes] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            seen.append(observer.cat_file(f"{prefix}/f.bin"))
+
+    with Mount(FsspecFilesystem(raw, root=prefix), mnt):
+        thread = threading.Thread(target=watch)
+        thread.start()
+        try:
+            script = {
+                # Slow writes in small blocks: the observer gets many looks mid-write.
+                "redirect": f"for i in 1 2 3 4 5 6 7 8; do head -c 1048576 {source} | tail -c 1048576; done > f.bin",
+                "dd": f"dd if={source} of=f.bin bs=64k status=none",
+                "cp": f"cp {source} f.bin",
+            }[writer]
+            _sh(script, mnt)
+        finally:
+            stop.set()
+            thread.join()
+    expected_new = new if writer != "redirect" else new[: 1 << 20] * 8
+    assert raw.cat_file(f"{prefix}/f.bin") == expected_new
+    assert seen and all(content in (old, expected_new) for content in seen), sorted({len(s) for s in seen})

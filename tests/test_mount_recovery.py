@@ -1,0 +1,242 @@
+"""A mount killed mid-write: storage keeps the old version, and the next mount of the same
+storage finds what the killed one had staged, reports it and aborts its multipart uploads;
+``agentvfs recover`` lists, restores (conditionally) and discards it. Real mount processes
+(``agentvfs mount``), killed with SIGKILL, on moto S3 and on a local directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from _mounted import wait_until
+from agentvfs.mounts import fuse_available, is_mounted, list_recovered
+from agentvfs.mounts._recovery import Session, recover_sessions
+from agentvfs.testing import MotoServer
+from conftest import S3_BUCKET, unique
+
+pytestmark = pytest.mark.skipif(fuse_available() is not None, reason=f"FUSE unavailable: {fuse_available()}")
+
+_CLI = [sys.executable, "-c", "import sys; from agentvfs.cli import main; sys.exit(main())"]
+
+
+@pytest.fixture
+def mnt(tmp_path: Path) -> Iterator[str]:
+    point = tmp_path / "mnt"
+    point.mkdir()
+    yield os.fspath(point)
+    if is_mounted(os.fspath(point)):
+        subprocess.run(["fusermount3", "-uz", os.fspath(point)], check=False)
+
+
+class _Storage:
+    """One storage location, as URL and options for the CLI, and read directly."""
+
+    def __init__(self, kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+        self.kind = kind
+        self.options: list[str] = []
+        if kind == "local":
+            self.dir = tmp_path / "store"
+            self.dir.mkdir()
+            self.url = os.fspath(self.dir)
+        else:
+            moto: MotoServer = request.getfixturevalue("moto")
+            self.moto = moto
+            self.raw = moto.s3fs(use_listings_cache=False)
+            self.prefix = f"{S3_BUCKET}/{unique('crash')}"
+            self.url = f"s3://{self.prefix}"
+            self.options = ["-o", f"endpoint_url={moto.endpoint_url}"]
+
+    def put(self, path: str, data: bytes) -> None:
+        if self.kind == "local":
+            (self.dir / path).write_bytes(data)
+        else:
+            self.raw.pipe_file(f"{self.prefix}/{path}", data)
+
+    def get(self, path: str) -> bytes | None:
+        try:
+            return (self.dir / path).read_bytes() if self.kind == "local" else bytes(self.raw.cat_file(f"{self.prefix}/{path}"))
+        except FileNotFoundError:
+            return None
+
+    def etag(self, path: str) -> str | None:
+        if self.kind == "local":
+            return None
+        return str(self.raw.info(f"{self.prefix}/{path}")["ETag"]).strip('"')
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
+    env.pop("AWS_CA_BUNDLE", None)
+    return env
+
+
+def _mount(storage: _Storage, mnt: str, state: Path, *extra: str, log: Path) -> subprocess.Popen[bytes]:
+    args = [*_CLI, "mount", storage.url, mnt, *storage.options, "-o", f"state_dir={state}", *extra]
+    # passthrough off: a local mount then stages its writes (what a crash can catch mid-way).
+    args += ["-o", "passthrough=false"]
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=out, env=_env())
+    assert wait_until(lambda: is_mounted(mnt) or proc.poll() is not None, timeout=30), log.read_text()
+    assert proc.poll() is None, log.read_text()
+    return proc
+
+
+def _recover(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*_CLI, "recover", "--state-dir", os.fspath(state), *args],
+        capture_output=True, text=True, env=_env(), timeout=60, check=False,
+    )  # fmt: skip
+
+
+def _writer(path: str, data_path: str, *, keep_open: bool = True) -> subprocess.Popen[bytes]:
+    """A process that overwrites ``path`` with the bytes of ``data_path``, says so, and
+    keeps the file open (a writer caught by the crash)."""
+    code = (
+        "import os, sys, time\n"
+        f"data = open({data_path!r}, 'rb').read()\n"
+        f"fd = os.open({path!r}, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)\n"
+        "view = memoryview(data)\n"
+        "for i in range(0, len(data), 1 << 20):\n"
+        "    os.write(fd, view[i:i + (1 << 20)])\n"
+        "print('written', flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+
+
+@pytest.mark.parametrize("kind", ["local", pytest.param("s3", marks=pytest.mark.s3)])
+def test_a_killed_mount_publishes_nothing_and_the_next_one_recovers_it(
+    kind: str, mnt: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    storage = _Storage(kind, tmp_path, request)
+    state = tmp_path / "state"
+    log = tmp_path / "mount.log"
+    old = b"the old version\n" * 1000
+    new = os.urandom(3 << 20)
+    (tmp_path / "new.bin").write_bytes(new)
+    storage.put("f.bin", old)
+    base = storage.etag("f.bin")
+    first = _mount(storage, mnt, state, log=log)
+    writer = _writer(f"{mnt}/f.bin", os.fspath(tmp_path / "new.bin"))
+    fresh = _writer(f"{mnt}/created.bin", os.fspath(tmp_path / "new.bin"))
+    try:
+        assert writer.stdout is not None and fresh.stdout is not None
+        assert writer.stdout.readline() == b"written\n" and fresh.stdout.readline() == b"written\n"
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait(timeout=30)
+    finally:
+        for proc in (writer, fresh):
+            proc.kill()
+            proc.communicate()
+    assert wait_until(lambda: not is_mounted(mnt), timeout=30)  # auto_unmount
+    # Storage holds the complete old version, never the empty or half-written file.
+    assert storage.get("f.bin") == old
+    assert storage.get("created.bin") is None
+    # The next mount of the same storage moves what the killed one staged into the recovery
+    # area and says so; it uploads nothing.
+    second = _mount(storage, mnt, state, log=log)
+    try:
+        assert wait_until(lambda: "was not published" in log.read_text(), timeout=10), log.read_text()
+        assert open(f"{mnt}/f.bin", "rb").read() == old
+    finally:
+        second.send_signal(signal.SIGTERM)
+        assert second.wait(timeout=60) == 0, log.read_text()
+    assert storage.get("f.bin") == old
+    listed = _recover(state, storage.url, "--json")
+    assert listed.returncode == 0, listed.stderr
+    entries = {e["path"]: e for e in json.loads(listed.stdout)}
+    assert set(entries) == {"f.bin", "created.bin"}, entries
+    kept = entries["f.bin"]
+    assert kept["size"] == len(new) and open(kept["data"], "rb").read() == new
+    # The version it was based on: the ETag on S3, the disk's own version tag locally.
+    assert kept["base"] == base if base is not None else kept["base"]
+    assert "ended before publishing" in kept["reason"]
+    assert entries["created.bin"]["base"] is None
+    # Restoring is conditional: storage changed since, so it is refused without --force.
+    storage.put("f.bin", b"changed meanwhile")
+    refused = _recover(state, storage.url, *storage.options, "--restore", kept["id"])
+    assert refused.returncode == 1 and "changed since" in refused.stderr, refused.stderr
+    assert storage.get("f.bin") == b"changed meanwhile"
+    forced = _recover(state, storage.url, *storage.options, "--restore", kept["id"], "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert storage.get("f.bin") == new
+    # A new file restores where nothing is; discarding deletes the entry for good.
+    created = entries["created.bin"]["id"]
+    assert _recover(state, storage.url, *storage.options, "--restore", created).returncode == 0
+    assert storage.get("created.bin") == new
+    assert json.loads(_recover(state, storage.url, "--json").stdout) == []
+    # Nothing is left of the killed mount's session, nor of its staging beside the files.
+    assert not any((state / "mounts").rglob("journal"))
+    if kind == "local":
+        assert sorted(p.name for p in storage.dir.iterdir()) == ["created.bin", "f.bin"]
+
+
+@pytest.mark.s3
+def test_a_killed_streamed_upload_is_aborted_by_the_next_mount(
+    moto: MotoServer, mnt: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    storage = _Storage("s3", tmp_path, request)
+    state = tmp_path / "state"
+    log = tmp_path / "mount.log"
+    stream = ["-o", "stream_threshold=5242880", "-o", "stream_part_size=5242880"]
+    big = os.urandom(14 << 20)
+    (tmp_path / "big.bin").write_bytes(big)
+    first = _mount(storage, mnt, state, *stream, log=log)
+    client = moto.boto3_client()
+    bucket, prefix = storage.prefix.split("/", 1)
+
+    def uploads() -> list[Any]:
+        found = client.list_multipart_uploads(Bucket=bucket, Prefix=prefix).get("Uploads", [])
+        return list(found)
+
+    writer = _writer(f"{mnt}/big.bin", os.fspath(tmp_path / "big.bin"))
+    try:
+        assert writer.stdout is not None and writer.stdout.readline() == b"written\n"
+        assert wait_until(lambda: len(uploads()) == 1, timeout=30)
+        journal = next((state / "mounts").rglob("journal"))
+        # Named in the journal once its first part is out.
+        assert wait_until(lambda: '"e":"upload"' in journal.read_text(), timeout=30)
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait(timeout=30)
+    finally:
+        writer.kill()
+        writer.communicate()
+    assert wait_until(lambda: not is_mounted(mnt), timeout=30)
+    assert storage.get("big.bin") is None and len(uploads()) == 1
+    second = _mount(storage, mnt, state, log=log)
+    try:
+        assert wait_until(lambda: not uploads(), timeout=15), log.read_text()
+    finally:
+        second.send_signal(signal.SIGTERM)
+        assert second.wait(timeout=60) == 0, log.read_text()
+    (kept,) = list_recovered(os.fspath(state), storage.url)
+    assert kept.path == "big.bin" and open(kept.data, "rb").read() == big
+
+
+def test_a_live_session_is_left_alone_and_a_torn_journal_line_is_skipped(tmp_path: Path) -> None:
+    state = os.fspath(tmp_path / "state")
+    live = Session(state, "memory:///x", "/mnt/a")
+    staged = os.path.join(live.path, "stage-1")
+    with open(staged, "wb") as f:
+        f.write(b"unpublished")
+    live.record("dirty", "stage-1", file=staged, path="a.txt", base=None)
+    # Another mount of the same storage starting now: the session is locked, so it is live.
+    assert recover_sessions(state, "memory:///x", "/mnt/b") == ([], [])
+    assert os.path.exists(staged)
+    # The process dies (its lock goes with it); the journal ends in a half-written line.
+    with open(os.path.join(live.path, "journal"), "ab") as f:
+        f.write(b'{"e":"clean","id":"stage-1"')
+    os.close(live._lock)
+    kept, tickets = recover_sessions(state, "memory:///x", "/mnt/b")
+    assert [k.path for k in kept] == ["a.txt"] and tickets == []
+    assert open(kept[0].data, "rb").read() == b"unpublished"
+    assert not os.path.exists(live.path)
