@@ -329,3 +329,78 @@ async def test_local_filesystem_names_paths_as_before(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError) as gone:
         await fs.probe()
     assert "base" not in str(gone.value)  # the workspace root, named as the root
+
+
+# -- conditional publishes and pinned reads (what a mount's close and read use) -----------------
+
+FS_KINDS = ["memory-store", "disk", "dir", "s3", "gcs"]
+
+
+@pytest.fixture(params=FS_KINDS)
+def kind_fs(request: pytest.FixtureRequest, tmp_path: Path) -> FsspecFilesystem:
+    """A fresh FsspecFilesystem of each kind."""
+    name = request.param
+    root = tmp_path / "root"
+    root.mkdir()
+    if name == "memory-store":
+        return FsspecFilesystem(MemoryFileSystem(global_store=False, skip_instance_cache=True), root="/kind")
+    if name == "disk":
+        return FsspecFilesystem(f"file://{root}")
+    if name == "dir":
+        return FsspecFilesystem(DirFileSystem(path=os.fspath(root), fs=LocalFileSystem()))
+    if name == "s3":
+        moto: MotoServer = request.getfixturevalue("moto")
+        return FsspecFilesystem(moto.s3fs(use_listings_cache=False), root=f"{S3_BUCKET}/{unique('pub')}")
+    fake_gcs: FakeGcsServer = request.getfixturevalue("fake_gcs")
+    return FsspecFilesystem(fake_gcs.gcsfs(), root=f"{GCS_BUCKET}/{unique('pub')}")
+
+
+async def test_publish_file_only_over_the_version_seen(kind_fs: FsspecFilesystem, tmp_path: Path) -> None:
+    from agentvfs.errors import FileExists
+
+    def local_file(data: bytes) -> str:
+        # A new file each time: local disk publishes by a hard link of the file itself.
+        path = tmp_path / f"local-{len(data)}-{data[:4].hex()}"
+        path.write_bytes(data)
+        return os.fspath(path)
+
+    version = await kind_fs.publish_file(local_file(b"first"), "d/f.bin", create=True)
+    seen = await kind_fs.stat("d/f.bin")
+    # Where the store gives the new version with the write, it is the one stat shows.
+    assert version is None or version == seen.etag
+    with pytest.raises(FileExists):
+        await kind_fs.publish_file(local_file(b"again"), "d/f.bin", create=True)
+    await kind_fs.publish_file(local_file(b"second!"), "d/f.bin", expected=Version.of(seen))
+    assert await kind_fs.read_file("d/f.bin") == b"second!"
+    # Published over a version that is not there any more: refused, nothing changed.
+    with pytest.raises(StaleFileError) as stale:
+        await kind_fs.publish_file(local_file(b"lost"), "d/f.bin", expected=Version.of(seen))
+    assert stale.value.actual_mtime is not None
+    assert await kind_fs.read_file("d/f.bin") == b"second!"
+    current = await kind_fs.stat("d/f.bin")
+    await kind_fs.delete_file("d/f.bin")
+    with pytest.raises(StaleFileError) as gone:
+        await kind_fs.publish_file(local_file(b"late"), "d/f.bin", expected=Version.of(current))
+    assert gone.value.actual_mtime is None
+    assert not await kind_fs.exists("d/f.bin")
+
+
+async def test_a_pinned_read_serves_one_version_or_is_stale(kind_fs: FsspecFilesystem) -> None:
+    await kind_fs.write_file("f.bin", b"A" * 4096)
+    seen = await kind_fs.stat("f.bin")
+    assert seen.etag is not None
+    buffer = bytearray(10)
+    assert await kind_fs.read_range_pinned("f.bin", 100, memoryview(buffer), seen.etag) == 10
+    assert bytes(buffer) == b"A" * 10
+    await kind_fs.write_file("f.bin", b"B" * 4096)
+    if kind_fs.provider in ("s3", "gcs"):
+        # The store answers only for that version: replaced means stale, never B's bytes.
+        with pytest.raises(StaleFileError):
+            await kind_fs.read_range_pinned("f.bin", 100, memoryview(buffer), seen.etag)
+        await kind_fs.delete_file("f.bin")
+        with pytest.raises(StaleFileError):
+            await kind_fs.read_range_pinned("f.bin", 0, memoryview(buffer), seen.etag)
+    else:
+        # Elsewhere a read cannot name a version: it reads what is there.
+        assert await kind_fs.read_range_pinned("f.bin", 100, memoryview(buffer), seen.etag) == 10
+        assert bytes(buffer) == b"B" * 10

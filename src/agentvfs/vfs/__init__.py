@@ -24,10 +24,12 @@ from ._backend import translate as translate
 from ._backend import translated as translated
 from ._backend_fs import BackendFilesystem as BackendFilesystem
 from ._base import ChangeListener as ChangeListener
+from ._base import SupportsConditionalUpload as SupportsConditionalUpload
 from ._base import SupportsGrep as SupportsGrep
 from ._base import SupportsListStats as SupportsListStats
 from ._base import SupportsLocalFiles as SupportsLocalFiles
 from ._base import SupportsLocalStaging as SupportsLocalStaging
+from ._base import SupportsPinnedRead as SupportsPinnedRead
 from ._base import SupportsRangedRead as SupportsRangedRead
 from ._base import SupportsReadBeneath as SupportsReadBeneath
 from ._base import SupportsReadInto as SupportsReadInto
@@ -41,6 +43,7 @@ from ._base import WorkspaceFilesystem as WorkspaceFilesystem
 from ._base import download_file as download_file
 from ._base import list_stats as list_stats
 from ._base import new_id as new_id
+from ._base import publish_file as publish_file
 from ._base import read_file_beneath as read_file_beneath
 from ._base import read_many as read_many
 from ._base import read_range as read_range
@@ -111,10 +114,12 @@ __all__ = [
     "ObjectStoreBackend",
     "S3Backend",
     "SupportsBatchRead",
+    "SupportsConditionalUpload",
     "SupportsGrep",
     "SupportsListStats",
     "SupportsLocalFiles",
     "SupportsLocalStaging",
+    "SupportsPinnedRead",
     "SupportsRangedRead",
     "SupportsReadBeneath",
     "SupportsReadInto",
@@ -142,6 +147,7 @@ __all__ = [
     "list_stats",
     "new_id",
     "normalize_path",
+    "publish_file",
     "read_file_beneath",
     "read_many",
     "read_range",

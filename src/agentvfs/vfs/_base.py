@@ -24,9 +24,11 @@ from ..errors import (
     FileTooLarge,
     IsDirectory,
     PermissionDenied,
+    StaleFileError,
     WorkspaceReadOnlyError,
 )
 from . import _paths
+from ._backend import Version
 from ._mime import normalize_extensions
 from ._records import Capabilities, FileEntry, FileStat, GrepFileResult
 
@@ -36,9 +38,11 @@ if TYPE_CHECKING:
 __all__ = [
     "AnnouncedUpload",
     "ChangeListener",
+    "SupportsConditionalUpload",
     "SupportsGrep",
     "SupportsListStats",
     "SupportsLocalStaging",
+    "SupportsPinnedRead",
     "SupportsRangedRead",
     "SupportsReadMany",
     "SupportsStreamingUpload",
@@ -54,6 +58,7 @@ __all__ = [
     "list_stats",
     "new_id",
     "order_tree",
+    "publish_file",
     "read_each",
     "read_local",
     "read_many",
@@ -161,6 +166,25 @@ class SupportsReadInto(Protocol):
 
 
 @runtime_checkable
+class SupportsPinnedRead(Protocol):
+    """A filesystem that reads part of one version of a file: a reader that opened a file
+    keeps reading the bytes of that version, or learns it is gone, never the next version's
+    bytes in the old one's place."""
+
+    async def read_range_pinned(self, path: str, start: int, buffer: memoryview, version: str) -> int:
+        """:meth:`SupportsReadInto.read_range_into` of the version ``version`` (a
+        ``FileStat.etag``) only, where the store can name a version in a read; elsewhere of
+        what is there.
+
+        Raises
+        ------
+        StaleFileError
+            ``ESTALE``: the file is not that version any more, or gone.
+        """
+        ...
+
+
+@runtime_checkable
 class SupportsReadMany(Protocol):
     """A filesystem that fetches many files in concurrent batches (one GET each, no HEAD)."""
 
@@ -182,18 +206,31 @@ async def walk(
     return entries if include_hidden else drop_hidden(entries)
 
 
-async def read_range(fs: WorkspaceFilesystem, path: str, start: int, end: int) -> bytes:
+async def read_range(
+    fs: WorkspaceFilesystem, path: str, start: int, end: int, *, version: str | None = None
+) -> bytes:
     """Read bytes ``start`` to ``end`` of a file: natively where the filesystem can, else by
-    reading it whole and slicing."""
+    reading it whole and slicing. With ``version``, of that version only where the
+    filesystem can tell (:class:`SupportsPinnedRead`)."""
+    if version is not None and isinstance(fs, SupportsPinnedRead) and end > start:
+        buffer = bytearray(end - start)
+        count = await fs.read_range_pinned(path, start, memoryview(buffer), version)
+        del buffer[count:]
+        return bytes(buffer)
     if isinstance(fs, SupportsRangedRead):
         return await fs.read_range(path, start, end)
     data = await fs.read_file(path)
     return (data if isinstance(data, bytes) else data.encode())[start:end]
 
 
-async def read_range_into(fs: WorkspaceFilesystem, path: str, start: int, buffer: memoryview) -> int:
+async def read_range_into(
+    fs: WorkspaceFilesystem, path: str, start: int, buffer: memoryview, *, version: str | None = None
+) -> int:
     """Read bytes from ``start`` of a file into ``buffer``: natively where the filesystem can
-    (no buffer of its own), else through :func:`read_range` and a copy."""
+    (no buffer of its own), else through :func:`read_range` and a copy. ``version`` as for
+    :func:`read_range`."""
+    if version is not None and isinstance(fs, SupportsPinnedRead):
+        return await fs.read_range_pinned(path, start, buffer, version)
     if isinstance(fs, SupportsReadInto):
         return await fs.read_range_into(path, start, buffer)
     data = await read_range(fs, path, start, start + len(buffer))
@@ -375,6 +412,53 @@ class SupportsTransfer(Protocol):
     async def download_file(self, path: str, local_path: str) -> None:
         """Copy ``path`` into the local file ``local_path``."""
         ...
+
+
+@runtime_checkable
+class SupportsConditionalUpload(Protocol):
+    """Filesystems that publish a local file only over the version of it the caller saw (or
+    only where nothing is): what keeps two writers of one file from losing each other's
+    writes without an error."""
+
+    async def publish_file(
+        self, local_path: str, path: str, *, expected: Version | None = None, create: bool = False
+    ) -> str | None:
+        """Publish ``local_path`` as ``path`` (whole and atomic, like ``upload_file``), only
+        over the version ``expected`` or, with ``create``, only where nothing is; returns the
+        version now there where the store gives it with the write, else None.
+
+        Raises
+        ------
+        StaleFileError
+            ``ESTALE``: the file is another version now, or gone (``actual_mtime`` None).
+        FileExists
+            ``EEXIST``: ``create``, and something is there.
+        """
+        ...
+
+
+async def publish_file(
+    fs: WorkspaceFilesystem, local_path: str, path: str, *, expected: Version | None = None, create: bool = False
+) -> str | None:
+    """:meth:`SupportsConditionalUpload.publish_file` where ``fs`` has it; elsewhere the
+    version is checked with a ``stat`` just before an ``upload_file`` (a race between the two
+    that the filesystem cannot close)."""
+    if isinstance(fs, SupportsConditionalUpload):
+        return await fs.publish_file(local_path, path, expected=expected, create=create)
+    if expected is not None or create:
+        try:
+            current = await fs.stat(path)
+        except FileNotFoundError:
+            current = None
+        if create and current is not None:
+            raise FileExists(path)
+        if expected is not None:
+            if current is None:
+                raise StaleFileError(path, expected.modified_at, None)
+            if not expected.matches(current):
+                raise StaleFileError(path, expected.modified_at, current.modified_at)
+    await upload_file(fs, local_path, path)
+    return None
 
 
 async def list_stats(fs: WorkspaceFilesystem, path: str = "") -> list[FileStat]:

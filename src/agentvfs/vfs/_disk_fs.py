@@ -13,6 +13,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno as _errno
+import fcntl
+import functools
 import os
 import posixpath
 import stat as stat_module
@@ -33,8 +35,10 @@ from ..errors import (
     NotDirectory,
     NotRegularFile,
     PermissionDenied,
+    StaleFileError,
 )
 from . import _paths
+from ._backend import Version
 from ._disk import (
     TMP_MARK,
     ContainmentError,
@@ -49,6 +53,8 @@ from ._disk import (
 from ._fsspec import FsspecFilesystem
 from ._fsspec_backends import NEVER, FsspecBackend, display_parent
 from ._records import Capabilities, FileEntry, FileStat, FileType
+
+_O_NOFOLLOW_FLAG = getattr(os, "O_NOFOLLOW", 0)
 
 __all__ = ["DiskBackend", "DiskFilesystem", "leads_out_of_directory", "translated_reads"]
 
@@ -319,12 +325,26 @@ class DiskBackend(FsspecBackend):
         self.publish_fill(rel, display, write_into(data), overwrite, cancel)
 
     def publish_fill(
-        self, rel: str, display: str, fill: Any, overwrite: bool, cancel: threading.Event = NEVER
+        self,
+        rel: str,
+        display: str,
+        fill: Any,
+        overwrite: bool,
+        cancel: threading.Event = NEVER,
+        check: Callable[[], object] | None = None,
     ) -> None:
+        """Publish what ``fill`` stages as ``rel``; ``check()``, called between the staging and
+        the rename, may refuse it by raising (a version guard: its race is that short)."""
+
+        def proceed() -> bool:
+            if cancel.is_set():
+                return False
+            if check is not None:
+                check()
+            return True
+
         try:
-            self.disk.publish(
-                self.bpath(rel), fill, overwrite=overwrite, proceed=lambda: not cancel.is_set()
-            )
+            self.disk.publish(self.bpath(rel), fill, overwrite=overwrite, proceed=proceed)
         except IsADirectoryError:
             raise IsDirectory(display) from None
         except FileExistsError:
@@ -334,13 +354,48 @@ class DiskBackend(FsspecBackend):
         except Exception as exc:
             raise self.refuse(exc, rel, display, "write_file") from exc
 
-    def upload_sync(self, rel: str, display: str, local_path: str, cancel: threading.Event = NEVER) -> None:
+    def upload_sync(
+        self,
+        rel: str,
+        display: str,
+        local_path: str,
+        cancel: threading.Event = NEVER,
+        *,
+        guard: Version | None = None,
+        create: bool = False,
+    ) -> str | None:
         if not rel:
             raise IsDirectory(display)
-        self.prepare_parent(rel, display, True)
-        if cancel.is_set():
+        with self._guard_lock(rel, guard is not None), self._version_lock(rel, display, guard):
+            self.prepare_parent(rel, display, True)
+            if cancel.is_set():
+                return None
+            check = None if guard is None else functools.partial(self._check_guard, rel, display, guard)
+            self.publish_fill(rel, display, link_or_copy_from(local_path), not create, cancel, check)
+        info = self.info(rel)
+        return self.stat_of(rel, info).etag if info is not None else None
+
+    @contextlib.contextmanager
+    def _version_lock(self, rel: str, display: str, guard: Version | None) -> Iterator[None]:
+        """For a guarded publish: an exclusive ``flock`` on the file being replaced, held
+        from the version check to the rename, so that another process publishing the same
+        way (a second mount of the directory) checks only once this one is in place, and
+        then finds the new version. Writers that take no lock still race it."""
+        if guard is None:
+            yield
             return
-        self.publish_fill(rel, display, link_or_copy_from(local_path), True, cancel)
+        try:
+            fd = self.disk.open(self.bpath(rel), os.O_RDONLY | _O_NOFOLLOW_FLAG | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise StaleFileError(display, guard.modified_at, None) from None
+        except OSError:
+            yield  # not a regular file to lock (the check refuses it)
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
 
     def delete_sync(self, rel: str, display: str, force: bool = False) -> None:
         if not rel:

@@ -9,6 +9,7 @@ of its blocking steps in a worker thread (inline for memory).
 
 from __future__ import annotations
 
+import functools
 import posixpath
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -29,6 +30,7 @@ from ..errors import (
     StaleFileError,
 )
 from . import _paths
+from ._backend import Version
 from ._base import (
     AnnouncedUpload,
     UploadStream,
@@ -305,6 +307,21 @@ class FsspecFilesystem(WorkspaceFilesystem):
             raise IsDirectory(path)
         await self._call_write(self._backend.upload_sync, rel, path, local_path)
 
+    async def publish_file(
+        self, local_path: str, path: str, *, expected: Version | None = None, create: bool = False
+    ) -> str | None:
+        """Publish a local file as ``path`` only over the version ``expected`` (or, with
+        ``create``, only where nothing is); see :class:`SupportsConditionalUpload`. On S3 the
+        condition is the PUT's own (``If-Match``, ``If-None-Match``)."""
+        self._check_writable("upload_file")
+        if self.status != "ready":
+            await self.ensure_ready()
+        rel = self._rel(path)
+        if self._is_root(rel):
+            raise IsDirectory(path)
+        upload = functools.partial(self._backend.upload_sync, guard=expected, create=create)
+        return await self._call_write(upload, rel, path, local_path)
+
     async def open_upload(self, path: str, *, part_size: int) -> UploadStream | None:
         """Start a multipart upload of ``path`` on an object store (None elsewhere: a local
         or memory write gains nothing from streaming)."""
@@ -578,6 +595,18 @@ class FsspecFilesystem(WorkspaceFilesystem):
         if self._is_root(rel):
             raise IsDirectory(path)
         return await self._call(self._backend.read_into_sync, rel, path, start, buffer)
+
+    async def read_range_pinned(self, path: str, start: int, buffer: memoryview, version: str) -> int:
+        """:meth:`read_range_into` of the version ``version`` (an ``etag``) of the file only;
+        see :class:`SupportsPinnedRead`."""
+        if self.status != "ready":
+            await self.ensure_ready()
+        rel = self._rel(path)
+        if not len(buffer):
+            return 0
+        if self._is_root(rel):
+            raise IsDirectory(path)
+        return await self._call(self._backend.read_version_into_sync, rel, path, start, buffer, version)
 
     async def read_many(
         self, paths: Sequence[str], *, max_bytes: int | None = None

@@ -273,6 +273,11 @@ class FsspecBackend(Backend):
                 raise
             return b""
 
+    def read_version_into_sync(self, rel: str, display: str, start: int, buffer: memoryview, version: str) -> int:
+        """:meth:`read_into_sync` of the version ``version`` of ``rel`` only, where the store
+        can name a version in a read (object stores); elsewhere of what is there."""
+        return self.read_into_sync(rel, display, start, buffer)
+
     def read_into_sync(self, rel: str, display: str, start: int, buffer: memoryview) -> int:
         """Read from ``start`` into ``buffer``; how many bytes were read."""
         data = self.read_range_sync(rel, display, start, start + len(buffer))
@@ -508,8 +513,8 @@ class FsspecBackend(Backend):
     #: Whether the store itself refuses a write of a stale version (no lock needed).
     _store_checks_versions = False
 
-    def _guard_lock(self, rel: str, guard: Version | None) -> contextlib.AbstractContextManager[object]:
-        if guard is None or self._store_checks_versions:
+    def _guard_lock(self, rel: str, guarded: bool) -> contextlib.AbstractContextManager[object]:
+        if not guarded or self._store_checks_versions:
             return contextlib.nullcontext()
         return self._guard_locks[hash(rel) % len(self._guard_locks)]
 
@@ -536,7 +541,7 @@ class FsspecBackend(Backend):
         if not rel:
             raise IsDirectory(display)
         extra = self._write_options(mime_type, metadata)
-        with self._guard_lock(rel, guard):
+        with self._guard_lock(rel, guard is not None):
             if guard is not None:
                 extra = self._guarded(rel, display, guard, extra)
             try:
@@ -620,25 +625,65 @@ class FsspecBackend(Backend):
         if info.get("type") != "directory":
             raise NotDirectory(display_parent(display))
 
-    def upload_sync(self, rel: str, display: str, local_path: str, cancel: threading.Event = NEVER) -> None:
-        """Publish the local file ``local_path`` as ``rel``, creating parents."""
+    def upload_sync(
+        self,
+        rel: str,
+        display: str,
+        local_path: str,
+        cancel: threading.Event = NEVER,
+        *,
+        guard: Version | None = None,
+        create: bool = False,
+    ) -> str | None:
+        """Publish the local file ``local_path`` as ``rel``, creating parents.
+
+        With ``guard``, only over that version of the file; with ``create``, only where
+        nothing is. Returns the version now there where the store gives it with the write
+        (S3's ETag, local disk), else None.
+
+        Raises
+        ------
+        StaleFileError
+            ``guard`` does not match the file, or the file is gone (``actual_mtime`` None).
+        FileExists
+            ``create`` and something is at ``rel``.
+        """
         if not rel:
             raise IsDirectory(display)
-        try:
-            self.prepare_parent(rel, display, True)
-            if cancel.is_set():
-                raise Cancelled
-            self._put_local(rel, display, local_path, cancel)
-        except Cancelled:
-            return
-        except FilesystemError:
-            raise
-        except Exception as exc:
-            raise self.translate(exc, display, "upload_file") from exc
+        version: str | None = None
+        with self._guard_lock(rel, guard is not None or create):
+            try:
+                self.prepare_parent(rel, display, True)
+                if cancel.is_set():
+                    raise Cancelled
+                if not self._store_checks_versions:
+                    if guard is not None:
+                        self._check_guard(rel, display, guard)
+                    elif create and self.info(rel) is not None:
+                        raise FileExists(display)
+                version = self._put_local(rel, display, local_path, cancel, guard, create)
+            except Cancelled:
+                return None
+            except FilesystemError:
+                raise
+            except Exception as exc:
+                if isinstance(exc, OSError) and self._refused_upload(exc, guard, create):
+                    if guard is None:
+                        raise FileExists(display) from exc
+                    self._refused_write(rel, display, guard)
+                raise self.translate(exc, display, "upload_file") from exc
         self._written(rel, "file")
+        return version
 
-    def _put_local(self, rel: str, display: str, local_path: str, cancel: threading.Event) -> None:
-        self.publish(rel, display, lambda tmp: self._fs.put_file(local_path, tmp), True, cancel)
+    def _refused_upload(self, exc: OSError, guard: Version | None, create: bool) -> bool:
+        """Whether ``exc`` is the store refusing a conditional upload."""
+        return False
+
+    def _put_local(
+        self, rel: str, display: str, local_path: str, cancel: threading.Event, guard: Version | None, create: bool
+    ) -> str | None:
+        self.publish(rel, display, lambda tmp: self._fs.put_file(local_path, tmp), not create, cancel)
+        return None
 
     def open_upload_sync(self, rel: str, display: str, part_size: int) -> Any:
         """A writable file object of ``fs`` that uploads ``rel`` in parts (object stores)."""
@@ -1003,12 +1048,15 @@ class MemoryStoreBackend(FsspecBackend):
             raise FileExists(display)
         self._fs.pipe_file(bpath, data)
 
-    def _put_local(self, rel: str, display: str, local_path: str, cancel: threading.Event) -> None:
+    def _put_local(
+        self, rel: str, display: str, local_path: str, cancel: threading.Event, guard: Version | None, create: bool
+    ) -> str | None:
         bpath = self.bpath(rel)
         if bpath in self._fs.pseudo_dirs:
             raise IsDirectory(display)
         with open(local_path, "rb") as f:
             self._fs.pipe_file(bpath, f.read())
+        return None
 
     def _copy_file(self, src_rel: str, dest_rel: str, dest: str, overwrite: bool, cancel: threading.Event) -> None:
         self._fs.cp_file(self.bpath(src_rel), self.bpath(dest_rel))

@@ -30,6 +30,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from ..errors import StaleFileError
+
 __all__ = ["SignedRangeReader", "signed_range_reader"]
 
 #: Lifetime asked for each signed URL; one is reused for half of it.
@@ -46,6 +48,8 @@ _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 #: ``sign(backend_path) -> (url, headers)``: where to GET a file, and the headers that
 #: authorise it.
 Signer = Callable[[str], tuple[str, dict[str, str]]]
+#: ``pin(version) -> (headers, query)``: what a GET adds to read only that version of a file.
+Pin = Callable[[str], tuple[dict[str, str], str]]
 
 
 class SignedRangeReader:
@@ -62,12 +66,22 @@ class SignedRangeReader:
         Seconds for a connection or a read to make progress.
     ssl_context : ssl.SSLContext, optional
         For ``https`` URLs.
+    pin : callable, optional
+        ``pin(version) -> (headers, query)``: how a GET reads only one version of a file
+        (None: this store's reads cannot be pinned).
     """
 
     def __init__(
-        self, sign: Signer, *, reuse: float = 0.0, timeout: float = 60.0, ssl_context: ssl.SSLContext | None = None
+        self,
+        sign: Signer,
+        *,
+        reuse: float = 0.0,
+        timeout: float = 60.0,
+        ssl_context: ssl.SSLContext | None = None,
+        pin: Pin | None = None,
     ) -> None:
         self._sign = sign
+        self._pin = pin
         self._reuse = reuse
         self._timeout = timeout
         self._ssl = ssl_context
@@ -77,10 +91,18 @@ class SignedRangeReader:
         self._failures = 0
         self._resting_until = 0.0
 
-    def read(self, path: str, start: int, end: int) -> bytes | None:
+    def read(self, path: str, start: int, end: int, *, version: str | None = None) -> bytes | None:
         """Bytes ``start`` to ``end`` (exclusive) of ``path``, fewer at the end of the file;
-        ``None`` when this way cannot tell (the caller then reads through fsspec)."""
-        data = self._fetch(path, start, end, None)
+        ``None`` when this way cannot tell (the caller then reads through fsspec).
+
+        With ``version`` (an ETag, a generation) only of that version of the file.
+
+        Raises
+        ------
+        StaleFileError
+            ``version`` is not the file's version any more, or the file is gone.
+        """
+        data = self._fetch(path, start, end, None, version)
         assert not isinstance(data, int)
         return data
 
@@ -90,27 +112,39 @@ class SignedRangeReader:
         assert not isinstance(data, int)
         return data
 
-    def read_into(self, path: str, start: int, buffer: memoryview) -> int | None:
+    def read_into(self, path: str, start: int, buffer: memoryview, *, version: str | None = None) -> int | None:
         """Read bytes from ``start`` of ``path`` into ``buffer`` (as many as it holds, fewer
         at the end of the file); the count, or ``None`` as :meth:`read`. On ``None`` the
-        buffer may hold part of the range."""
-        count = self._fetch(path, start, start + len(buffer), buffer)
+        buffer may hold part of the range. ``version`` as for :meth:`read`."""
+        count = self._fetch(path, start, start + len(buffer), buffer, version)
         assert not isinstance(count, bytes)
         return count
 
-    def _fetch(self, path: str, start: int, end: int | None, into: memoryview | None) -> bytes | int | None:
+    def _fetch(
+        self, path: str, start: int, end: int | None, into: memoryview | None, version: str | None = None
+    ) -> bytes | int | None:
         """One GET of ``start`` to ``end``, or of the whole file when ``end`` is None."""
         if (end is not None and end <= start) or time.monotonic() < self._resting_until:
             return None
+        if version is not None and self._pin is None:
+            return None  # this store's URLs cannot name a version: fsspec reads it
         for fresh_url in (False, True):
             try:
                 url, auth = self._url(path, fresh_url)
             except Exception:
                 return None  # signing failed: fsspec will tell why
+            if version is not None:
+                assert self._pin is not None
+                extra, query = self._pin(version)
+                auth = {**auth, **extra}
+                if query:
+                    url += ("&" if "?" in url else "?") + query
             try:
-                return self._get(url, auth, start, end, into)
+                return self._get(url, auth, start, end, into, pinned=version is not None)
             except _Refused:
                 continue  # signed again, once
+            except _VersionGone:
+                raise StaleFileError(path, None, None) from None
         return None
 
     def close(self) -> None:
@@ -141,7 +175,14 @@ class SignedRangeReader:
         return url
 
     def _get(
-        self, url: str, auth: dict[str, str], start: int, end: int | None, into: memoryview | None
+        self,
+        url: str,
+        auth: dict[str, str],
+        start: int,
+        end: int | None,
+        into: memoryview | None,
+        *,
+        pinned: bool = False,
     ) -> bytes | int | None:
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -158,8 +199,8 @@ class SignedRangeReader:
             try:
                 conn.request("GET", target, headers=headers)
                 response = conn.getresponse()
-                data, clean = self._body(response, start, end, into)
-            except _Refused:
+                data, clean = self._body(response, start, end, into, pinned)
+            except (_Refused, _VersionGone):
                 conn.close()
                 raise
             except (OSError, http.client.HTTPException):
@@ -178,7 +219,7 @@ class SignedRangeReader:
 
     @staticmethod
     def _body(
-        response: http.client.HTTPResponse, start: int, end: int | None, into: memoryview | None
+        response: http.client.HTTPResponse, start: int, end: int | None, into: memoryview | None, pinned: bool = False
     ) -> tuple[bytes | int | None, bool]:
         """What the response gives (its bytes, or their count once read ``into`` the
         buffer), and whether it was read to its end (the connection can carry the next
@@ -210,6 +251,9 @@ class SignedRangeReader:
             clean = False
         if status in (401, 403):
             raise _Refused(status)
+        if pinned and status in (404, 412):
+            # Not that version any more: replaced (412), or renamed or deleted (404).
+            raise _VersionGone(status)
         return None, clean
 
     def _connection(self, origin: tuple[str, str, int]) -> tuple[http.client.HTTPConnection, bool]:
@@ -257,6 +301,10 @@ class _Refused(Exception):
     """The server refused the URL or its headers (401, 403)."""
 
 
+class _VersionGone(Exception):
+    """The version a read was pinned to is not there any more (412, 404)."""
+
+
 def signed_range_reader(fs: Any) -> SignedRangeReader | None:
     """A :class:`SignedRangeReader` for the fsspec filesystem ``fs``, or None where its reads
     must go through fsspec (not a store that signs URLs, or settings a URL cannot carry)."""
@@ -276,7 +324,7 @@ def signed_range_reader(fs: Any) -> SignedRangeReader | None:
             context = ssl.create_default_context(cafile=certifi.where())
     except (OSError, ssl.SSLError, ImportError):
         return None
-    return SignedRangeReader(way.sign, reuse=way.reuse, timeout=way.timeout, ssl_context=context)
+    return SignedRangeReader(way.sign, reuse=way.reuse, timeout=way.timeout, ssl_context=context, pin=way.pin)
 
 
 class _Way(NamedTuple):
@@ -290,6 +338,8 @@ class _Way(NamedTuple):
     #: TLS verification as the store's client does it: False, a CA bundle, or None (default).
     verify: Any
     timeout: float
+    #: ``pin(version) -> (headers, query)``: what makes a GET read only that version.
+    pin: Pin | None = None
 
 
 def _s3_way(fs: Any) -> _Way | None:
@@ -310,7 +360,10 @@ def _s3_way(fs: Any) -> _Way | None:
         url: str = fs.url(path, expires=_EXPIRES)
         return url, {}
 
-    return _Way(sign, _EXPIRES / 2, endpoint, verify, float(config.get("read_timeout") or 60.0))
+    def pin(version: str) -> tuple[dict[str, str], str]:
+        return {"If-Match": f'"{version}"'}, ""  # not a signed header: the URL stays valid
+
+    return _Way(sign, _EXPIRES / 2, endpoint, verify, float(config.get("read_timeout") or 60.0), pin)
 
 
 def _gcs_way(fs: Any) -> _Way | None:
@@ -329,7 +382,12 @@ def _gcs_way(fs: Any) -> _Way | None:
         url: str = fs.url(path)
         return url, headers
 
-    return _Way(sign, 0.0, location, None, 60.0)
+    def pin(version: str) -> tuple[dict[str, str], str]:
+        # That generation itself: served while the bucket keeps it (versioned buckets keep
+        # replaced ones), 404 once it is gone.
+        return {}, f"generation={urllib.parse.quote(version)}"
+
+    return _Way(sign, 0.0, location, None, 60.0, pin)
 
 
 def _proxied(url: str) -> bool:

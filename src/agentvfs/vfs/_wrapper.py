@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
+from ._backend import Version
 from ._base import (
     SupportsGrep,
     SupportsStreamingUpload,
@@ -28,6 +29,7 @@ from ._base import (
     WorkspaceFilesystem,
     download_file,
     list_stats,
+    publish_file,
     read_file_beneath,
     read_many,
     read_range,
@@ -245,6 +247,14 @@ class WrapperFilesystem(WorkspaceFilesystem):
 
     async def upload_file(self, local_path: str, path: str) -> None:
         await self._wrap("upload_file", lambda: upload_file(self.inner, local_path, path))
+
+    async def publish_file(
+        self, local_path: str, path: str, *, expected: Version | None = None, create: bool = False
+    ) -> str | None:
+        return await self._wrap(
+            "upload_file",
+            lambda: publish_file(self.inner, local_path, path, expected=expected, create=create),
+        )
 
     async def download_file(self, path: str, local_path: str) -> None:
         await self._wrap("download_file", lambda: download_file(self.inner, path, local_path))
