@@ -55,6 +55,11 @@ class _FailingUploads(FsspecFilesystem):
             raise OSError(errno.EIO, f"injected upload failure for {path}")
         await super().upload_file(local_path, path)
 
+    async def publish_file(self, local_path: str, path: str, **condition: Any) -> str | None:
+        if self.fail:
+            raise OSError(errno.EIO, f"injected upload failure for {path}")
+        return await super().publish_file(local_path, path, **condition)
+
 
 # -- read-only ----------------------------------------------------------------------------------
 

@@ -3,6 +3,7 @@ readers of the storage see the old object or the new one while a file is being w
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import threading
@@ -105,3 +106,43 @@ def test_readers_of_storage_see_the_old_or_the_new_object(
     expected_new = new if writer != "redirect" else new[: 1 << 20] * 8
     assert raw.cat_file(f"{prefix}/f.bin") == expected_new
     assert seen and all(content in (old, expected_new) for content in seen), sorted({len(s) for s in seen})
+
+
+@pytest.mark.parametrize("change", ["replaced", "renamed"])
+def test_a_reader_gets_the_version_it_opened_or_estale(moto: MotoServer, mnt: str, change: str) -> None:
+    raw = moto.s3fs(use_listings_cache=False)
+    prefix = f"{S3_BUCKET}/{unique('pinned')}"
+    old = os.urandom(24 << 20)
+    raw.pipe_file(f"{prefix}/big.bin", old)
+    other = moto.s3fs(use_listings_cache=False)
+    options = {"prefetch_parts": 0, "part_size": 1 << 20}
+
+    def read_rest(f: Any, got: bytearray) -> None:
+        while chunk := f.read(1 << 20):
+            got += chunk
+
+    with Mount(FsspecFilesystem(raw, root=prefix), mnt, options=options), open(f"{mnt}/big.bin", "rb", buffering=0) as f:
+        assert f.read(1 << 20) == old[: 1 << 20]
+        # Someone else changes the object (same length: the kernel cannot tell by size).
+        if change == "replaced":
+            other.pipe_file(f"{prefix}/big.bin", os.urandom(24 << 20))
+        else:
+            other.mv(f"{prefix}/big.bin", f"{prefix}/moved.bin")
+        got = bytearray(old[: 1 << 20])
+        with pytest.raises(OSError) as stale:
+            read_rest(f, got)
+        assert stale.value.errno == errno.ESTALE
+        # What was served before the error is the old version's, never the new one's.
+        assert bytes(got) == old[: len(got)]
+
+
+def test_a_reader_sees_the_writes_of_its_own_mount(moto: MotoServer, mnt: str) -> None:
+    raw = moto.s3fs(use_listings_cache=False)
+    prefix = f"{S3_BUCKET}/{unique('ownwrite')}"
+    raw.pipe_file(f"{prefix}/f.txt", b"old old old")
+    with Mount(FsspecFilesystem(raw, root=prefix), mnt), open(f"{mnt}/f.txt", "rb", buffering=0) as reader:
+        assert reader.read(3) == b"old"
+        with open(f"{mnt}/f.txt", "r+b") as writer:
+            writer.write(b"NEW")
+        reader.seek(0)
+        assert reader.read() == b"NEW old old"

@@ -27,9 +27,9 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
     seen: list[tuple[int, int]] = []
     original = read_range
 
-    async def counting(fs: Any, path: str, start: int, end: int) -> Any:
+    async def counting(fs: Any, path: str, start: int, end: int, **pin: Any) -> Any:
         seen.append((start, end))
-        return await original(fs, path, start, end)
+        return await original(fs, path, start, end, **pin)
 
     monkeypatch.setattr(_readahead, "read_range", counting)  # the name the mount calls
     return seen
@@ -120,9 +120,9 @@ def parts(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int, int]]:
     seen: list[tuple[int, int, int]] = []
     original = read_range_into
 
-    async def counting(fs: Any, path: str, start: int, buffer: memoryview) -> int:
+    async def counting(fs: Any, path: str, start: int, buffer: memoryview, **pin: Any) -> int:
         seen.append((start, len(buffer), id(buffer.obj)))
-        return await original(fs, path, start, buffer)
+        return await original(fs, path, start, buffer, **pin)
 
     monkeypatch.setattr(_readahead, "read_range_into", counting)
     return seen
@@ -167,11 +167,11 @@ def test_a_failed_part_gives_back_its_share_of_the_cache(
     original = read_range_into
     failures = [2 * MiB]  # the part at 2 MiB fails once
 
-    async def flaky(fs: Any, path: str, start: int, buffer: memoryview) -> int:
+    async def flaky(fs: Any, path: str, start: int, buffer: memoryview, **pin: Any) -> int:
         if start in failures:
             failures.remove(start)
             raise OSError(5, "storage hiccup")
-        return await original(fs, path, start, buffer)
+        return await original(fs, path, start, buffer, **pin)
 
     monkeypatch.setattr(_readahead, "read_range_into", flaky)
     mnt = tmp_path / "mnt"

@@ -17,85 +17,17 @@ from typing import Any
 import pytest
 
 from _mounted import wait_until
+from _mountproc import Storage, mount_point, recover, start_mount
 from agentvfs.mounts import fuse_available, is_mounted, list_recovered
 from agentvfs.mounts._recovery import Session, recover_sessions
 from agentvfs.testing import MotoServer
-from conftest import S3_BUCKET, unique
 
 pytestmark = pytest.mark.skipif(fuse_available() is not None, reason=f"FUSE unavailable: {fuse_available()}")
-
-_CLI = [sys.executable, "-c", "import sys; from agentvfs.cli import main; sys.exit(main())"]
 
 
 @pytest.fixture
 def mnt(tmp_path: Path) -> Iterator[str]:
-    point = tmp_path / "mnt"
-    point.mkdir()
-    yield os.fspath(point)
-    if is_mounted(os.fspath(point)):
-        subprocess.run(["fusermount3", "-uz", os.fspath(point)], check=False)
-
-
-class _Storage:
-    """One storage location, as URL and options for the CLI, and read directly."""
-
-    def __init__(self, kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
-        self.kind = kind
-        self.options: list[str] = []
-        if kind == "local":
-            self.dir = tmp_path / "store"
-            self.dir.mkdir()
-            self.url = os.fspath(self.dir)
-        else:
-            moto: MotoServer = request.getfixturevalue("moto")
-            self.moto = moto
-            self.raw = moto.s3fs(use_listings_cache=False)
-            self.prefix = f"{S3_BUCKET}/{unique('crash')}"
-            self.url = f"s3://{self.prefix}"
-            self.options = ["-o", f"endpoint_url={moto.endpoint_url}"]
-
-    def put(self, path: str, data: bytes) -> None:
-        if self.kind == "local":
-            (self.dir / path).write_bytes(data)
-        else:
-            self.raw.pipe_file(f"{self.prefix}/{path}", data)
-
-    def get(self, path: str) -> bytes | None:
-        try:
-            return (self.dir / path).read_bytes() if self.kind == "local" else bytes(self.raw.cat_file(f"{self.prefix}/{path}"))
-        except FileNotFoundError:
-            return None
-
-    def etag(self, path: str) -> str | None:
-        if self.kind == "local":
-            return None
-        return str(self.raw.info(f"{self.prefix}/{path}")["ETag"]).strip('"')
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
-    env.pop("AWS_CA_BUNDLE", None)
-    return env
-
-
-def _mount(storage: _Storage, mnt: str, state: Path, *extra: str, log: Path) -> subprocess.Popen[bytes]:
-    args = [*_CLI, "mount", storage.url, mnt, *storage.options, "-o", f"state_dir={state}", *extra]
-    # passthrough off: a local mount then stages its writes (what a crash can catch mid-way).
-    args += ["-o", "passthrough=false"]
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=out, env=_env())
-    assert wait_until(lambda: is_mounted(mnt) or proc.poll() is not None, timeout=30), log.read_text()
-    assert proc.poll() is None, log.read_text()
-    return proc
-
-
-def _recover(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*_CLI, "recover", "--state-dir", os.fspath(state), *args],
-        capture_output=True, text=True, env=_env(), timeout=60, check=False,
-    )  # fmt: skip
-
+    yield from mount_point(tmp_path)
 
 def _writer(path: str, data_path: str, *, keep_open: bool = True) -> subprocess.Popen[bytes]:
     """A process that overwrites ``path`` with the bytes of ``data_path``, says so, and
@@ -117,7 +49,7 @@ def _writer(path: str, data_path: str, *, keep_open: bool = True) -> subprocess.
 def test_a_killed_mount_publishes_nothing_and_the_next_one_recovers_it(
     kind: str, mnt: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    storage = _Storage(kind, tmp_path, request)
+    storage = Storage(kind, tmp_path, request)
     state = tmp_path / "state"
     log = tmp_path / "mount.log"
     old = b"the old version\n" * 1000
@@ -125,7 +57,7 @@ def test_a_killed_mount_publishes_nothing_and_the_next_one_recovers_it(
     (tmp_path / "new.bin").write_bytes(new)
     storage.put("f.bin", old)
     base = storage.etag("f.bin")
-    first = _mount(storage, mnt, state, log=log)
+    first = start_mount(storage, mnt, state, log=log)
     writer = _writer(f"{mnt}/f.bin", os.fspath(tmp_path / "new.bin"))
     fresh = _writer(f"{mnt}/created.bin", os.fspath(tmp_path / "new.bin"))
     try:
@@ -143,7 +75,7 @@ def test_a_killed_mount_publishes_nothing_and_the_next_one_recovers_it(
     assert storage.get("created.bin") is None
     # The next mount of the same storage moves what the killed one staged into the recovery
     # area and says so; it uploads nothing.
-    second = _mount(storage, mnt, state, log=log)
+    second = start_mount(storage, mnt, state, log=log)
     try:
         assert wait_until(lambda: "was not published" in log.read_text(), timeout=10), log.read_text()
         assert open(f"{mnt}/f.bin", "rb").read() == old
@@ -151,7 +83,7 @@ def test_a_killed_mount_publishes_nothing_and_the_next_one_recovers_it(
         second.send_signal(signal.SIGTERM)
         assert second.wait(timeout=60) == 0, log.read_text()
     assert storage.get("f.bin") == old
-    listed = _recover(state, storage.url, "--json")
+    listed = recover(state, storage.url, "--json")
     assert listed.returncode == 0, listed.stderr
     entries = {e["path"]: e for e in json.loads(listed.stdout)}
     assert set(entries) == {"f.bin", "created.bin"}, entries
@@ -163,17 +95,17 @@ def test_a_killed_mount_publishes_nothing_and_the_next_one_recovers_it(
     assert entries["created.bin"]["base"] is None
     # Restoring is conditional: storage changed since, so it is refused without --force.
     storage.put("f.bin", b"changed meanwhile")
-    refused = _recover(state, storage.url, *storage.options, "--restore", kept["id"])
+    refused = recover(state, storage.url, *storage.options, "--restore", kept["id"])
     assert refused.returncode == 1 and "changed since" in refused.stderr, refused.stderr
     assert storage.get("f.bin") == b"changed meanwhile"
-    forced = _recover(state, storage.url, *storage.options, "--restore", kept["id"], "--force")
+    forced = recover(state, storage.url, *storage.options, "--restore", kept["id"], "--force")
     assert forced.returncode == 0, forced.stderr
     assert storage.get("f.bin") == new
     # A new file restores where nothing is; discarding deletes the entry for good.
     created = entries["created.bin"]["id"]
-    assert _recover(state, storage.url, *storage.options, "--restore", created).returncode == 0
+    assert recover(state, storage.url, *storage.options, "--restore", created).returncode == 0
     assert storage.get("created.bin") == new
-    assert json.loads(_recover(state, storage.url, "--json").stdout) == []
+    assert json.loads(recover(state, storage.url, "--json").stdout) == []
     # Nothing is left of the killed mount's session, nor of its staging beside the files.
     assert not any((state / "mounts").rglob("journal"))
     if kind == "local":
@@ -184,13 +116,13 @@ def test_a_killed_mount_publishes_nothing_and_the_next_one_recovers_it(
 def test_a_killed_streamed_upload_is_aborted_by_the_next_mount(
     moto: MotoServer, mnt: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    storage = _Storage("s3", tmp_path, request)
+    storage = Storage("s3", tmp_path, request)
     state = tmp_path / "state"
     log = tmp_path / "mount.log"
     stream = ["-o", "stream_threshold=5242880", "-o", "stream_part_size=5242880"]
     big = os.urandom(14 << 20)
     (tmp_path / "big.bin").write_bytes(big)
-    first = _mount(storage, mnt, state, *stream, log=log)
+    first = start_mount(storage, mnt, state, *stream, log=log)
     client = moto.boto3_client()
     bucket, prefix = storage.prefix.split("/", 1)
 
@@ -212,7 +144,7 @@ def test_a_killed_streamed_upload_is_aborted_by_the_next_mount(
         writer.communicate()
     assert wait_until(lambda: not is_mounted(mnt), timeout=30)
     assert storage.get("big.bin") is None and len(uploads()) == 1
-    second = _mount(storage, mnt, state, log=log)
+    second = start_mount(storage, mnt, state, log=log)
     try:
         assert wait_until(lambda: not uploads(), timeout=15), log.read_text()
     finally:

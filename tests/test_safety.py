@@ -68,9 +68,9 @@ def count_url_gets(fs: FsspecFilesystem, seen: Counter[str]) -> None:
         seen["GetObject"] += 1
         return whole(path)
 
-    def counted_range(path: str, start: int, end: int) -> bytes | None:
+    def counted_range(path: str, start: int, end: int, *, version: str | None = None) -> bytes | None:
         seen["GetObject"] += 1  # a capped read is one ranged GET
-        return ranged(path, start, end)
+        return ranged(path, start, end, version=version)
 
     reader.read_whole = counted  # type: ignore[method-assign]
     reader.read = counted_range  # type: ignore[method-assign]

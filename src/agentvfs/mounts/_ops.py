@@ -22,14 +22,17 @@ import pyfuse3
 import trio
 
 from .. import errors as _errors
+from ..errors import FileExists, StaleFileError
 from ..vfs import (
     FileStat,
     SupportsLocalFiles,
     SupportsUploadRecovery,
+    Version,
     WorkspaceFilesystem,
     download_file,
     list_stats,
     normalize_path,
+    publish_file,
     upload_file,
 )
 from . import _passthrough
@@ -77,6 +80,19 @@ def _fuse_errors(fn: F) -> F:
         except TimeoutError:
             _log.error("%s timed out", fn.__name__)
             raise pyfuse3.FUSEError(errno.ETIMEDOUT) from None
+        except ExceptionGroup as group:
+            # Concurrent fetches (a read of several windows) fail together: the first
+            # storage error says what happened.
+            found = group.subgroup(lambda exc: isinstance(exc, OSError) and isinstance(exc.errno, int))
+            first = found.exceptions[0] if found is not None else None
+            while isinstance(first, ExceptionGroup):
+                first = first.exceptions[0]
+            if not isinstance(first, OSError) or not isinstance(first.errno, int) or first.errno <= 0:
+                _log.exception("%s failed", fn.__name__)
+                raise pyfuse3.FUSEError(errno.EIO) from None
+            if first.errno == errno.EIO:
+                _log.error("%s failed: %s", fn.__name__, first)
+            raise pyfuse3.FUSEError(first.errno) from None
         except Exception:
             _log.exception("%s failed", fn.__name__)
             raise pyfuse3.FUSEError(errno.EIO) from None
@@ -109,6 +125,11 @@ def _is_dirty(node: Node) -> bool:
 
 def _fail(code: int) -> pyfuse3.FUSEError:
     return pyfuse3.FUSEError(code)
+
+
+def _known_version(etag: str | None) -> bool:
+    """A version tag the mount can publish over (not unknown, not a marker of its own)."""
+    return bool(etag) and not str(etag).startswith("\0")
 
 
 def storage_url(filesystem: WorkspaceFilesystem) -> str:
@@ -400,6 +421,11 @@ class MountOperations(pyfuse3.Operations):
             os.fchmod(fd, node.perm & 0o777)
             try:
                 keep = node.size if truncate_to is None else min(truncate_to, node.size)
+                if node.stored and not _known_version(node.etag):
+                    # The version the written file will be published over: asked before the
+                    # content is read, so it is never newer than what the writes start from.
+                    with contextlib.suppress(FileNotFoundError):
+                        node.etag = (await self.fs.stat(self.path_of(node))).etag
                 if node.stored and keep > 0:
                     self.staging.reserve(node, node.size)
                     await download_file(self.fs, self.path_of(node), path)
@@ -428,12 +454,19 @@ class MountOperations(pyfuse3.Operations):
         node.write_seq += 1
 
     async def commit(self, node: Node) -> None:
-        """Upload a dirty file to every name it has; ``EIO`` (logged with the path) if storage
-        refuses. The staged copy is kept on failure and the file marked failed: only its
-        writer's next ``fsync`` or ``close`` tries again; otherwise it goes to the recovery
-        area (see :meth:`keep`), never uploaded silently later."""
+        """Publish a dirty file to every name it has.
+
+        The publish is conditional on the version the mount last saw (``If-Match`` on S3, a
+        create only where nothing is, the stale check elsewhere). When storage changed
+        meanwhile, the other writer's version stays: this one goes to the recovery area and
+        its writer gets ``EIO`` (logged with the path and both versions). Any other failure is
+        ``EIO`` too; the staged copy is kept and the file marked failed: only its writer's
+        next ``fsync`` or ``close`` tries again, else it goes to the recovery area at its last
+        close (see :meth:`keep`), never uploaded later behind the writer's back.
+        """
         if not node.dirty or node.stage is None:
             return
+        conflict: str | None = None
         async with node.lock:
             if not _is_dirty(node):
                 return  # uploaded by a concurrent request while this one waited
@@ -442,24 +475,84 @@ class MountOperations(pyfuse3.Operations):
                 return
             seq = node.write_seq
             node.fresh = False
-            if node.stream is None or not await self.uploads.finish(node):
-                for path in [self.table.child_path(parent, name) for parent, name in node.links]:
-                    try:
-                        await upload_file(self.fs, node.stage, path)
-                    except Exception as exc:
-                        node.failed = str(exc) or type(exc).__name__
-                        self.failed_uploads["/" + path] = node.failed
-                        self.staging.mark_failed(node, node.failed)
-                        _log.error("upload of /%s failed, kept staged at %s: %s", path, node.stage, exc)
-                        raise _fail(errno.EIO) from None
+            paths = [self.table.child_path(parent, name) for parent, name in node.links]
+            base = node.etag if node.stored else None
+            try:
+                version = await self._publish(node, paths, base)
+            except (StaleFileError, FileExistsError) as exc:
+                conflict = self._conflict(paths[0], base, exc)
+            except Exception as exc:
+                node.failed = str(exc) or type(exc).__name__
+                self.failed_uploads["/" + paths[0]] = node.failed
+                self.staging.mark_failed(node, node.failed)
+                _log.error("upload of /%s failed, kept staged at %s: %s", paths[0], node.stage, exc)
+                raise _fail(errno.EIO) from None
+            else:
+                for path in paths:
                     self.failed_uploads.pop("/" + path, None)
-            node.stored = True
-            node.failed = None
-            node.etag = None
-            node.checked_at = time.monotonic()
-            if node.write_seq == seq:
-                node.dirty = node.written = False
-                self.staging.mark_clean(node)
+                node.stored = True
+                node.failed = None
+                node.etag = version
+                self._repin(node)
+                node.checked_at = time.monotonic()
+                if node.write_seq == seq:
+                    node.dirty = node.written = False
+                    self.staging.mark_clean(node)
+        if conflict is not None:
+            await self.keep(node, conflict)
+            raise _fail(errno.EIO)
+
+    def _repin(self, node: Node) -> None:
+        """This mount changed ``node`` in storage: its open handles read the new version
+        (a reader sees the writes of its own mount, as on a local filesystem)."""
+        version = node.etag if _known_version(node.etag) else None
+        for handle in self.handles.values():
+            if handle.node is node:
+                handle.reading.version = version
+
+    async def _publish(self, node: Node, paths: list[str], base: str | None) -> str | None:
+        """Upload ``node``'s staged copy under ``paths`` (its first name conditionally on
+        ``base``, or as a create for a file storage has not had); the version now there."""
+        assert node.stage is not None
+        expected = Version(base) if node.stored and _known_version(base) else None
+        create = not node.stored
+        if node.stream is not None:
+            # A streamed upload completes with no condition of its own: the version is
+            # checked just before (a narrow race).
+            await self._check_version(paths[0], expected, create)
+            if await self.uploads.finish(node):
+                return None
+        version = await publish_file(self.fs, node.stage, paths[0], expected=expected, create=create)
+        for path in paths[1:]:
+            # Other hard links hold copies (storage has no links): not conditional.
+            await upload_file(self.fs, node.stage, path)
+        return version
+
+    async def _check_version(self, path: str, expected: Version | None, create: bool) -> None:
+        if expected is None and not create:
+            return
+        try:
+            current = await self.fs.stat(path)
+        except FileNotFoundError:
+            if expected is not None:
+                raise StaleFileError(path, None, None) from None
+            return
+        if create:
+            raise FileExists(path)
+        assert expected is not None
+        if not expected.matches(current):
+            raise StaleFileError(path, None, current.modified_at)
+
+    def _conflict(self, path: str, base: str | None, exc: OSError) -> str:
+        """Log a publish refused because storage changed; the reason kept with the data."""
+        if isinstance(exc, FileExistsError):
+            why = "another writer created it since this mount did"
+        elif getattr(exc, "actual_mtime", None) is None:
+            why = "it was deleted or renamed in storage since this mount saw it"
+        else:
+            why = f"another writer replaced it in storage since this mount saw version {base}"
+        _log.error("/%s not published: %s (the other version stays)", path, why)
+        return f"conflict: {why}"
 
     async def keep(self, node: Node, reason: str) -> None:
         """Put ``node``'s unpublished data into the recovery area instead of storage; the
@@ -1050,13 +1143,21 @@ class MountOperations(pyfuse3.Operations):
             async with node.lock:
                 # Checked again: a close may have published it while this waited.
                 if node.dirty and node.stage is not None:
-                    await upload_file(self.fs, node.stage, new_path)
+                    seq = node.write_seq
+                    version = await publish_file(self.fs, node.stage, new_path)
                     if node.stored:
                         await self.fs.delete_file(old_path, force=True)
                     node.stored = True
+                    node.etag = version
+                    self._repin(node)
+                    if node.write_seq == seq:
+                        node.dirty = node.written = False
+                        self.staging.mark_clean(node)
                     return
         if node.stored:
             await self.fs.move_file(old_path, new_path, overwrite=True)
+            node.etag = None  # a copy may have a version of its own: asked before a write
+            self._repin(node)
         elif target is not None and target.stored:
             await self.fs.delete_file(new_path, force=True)
 
@@ -1176,6 +1277,9 @@ class MountOperations(pyfuse3.Operations):
         fh = self._open_handle(node, flags, pid)
         handle = self.handles[fh]
         handle.path = self._safe_path(node)
+        # Reads from storage serve this version only: a file replaced or renamed elsewhere
+        # meanwhile is ESTALE to this handle, never the new bytes in the old one's place.
+        handle.reading.version = node.etag if node.stored and _known_version(node.etag) else None
         if node.stage is None and node.stored and node.links:
             handle.fd = self._open_local(node)
             handle.fd_state = (node.write_seq, node.version)

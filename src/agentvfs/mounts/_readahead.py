@@ -107,9 +107,11 @@ class _Buffers:
 class ReadState:
     """What one open file has fetched and how it has been read so far."""
 
-    __slots__ = ("next_offset", "parts", "sequential", "windows")
+    __slots__ = ("next_offset", "parts", "sequential", "version", "windows")
 
     def __init__(self) -> None:
+        #: The version of the file the handle reads (its ``etag`` when opened; None: any).
+        self.version: str | None = None
         self.parts: dict[int, _Part] = {}
         #: Aligned windows fetched for random reads, least recently used first.
         self.windows: collections.OrderedDict[int, bytes] = collections.OrderedDict()
@@ -160,7 +162,7 @@ class ReadAhead:
         if not sequential and off != 0 and end - off <= part_size:
             self._drop_parts(handle, keep_from=None)
             if width <= 0:
-                return await read_range(self.fs, path, off, end)  # windows off: exact ranges
+                return await read_range(self.fs, path, off, end, version=handle.version)  # exact ranges
             return await self._read_windows(handle, path, size, off, end)
         parts = self.layout
         first, last = parts.index_of(off), parts.index_of(end - 1)
@@ -220,13 +222,15 @@ class ReadAhead:
         if self.used + need > self.options.read_cache_bytes:
             # No memory left for windows (read-ahead of other handles holds it): the bytes
             # asked for, uncached.
-            return await read_range(self.fs, path, off, end)
+            return await read_range(self.fs, path, off, end, version=handle.version)
         if missing:
             fetched: dict[int, bytes] = {}
 
             async def fetch(i: int) -> None:
                 async with self.fetch_limit:
-                    fetched[i] = await read_range(self.fs, path, i * width, min(size, (i + 1) * width))
+                    fetched[i] = await read_range(
+                        self.fs, path, i * width, min(size, (i + 1) * width), version=handle.version
+                    )
 
             async with trio.open_nursery() as nursery:
                 for i in missing:
@@ -255,7 +259,8 @@ class ReadAhead:
             try:
                 async with self.fetch_limit:
                     view = memoryview(part.buffer)[: part.size]
-                    part.data = view[: await read_range_into(self.fs, path, start, view)]
+                    count = await read_range_into(self.fs, path, start, view, version=handle.version)
+                    part.data = view[:count]
             except BaseException as exc:  # handed to the reader that waits for this part
                 part.error = exc if isinstance(exc, Exception) else OSError(errno.EIO, "read cancelled")
                 if not isinstance(exc, Exception):

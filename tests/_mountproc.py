@@ -1,0 +1,93 @@
+"""Storage and mount processes for the tests of mounts across their lifecycle: a storage
+location read and written directly (a local directory or a prefix of the session's moto
+bucket), ``agentvfs mount`` processes on it, and ``agentvfs recover``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from _mounted import wait_until
+from agentvfs.mounts import is_mounted
+from agentvfs.testing import MotoServer
+from conftest import S3_BUCKET, unique
+
+__all__ = ["CLI", "Storage", "cli_env", "mount_point", "recover", "start_mount"]
+
+CLI = [sys.executable, "-c", "import sys; from agentvfs.cli import main; sys.exit(main())"]
+
+
+def mount_point(tmp_path: Path) -> Iterator[str]:
+    """An empty mount point, unmounted after the test whatever happened (for a fixture)."""
+    point = tmp_path / "mnt"
+    point.mkdir()
+    yield os.fspath(point)
+    if is_mounted(os.fspath(point)):
+        subprocess.run(["fusermount3", "-uz", os.fspath(point)], check=False)
+
+
+class Storage:
+    """One storage location, as URL and options for the CLI, and read directly."""
+
+    def __init__(self, kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+        self.kind = kind
+        self.options: list[str] = []
+        if kind == "local":
+            self.dir = tmp_path / "store"
+            self.dir.mkdir()
+            self.url = os.fspath(self.dir)
+        else:
+            moto: MotoServer = request.getfixturevalue("moto")
+            self.moto = moto
+            self.raw = moto.s3fs(use_listings_cache=False)
+            self.prefix = f"{S3_BUCKET}/{unique('crash')}"
+            self.url = f"s3://{self.prefix}"
+            self.options = ["-o", f"endpoint_url={moto.endpoint_url}"]
+
+    def put(self, path: str, data: bytes) -> None:
+        if self.kind == "local":
+            (self.dir / path).parent.mkdir(parents=True, exist_ok=True)
+            (self.dir / path).write_bytes(data)
+        else:
+            self.raw.pipe_file(f"{self.prefix}/{path}", data)
+
+    def get(self, path: str) -> bytes | None:
+        try:
+            return (self.dir / path).read_bytes() if self.kind == "local" else bytes(self.raw.cat_file(f"{self.prefix}/{path}"))
+        except FileNotFoundError:
+            return None
+
+    def etag(self, path: str) -> str | None:
+        if self.kind == "local":
+            return None
+        return str(self.raw.info(f"{self.prefix}/{path}")["ETag"]).strip('"')
+
+
+def cli_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
+    env.pop("AWS_CA_BUNDLE", None)
+    return env
+
+
+def start_mount(storage: Storage, mnt: str, state: Path, *extra: str, log: Path) -> subprocess.Popen[bytes]:
+    args = [*CLI, "mount", storage.url, mnt, *storage.options, "-o", f"state_dir={state}", *extra]
+    # passthrough off: a local mount then stages its writes (what a crash can catch mid-way).
+    args += ["-o", "passthrough=false"]
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=out, env=cli_env())
+    assert wait_until(lambda: is_mounted(mnt) or proc.poll() is not None, timeout=30), log.read_text()
+    assert proc.poll() is None, log.read_text()
+    return proc
+
+
+def recover(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CLI, "recover", "--state-dir", os.fspath(state), *args],
+        capture_output=True, text=True, env=cli_env(), timeout=60, check=False,
+    )  # fmt: skip
