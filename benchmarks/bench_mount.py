@@ -386,6 +386,17 @@ class Harness:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
 
+def baseline_layer(url: str, options: list[str], src: str) -> Layer:
+    """The mount of another tree (its ``src`` first on ``PYTHONPATH``), through its CLI."""
+    code = "import sys; from agentvfs.cli import main; sys.exit(main())"
+    opts = [x for o in options for x in ("-o", o)]
+
+    def command(mnt: str, _scratch: str) -> tuple[list[str], dict[str, str]]:
+        return [sys.executable, "-c", code, "mount", url, mnt, *opts], {**os.environ, "PYTHONPATH": src}
+
+    return Layer("agentvfs (before)", command, f"`agentvfs mount {url} MNT` of the tree at {src}", sigterm_first=True)
+
+
 def agentvfs_layer(url: str, options: list[str]) -> Layer | str:
     """Our mount in its own process: the ``agentvfs mount`` CLI when it exists, else a
     ``python -c`` wrapper around ``agentvfs.mounts.Mount``. A str is the reason to skip."""
@@ -518,6 +529,9 @@ class Config:
     local_entries: int
     s3_size: int
     s3_entries: int
+    #: The ``src`` of another tree, mounted as the layer "agentvfs (before)" (S3 part).
+    baseline_src: str | None = None
+    peers: bool = True
 
 
 # -- part A: local directory -----------------------------------------------------------------
@@ -874,10 +888,13 @@ def bench_s3(h: Harness, cfg: Config, results: Results, s3rver: str, skipped: li
 
     layers: list[Layer] = []
     made: Layer | str
-    for made in (
-        agentvfs_layer(f"s3://{BUCKET}", [f"endpoint_url={endpoint}", f"key={S3_KEY}", f"secret={S3_SECRET}"]),
-        rclone_layer(endpoint), s3fs_fuse_layer(endpoint), fsspec_fuse_layer(endpoint),
-    ):  # fmt: skip
+    ours = [f"endpoint_url={endpoint}", f"key={S3_KEY}", f"secret={S3_SECRET}"]
+    candidates: list[Layer | str] = [agentvfs_layer(f"s3://{BUCKET}", ours)]
+    if cfg.baseline_src:
+        candidates.append(baseline_layer(f"s3://{BUCKET}", ours, cfg.baseline_src))
+    if cfg.peers:
+        candidates += [rclone_layer(endpoint), s3fs_fuse_layer(endpoint), fsspec_fuse_layer(endpoint)]
+    for made in candidates:
         if isinstance(made, str):
             log(f"s3: skipping {made}")
             skipped.append(made)
@@ -933,6 +950,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--only", choices=["local", "s3"], help="run one part only")
     p.add_argument("--json", metavar="PATH", help="write all raw timings as JSON")
     p.add_argument("--keep", action="store_true", help="keep the temporary data directory")
+    p.add_argument("--baseline-src", metavar="DIR",
+                   help="also mount the agentvfs of another tree (its src directory) on S3, interleaved")
+    p.add_argument("--no-peers", action="store_true", help="measure no peer mounter (rclone, s3fs, fsspec.fuse)")
     args = p.parse_args(argv)
     if args.repeat is not None and args.repeat < 1:
         p.error("--repeat must be positive")
@@ -961,6 +981,8 @@ def main(argv: list[str] | None = None) -> int:
         local_entries=1000 if args.quick else 10_000,
         s3_size=64 * MiB if args.quick else 256 * MiB,
         s3_entries=1000 if args.quick else 2000,
+        baseline_src=args.baseline_src,
+        peers=not args.no_peers,
     )
     s3rver = find_s3rver()
     machine = machine_description(s3rver)

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -172,3 +173,25 @@ def test_a_live_session_is_left_alone_and_a_torn_journal_line_is_skipped(tmp_pat
     assert [k.path for k in kept] == ["a.txt"] and tickets == []
     assert open(kept[0].data, "rb").read() == b"unpublished"
     assert not os.path.exists(live.path)
+
+
+def test_an_unusable_default_state_directory_falls_back_to_the_temporary_one(
+    mnt: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from agentvfs.errors import MountError
+    from agentvfs.mounts import Mount
+    from conftest import memory_harness
+
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("x")
+    monkeypatch.delenv("AGENTVFS_STATE_DIR", raising=False)
+    monkeypatch.setenv("XDG_STATE_HOME", os.fspath(blocker))
+    with Mount(memory_harness().fs, mnt) as handle:
+        assert handle.operations is not None and handle.operations.session is not None
+        where = handle.operations.session.path
+        assert where.startswith(os.path.join(tempfile.gettempdir(), f"agentvfs-state-{os.getuid()}"))
+    assert any("state directory" in r.getMessage() and "unusable" in r.getMessage() for r in caplog.records)
+    assert not os.path.exists(where)  # a clean stop leaves no session behind
+    # Asked for explicitly, it is not replaced: the mount fails and says why.
+    with pytest.raises(MountError, match=r"Cannot use the state directory .*state_dir"):
+        Mount(memory_harness().fs, mnt, options={"state_dir": os.fspath(blocker / "x")}).start()

@@ -13,6 +13,7 @@ import functools
 import logging
 import os
 import stat as stat_module
+import tempfile
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -22,7 +23,7 @@ import pyfuse3
 import trio
 
 from .. import errors as _errors
-from ..errors import FileExists, StaleFileError
+from ..errors import FileExists, MountError, StaleFileError
 from ..vfs import (
     FileStat,
     SupportsLocalFiles,
@@ -216,10 +217,24 @@ class MountOperations(pyfuse3.Operations):
         #: Set when a writer closes while an unmount waits for the writers (``drain``).
         self._writer_closed: trio.Event | None = None
         if mountpoint is not None and not read_only:
-            root = options.state_dir or default_state_dir()
             url = storage_url(filesystem)
-            self.recovered, self.pending_aborts = recover_sessions(root, url, mountpoint)
-            self.session = Session(root, url, mountpoint)
+            root = options.state_dir or default_state_dir()
+            try:
+                self.session = Session(root, url, mountpoint)
+            except OSError as exc:
+                if options.state_dir or os.environ.get("AGENTVFS_STATE_DIR"):
+                    # Asked for: a mount without it would keep nothing there.
+                    raise MountError(
+                        f"Cannot use the state directory {root} ({exc.strerror}); give mount option "
+                        "state_dir (or AGENTVFS_STATE_DIR) a directory this user can write"
+                    ) from exc
+                # The default place cannot be written (a read-only home in a container): the
+                # temporary directory still survives the mount's process.
+                fallback = os.path.join(tempfile.gettempdir(), f"agentvfs-state-{os.getuid()}")
+                _log.warning("state directory %s unusable (%s); using %s", root, exc.strerror, fallback)
+                root = fallback
+                self.session = Session(root, url, mountpoint)
+            self.recovered, self.pending_aborts = recover_sessions(root, url, mountpoint, skip=self.session.path)
             self.recovery = RecoveryArea(root, url, mountpoint)
         self.staging = StagingStore(filesystem, options, self._safe_path, self.session)
         #: Where staged copies live (a ``/proc/self/fd`` path when held by descriptor).

@@ -215,10 +215,17 @@ class Session:
         self.url = url
         self.mountpoint = mountpoint
         base = os.path.join(root, "mounts", storage_key(url))
-        os.makedirs(base, mode=0o700, exist_ok=True)
         where = hashlib.sha256(mountpoint.encode("utf-8", "surrogateescape")).hexdigest()[:8]
         self.path = os.path.join(base, f"{where}-{os.getpid()}-{time.time_ns()}")
-        os.mkdir(self.path, 0o700)
+        for _ in range(5):
+            os.makedirs(base, mode=0o700, exist_ok=True)
+            try:
+                os.mkdir(self.path, 0o700)
+                break
+            except FileNotFoundError:
+                continue  # the folder was removed by a session closing just now
+        else:
+            os.mkdir(self.path, 0o700)
         self._lock = os.open(os.path.join(self.path, _LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         _write_json(
@@ -263,6 +270,8 @@ class Session:
         self._journal = -1
         if not self.open_entries:
             shutil.rmtree(self.path, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                os.rmdir(os.path.dirname(self.path))  # the storage's folder, once empty
         os.close(self._lock)  # releases the lock
 
 
@@ -300,17 +309,22 @@ def _fold(journal: str) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]
     return states, [ticket for ticket in uploads.values() if ticket]
 
 
-def recover_sessions(root: str, url: str, mountpoint: str) -> tuple[list[RecoveredFile], list[dict[str, Any]]]:
+def recover_sessions(
+    root: str, url: str, mountpoint: str, *, skip: str | None = None
+) -> tuple[list[RecoveredFile], list[dict[str, Any]]]:
     """Take over every session of ``url`` whose mount is gone: move its unpublished files
     to the recovery area, remove its clean copies, and return what was kept and the
     multipart uploads (tickets) to abort.
 
-    A session whose lock is held belongs to a live mount and is left alone.
+    A session whose lock is held belongs to a live mount and is left alone, as is ``skip``
+    (the caller's own).
     """
     kept: list[RecoveredFile] = []
     tickets: list[dict[str, Any]] = []
     area = RecoveryArea(root, url, mountpoint)
     for session in _sessions(root, url):
+        if session == skip:
+            continue
         try:
             lock = os.open(os.path.join(session, _LOCK), os.O_RDWR | os.O_CLOEXEC)
         except OSError:
