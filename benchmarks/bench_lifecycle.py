@@ -231,6 +231,10 @@ def crash_trial(
     deadline = time.monotonic() + 30
     while is_mounted(os.fspath(mnt)) and time.monotonic() < deadline:
         time.sleep(0.05)
+    dead_mount = is_mounted(os.fspath(mnt))
+    if dead_mount:
+        # auto_unmount did not remove it: what a user then does by hand.
+        subprocess.run(["fusermount3", "-uz", os.fspath(mnt)], check=False)
     got = get("f.bin")
     outcome = "old" if got == old else "new" if got == new else "missing" if got is None else f"other ({len(got)} bytes)"
     # A writer that opened the file only after the mount was gone wrote into the bare mount
@@ -246,7 +250,8 @@ def crash_trial(
     shutil.rmtree(mnt, ignore_errors=True)
     source.unlink()
     return {"tree": tree.name, "kind": storage.kind, "writer": writer, "delay": round(delay, 3),
-            "outcome": outcome, "recovered": recovered, "wrote_beside_the_mount": bool(bare)}  # fmt: skip
+            "outcome": outcome, "recovered": recovered, "wrote_beside_the_mount": bool(bare),
+            "dead_mount_left": dead_mount}  # fmt: skip
 
 
 _APPENDER = r"""

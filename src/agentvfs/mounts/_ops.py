@@ -643,10 +643,15 @@ class MountOperations(pyfuse3.Operations):
             elif node.failed is not None:
                 reason = f"its upload failed: {node.failed}"
             else:
+                kept_before = len(self.kept)
                 try:
                     await self.commit(node)
                     continue
                 except pyfuse3.FUSEError:
+                    if len(self.kept) > kept_before:
+                        # A conflict: commit kept it already, with its reason.
+                        unpublished[path] = self.kept[-1].reason
+                        continue
                     reason = f"its upload failed: {node.failed}"
             unpublished[path] = reason
             await self.keep(node, reason)
