@@ -14,8 +14,8 @@ import pytest
 
 from _mounted import wait_until
 from agentvfs.mounts import is_mounted
-from agentvfs.testing import MotoServer
-from conftest import S3_BUCKET, unique
+from agentvfs.testing import FakeGcsServer, MotoServer
+from conftest import GCS_BUCKET, S3_BUCKET, unique
 
 __all__ = ["CLI", "Storage", "cli_env", "mount_point", "recover", "start_mount"]
 
@@ -41,6 +41,12 @@ class Storage:
             self.dir = tmp_path / "store"
             self.dir.mkdir()
             self.url = os.fspath(self.dir)
+        elif kind == "gcs":
+            fake_gcs: FakeGcsServer = request.getfixturevalue("fake_gcs")
+            self.raw = fake_gcs.gcsfs()
+            self.prefix = f"{GCS_BUCKET}/{unique('crash')}"
+            self.url = f"gcs://{self.prefix}"
+            self.options = ["-o", f"endpoint_url={fake_gcs.endpoint_url}", "-o", "token=anon", "-o", "project=test"]
         else:
             moto: MotoServer = request.getfixturevalue("moto")
             self.moto = moto
@@ -65,7 +71,8 @@ class Storage:
     def etag(self, path: str) -> str | None:
         if self.kind == "local":
             return None
-        return str(self.raw.info(f"{self.prefix}/{path}")["ETag"]).strip('"')
+        info = self.raw.info(f"{self.prefix}/{path}")
+        return str(info["generation"] if self.kind == "gcs" else info["ETag"]).strip('"')
 
 
 def cli_env() -> dict[str, str]:

@@ -46,7 +46,9 @@ def _writer(path: str, data_path: str, *, keep_open: bool = True) -> subprocess.
     return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
 
 
-@pytest.mark.parametrize("kind", ["local", pytest.param("s3", marks=pytest.mark.s3)])
+@pytest.mark.parametrize(
+    "kind", ["local", pytest.param("s3", marks=pytest.mark.s3), pytest.param("gcs", marks=pytest.mark.gcs)]
+)
 def test_a_killed_mount_publishes_nothing_and_the_next_one_recovers_it(
     kind: str, mnt: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:

@@ -667,7 +667,8 @@ class FsspecBackend(Backend):
             except FilesystemError:
                 raise
             except Exception as exc:
-                if isinstance(exc, OSError) and self._refused_upload(exc, guard, create):
+                refused = create and isinstance(exc, FileExistsError)
+                if refused or ((guard is not None or create) and self._refused_upload(exc, guard, create)):
                     if guard is None:
                         raise FileExists(display) from exc
                     self._refused_write(rel, display, guard)
@@ -675,7 +676,7 @@ class FsspecBackend(Backend):
         self._written(rel, "file")
         return version
 
-    def _refused_upload(self, exc: OSError, guard: Version | None, create: bool) -> bool:
+    def _refused_upload(self, exc: Exception, guard: Version | None, create: bool) -> bool:
         """Whether ``exc`` is the store refusing a conditional upload."""
         return False
 
