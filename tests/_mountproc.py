@@ -54,6 +54,8 @@ class Storage:
             self.prefix = f"{S3_BUCKET}/{unique('crash')}"
             self.url = f"s3://{self.prefix}"
             self.options = ["-o", f"endpoint_url={moto.endpoint_url}"]
+        #: The storage as its mounts file it in the recovery area (a directory as file://).
+        self.recovery_url = f"file://{self.dir}" if kind == "local" else self.url
 
     def put(self, path: str, data: bytes) -> None:
         if self.kind == "local":

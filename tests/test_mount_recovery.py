@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ import pytest
 
 from _mounted import wait_until
 from _mountproc import Storage, mount_point, recover, start_mount
-from agentvfs.mounts import fuse_available, is_mounted, list_recovered
+from agentvfs.mounts import cleanup_stale_mount, fuse_available, is_mounted, list_recovered
 from agentvfs.mounts._recovery import Session, recover_sessions
 from agentvfs.testing import MotoServer
 
@@ -197,3 +198,92 @@ def test_an_unusable_default_state_directory_falls_back_to_the_temporary_one(
     # Asked for explicitly, it is not replaced: the mount fails and says why.
     with pytest.raises(MountError, match=r"Cannot use the state directory .*state_dir"):
         Mount(memory_harness().fs, mnt, options={"state_dir": os.fspath(blocker / "x")}).start()
+
+
+_WRITERS = {
+    # Each replaces f.bin with the 1 MiB block of new.bin repeated 16 times.
+    "cp": "cp {big} {target}",
+    "dd": "dd if={big} of={target} bs=64k status=none",
+    "redirect": "for i in $(seq 16); do cat {block}; done > {target}",
+    "python": "python3 -c \"import sys; d=open('{big}','rb').read(); f=open('{target}','wb'); "
+    "[f.write(d[i:i+65536]) for i in range(0, len(d), 65536)]; f.close()\"",
+}
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("writer", sorted(_WRITERS))
+@pytest.mark.parametrize("kind", ["local", pytest.param("s3", marks=pytest.mark.s3)])
+def test_crash_trials_leave_the_old_or_the_new_file(
+    kind: str, writer: str, seed: int, mnt: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    import random
+
+    storage = Storage(kind, tmp_path, request)
+    state = tmp_path / "state"
+    log = tmp_path / "mount.log"
+    old = b"old\n" * 50_000
+    block = os.urandom(1 << 20)
+    new = block * 16
+    (tmp_path / "block.bin").write_bytes(block)
+    (tmp_path / "new.bin").write_bytes(new)
+    storage.put("f.bin", old)
+    first = start_mount(storage, mnt, state, log=log)
+    script = _WRITERS[writer].format(
+        big=tmp_path / "new.bin", block=tmp_path / "block.bin", target=f"{mnt}/f.bin"
+    )
+    proc = subprocess.Popen(["bash", "-c", script], stderr=subprocess.DEVNULL)
+    time.sleep(random.Random(f"{kind}{writer}{seed}").uniform(0.02, 0.3))
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait(timeout=30)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    if not wait_until(lambda: not is_mounted(mnt), timeout=10):
+        # auto_unmount can lose a race with a writer still holding a file of the dead mount
+        # (EBUSY); the next mount at the same place removes the dead one, as here.
+        assert cleanup_stale_mount(mnt)
+    got = storage.get("f.bin")
+    assert got in (old, new), f"neither old nor new: {None if got is None else len(got)} bytes"
+    # A writer that started after the mount was gone wrote into the bare directory.
+    for leftover in Path(mnt).iterdir():
+        leftover.unlink()
+    second = start_mount(storage, mnt, state, log=log)
+    second.send_signal(signal.SIGTERM)
+    assert second.wait(timeout=60) == 0, log.read_text()
+    kept = list_recovered(os.fspath(state), storage.recovery_url)
+    # What the killed mount had staged and not published is reported, never uploaded.
+    assert storage.get("f.bin") == got
+    for entry in kept:
+        assert entry.path == "f.bin" and len(open(entry.data, "rb").read()) == entry.size
+
+
+@pytest.mark.parametrize("kind", ["local", pytest.param("s3", marks=pytest.mark.s3)])
+def test_sigterm_with_a_writer_open_keeps_the_half_written_file_out_of_storage(
+    kind: str, mnt: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    storage = Storage(kind, tmp_path, request)
+    state = tmp_path / "state"
+    log = tmp_path / "mount.log"
+    old = b"the old version\n" * 10_000
+    new = os.urandom(3 << 20)
+    (tmp_path / "new.bin").write_bytes(new)
+    storage.put("f.bin", old)
+    proc = start_mount(storage, mnt, state, "-o", "stop_timeout=1", log=log)
+    writer = _writer(f"{mnt}/f.bin", os.fspath(tmp_path / "new.bin"))
+    try:
+        assert writer.stdout is not None and writer.stdout.readline() == b"written\n"
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        # It waited stop_timeout for the writer, then unmounted without publishing.
+        assert proc.wait(timeout=60) == 1, log.read_text()
+        assert time.monotonic() - started >= 0.9
+    finally:
+        writer.kill()
+        writer.communicate()
+    assert storage.get("f.bin") == old
+    text = log.read_text()
+    assert "still open for writing" in text and "agentvfs recover --list" in text
+    (kept,) = list_recovered(os.fspath(state), storage.recovery_url)
+    assert kept.path == "f.bin" and open(kept.data, "rb").read() == new

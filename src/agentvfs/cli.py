@@ -353,6 +353,14 @@ def _mount(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     known = {name for name in MountOptions.__dataclass_fields__}
     mount_options = {k: v for k, v in args.options if k.replace("-", "_") in known}
     storage_options = {k: v for k, v in args.options if k.replace("-", "_") not in known}
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        stop.set()
+
+    # Before the mount appears: a signal the moment it does must still unmount cleanly.
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
     try:
         fs = _filesystem_for(args.url, args.read_only, storage_options)
         handle = Mount(fs, args.mountpoint, read_only=args.read_only or None, options=mount_options)
@@ -360,13 +368,6 @@ def _mount(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except (MountError, WorkspaceError, OSError, ValueError) as exc:
         print(f"agentvfs mount: {exc}", file=sys.stderr)
         return 1
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: object) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
     mode = "read-only" if handle.read_only else "read-write"
     print(f"agentvfs: {args.url} mounted at {handle.mountpoint} ({mode}); SIGINT or SIGTERM unmounts", file=sys.stderr, flush=True)
     while not stop.wait(0.5):
