@@ -146,3 +146,24 @@ def test_a_reader_sees_the_writes_of_its_own_mount(moto: MotoServer, mnt: str) -
             writer.write(b"NEW")
         reader.seek(0)
         assert reader.read() == b"NEW old old"
+
+
+def test_a_file_replaced_elsewhere_before_the_first_read_is_read_whole(moto: MotoServer, mnt: str) -> None:
+    raw = moto.s3fs(use_listings_cache=False)
+    prefix = f"{S3_BUCKET}/{unique('replaced')}"
+    raw.pipe_file(f"{prefix}/same.bin", b"a" * 4096)
+    raw.pipe_file(f"{prefix}/longer.bin", b"a" * 4096)
+    other = moto.s3fs(use_listings_cache=False)
+    with Mount(FsspecFilesystem(raw, root=prefix), mnt, options={"metadata_ttl": 60}):
+        assert os.path.getsize(f"{mnt}/same.bin") == 4096 == os.path.getsize(f"{mnt}/longer.bin")
+        # Replaced in storage while the mount still trusts what it listed (metadata_ttl).
+        other.pipe_file(f"{prefix}/same.bin", b"b" * 4096)
+        other.pipe_file(f"{prefix}/longer.bin", b"b" * 8192)
+        # Same size: the new version, whole (nothing of the old one was served).
+        assert open(f"{mnt}/same.bin", "rb").read() == b"b" * 4096
+        # Another size: the kernel holds the old size, so ESTALE rather than the new bytes
+        # cut to the old length; the next open sees the new file.
+        with pytest.raises(OSError) as stale:
+            open(f"{mnt}/longer.bin", "rb").read()
+        assert stale.value.errno == errno.ESTALE
+        assert wait_until(lambda: open(f"{mnt}/longer.bin", "rb").read() == b"b" * 8192)

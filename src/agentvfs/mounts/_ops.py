@@ -17,7 +17,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import pyfuse3
 import trio
@@ -1521,8 +1521,38 @@ class MountOperations(pyfuse3.Operations):
         end = min(node.size, off + size)
         # A file replaced in storage while open keeps reading under the name it was opened by.
         path = self.path_of(node) if node.links else handle.path.lstrip("/")
-        # A memoryview of a prefetched part avoids a copy; pyfuse3 takes any buffer.
-        return cast(bytes, await self.readahead.read(handle.reading, path, node.size, off, end))
+        try:
+            # A memoryview of a prefetched part avoids a copy; pyfuse3 takes any buffer.
+            data = await self.readahead.read(handle.reading, path, node.size, off, end)
+        except OSError as exc:
+            if exc.errno != errno.ESTALE or handle.reading.served:
+                raise
+            # The version the mount knew at open was replaced before this handle served a
+            # byte of it (a change elsewhere, within metadata_ttl). Of the same size, the new
+            # one is what the reader gets, all of it; of another size it is ESTALE (the
+            # kernel holds the old size), and the next open sees the new file.
+            data = await self._read_replaced(node, handle, path, off, end)
+        handle.reading.served = True
+        return data
+
+    async def _read_replaced(self, node: Node, handle: _Handle, path: str, off: int, end: int) -> Any:
+        try:
+            st = await self.fs.stat(path)
+        except FileNotFoundError:
+            st = None
+        if st is None or st.size != node.size or not _known_version(st.etag) or not node.links:
+            node.checked_at = 0.0
+            for parent, name in node.links:
+                parent.listed_at = 0.0
+                self._invalidate_later(parent.ino, name, node.ino)
+            raise _fail(errno.ESTALE)
+        if not node.dirty and not node.writers:
+            node.etag = st.etag
+            node.version += 1
+            node.checked_at = time.monotonic()
+        handle.reading.version = st.etag
+        self.readahead.release(handle.reading)  # nothing of the old version is kept
+        return await self.readahead.read(handle.reading, path, node.size, off, end)
 
     @_fuse_errors
     async def write(self, fh: int, off: int, buf: bytes) -> int:

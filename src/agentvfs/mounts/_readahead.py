@@ -107,11 +107,13 @@ class _Buffers:
 class ReadState:
     """What one open file has fetched and how it has been read so far."""
 
-    __slots__ = ("next_offset", "parts", "sequential", "version", "windows")
+    __slots__ = ("next_offset", "parts", "sequential", "served", "version", "windows")
 
     def __init__(self) -> None:
         #: The version of the file the handle reads (its ``etag`` when opened; None: any).
         self.version: str | None = None
+        #: The handle has given the reader bytes from storage (of ``version``).
+        self.served = False
         self.parts: dict[int, _Part] = {}
         #: Aligned windows fetched for random reads, least recently used first.
         self.windows: collections.OrderedDict[int, bytes] = collections.OrderedDict()
@@ -232,9 +234,17 @@ class ReadAhead:
                         self.fs, path, i * width, min(size, (i + 1) * width), version=handle.version
                     )
 
-            async with trio.open_nursery() as nursery:
-                for i in missing:
-                    nursery.start_soon(fetch, i)
+            try:
+                async with trio.open_nursery() as nursery:
+                    for i in missing:
+                        nursery.start_soon(fetch, i)
+            except ExceptionGroup as group:
+                # The windows fail together: the first error says why (a storage error
+                # keeps its errno for the reader).
+                cause: BaseException = group
+                while isinstance(cause, BaseExceptionGroup):
+                    cause = cause.exceptions[0]
+                raise cause from None
             for i in missing:
                 handle.windows[i] = fetched[i]
                 self.used += len(fetched[i])
