@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import inspect
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -104,6 +104,18 @@ class SlowFilesystem(FsspecFilesystem):
         await self._slow()
         return 0
 
+    async def read_range_pinned(self, path: str, start: int, buffer: memoryview, version: str) -> int:
+        await self._slow()
+        return 0
+
+    async def publish_file(self, local_path: str, path: str, **condition: Any) -> str | None:
+        await self._slow()
+        return None
+
+    async def abort_upload(self, ticket: Mapping[str, str]) -> bool:
+        await self._slow()
+        return False
+
     async def read_many(self, paths: Sequence[str], *, max_bytes: int | None = None) -> dict[str, Any]:
         await self._slow()
         return {}
@@ -141,6 +153,7 @@ _ARGS: dict[str, Any] = {
     "path": "a.txt", "content": b"x", "src": "a.txt", "dest": "b.txt", "pattern": "x",
     "start": 0, "end": 1, "buffer": memoryview(bytearray(4)), "paths": ["a.txt"],
     "directory": "", "local_path": "/nonexistent/agentvfs-test", "part_size": 1 << 20,
+    "version": "v1", "ticket": {"bucket": "b", "key": "k", "upload_id": "u"},
 }
 
 # Not under a deadline, on purpose: cutting them short would leak what they release.

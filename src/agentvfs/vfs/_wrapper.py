@@ -15,7 +15,7 @@ local filesystem serves reads through the wrapper instead.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -25,6 +25,7 @@ from ._backend import Version
 from ._base import (
     SupportsGrep,
     SupportsStreamingUpload,
+    SupportsUploadRecovery,
     UploadStream,
     WorkspaceFilesystem,
     download_file,
@@ -258,6 +259,17 @@ class WrapperFilesystem(WorkspaceFilesystem):
 
     async def download_file(self, path: str, local_path: str) -> None:
         await self._wrap("download_file", lambda: download_file(self.inner, path, local_path))
+
+    async def read_range_pinned(self, path: str, start: int, buffer: memoryview, version: str) -> int:
+        return await self._wrap(
+            "read_range_pinned", lambda: read_range_into(self.inner, path, start, buffer, version=version)
+        )
+
+    async def abort_upload(self, ticket: Mapping[str, str]) -> bool:
+        inner = self.inner
+        if not isinstance(inner, SupportsUploadRecovery):
+            return False
+        return await self._wrap("abort_upload", lambda: inner.abort_upload(ticket))
 
     async def open_upload(self, path: str, *, part_size: int) -> UploadStream | None:
         inner = self.inner
