@@ -85,14 +85,19 @@ class InodeTable:
         node = self.new_node(
             kind,
             st.mode if st.mode is not None else default,
-            uid=self.options.uid,
-            gid=self.options.gid,
+            uid=self.options.uid if st.uid is None else st.uid,
+            gid=self.options.gid if st.gid is None else st.gid,
             size=0 if is_dir else st.size,
             # Storage without directory times (prefixes, memory) shows the mount's start time.
-            mtime=ns(st.modified_at) or self.started_ns,
+            mtime=st.mtime_ns if st.mtime_ns is not None else ns(st.modified_at) or self.started_ns,
             stored=True,
             etag=st.etag,
         )
+        # Where storage keeps them (local disk), the other times are its own too.
+        if st.atime_ns is not None:
+            node.atime = st.atime_ns
+        if st.ctime_ns is not None:
+            node.ctime = st.ctime_ns
         node.links.append((parent, name))
         return node
 

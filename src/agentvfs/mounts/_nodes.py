@@ -117,6 +117,7 @@ class Node:
         "stored",
         "stream",
         "target",
+        "times_set",
         "uid",
         "version",
         "write_seq",
@@ -176,6 +177,8 @@ class Node:
         #: None once one succeeds. A failed file is never uploaded again but at its writer's
         #: own request (``fsync``, ``close``): otherwise it goes to the recovery area.
         self.failed: str | None = None
+        #: ``utime`` set the times since the last write: a publish keeps them (local disk).
+        self.times_set = False
         #: Written from empty in this mount (created or truncated to zero), in order so far:
         #: a candidate for a streamed upload.
         self.fresh = False

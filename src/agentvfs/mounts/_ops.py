@@ -26,6 +26,7 @@ from .. import errors as _errors
 from ..errors import FileExists, MountError, StaleFileError
 from ..vfs import (
     FileStat,
+    SupportsLocalAttributes,
     SupportsLocalFiles,
     SupportsUploadRecovery,
     Version,
@@ -396,7 +397,11 @@ class MountOperations(pyfuse3.Operations):
             return node
         parent, name = node.links[0]
         fresh = self.table.from_stat(st, parent, name)
-        fresh.perm, fresh.uid, fresh.gid = node.perm, node.uid, node.gid
+        # What storage does not keep, the mount does (for the life of the mount).
+        if st.mode is None:
+            fresh.perm = node.perm
+        if st.uid is None:
+            fresh.uid, fresh.gid = node.uid, node.gid
         assert parent.children is not None
         parent.children[name] = fresh
         node.links = []
@@ -466,7 +471,44 @@ class MountOperations(pyfuse3.Operations):
             self.staging.mark_dirty(node, self._safe_path(node).lstrip("/"), node.etag if node.stored else None)
         node.dirty = True
         node.written = node.written or written
+        if written:
+            node.times_set = False  # a write after utime sets the time again
         node.write_seq += 1
+
+    def _store_attributes(
+        self,
+        node: Node,
+        mode: int | None,
+        owner: tuple[int, int] | None,
+        times_ns: tuple[int, int] | None,
+    ) -> None:
+        """Set mode bits, owner or times of ``node`` in storage where storage keeps them
+        (local disk); elsewhere the mount keeps them."""
+        fs = self.fs
+        if (mode is None and owner is None and times_ns is None) or not isinstance(fs, SupportsLocalAttributes):
+            return
+        if node.kind not in (_S_IFREG, _S_IFDIR) or not node.stored or (node is not self.root and not node.links):
+            return  # nothing of it on disk (yet): a publish or mkdir sets them there
+        fs.local_set_attributes(self.path_of(node), mode=mode, owner=owner, times_ns=times_ns)
+        if times_ns is not None:
+            # The disk's version tag holds the modification time: asked again before a write.
+            node.etag = None
+            if node.backing_fd >= 0:
+                node.backing_mtime = times_ns[1]
+
+    def _restore_attributes(self, node: Node) -> None:
+        """After a publish or a mkdir on local disk: the new file takes the node's mode, owner
+        and (set by utime) times; a chown the mount's user may not make is left undone."""
+        if not isinstance(self.fs, SupportsLocalAttributes):
+            return
+        try:
+            self._store_attributes(node, node.perm, None, (node.atime, node.mtime) if node.times_set else None)
+            if (node.uid, node.gid) != (os.geteuid(), os.getegid()):
+                self._store_attributes(node, None, (node.uid, node.gid), None)
+                if node.perm & (stat_module.S_ISUID | stat_module.S_ISGID):
+                    self._store_attributes(node, node.perm, None, None)  # chown cleared them
+        except OSError as exc:
+            _log.debug("attributes of %s not kept on disk: %s", self._safe_path(node), exc)
 
     async def commit(self, node: Node) -> None:
         """Publish a dirty file to every name it has.
@@ -507,6 +549,9 @@ class MountOperations(pyfuse3.Operations):
                     self.failed_uploads.pop("/" + path, None)
                 node.stored = True
                 node.failed = None
+                self._restore_attributes(node)
+                if _known_version(version) and isinstance(self.fs, SupportsLocalAttributes):
+                    version = None  # the version tag changed with the times set: asked again
                 node.etag = version
                 self._repin(node)
                 node.checked_at = time.monotonic()
@@ -833,17 +878,23 @@ class MountOperations(pyfuse3.Operations):
                     raise
                 if not node.opens:
                     self.staging.drop(node)
-        if fields.update_mode:
-            node.perm = attr.st_mode & 0o7777
-        if fields.update_uid:
-            node.uid = attr.st_uid
-        if fields.update_gid:
-            node.gid = attr.st_gid
-        if fields.update_atime:
-            node.atime = attr.st_atime_ns
-        if fields.update_mtime:
-            node.mtime = attr.st_mtime_ns
-        if (fields.update_atime or fields.update_mtime) and node.backing_fd >= 0 and node.backing_writable:
+        perm = attr.st_mode & 0o7777 if fields.update_mode else node.perm
+        uid = attr.st_uid if fields.update_uid else node.uid
+        gid = attr.st_gid if fields.update_gid else node.gid
+        atime = attr.st_atime_ns if fields.update_atime else node.atime
+        mtime = attr.st_mtime_ns if fields.update_mtime else node.mtime
+        times = fields.update_atime or fields.update_mtime
+        # Where storage keeps them (local disk), they go there first: a refusal (EPERM for a
+        # chown the mount's user may not make) is the caller's, and nothing changes.
+        self._store_attributes(
+            node, perm if fields.update_mode else None,
+            (uid, gid) if fields.update_uid or fields.update_gid else None,
+            (atime, mtime) if times else None,
+        )  # fmt: skip
+        node.perm, node.uid, node.gid, node.atime, node.mtime = perm, uid, gid, atime, mtime
+        if times:
+            node.times_set = True
+        if times and node.backing_fd >= 0 and node.backing_writable and not isinstance(self.fs, SupportsLocalAttributes):
             # The file on disk takes the times too, so later reads of them agree.
             os.utime(node.backing_fd, ns=(node.atime, node.mtime))
             node.backing_mtime = node.mtime
@@ -979,6 +1030,7 @@ class MountOperations(pyfuse3.Operations):
         node = self.table.new_node(_S_IFDIR, perm, uid=uid, gid=gid, stored=True)
         node.listed_at = time.monotonic()  # new and empty: nothing to list
         self.table.add_link(directory, text, node)
+        self._restore_attributes(node)
         return self._entry(node)
 
     @_fuse_errors
@@ -1041,6 +1093,12 @@ class MountOperations(pyfuse3.Operations):
 
     async def _remove_name(self, directory: Node, name: str, node: Node) -> None:
         self.uploads.drop(node)
+        if node.is_file:
+            # A publish in flight (the last close's, which the kernel sends after close(2)
+            # returned) lands first: the removal then takes it away. Otherwise it would put
+            # the file back in storage after its name went.
+            async with node.lock:
+                pass
         if node.is_file and node.stored:
             if node.opens and node.stage is None and node.backing_fd < 0 and len(node.links) == 1:
                 # Open descriptors keep working after the last name goes: keep a copy.
@@ -1198,6 +1256,17 @@ class MountOperations(pyfuse3.Operations):
         if target is not None and target.stored:
             await self.fs.rmdir(new_path, force=True)
         await self.fs.move_file(old_path, new_path, overwrite=False)
+        self._forget_versions(node)
+
+    def _forget_versions(self, node: Node) -> None:
+        """Files below ``node`` were moved in storage (copies may have versions of their own):
+        each is asked for its version before its next write."""
+        for child in (node.children or {}).values():
+            if child.is_dir:
+                self._forget_versions(child)
+            elif child.is_file and not child.dirty:
+                child.etag = None
+                self._repin(child)
 
     async def commit_tree(self, node: Node) -> None:
         for child in list((node.children or {}).values()):
@@ -1442,7 +1511,9 @@ class MountOperations(pyfuse3.Operations):
         except (OSError, pyfuse3.FUSEError):
             return None
         with contextlib.suppress(OSError):
-            os.fchmod(fd, mode & 0o777)
+            if (uid, gid) != (os.geteuid(), os.getegid()):
+                os.fchown(fd, uid, gid)  # the creator's, as on any filesystem
+            os.fchmod(fd, mode & 0o7777)
         node = self.table.new_node(_S_IFREG, mode, uid=uid, gid=gid, stored=True)
         self.table.add_link(directory, name, node)
         directory.touch()

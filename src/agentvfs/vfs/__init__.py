@@ -27,6 +27,7 @@ from ._base import ChangeListener as ChangeListener
 from ._base import SupportsConditionalUpload as SupportsConditionalUpload
 from ._base import SupportsGrep as SupportsGrep
 from ._base import SupportsListStats as SupportsListStats
+from ._base import SupportsLocalAttributes as SupportsLocalAttributes
 from ._base import SupportsLocalFiles as SupportsLocalFiles
 from ._base import SupportsLocalStaging as SupportsLocalStaging
 from ._base import SupportsPinnedRead as SupportsPinnedRead
@@ -117,6 +118,7 @@ __all__ = [
     "SupportsConditionalUpload",
     "SupportsGrep",
     "SupportsListStats",
+    "SupportsLocalAttributes",
     "SupportsLocalFiles",
     "SupportsLocalStaging",
     "SupportsPinnedRead",

@@ -41,6 +41,7 @@ __all__ = [
     "SupportsConditionalUpload",
     "SupportsGrep",
     "SupportsListStats",
+    "SupportsLocalAttributes",
     "SupportsLocalStaging",
     "SupportsPinnedRead",
     "SupportsRangedRead",
@@ -527,6 +528,25 @@ class SupportsLocalFiles(Protocol):
 
     def local_unlink(self, path: str) -> None:
         """Remove the name ``path`` on disk."""
+        ...
+
+
+@runtime_checkable
+class SupportsLocalAttributes(Protocol):
+    """Backends on local disk that keep a file's permission bits, owner and times, and let a
+    FUSE mount set them (``chmod``, ``chown``, ``utime`` through the mount reach the disk).
+    Synchronous, as :class:`SupportsLocalFiles`."""
+
+    def local_set_attributes(
+        self,
+        path: str,
+        *,
+        mode: int | None = None,
+        owner: tuple[int, int] | None = None,
+        times_ns: tuple[int, int] | None = None,
+    ) -> None:
+        """Set what is given of the mode bits, the owner ``(uid, gid)`` (-1 keeps one) and the
+        access and modification times (nanoseconds) of ``path``."""
         ...
 
 

@@ -79,6 +79,9 @@ def _info_dict(host: str, own: os.stat_result, seen: os.stat_result | None, link
         "uid": out.st_uid,
         "gid": out.st_gid,
         "mtime": out.st_mtime,
+        "atime_ns": out.st_atime_ns,
+        "mtime_ns": out.st_mtime_ns,
+        "ctime_ns": out.st_ctime_ns,
         "ino": out.st_ino,
         "nlink": out.st_nlink,
     }
@@ -183,7 +186,47 @@ class DiskBackend(FsspecBackend):
 
     def stat_of(self, rel: str, info: dict[str, Any]) -> FileStat:
         stat = super().stat_of(rel, info)
-        return dataclasses.replace(stat, mode=stat_module.S_IMODE(info["mode"]))
+        return dataclasses.replace(
+            stat,
+            mode=stat_module.S_IMODE(info["mode"]),
+            uid=info.get("uid"),
+            gid=info.get("gid"),
+            atime_ns=info.get("atime_ns"),
+            mtime_ns=info.get("mtime_ns"),
+            ctime_ns=info.get("ctime_ns"),
+        )
+
+    def set_attributes_sync(
+        self,
+        rel: str,
+        display: str,
+        *,
+        mode: int | None = None,
+        owner: tuple[int, int] | None = None,
+        times_ns: tuple[int, int] | None = None,
+    ) -> None:
+        """Set the permission bits, owner (``(uid, gid)``, -1 keeps one) and access and
+        modification times of ``rel`` on disk, through a descriptor of it (a symlink swapped
+        in is not followed)."""
+        if not rel and mode is None and owner is None and times_ns is None:
+            return
+        try:
+            fd = self.disk.open(self.bpath(rel), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise FileNotFound(display) from None
+        except Exception as exc:
+            raise self.refuse(exc, rel, display, "setattr") from exc
+        try:
+            if owner is not None:
+                os.fchown(fd, *owner)
+            if mode is not None:
+                os.fchmod(fd, mode & 0o7777)  # after chown, which clears set-ID bits
+            if times_ns is not None:
+                os.utime(fd, ns=times_ns)
+        except OSError as exc:
+            raise self.translate(exc, display, "setattr") from exc
+        finally:
+            os.close(fd)
 
     @contextlib.contextmanager
     def _reading(
@@ -608,6 +651,21 @@ class DiskFilesystem(FsspecFilesystem):
             return self._backend.disk.open_regular(self._backend.bpath(rel), flags, mode)
         except Exception as exc:
             raise self._backend.refuse(exc, rel, path, "open") from exc
+
+    def local_set_attributes(
+        self,
+        path: str,
+        *,
+        mode: int | None = None,
+        owner: tuple[int, int] | None = None,
+        times_ns: tuple[int, int] | None = None,
+    ) -> None:
+        """Set mode bits, owner and times of ``path`` on disk (see
+        :class:`~agentvfs.vfs.SupportsLocalAttributes`)."""
+        self._check_writable("setattr")
+        backend = self._backend
+        assert isinstance(backend, DiskBackend)
+        backend.set_attributes_sync(self._rel(path), path, mode=mode, owner=owner, times_ns=times_ns)
 
     def local_unlink(self, path: str) -> None:
         """Remove the name ``path`` on disk (a symlink itself, not its target).

@@ -42,6 +42,13 @@ class FileStat:
     #: The object metadata a backend keeps with a file (``Capabilities.metadata``); not part
     #: of ``to_dict``.
     metadata: Mapping[str, str] | None = None
+    #: Owner, group and the times in nanoseconds (access, modification, status change) where
+    #: the backend keeps them (local disk); not part of ``to_dict``.
+    uid: int | None = None
+    gid: int | None = None
+    atime_ns: int | None = None
+    mtime_ns: int | None = None
+    ctime_ns: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Return the record as a JSON-friendly dict (ISO-8601 times)."""
