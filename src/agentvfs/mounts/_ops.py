@@ -1176,6 +1176,11 @@ class MountOperations(pyfuse3.Operations):
             raise _fail(errno.EISDIR)
         old_path = self.table.child_path(old_dir, old_name)
         new_path = self.table.child_path(new_dir, new_name)
+        if target is not None and target.is_file:
+            # A publish of the file being replaced that is still in flight (its last close's)
+            # lands first; the rename then replaces it, rather than being replaced by it.
+            async with target.lock:
+                pass
         if node.is_dir:
             await self._rename_dir(node, old_path, new_path, target)
         elif node.is_file:
