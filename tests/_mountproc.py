@@ -17,7 +17,7 @@ from agentvfs.mounts import is_mounted
 from agentvfs.testing import FakeGcsServer, MotoServer
 from conftest import GCS_BUCKET, S3_BUCKET, unique
 
-__all__ = ["CLI", "Storage", "cli_env", "mount_point", "recover", "start_mount"]
+__all__ = ["CLI", "Storage", "cli_env", "mount_point", "recover", "start_mount", "wait_unmounted"]
 
 CLI = [sys.executable, "-c", "import sys; from agentvfs.cli import main; sys.exit(main())"]
 
@@ -100,3 +100,13 @@ def recover(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
         [*CLI, "recover", "--state-dir", os.fspath(state), *args],
         capture_output=True, text=True, env=cli_env(), timeout=60, check=False,
     )  # fmt: skip
+
+
+def wait_unmounted(mnt: str) -> None:
+    """After a mount process was killed: wait for ``auto_unmount`` to remove its mount, or,
+    where it lost a race with a writer still holding a file of the dead mount (``EBUSY``),
+    remove the dead mount as the next mount at that place does."""
+    from agentvfs.mounts import cleanup_stale_mount
+
+    if not wait_until(lambda: not is_mounted(mnt), timeout=10):
+        assert cleanup_stale_mount(mnt)

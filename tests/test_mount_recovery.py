@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from _mounted import wait_until
-from _mountproc import Storage, mount_point, recover, start_mount
-from agentvfs.mounts import cleanup_stale_mount, fuse_available, is_mounted, list_recovered
+from _mountproc import Storage, mount_point, recover, start_mount, wait_unmounted
+from agentvfs.mounts import fuse_available, list_recovered
 from agentvfs.mounts._recovery import Session, recover_sessions
 from agentvfs.testing import MotoServer
 
@@ -73,7 +73,7 @@ def test_a_killed_mount_publishes_nothing_and_the_next_one_recovers_it(
         for proc in (writer, fresh):
             proc.kill()
             proc.communicate()
-    assert wait_until(lambda: not is_mounted(mnt), timeout=30)  # auto_unmount
+    wait_unmounted(mnt)  # auto_unmount
     # Storage holds the complete old version, never the empty or half-written file.
     assert storage.get("f.bin") == old
     assert storage.get("created.bin") is None
@@ -146,7 +146,7 @@ def test_a_killed_streamed_upload_is_aborted_by_the_next_mount(
     finally:
         writer.kill()
         writer.communicate()
-    assert wait_until(lambda: not is_mounted(mnt), timeout=30)
+    wait_unmounted(mnt)
     assert storage.get("big.bin") is None and len(uploads()) == 1
     second = start_mount(storage, mnt, state, log=log)
     try:
@@ -248,10 +248,7 @@ def test_crash_trials_leave_the_old_or_the_new_file(
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-    if not wait_until(lambda: not is_mounted(mnt), timeout=10):
-        # auto_unmount can lose a race with a writer still holding a file of the dead mount
-        # (EBUSY); the next mount at the same place removes the dead one, as here.
-        assert cleanup_stale_mount(mnt)
+    wait_unmounted(mnt)
     got = storage.get("f.bin")
     # Compared here, not in the assert: a diff of two 16 MiB byte strings takes minutes.
     outcome = "old" if got == old else "new" if got == new else _describe(got, old, new)
