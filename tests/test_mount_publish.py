@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 
 from _mounted import wait_until
+from _mountproc import mount_point
 from agentvfs import FsspecFilesystem
-from agentvfs.mounts import Mount, fuse_available, is_mounted
+from agentvfs.mounts import Mount, fuse_available
 from agentvfs.testing import MotoServer
 from conftest import S3_BUCKET, unique
 
@@ -27,11 +28,7 @@ pytestmark = [
 
 @pytest.fixture
 def mnt(tmp_path: Path) -> Iterator[str]:
-    point = tmp_path / "mnt"
-    point.mkdir()
-    yield os.fspath(point)
-    if is_mounted(os.fspath(point)):
-        subprocess.run(["fusermount3", "-uz", os.fspath(point)], check=False)
+    yield from mount_point(tmp_path)
 
 
 def _calls(raw: Any) -> list[str]:

@@ -127,27 +127,20 @@ def _write_json(path: str, value: Mapping[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def _copy_into(source: str | int, dest: str) -> int:
-    """Move the file ``source`` (a path, or a descriptor to copy from) to ``dest``; its size.
-    A path on the same filesystem is renamed, anything else copied then removed."""
-    if isinstance(source, str):
-        try:
-            os.rename(source, dest)
-            return os.stat(dest).st_size
-        except OSError as exc:
-            if exc.errno != errno.EXDEV:
-                raise
-        with open(source, "rb") as src, open(dest, "xb") as out:
-            shutil.copyfileobj(src, out, 1 << 20)
-            out.flush()
-            os.fsync(out.fileno())
-        os.unlink(source)
+def _move_into(source: str, dest: str) -> int:
+    """Move the file ``source`` to ``dest``; its size. On the same filesystem a rename, else
+    a copy (synced) then the removal of ``source``."""
+    try:
+        os.rename(source, dest)
         return os.stat(dest).st_size
-    with open(os.dup(source), "rb") as src, open(dest, "xb") as out:
-        src.seek(0)
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise
+    with open(source, "rb") as src, open(dest, "xb") as out:
         shutil.copyfileobj(src, out, 1 << 20)
         out.flush()
         os.fsync(out.fileno())
+    os.unlink(source)
     return os.stat(dest).st_size
 
 
@@ -170,9 +163,8 @@ class RecoveryArea:
         self.path = os.path.join(root, "recovery", storage_key(url))
         self._names = itertools.count()
 
-    def keep(self, source: str | int, *, path: str, base: str | None, reason: str) -> RecoveredFile:
-        """Move the bytes of ``source`` (a file, or a descriptor to copy from) here as the
-        unpublished version of ``path``, and log it."""
+    def keep(self, source: str, *, path: str, base: str | None, reason: str) -> RecoveredFile:
+        """Move the file ``source`` here as the unpublished version of ``path``, and log it."""
         os.makedirs(self.path, mode=0o700, exist_ok=True)
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
         while True:
@@ -184,7 +176,7 @@ class RecoveryArea:
             except FileExistsError:
                 continue
         data = os.path.join(folder, _DATA)
-        size = _copy_into(source, data)
+        size = _move_into(source, data)
         kept = RecoveredFile(
             id=ident, storage=self.url, path=path, size=size, base=base, reason=reason,
             kept_at=_now(), mountpoint=self.mountpoint, data=data,

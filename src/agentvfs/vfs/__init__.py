@@ -41,6 +41,7 @@ from ._base import SupportsUploadRecovery as SupportsUploadRecovery
 from ._base import SupportsWalk as SupportsWalk
 from ._base import UploadStream as UploadStream
 from ._base import WorkspaceFilesystem as WorkspaceFilesystem
+from ._base import check_version as check_version
 from ._base import download_file as download_file
 from ._base import list_stats as list_stats
 from ._base import new_id as new_id
@@ -138,6 +139,7 @@ __all__ = [
     "WorkspaceFilesystem",
     "WrapperFilesystem",
     "WriteMode",
+    "check_version",
     "create_glob_matcher",
     "download_file",
     "extract_glob_base",

@@ -52,6 +52,7 @@ __all__ = [
     "UploadStream",
     "WorkspaceFilesystem",
     "as_bytes",
+    "check_version",
     "decoded",
     "download_file",
     "drop_hidden",
@@ -446,20 +447,37 @@ async def publish_file(
     that the filesystem cannot close)."""
     if isinstance(fs, SupportsConditionalUpload):
         return await fs.publish_file(local_path, path, expected=expected, create=create)
-    if expected is not None or create:
-        try:
-            current = await fs.stat(path)
-        except FileNotFoundError:
-            current = None
-        if create and current is not None:
-            raise FileExists(path)
-        if expected is not None:
-            if current is None:
-                raise StaleFileError(path, expected.modified_at, None)
-            if not expected.matches(current):
-                raise StaleFileError(path, expected.modified_at, current.modified_at)
+    await check_version(fs, path, expected=expected, create=create)
     await upload_file(fs, local_path, path)
     return None
+
+
+async def check_version(
+    fs: WorkspaceFilesystem, path: str, *, expected: Version | None = None, create: bool = False
+) -> None:
+    """Refuse, as a conditional publish would, unless ``path`` is the version ``expected``
+    or, with ``create``, nothing is there: one ``stat``, for writes whose storage call
+    carries no condition of its own.
+
+    Raises
+    ------
+    StaleFileError
+        ``ESTALE``: another version is there, or none (``actual_mtime`` None).
+    FileExists
+        ``EEXIST``: ``create``, and something is there.
+    """
+    if expected is None and not create:
+        return
+    try:
+        current = await fs.stat(path)
+    except FileNotFoundError:
+        if expected is not None:
+            raise StaleFileError(path, expected.modified_at, None) from None
+        return
+    if create:
+        raise FileExists(path)
+    if expected is not None and not expected.matches(current):
+        raise StaleFileError(path, expected.modified_at, current.modified_at)
 
 
 async def list_stats(fs: WorkspaceFilesystem, path: str = "") -> list[FileStat]:

@@ -54,8 +54,6 @@ from ._fsspec import FsspecFilesystem
 from ._fsspec_backends import NEVER, FsspecBackend, display_parent
 from ._records import Capabilities, FileEntry, FileStat, FileType
 
-_O_NOFOLLOW_FLAG = getattr(os, "O_NOFOLLOW", 0)
-
 __all__ = ["DiskBackend", "DiskFilesystem", "leads_out_of_directory", "translated_reads"]
 
 _O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
@@ -211,7 +209,7 @@ class DiskBackend(FsspecBackend):
         if not rel and mode is None and owner is None and times_ns is None:
             return
         try:
-            fd = self.disk.open(self.bpath(rel), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            fd = self.disk.open(self.bpath(rel), os.O_RDONLY | _O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
             raise FileNotFound(display) from None
         except Exception as exc:
@@ -428,7 +426,7 @@ class DiskBackend(FsspecBackend):
             yield
             return
         try:
-            fd = self.disk.open(self.bpath(rel), os.O_RDONLY | _O_NOFOLLOW_FLAG | os.O_CLOEXEC)
+            fd = self.disk.open(self.bpath(rel), os.O_RDONLY | _O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
             raise StaleFileError(display, guard.modified_at, None) from None
         except OSError:

@@ -257,7 +257,7 @@ class ObjectStoreBackend(FsspecBackend):
         return super().read_range_sync(rel, display, start, end)
 
     def read_version_into_sync(self, rel: str, display: str, start: int, buffer: memoryview, version: str) -> int:
-        # A GET that only that version answers (If-Match on S3, ifGenerationMatch on GCS);
+        # A GET that only that version answers (If-Match on S3, the generation on GCS);
         # where the URL way cannot read it, fsspec reads what is there.
         if self.ranged is not None and rel:
             try:
