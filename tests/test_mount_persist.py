@@ -98,3 +98,28 @@ def test_modes_owners_and_times_reach_the_disk_and_the_next_mount(
     if ROOT:
         assert on_disk("tool/run.sh").st_uid == 4321
     assert (disk / "tool/run.sh").read_text().endswith("echo again\n")
+
+
+@pytest.mark.skipif(not ROOT, reason="a chown to another user needs root")
+def test_a_file_renamed_while_written_keeps_its_owner_and_mode_on_disk(
+    mnt: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    storage = Storage("local", tmp_path, request)
+    log = tmp_path / "mount.log"
+    # Without passthrough, writes are staged and the rename publishes the staged copy.
+    proc = start_mount(storage, mnt, tmp_path / "state", "-o", "passthrough=false", log=log)
+    try:
+        Path(mnt, "f.txt").write_text("one\n")
+        os.chown(f"{mnt}/f.txt", 1234, 5678)
+        os.chmod(f"{mnt}/f.txt", 0o750)
+        with open(f"{mnt}/f.txt", "a") as f:
+            f.write("two\n")
+            f.flush()
+            os.rename(f"{mnt}/f.txt", f"{mnt}/g.txt")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, log.read_text()
+    kept = os.lstat(storage.dir / "g.txt")
+    assert (kept.st_uid, kept.st_gid, stat.S_IMODE(kept.st_mode)) == (1234, 5678, 0o750)
+    assert (storage.dir / "g.txt").read_text() == "one\ntwo\n"
+    assert not (storage.dir / "f.txt").exists()

@@ -23,7 +23,7 @@ import pyfuse3
 import trio
 
 from .. import errors as _errors
-from ..errors import FileExists, MountError, StaleFileError
+from ..errors import MountError, StaleFileError
 from ..vfs import (
     FileStat,
     SupportsLocalAttributes,
@@ -31,6 +31,7 @@ from ..vfs import (
     SupportsUploadRecovery,
     Version,
     WorkspaceFilesystem,
+    check_version,
     download_file,
     list_stats,
     normalize_path,
@@ -481,32 +482,40 @@ class MountOperations(pyfuse3.Operations):
         mode: int | None,
         owner: tuple[int, int] | None,
         times_ns: tuple[int, int] | None,
+        path: str | None = None,
     ) -> None:
-        """Set mode bits, owner or times of ``node`` in storage where storage keeps them
-        (local disk); elsewhere the mount keeps them."""
+        """Set mode bits, owner or times of ``node`` (at ``path``, by default its first name)
+        in storage where storage keeps them (local disk); elsewhere the mount keeps them."""
         fs = self.fs
         if (mode is None and owner is None and times_ns is None) or not isinstance(fs, SupportsLocalAttributes):
             return
         if node.kind not in (_S_IFREG, _S_IFDIR) or not node.stored or (node is not self.root and not node.links):
             return  # nothing of it on disk (yet): a publish or mkdir sets them there
-        fs.local_set_attributes(self.path_of(node), mode=mode, owner=owner, times_ns=times_ns)
+        fs.local_set_attributes(
+            self.path_of(node) if path is None else path, mode=mode, owner=owner, times_ns=times_ns
+        )
         if times_ns is not None:
             # The disk's version tag holds the modification time: asked again before a write.
             node.etag = None
             if node.backing_fd >= 0:
                 node.backing_mtime = times_ns[1]
 
-    def _restore_attributes(self, node: Node) -> None:
+    def _restore_attributes(self, node: Node, path: str | None = None) -> None:
         """After a publish or a mkdir on local disk: the new file takes the node's mode, owner
         and (set by utime) times; a chown the mount's user may not make is left undone."""
         if not isinstance(self.fs, SupportsLocalAttributes):
             return
+        times = (node.atime, node.mtime) if node.times_set else None
+        owner = None if (node.uid, node.gid) == (os.geteuid(), os.getegid()) else (node.uid, node.gid)
         try:
-            self._store_attributes(node, node.perm, None, (node.atime, node.mtime) if node.times_set else None)
-            if (node.uid, node.gid) != (os.geteuid(), os.getegid()):
-                self._store_attributes(node, None, (node.uid, node.gid), None)
-                if node.perm & (stat_module.S_ISUID | stat_module.S_ISGID):
-                    self._store_attributes(node, node.perm, None, None)  # chown cleared them
+            # One call: the owner first, then the mode (a chown clears set-ID bits).
+            self._store_attributes(node, node.perm, owner, times, path)
+        except PermissionError as exc:
+            if owner is None:
+                _log.debug("attributes of %s not kept on disk: %s", self._safe_path(node), exc)
+                return
+            with contextlib.suppress(OSError):
+                self._store_attributes(node, node.perm, None, times, path)  # all but the owner
         except OSError as exc:
             _log.debug("attributes of %s not kept on disk: %s", self._safe_path(node), exc)
 
@@ -547,20 +556,24 @@ class MountOperations(pyfuse3.Operations):
             else:
                 for path in paths:
                     self.failed_uploads.pop("/" + path, None)
-                node.stored = True
-                node.failed = None
-                self._restore_attributes(node)
-                if _known_version(version) and isinstance(self.fs, SupportsLocalAttributes):
-                    version = None  # the version tag changed with the times set: asked again
-                node.etag = version
-                self._repin(node)
-                node.checked_at = time.monotonic()
-                if node.write_seq == seq:
-                    node.dirty = node.written = False
-                    self.staging.mark_clean(node)
+                self._published(node, version, seq)
         if conflict is not None:
             await self.keep(node, conflict)
             raise _fail(errno.EIO)
+
+    def _published(self, node: Node, version: str | None, seq: int, path: str | None = None) -> None:
+        """``node``'s staged copy is in storage now, as ``version`` (at ``path``, by default
+        its first name): the node says so, its open handles read that version, and the copy
+        is clean unless written meanwhile (``seq`` is its write count when the publish began)."""
+        node.stored = True
+        node.failed = None
+        node.etag = version
+        self._restore_attributes(node, path)  # after the version: setting times changes it
+        self._repin(node)
+        node.checked_at = time.monotonic()
+        if node.write_seq == seq:
+            node.dirty = node.written = False
+            self.staging.mark_clean(node)
 
     def _repin(self, node: Node) -> None:
         """This mount changed ``node`` in storage: its open handles read the new version
@@ -579,7 +592,7 @@ class MountOperations(pyfuse3.Operations):
         if node.stream is not None:
             # A streamed upload completes with no condition of its own: the version is
             # checked just before (a narrow race).
-            await self._check_version(paths[0], expected, create)
+            await check_version(self.fs, paths[0], expected=expected, create=create)
             if await self.uploads.finish(node):
                 return None
         version = await publish_file(self.fs, node.stage, paths[0], expected=expected, create=create)
@@ -587,21 +600,6 @@ class MountOperations(pyfuse3.Operations):
             # Other hard links hold copies (storage has no links): not conditional.
             await upload_file(self.fs, node.stage, path)
         return version
-
-    async def _check_version(self, path: str, expected: Version | None, create: bool) -> None:
-        if expected is None and not create:
-            return
-        try:
-            current = await self.fs.stat(path)
-        except FileNotFoundError:
-            if expected is not None:
-                raise StaleFileError(path, None, None) from None
-            return
-        if create:
-            raise FileExists(path)
-        assert expected is not None
-        if not expected.matches(current):
-            raise StaleFileError(path, None, current.modified_at)
 
     def _conflict(self, path: str, base: str | None, exc: OSError) -> str:
         """Log a publish refused because storage changed; the reason kept with the data."""
@@ -1230,12 +1228,8 @@ class MountOperations(pyfuse3.Operations):
                     version = await publish_file(self.fs, node.stage, new_path)
                     if node.stored:
                         await self.fs.delete_file(old_path, force=True)
-                    node.stored = True
-                    node.etag = version
-                    self._repin(node)
-                    if node.write_seq == seq:
-                        node.dirty = node.written = False
-                        self.staging.mark_clean(node)
+                    # Under its new name already (rename(2) moves the node after this).
+                    self._published(node, version, seq, new_path)
                     return
         if node.stored:
             await self.fs.move_file(old_path, new_path, overwrite=True)
