@@ -363,11 +363,21 @@ class Arena:
         """
         where = a.parent.relative_to(self.root)
         script, stop = a.parent / ".racer.py", a.parent / ".racer-stop"
+        for left in (stop, Path(f"{stop}.ready"), Path(f"{stop}.count")):
+            left.unlink(missing_ok=True)  # from an earlier race in the same directory
         await self.tool("write_file", path=f"{where}/{script.name}", content=_RACER)
         started = await self.sh(f"{sys.executable} {script} {a} {b} {stop} {seconds + 30:.0f}", background=True)
         if "Started background process" not in started:
             raise RuntimeError(f"the racer did not start: {started}")
-        await anyio.sleep(0.2)
+        # The body runs only once the racer has made its first exchange: on a loaded machine
+        # the interpreter can take longer to start than a short body takes to run.
+        ready = Path(f"{stop}.ready")
+        for _ in range(400):
+            if await anyio.to_thread.run_sync(ready.exists):
+                break
+            await anyio.sleep(0.05)
+        else:
+            raise RuntimeError("the racer made no exchange within 20 s: the race would not happen")
         try:
             yield
         finally:
@@ -426,6 +436,8 @@ while time.monotonic() < deadline and not os.path.exists(stop):
     for _ in range(200):
         if libc.renameat2(-100, a, -100, b, 2) == 0:  # RENAME_EXCHANGE
             swaps += 1
+            if swaps == 1:
+                open(stop + ".ready", "w").close()
 with open(stop + ".count", "w") as out:
     out.write(str(swaps))
 '''
