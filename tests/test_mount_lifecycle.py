@@ -341,11 +341,14 @@ def test_kill_9_leaves_the_mount_point_usable(mnt: str) -> None:
     assert is_mounted(mnt)
     child.send_signal(signal.SIGKILL)
     child.wait()
-    # auto_unmount: fusermount3 notices the dead server and unmounts.
-    assert wait_until(lambda: not is_mounted(mnt))
-    assert os.listdir(mnt) == []
+    # auto_unmount: fusermount3 notices the dead server and unmounts. On a loaded machine it
+    # now and then does not (libfuse's helper exits without unmounting): the next mount at
+    # this place then removes the dead mount itself, so the mount point stays usable.
+    if wait_until(lambda: not is_mounted(mnt), timeout=10):
+        assert os.listdir(mnt) == []
     with Mount(memory_harness().fs, mnt):
         assert os.listdir(mnt) == []
+    assert not is_mounted(mnt)
 
 
 def test_a_stale_mount_is_cleaned_before_mounting(mnt: str) -> None:
