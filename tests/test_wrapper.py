@@ -9,7 +9,7 @@ from __future__ import annotations
 import inspect
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 import pytest
@@ -18,10 +18,12 @@ from fsspec.implementations.memory import MemoryFileSystem
 from agentvfs import CompositeFilesystem, FsspecFilesystem, LocalFilesystem
 from agentvfs.vfs import (
     FileStat,
+    PosixAttributes,
     SupportsLocalFiles,
     SupportsStreamingUpload,
     TimeoutFilesystem,
     UploadStream,
+    Version,
     WorkspaceFilesystem,
     WrapperFilesystem,
 )
@@ -54,6 +56,20 @@ class SlowFilesystem(FsspecFilesystem):
     async def read_file(self, path: str, *, encoding: str | None = None) -> str | bytes:
         await self._slow()
         return b""
+
+    @property
+    def attribute_storage(self) -> Literal["native", "metadata"] | None:
+        return "metadata"
+
+    async def set_attributes(self, path: str, attrs: PosixAttributes, *, expected: Version | None = None) -> str | None:
+        await self._slow()
+        return None
+
+    async def make_special(self, path: str, attrs: PosixAttributes) -> None:
+        await self._slow()
+
+    async def make_hard_link(self, src: str, dest: str) -> None:
+        await self._slow()
 
     async def write_file(self, path: str, content: str | bytes, **kw: Any) -> None:
         await self._slow()
@@ -134,7 +150,7 @@ class SlowFilesystem(FsspecFilesystem):
     async def download_file(self, path: str, local_path: str) -> None:
         await self._slow()
 
-    async def open_upload(self, path: str, *, part_size: int) -> UploadStream | None:
+    async def open_upload(self, path: str, *, part_size: int, **attributes: Any) -> UploadStream | None:
         await self._slow()
         return _SlowUpload()
 
@@ -154,6 +170,7 @@ _ARGS: dict[str, Any] = {
     "start": 0, "end": 1, "buffer": memoryview(bytearray(4)), "paths": ["a.txt"],
     "directory": "", "local_path": "/nonexistent/agentvfs-test", "part_size": 1 << 20,
     "version": "v1", "ticket": {"bucket": "b", "key": "k", "upload_id": "u"},
+    "attrs": PosixAttributes(mode=0o100644),
 }
 
 # Not under a deadline, on purpose: cutting them short would leak what they release.
@@ -207,7 +224,7 @@ async def test_every_operation_has_a_deadline(name: str) -> None:
 async def test_a_streamed_upload_has_a_deadline_on_each_step() -> None:
     slow = SlowFilesystem()
 
-    async def quick_open(path: str, *, part_size: int) -> UploadStream:
+    async def quick_open(path: str, *, part_size: int, **attributes: Any) -> UploadStream:
         return _SlowUpload()
 
     slow.open_upload = quick_open  # type: ignore[method-assign]

@@ -26,11 +26,13 @@ from ._backend_fs import BackendFilesystem as BackendFilesystem
 from ._base import ChangeListener as ChangeListener
 from ._base import SupportsConditionalUpload as SupportsConditionalUpload
 from ._base import SupportsGrep as SupportsGrep
+from ._base import SupportsHardLinks as SupportsHardLinks
 from ._base import SupportsListStats as SupportsListStats
 from ._base import SupportsLocalAttributes as SupportsLocalAttributes
 from ._base import SupportsLocalFiles as SupportsLocalFiles
 from ._base import SupportsLocalStaging as SupportsLocalStaging
 from ._base import SupportsPinnedRead as SupportsPinnedRead
+from ._base import SupportsPosixAttributes as SupportsPosixAttributes
 from ._base import SupportsRangedRead as SupportsRangedRead
 from ._base import SupportsReadBeneath as SupportsReadBeneath
 from ._base import SupportsReadInto as SupportsReadInto
@@ -41,9 +43,12 @@ from ._base import SupportsUploadRecovery as SupportsUploadRecovery
 from ._base import SupportsWalk as SupportsWalk
 from ._base import UploadStream as UploadStream
 from ._base import WorkspaceFilesystem as WorkspaceFilesystem
+from ._base import attribute_storage as attribute_storage
 from ._base import check_version as check_version
 from ._base import download_file as download_file
 from ._base import list_stats as list_stats
+from ._base import make_hard_link as make_hard_link
+from ._base import make_special as make_special
 from ._base import new_id as new_id
 from ._base import publish_file as publish_file
 from ._base import read_file_beneath as read_file_beneath
@@ -51,6 +56,7 @@ from ._base import read_many as read_many
 from ._base import read_range as read_range
 from ._base import read_range_into as read_range_into
 from ._base import run_sync as run_sync
+from ._base import set_attributes as set_attributes
 from ._base import upload_file as upload_file
 from ._base import walk as walk
 from ._composite import CompositeFilesystem as CompositeFilesystem
@@ -78,6 +84,8 @@ from ._object_store import GcsBackend as GcsBackend
 from ._object_store import ObjectStoreBackend as ObjectStoreBackend
 from ._object_store import S3Backend as S3Backend
 from ._paths import normalize as normalize_path
+from ._posix import PosixAttributes as PosixAttributes
+from ._posix import foreign_metadata as foreign_metadata
 from ._records import Capabilities as Capabilities
 from ._records import FileEntry as FileEntry
 from ._records import FileStat as FileStat
@@ -114,15 +122,18 @@ __all__ = [
     "MemoryStoreBackend",
     "MountInfo",
     "ObjectStoreBackend",
+    "PosixAttributes",
     "S3Backend",
     "SupportsBatchRead",
     "SupportsConditionalUpload",
     "SupportsGrep",
+    "SupportsHardLinks",
     "SupportsListStats",
     "SupportsLocalAttributes",
     "SupportsLocalFiles",
     "SupportsLocalStaging",
     "SupportsPinnedRead",
+    "SupportsPosixAttributes",
     "SupportsRangedRead",
     "SupportsReadBeneath",
     "SupportsReadInto",
@@ -139,16 +150,20 @@ __all__ = [
     "WorkspaceFilesystem",
     "WrapperFilesystem",
     "WriteMode",
+    "attribute_storage",
     "check_version",
     "create_glob_matcher",
     "download_file",
     "extract_glob_base",
+    "foreign_metadata",
     "fsspec_backend",
     "get_mime_type",
     "is_glob_pattern",
     "is_text_file",
     "leads_out_of_directory",
     "list_stats",
+    "make_hard_link",
+    "make_special",
     "new_id",
     "normalize_path",
     "publish_file",
@@ -157,6 +172,7 @@ __all__ = [
     "read_range",
     "read_range_into",
     "run_sync",
+    "set_attributes",
     "translate",
     "translated",
     "translated_reads",

@@ -5,13 +5,14 @@ from __future__ import annotations
 import contextvars
 import functools
 import logging
+import os
 import secrets
 import shutil
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypeVar, runtime_checkable
 
 import anyio
 import anyio.to_thread
@@ -30,6 +31,7 @@ from ..errors import (
 from . import _paths
 from ._backend import Version
 from ._mime import normalize_extensions
+from ._posix import PosixAttributes
 from ._records import Capabilities, FileEntry, FileStat, GrepFileResult
 
 if TYPE_CHECKING:
@@ -40,10 +42,12 @@ __all__ = [
     "ChangeListener",
     "SupportsConditionalUpload",
     "SupportsGrep",
+    "SupportsHardLinks",
     "SupportsListStats",
     "SupportsLocalAttributes",
     "SupportsLocalStaging",
     "SupportsPinnedRead",
+    "SupportsPosixAttributes",
     "SupportsRangedRead",
     "SupportsReadMany",
     "SupportsStreamingUpload",
@@ -52,12 +56,15 @@ __all__ = [
     "UploadStream",
     "WorkspaceFilesystem",
     "as_bytes",
+    "attribute_storage",
     "check_version",
     "decoded",
     "download_file",
     "drop_hidden",
     "filter_extension",
     "list_stats",
+    "make_hard_link",
+    "make_special",
     "new_id",
     "order_tree",
     "publish_file",
@@ -66,6 +73,7 @@ __all__ = [
     "read_many",
     "read_range",
     "run_sync",
+    "set_attributes",
     "upload_file",
     "walk",
     "write_local",
@@ -396,7 +404,9 @@ class SupportsStreamingUpload(Protocol):
     file while it is still being written (multipart)."""
 
     async def open_upload(self, path: str, *, part_size: int) -> UploadStream | None:
-        """Start a streamed upload of ``path``, or None where this backend gains nothing."""
+        """Start a streamed upload of ``path``, or None where this backend gains nothing.
+        Filesystems that keep attributes as object metadata (:class:`SupportsPosixAttributes`)
+        also take ``attributes`` and ``keep``, as their ``publish_file`` does."""
         ...
 
 
@@ -440,16 +450,64 @@ class SupportsConditionalUpload(Protocol):
 
 
 async def publish_file(
-    fs: WorkspaceFilesystem, local_path: str, path: str, *, expected: Version | None = None, create: bool = False
+    fs: WorkspaceFilesystem,
+    local_path: str,
+    path: str,
+    *,
+    expected: Version | None = None,
+    create: bool = False,
+    attributes: PosixAttributes | None = None,
+    keep: Mapping[str, str] | None = None,
 ) -> str | None:
     """:meth:`SupportsConditionalUpload.publish_file` where ``fs`` has it; elsewhere the
     version is checked with a ``stat`` just before an ``upload_file`` (a race between the two
-    that the filesystem cannot close)."""
+    that the filesystem cannot close). ``attributes`` and ``keep`` go with the file where
+    ``fs`` keeps attributes as object metadata (:class:`SupportsPosixAttributes`)."""
+    if (attributes is not None or keep) and attribute_storage(fs) == "metadata":
+        assert isinstance(fs, SupportsPosixAttributes)
+        return await fs.publish_file(
+            local_path, path, expected=expected, create=create, attributes=attributes, keep=keep
+        )
     if isinstance(fs, SupportsConditionalUpload):
         return await fs.publish_file(local_path, path, expected=expected, create=create)
     await check_version(fs, path, expected=expected, create=create)
     await upload_file(fs, local_path, path)
     return None
+
+
+def attribute_storage(fs: WorkspaceFilesystem) -> Literal["native", "metadata"] | None:
+    """Where ``fs`` keeps POSIX attributes (:class:`SupportsPosixAttributes`), or None."""
+    if isinstance(fs, SupportsPosixAttributes):
+        return fs.attribute_storage
+    return None
+
+
+async def set_attributes(
+    fs: WorkspaceFilesystem, path: str, attrs: PosixAttributes, *, expected: Version | None = None
+) -> str | None:
+    """:meth:`SupportsPosixAttributes.set_attributes`; ``PermissionDenied`` where ``fs``
+    keeps no attributes."""
+    if attribute_storage(fs) is None:
+        raise PermissionDenied(path, "set attributes (this storage keeps none)")
+    assert isinstance(fs, SupportsPosixAttributes)
+    return await fs.set_attributes(path, attrs, expected=expected)
+
+
+async def make_special(fs: WorkspaceFilesystem, path: str, attrs: PosixAttributes) -> None:
+    """:meth:`SupportsPosixAttributes.make_special`; ``PermissionDenied`` where ``fs``
+    keeps no special files."""
+    if attribute_storage(fs) is None:
+        raise PermissionDenied(path, "create a special file (this storage keeps none)")
+    assert isinstance(fs, SupportsPosixAttributes)
+    await fs.make_special(path, attrs)
+
+
+async def make_hard_link(fs: WorkspaceFilesystem, src: str, dest: str) -> None:
+    """:meth:`SupportsHardLinks.make_hard_link`; ``PermissionDenied`` (``EPERM``) where the
+    storage has no hard links (a copy would drift apart from the original)."""
+    if not isinstance(fs, SupportsHardLinks):
+        raise PermissionDenied(dest, "link (this storage has no hard links)")
+    await fs.make_hard_link(src, dest)
 
 
 async def check_version(
@@ -565,6 +623,70 @@ class SupportsLocalAttributes(Protocol):
     ) -> None:
         """Set what is given of the mode bits, the owner ``(uid, gid)`` (-1 keeps one) and the
         access and modification times (nanoseconds) of ``path``."""
+        ...
+
+    def local_lstat(self, path: str) -> os.stat_result:
+        """The status of the entry ``path`` itself (a symbolic link is not followed)."""
+        ...
+
+
+@runtime_checkable
+class SupportsPosixAttributes(Protocol):
+    """Filesystems that keep POSIX attributes (mode, owner, times) and special files
+    (symbolic links, FIFOs, sockets, device nodes) in storage, so that a FUSE mount shows
+    after a remount what it showed before: natively on local disk, as object metadata on
+    object stores (:mod:`agentvfs.vfs._posix` has the names).
+
+    ``attribute_storage`` says which, or None where this filesystem's storage keeps none
+    (then the methods refuse with ``PermissionDenied``)."""
+
+    @property
+    def attribute_storage(self) -> Literal["native", "metadata"] | None: ...
+
+    async def set_attributes(self, path: str, attrs: PosixAttributes, *, expected: Version | None = None) -> str | None:
+        """Keep ``attrs`` with the file ``path`` (metadata stores: without sending its data
+        again, and only while it is the version ``expected``); returns its version now,
+        None where unknown.
+
+        Raises
+        ------
+        StaleFileError
+            ``ESTALE``: ``expected`` is not what is there, or the file is gone.
+        """
+        ...
+
+    async def make_special(self, path: str, attrs: PosixAttributes) -> None:
+        """Create the symbolic link (``attrs.target``), FIFO, socket or device node ``path``
+        (the kind is ``attrs.mode``'s file-type bits), only where nothing is.
+
+        Raises
+        ------
+        FileExists
+            Something is at ``path``.
+        """
+        ...
+
+    async def publish_file(
+        self,
+        local_path: str,
+        path: str,
+        *,
+        expected: Version | None = None,
+        create: bool = False,
+        attributes: PosixAttributes | None = None,
+        keep: Mapping[str, str] | None = None,
+    ) -> str | None:
+        """:meth:`SupportsConditionalUpload.publish_file`, the new file carrying
+        ``attributes`` and, on metadata stores, the other tools' metadata keys ``keep``."""
+        ...
+
+
+@runtime_checkable
+class SupportsHardLinks(Protocol):
+    """Filesystems whose storage has hard links (local disk)."""
+
+    async def make_hard_link(self, src: str, dest: str) -> None:
+        """Make ``dest`` a second name of the file ``src``."""
         ...
 
 

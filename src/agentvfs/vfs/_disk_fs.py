@@ -19,8 +19,8 @@ import os
 import posixpath
 import stat as stat_module
 import threading
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Literal
 
 from fsspec.implementations.local import LocalFileSystem
 
@@ -39,6 +39,7 @@ from ..errors import (
 )
 from . import _paths
 from ._backend import Version
+from ._base import run_sync
 from ._disk import (
     TMP_MARK,
     ContainmentError,
@@ -52,6 +53,7 @@ from ._disk import (
 )
 from ._fsspec import FsspecFilesystem
 from ._fsspec_backends import NEVER, FsspecBackend, display_parent
+from ._posix import PosixAttributes
 from ._records import Capabilities, FileEntry, FileStat, FileType
 
 __all__ = ["DiskBackend", "DiskFilesystem", "leads_out_of_directory", "translated_reads"]
@@ -60,6 +62,7 @@ _O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_O_PATH = getattr(os, "O_PATH", 0)
 
 
 def _info_dict(host: str, own: os.stat_result, seen: os.stat_result | None, link: str | None) -> dict[str, Any]:
@@ -82,6 +85,8 @@ def _info_dict(host: str, own: os.stat_result, seen: os.stat_result | None, link
         "ctime_ns": out.st_ctime_ns,
         "ino": out.st_ino,
         "nlink": out.st_nlink,
+        # The entry itself (a link, not its target): what a mount shows of it.
+        "own": own,
     }
     if link is not None:
         info["destination"] = link
@@ -184,15 +189,96 @@ class DiskBackend(FsspecBackend):
 
     def stat_of(self, rel: str, info: dict[str, Any]) -> FileStat:
         stat = super().stat_of(rel, info)
+        own: os.stat_result | None = info.get("own")
+        kind = stat_module.S_IFMT(own.st_mode) if own is not None else stat_module.S_IFREG
+        if own is None or kind in (stat_module.S_IFREG, stat_module.S_IFDIR):
+            return dataclasses.replace(
+                stat,
+                mode=stat_module.S_IMODE(info["mode"]),
+                uid=info.get("uid"),
+                gid=info.get("gid"),
+                atime_ns=info.get("atime_ns"),
+                mtime_ns=info.get("mtime_ns"),
+                ctime_ns=info.get("ctime_ns"),
+                inode=info.get("ino") if kind == stat_module.S_IFREG else None,
+                nlink=info.get("nlink") if kind == stat_module.S_IFREG else None,
+            )
+        # A symbolic link, FIFO, socket or device node: its own attributes (the followed
+        # ones above are what a tool reading through a link sees).
         return dataclasses.replace(
             stat,
-            mode=stat_module.S_IMODE(info["mode"]),
-            uid=info.get("uid"),
-            gid=info.get("gid"),
-            atime_ns=info.get("atime_ns"),
-            mtime_ns=info.get("mtime_ns"),
-            ctime_ns=info.get("ctime_ns"),
+            mode=stat_module.S_IMODE(own.st_mode),
+            uid=own.st_uid,
+            gid=own.st_gid,
+            atime_ns=own.st_atime_ns,
+            mtime_ns=own.st_mtime_ns,
+            ctime_ns=own.st_ctime_ns,
+            file_kind=kind,
+            link_target=info.get("destination") if kind == stat_module.S_IFLNK else None,
+            rdev=own.st_rdev or None,
         )
+
+    def make_special_sync(self, rel: str, display: str, attrs: PosixAttributes) -> None:
+        """Create the symbolic link, FIFO, socket or device node ``rel`` on disk (only where
+        nothing is), then give it ``attrs``' owner and times where they are set."""
+        if not rel:
+            raise FileExists(display)
+        kind = attrs.kind
+        try:
+            with self.disk.place(self.bpath(rel)) as (dirfd, name):
+                if kind == stat_module.S_IFLNK:
+                    os.symlink(attrs.target or "", name, dir_fd=dirfd)
+                elif kind == stat_module.S_IFIFO:
+                    os.mkfifo(name, attrs.perm, dir_fd=dirfd)
+                else:
+                    os.mknod(name, kind | attrs.perm, attrs.rdev, dir_fd=dirfd)
+                try:
+                    self._set_entry_attributes(dirfd, name, attrs)
+                except BaseException:
+                    with contextlib.suppress(OSError):
+                        os.unlink(name, dir_fd=dirfd)
+                    raise
+        except FilesystemError:
+            raise
+        except Exception as exc:
+            raise self.refuse(exc, rel, display, "mknod") from exc
+        self._written(rel, "file")
+
+    @staticmethod
+    def _set_entry_attributes(dirfd: int, name: str, attrs: PosixAttributes) -> None:
+        """Owner, mode and times of the entry ``name`` itself (a link is not followed; a
+        link's own mode cannot be set on Linux and is always 0777)."""
+        if attrs.uid is not None or attrs.gid is not None:
+            own = (-1 if attrs.uid is None else attrs.uid, -1 if attrs.gid is None else attrs.gid)
+            if own != (os.geteuid(), os.getegid()):
+                os.chown(name, *own, dir_fd=dirfd, follow_symlinks=False)
+        if attrs.kind != stat_module.S_IFLNK:
+            # After the owner (a chown clears set-ID bits); mkfifo and mknod took the umask.
+            # Through an O_PATH descriptor of the entry: a symlink swapped in is not followed.
+            fd = os.open(name, _O_PATH | _O_NOFOLLOW | _O_CLOEXEC, dir_fd=dirfd)
+            try:
+                if stat_module.S_ISLNK(os.fstat(fd).st_mode):
+                    raise OSError(_errno.ELOOP, "replaced by a symbolic link", name)
+                os.chmod(f"/proc/self/fd/{fd}", attrs.perm)
+            finally:
+                os.close(fd)
+        if attrs.atime_ns is not None and attrs.mtime_ns is not None:
+            os.utime(name, ns=(attrs.atime_ns, attrs.mtime_ns), dir_fd=dirfd, follow_symlinks=False)
+
+    def make_hard_link_sync(self, src_rel: str, dest_rel: str, display: str) -> None:
+        """A second name ``dest_rel`` of the file ``src_rel`` (the same inode on disk)."""
+        if not src_rel or not dest_rel:
+            raise PermissionDenied(display, "link")
+        try:
+            with self.disk.place(self.bpath(src_rel)) as (src_dir, src_name), self.disk.place(
+                self.bpath(dest_rel)
+            ) as (dest_dir, dest_name):
+                os.link(src_name, dest_name, src_dir_fd=src_dir, dst_dir_fd=dest_dir, follow_symlinks=False)
+        except FilesystemError:
+            raise
+        except Exception as exc:
+            raise self.refuse(exc, dest_rel, display, "link") from exc
+        self._written(dest_rel, "file")
 
     def set_attributes_sync(
         self,
@@ -209,18 +295,29 @@ class DiskBackend(FsspecBackend):
         if not rel and mode is None and owner is None and times_ns is None:
             return
         try:
-            fd = self.disk.open(self.bpath(rel), os.O_RDONLY | _O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            # O_PATH: no open of the file itself (a FIFO or device node is not opened, a mode
+            # of 0000 is no obstacle); the /proc link of the descriptor stays on that inode.
+            fd = self.disk.open(self.bpath(rel), _O_PATH | _O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
             raise FileNotFound(display) from None
         except Exception as exc:
             raise self.refuse(exc, rel, display, "setattr") from exc
         try:
+            if stat_module.S_ISLNK(os.fstat(fd).st_mode):
+                # A symbolic link's own owner and times (its mode is always 0777 on Linux).
+                with self.disk.place(self.bpath(rel)) as (dirfd, name):
+                    if owner is not None:
+                        os.chown(name, *owner, dir_fd=dirfd, follow_symlinks=False)
+                    if times_ns is not None:
+                        os.utime(name, ns=times_ns, dir_fd=dirfd, follow_symlinks=False)
+                return
+            at = f"/proc/self/fd/{fd}"
             if owner is not None:
-                os.fchown(fd, *owner)
+                os.chown(at, *owner)
             if mode is not None:
-                os.fchmod(fd, mode & 0o7777)  # after chown, which clears set-ID bits
+                os.chmod(at, mode & 0o7777)  # after chown, which clears set-ID bits
             if times_ns is not None:
-                os.utime(fd, ns=times_ns)
+                os.utime(at, ns=times_ns)
         except OSError as exc:
             raise self.translate(exc, display, "setattr") from exc
         finally:
@@ -404,7 +501,9 @@ class DiskBackend(FsspecBackend):
         *,
         guard: Version | None = None,
         create: bool = False,
+        metadata: Mapping[str, str] | None = None,
     ) -> str | None:
+        # ``metadata`` is for object stores: the disk keeps attributes in the file itself.
         if not rel:
             raise IsDirectory(display)
         with self._guard_lock(rel, guard is not None), self._version_lock(rel, display, guard):
@@ -664,6 +763,56 @@ class DiskFilesystem(FsspecFilesystem):
         backend = self._backend
         assert isinstance(backend, DiskBackend)
         backend.set_attributes_sync(self._rel(path), path, mode=mode, owner=owner, times_ns=times_ns)
+
+    # -- POSIX attributes: the disk's own ----------------------------------------------------
+
+    @property
+    def attribute_storage(self) -> Literal["native", "metadata"] | None:
+        """``native``: modes, owners, times and special files are the disk's own."""
+        return "native"
+
+    async def set_attributes(self, path: str, attrs: PosixAttributes, *, expected: Version | None = None) -> str | None:
+        """Set ``attrs``' permission bits, owner and times on disk (``expected`` is not
+        checked: the attributes of a file are not a version of its content)."""
+        owner = None if attrs.uid is None and attrs.gid is None else (
+            -1 if attrs.uid is None else attrs.uid, -1 if attrs.gid is None else attrs.gid,
+        )  # fmt: skip
+        times = None if attrs.atime_ns is None or attrs.mtime_ns is None else (attrs.atime_ns, attrs.mtime_ns)
+        await run_sync(
+            functools.partial(self.local_set_attributes, path, mode=attrs.perm, owner=owner, times_ns=times)
+        )
+        return None
+
+    async def make_special(self, path: str, attrs: PosixAttributes) -> None:
+        """Create the symbolic link, FIFO, socket or device node ``path`` on disk."""
+        self._check_writable("mknod")
+        backend = self._backend
+        assert isinstance(backend, DiskBackend)
+        await self._call_write(lambda r, p, cancel: backend.make_special_sync(r, p, attrs), self._rel(path), path)
+
+    async def make_hard_link(self, src: str, dest: str) -> None:
+        """Make ``dest`` a second name of the file ``src`` on disk."""
+        self._check_writable("link")
+        backend = self._backend
+        assert isinstance(backend, DiskBackend)
+        src_rel, dest_rel = self._rel(src), self._rel(dest)
+        await self._call_write(lambda r, p, cancel: backend.make_hard_link_sync(src_rel, r, p), dest_rel, dest)
+
+    def local_lstat(self, path: str) -> os.stat_result:
+        """The status of the entry ``path`` on disk itself (a symbolic link not followed).
+
+        Raises
+        ------
+        OSError
+            As ``lstat(2)``; ``PermissionDenied`` for a path that leads out of the root.
+        """
+        rel = self._rel(path)
+        backend = self._backend
+        assert isinstance(backend, DiskBackend)
+        try:
+            return backend.disk.lstat(backend.bpath(rel))
+        except ContainmentError:
+            raise PermissionDenied(path, "access") from None
 
     def local_unlink(self, path: str) -> None:
         """Remove the name ``path`` on disk (a symlink itself, not its target).

@@ -14,7 +14,7 @@ import posixpath
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import anyio
 import fsspec
@@ -46,6 +46,7 @@ from ._fsspec_backends import NEVER, FsspecBackend, MemoryStoreBackend, names_lo
 from ._grep import compile_pattern, grep_lines
 from ._mime import is_text_file
 from ._object_store import OBJECT_STORES, GcsBackend, ObjectStoreBackend, S3Backend
+from ._posix import PosixAttributes, metadata_for
 from ._records import FileEntry, FileStat, GrepFileResult
 
 __all__ = ["FsspecFilesystem", "fsspec_backend"]
@@ -308,23 +309,84 @@ class FsspecFilesystem(WorkspaceFilesystem):
         await self._call_write(self._backend.upload_sync, rel, path, local_path)
 
     async def publish_file(
-        self, local_path: str, path: str, *, expected: Version | None = None, create: bool = False
+        self,
+        local_path: str,
+        path: str,
+        *,
+        expected: Version | None = None,
+        create: bool = False,
+        attributes: PosixAttributes | None = None,
+        keep: Mapping[str, str] | None = None,
     ) -> str | None:
         """Publish a local file as ``path`` only over the version ``expected`` (or, with
         ``create``, only where nothing is); see :class:`SupportsConditionalUpload`. On S3 the
-        condition is the PUT's own (``If-Match``, ``If-None-Match``)."""
+        condition is the PUT's own (``If-Match``, ``If-None-Match``). On object stores that
+        keep POSIX attributes the object carries ``attributes`` and the foreign metadata
+        keys ``keep`` (see :class:`~agentvfs.vfs.SupportsPosixAttributes`)."""
         self._check_writable("upload_file")
         if self.status != "ready":
             await self.ensure_ready()
         rel = self._rel(path)
         if self._is_root(rel):
             raise IsDirectory(path)
-        upload = functools.partial(self._backend.upload_sync, guard=expected, create=create)
+        upload = functools.partial(
+            self._backend.upload_sync, guard=expected, create=create, metadata=self._metadata_for(attributes, keep)
+        )
         return await self._call_write(upload, rel, path, local_path)
 
-    async def open_upload(self, path: str, *, part_size: int) -> UploadStream | None:
+    def _metadata_for(self, attributes: PosixAttributes | None, keep: Mapping[str, str] | None) -> dict[str, str] | None:
+        style = self._backend.metadata_style
+        if style is None or (attributes is None and not keep):
+            return None
+        if attributes is None:
+            return dict(keep or {})
+        return metadata_for(attributes, style, keep)
+
+    # -- POSIX attributes (SupportsPosixAttributes) -------------------------------------------
+
+    @property
+    def attribute_storage(self) -> Literal["native", "metadata"] | None:
+        """Where this filesystem keeps POSIX attributes: ``metadata`` on object stores that
+        keep object metadata, None elsewhere (local disk's own class says ``native``)."""
+        return "metadata" if self._backend.metadata_style is not None else None
+
+    async def set_attributes(self, path: str, attrs: PosixAttributes, *, expected: Version | None = None) -> str | None:
+        """Keep ``attrs`` with the file ``path``; see :class:`~agentvfs.vfs.SupportsPosixAttributes`."""
+        self._check_writable("setattr")
+        if self.status != "ready":
+            await self.ensure_ready()
+        rel = self._rel(path)
+        backend = self._backend
+        if not isinstance(backend, ObjectStoreBackend) or backend.metadata_style is None:
+            raise PermissionDenied(path, f"set attributes (the {self.provider} store keeps none)")
+        return await self._call_write(
+            lambda r, p, cancel: backend.set_attributes_sync(r, p, attrs, expected), rel, path
+        )
+
+    async def make_special(self, path: str, attrs: PosixAttributes) -> None:
+        """Create a symbolic link, FIFO, socket or device node; see
+        :class:`~agentvfs.vfs.SupportsPosixAttributes`."""
+        self._check_writable("mknod")
+        if self.status != "ready":
+            await self.ensure_ready()
+        rel = self._rel(path)
+        backend = self._backend
+        make = getattr(backend, "make_special_sync", None)
+        if make is None or self.attribute_storage is None:
+            raise PermissionDenied(path, f"create a special file (the {self.provider} store keeps none)")
+        await self._call_write(lambda r, p, cancel: make(r, p, attrs), rel, path)
+
+    async def open_upload(
+        self,
+        path: str,
+        *,
+        part_size: int,
+        attributes: PosixAttributes | None = None,
+        keep: Mapping[str, str] | None = None,
+    ) -> UploadStream | None:
         """Start a multipart upload of ``path`` on an object store (None elsewhere: a local
-        or memory write gains nothing from streaming)."""
+        or memory write gains nothing from streaming); the object carries ``attributes``
+        and ``keep`` as :meth:`publish_file`'s does."""
         self._check_writable("open_upload")
         backend = self._backend
         if not isinstance(backend, ObjectStoreBackend):
@@ -334,7 +396,9 @@ class FsspecFilesystem(WorkspaceFilesystem):
         rel = self._rel(path)
         if self._is_root(rel):
             raise IsDirectory(path)
-        stream = await backend.open_upload_as(rel, path, part_size=part_size)
+        stream = await backend.open_upload_as(
+            rel, path, part_size=part_size, metadata=self._metadata_for(attributes, keep)
+        )
         return None if stream is None else AnnouncedUpload(stream, self, path)
 
     async def abort_upload(self, ticket: Mapping[str, str]) -> bool:

@@ -48,6 +48,7 @@ from ._backend import Backend, ByteRange, KnownVersions, Version, WriteMode, tra
 from ._base import order_tree, run_sync
 from ._disk import TMP_MARK, staged_name
 from ._mime import get_mime_type
+from ._posix import MetadataStyle, attributes_from_metadata, with_posix_attributes
 from ._records import Capabilities, FileEntry, FileStat, FileType
 
 __all__ = [
@@ -196,7 +197,13 @@ class FsspecBackend(Backend):
             return f"{info.get('mtime')}-{info.get('size')}-{info['ino']}"
         return None
 
-    def _metadata_of(self, info: dict[str, Any]) -> dict[str, str]:
+    #: Where the store keeps POSIX attributes as object metadata, how it spells them
+    #: (:mod:`agentvfs.vfs._posix`); None where it keeps none or keeps them natively.
+    metadata_style: MetadataStyle | None = None
+
+    def _metadata_of(self, info: dict[str, Any]) -> dict[str, str] | None:
+        """The object metadata in ``info``: ``{}`` where there is none, None where ``info``
+        does not say (a listing of a store that lists no metadata)."""
         return {}
 
     def stat_of(self, rel: str, info: dict[str, Any]) -> FileStat:
@@ -217,8 +224,11 @@ class FsspecBackend(Backend):
             modified_at=modified,
             mime_type=get_mime_type(name) if kind == "file" else None,
             etag=str(etag).strip('"') if etag is not None and kind == "file" else None,
-            metadata=self._metadata_of(info) if kind == "file" else {},
+            # A directory's too where the store keeps one (an object store's marker object).
+            metadata=self._metadata_of(info),
         )
+        if self.metadata_style is not None and stat.metadata:
+            stat = with_posix_attributes(stat, attributes_from_metadata(stat.metadata))
         self.known.remember(stat)
         return stat
 
@@ -634,12 +644,14 @@ class FsspecBackend(Backend):
         *,
         guard: Version | None = None,
         create: bool = False,
+        metadata: Mapping[str, str] | None = None,
     ) -> str | None:
         """Publish the local file ``local_path`` as ``rel``, creating parents.
 
         With ``guard``, only over that version of the file; with ``create``, only where
-        nothing is. Returns the version now there where the store gives it with the write
-        (S3's ETag, local disk), else None.
+        nothing is; with ``metadata``, the object metadata the new file has (object stores).
+        Returns the version now there where the store gives it with the write (S3's ETag,
+        local disk), else None.
 
         Raises
         ------
@@ -661,7 +673,7 @@ class FsspecBackend(Backend):
                         self._check_guard(rel, display, guard)
                     elif create and self.info(rel) is not None:
                         raise FileExists(display)
-                version = self._put_local(rel, display, local_path, cancel, guard, create)
+                version = self._put_local(rel, display, local_path, cancel, guard, create, metadata)
             except Cancelled:
                 return None
             except FilesystemError:
@@ -681,12 +693,21 @@ class FsspecBackend(Backend):
         return False
 
     def _put_local(
-        self, rel: str, display: str, local_path: str, cancel: threading.Event, guard: Version | None, create: bool
+        self,
+        rel: str,
+        display: str,
+        local_path: str,
+        cancel: threading.Event,
+        guard: Version | None,
+        create: bool,
+        metadata: Mapping[str, str] | None = None,
     ) -> str | None:
         self.publish(rel, display, lambda tmp: self._fs.put_file(local_path, tmp), not create, cancel)
         return None
 
-    def open_upload_sync(self, rel: str, display: str, part_size: int) -> Any:
+    def open_upload_sync(
+        self, rel: str, display: str, part_size: int, metadata: Mapping[str, str] | None = None
+    ) -> Any:
         """A writable file object of ``fs`` that uploads ``rel`` in parts (object stores)."""
         raise NotImplementedError  # pragma: no cover - only the object-store kind streams
 
@@ -1050,7 +1071,14 @@ class MemoryStoreBackend(FsspecBackend):
         self._fs.pipe_file(bpath, data)
 
     def _put_local(
-        self, rel: str, display: str, local_path: str, cancel: threading.Event, guard: Version | None, create: bool
+        self,
+        rel: str,
+        display: str,
+        local_path: str,
+        cancel: threading.Event,
+        guard: Version | None,
+        create: bool,
+        metadata: Mapping[str, str] | None = None,
     ) -> str | None:
         bpath = self.bpath(rel)
         if bpath in self._fs.pseudo_dirs:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -163,15 +164,10 @@ class LocalFilesystem(DiskFilesystem):
     def _public_stat(self, stat: FileStat) -> FileStat:
         host = "/" + stat.path
         relative = self._public_path(stat.path)
-        return FileStat(
-            name=os.path.basename(host) if relative else os.path.basename(self.base_path),
-            path=relative,
-            type=stat.type,
-            size=stat.size,
-            created_at=stat.created_at,
-            modified_at=stat.modified_at,
-            mime_type=stat.mime_type,
-            etag=stat.etag,
+        # Only the name and path change: the disk's modes, owners, times and link targets
+        # stay (a FUSE mount of this filesystem shows them).
+        return dataclasses.replace(
+            stat, name=os.path.basename(host) if relative else os.path.basename(self.base_path), path=relative
         )
 
     async def setup(self) -> None:

@@ -12,8 +12,11 @@ metadata.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import posixpath
+import secrets
+import stat as stat_module
 import threading
 import time
 from collections import OrderedDict
@@ -30,12 +33,14 @@ from ..errors import (
     FilesystemError,
     IsDirectory,
     NotDirectory,
+    PermissionDenied,
     StaleFileError,
 )
 from . import _paths
 from ._backend import Version
 from ._base import UploadStream
 from ._fsspec_backends import READ_THREADS, FsspecBackend, display_parent
+from ._posix import PosixAttributes, metadata_for
 from ._ranged import SignedRangeReader, signed_range_reader
 from ._records import Capabilities, FileStat
 
@@ -398,15 +403,24 @@ class ObjectStoreBackend(FsspecBackend):
         return False
 
     def _put_local(
-        self, rel: str, display: str, local_path: str, cancel: threading.Event, guard: Version | None, create: bool
+        self,
+        rel: str,
+        display: str,
+        local_path: str,
+        cancel: threading.Event,
+        guard: Version | None,
+        create: bool,
+        metadata: Mapping[str, str] | None = None,
     ) -> str | None:
-        self._fs.put_file(local_path, self.bpath(rel))
+        self._fs.put_file(local_path, self.bpath(rel), **self._write_options(None, metadata))
         return None
 
-    def open_upload_sync(self, rel: str, display: str, part_size: int) -> Any:
+    def open_upload_sync(
+        self, rel: str, display: str, part_size: int, metadata: Mapping[str, str] | None = None
+    ) -> Any:
         try:
             self.prepare_parent(rel, display, True)
-            return self._fs.open(self.bpath(rel), "wb", block_size=part_size)
+            return self._fs.open(self.bpath(rel), "wb", block_size=part_size, **self._write_options(None, metadata))
         except FilesystemError:
             raise
         except Exception as exc:
@@ -417,11 +431,14 @@ class ObjectStoreBackend(FsspecBackend):
         store's files cannot drop a half-done upload)."""
         return await self.open_upload_as(path, path, part_size=part_size)
 
-    async def open_upload_as(self, rel: str, display: str, *, part_size: int) -> UploadStream | None:
-        """:meth:`open_upload` of ``rel``, its errors naming ``display``."""
+    async def open_upload_as(
+        self, rel: str, display: str, *, part_size: int, metadata: Mapping[str, str] | None = None
+    ) -> UploadStream | None:
+        """:meth:`open_upload` of ``rel``, its errors naming ``display``, the object to carry
+        ``metadata``."""
         if not rel:
             raise IsDirectory(display)
-        handle = await self._run(self.open_upload_sync, rel, display, part_size)
+        handle = await self._run(self.open_upload_sync, rel, display, part_size, metadata)
         if not callable(getattr(handle, "discard", None)):
             # Without a way to drop a half-done upload, closing would publish it.
             await self._run(handle.close)
@@ -436,7 +453,9 @@ class ObjectStoreBackend(FsspecBackend):
         # the agent saw (deleting a file never deletes its directory on a real disk either).
         parent = _paths.dirname(rel)
         if parent and not self._listings.has_others(rel):
-            self._fs.pipe_file(self.bpath(parent) + "/", b"")
+            # Only where no marker is: one there holds the directory's attributes.
+            with contextlib.suppress(FileExistsError):
+                self._fs.pipe_file(self.bpath(parent) + "/", b"", mode="create")
 
     def _make_dir(self, rel: str) -> None:
         self._fs.pipe_file(self.bpath(rel) + "/", b"")
@@ -447,6 +466,39 @@ class ObjectStoreBackend(FsspecBackend):
 
     def _copy_file(self, src_rel: str, dest_rel: str, dest: str, overwrite: bool, cancel: threading.Event) -> None:
         self._fs.cp_file(self.bpath(src_rel), self.bpath(dest_rel))  # server side
+
+    # -- POSIX attributes as object metadata --------------------------------------------------
+
+    def make_special_sync(self, rel: str, display: str, attrs: PosixAttributes) -> None:
+        """Create a symbolic link, FIFO, socket or device node ``rel`` as an object (only
+        where nothing is): a link's content is its target, the others are empty; ``mode``
+        in the metadata says which (see :mod:`agentvfs.vfs._posix`)."""
+        if self.metadata_style is None:
+            raise PermissionDenied(display, f"create a special file (the {self.protocol} store keeps none)")
+        if not rel:
+            raise FileExists(display)
+        body = b""
+        if attrs.kind == stat_module.S_IFLNK:
+            body = (attrs.target or "").encode("utf-8", "surrogateescape")
+        metadata = metadata_for(attrs, self.metadata_style)
+        try:
+            self.prepare_parent(rel, display, False)
+            if self.info(rel) is not None:
+                raise FileExists(display)
+            self._fs.pipe_file(self.bpath(rel), body, mode="create", **self._write_options(None, metadata))
+        except FilesystemError:
+            raise
+        except FileExistsError:
+            raise FileExists(display) from None
+        except Exception as exc:
+            raise self.translate(exc, display, "mknod") from exc
+        self._written(rel, "file")
+
+    def set_attributes_sync(self, rel: str, display: str, attrs: PosixAttributes, guard: Version | None) -> str | None:
+        """Keep ``attrs`` in the metadata of the object ``rel`` without sending its data
+        again, only while it is ``guard``'s version; every metadata key not about POSIX
+        attributes stays. Returns the object's version afterwards (None: unknown)."""
+        raise PermissionDenied(display, f"set attributes (the {self.protocol} store keeps none)")
 
 
 class S3Backend(ObjectStoreBackend):
@@ -462,6 +514,39 @@ class S3Backend(ObjectStoreBackend):
         empty_dirs=False, atomic_rename=False, symlinks=False, versions=True, blocking=True, metadata=True
     )
     _store_checks_versions = True
+    metadata_style = "s3"
+
+    def set_attributes_sync(self, rel: str, display: str, attrs: PosixAttributes, guard: Version | None) -> str | None:
+        # A copy of the object onto itself with the metadata replaced: the data stays on the
+        # server. The copy replaces the whole metadata and content type, so both are read
+        # first, and it is conditional on the version read (the HEAD and the copy are two
+        # requests: another writer's PUT between them fails the copy, not is overwritten).
+        info = self.info(rel)
+        if info is None:
+            raise StaleFileError(display, guard.modified_at if guard else None, None)
+        current = self.stat_of(rel, info)
+        if current.type == "directory":
+            self._set_directory_attributes(rel, attrs, current.metadata)
+            return None
+        if guard is not None and not guard.matches(current):
+            raise StaleFileError(display, guard.modified_at, current.modified_at)
+        bucket, key, _ = self._fs.split_path(self.bpath(rel))
+        extra: dict[str, Any] = {"ContentType": info["ContentType"]} if info.get("ContentType") else {}
+        if current.etag:
+            extra["CopySourceIfMatch"] = f'"{current.etag}"'
+        try:
+            out = self._s3(
+                "copy_object", Bucket=bucket, Key=key, CopySource={"Bucket": bucket, "Key": key},
+                MetadataDirective="REPLACE", Metadata=metadata_for(attrs, "s3", current.metadata), **extra,
+            )  # fmt: skip
+        except FilesystemError:
+            raise
+        except Exception as exc:
+            if "pre-condition" in str(exc) or "PreconditionFailed" in str(exc) or isinstance(exc, FileNotFoundError):
+                raise StaleFileError(display, current.modified_at, None) from exc
+            raise self.translate(exc, display, "setattr") from exc
+        etag = (out.get("CopyObjectResult") or {}).get("ETag")
+        return str(etag).strip('"') if etag else None
 
     def info(self, rel: str) -> dict[str, Any] | None:
         # The HEAD s3fs sends, read whole: its info record leaves the user metadata out. A
@@ -473,6 +558,16 @@ class S3Backend(ObjectStoreBackend):
         try:
             out = self._s3("head_object", Bucket=bucket, Key=key)
         except FileNotFoundError:
+            try:
+                # A directory's marker object holds its attributes (s3fs-fuse's form too).
+                marker = self._s3("head_object", Bucket=bucket, Key=key + "/")
+            except FileNotFoundError:
+                pass
+            else:
+                return {
+                    "name": bpath, "type": "directory", "size": 0, "StorageClass": "DIRECTORY",
+                    "LastModified": marker.get("LastModified", ""), "Metadata": marker.get("Metadata") or {},
+                }  # fmt: skip
             try:
                 below = self._s3("list_objects_v2", Bucket=bucket, Prefix=key + "/", Delimiter="/", MaxKeys=1)
             except FileNotFoundError:
@@ -510,7 +605,10 @@ class S3Backend(ObjectStoreBackend):
         """One S3 request through s3fs (its retries, its error translation, its options)."""
         return sync(self._fs.loop, self._fs._call_s3, method, self._fs.kwargs, **kwargs)
 
-    def _metadata_of(self, info: dict[str, Any]) -> dict[str, str]:
+    def _metadata_of(self, info: dict[str, Any]) -> dict[str, str] | None:
+        # None: not known (a listing, which has no metadata), not "none".
+        if "Metadata" not in info:
+            return None
         return {str(k): str(v) for k, v in (info.get("Metadata") or {}).items()}
 
     def _write_options(self, mime_type: str | None, metadata: Mapping[str, str] | None) -> dict[str, Any]:
@@ -541,7 +639,14 @@ class S3Backend(ObjectStoreBackend):
         return super()._cat(rels, max_concurrency=1, **extra)
 
     def _put_local(
-        self, rel: str, display: str, local_path: str, cancel: threading.Event, guard: Version | None, create: bool
+        self,
+        rel: str,
+        display: str,
+        local_path: str,
+        cancel: threading.Event,
+        guard: Version | None,
+        create: bool,
+        metadata: Mapping[str, str] | None = None,
     ) -> str | None:
         # One upload that appears whole when it completes: a single PUT up to twice the chunk
         # size (fastest per file on every server measured), else a multipart upload with
@@ -551,12 +656,13 @@ class S3Backend(ObjectStoreBackend):
         condition: dict[str, Any] = {"IfNoneMatch": "*"} if create else {}
         if guard is not None:
             condition = self._guarded(rel, display, guard, {})
+        extra = {"Metadata": dict(metadata)} if metadata else {}
         if os.path.getsize(local_path) < 2 * _UPLOAD_CHUNK:
             # The open file as the body: streamed from disk, where put_file would first copy
             # it whole into memory (twice as slow here).
             bucket, key, _ = self._fs.split_path(bpath)
             with open(local_path, "rb") as body:
-                out = self._fs.call_s3("put_object", Bucket=bucket, Key=key, Body=body, **condition)
+                out = self._fs.call_s3("put_object", Bucket=bucket, Key=key, Body=body, **condition, **extra)
             etag = out.get("ETag")
             return str(etag).strip('"') if etag else None
         if guard is not None:
@@ -564,8 +670,16 @@ class S3Backend(ObjectStoreBackend):
             # just before (a narrow race, where the single PUT has none).
             self._check_guard(rel, display, guard)
         mode = "create" if create else "overwrite"
-        self._fs.put_file(local_path, bpath, chunksize=_UPLOAD_CHUNK, max_concurrency=4, mode=mode)
+        self._fs.put_file(local_path, bpath, chunksize=_UPLOAD_CHUNK, max_concurrency=4, mode=mode, **extra)
         return None
+
+    def _set_directory_attributes(self, rel: str, attrs: PosixAttributes, seen: Mapping[str, str] | None) -> None:
+        # The marker is empty: writing it again with the new metadata loses nothing.
+        bucket, key, _ = self._fs.split_path(self.bpath(rel))
+        self._s3(
+            "put_object", Bucket=bucket, Key=key + "/", Body=b"", Metadata=metadata_for(attrs, "s3", seen)
+        )
+        self._written(rel, "directory")
 
     def _refused_upload(self, exc: Exception, guard: Version | None, create: bool) -> bool:
         if guard is None and not create:
@@ -585,9 +699,59 @@ class GcsBackend(ObjectStoreBackend):
     capabilities = Capabilities(
         empty_dirs=False, atomic_rename=False, symlinks=False, versions=True, blocking=True, metadata=True
     )
+    metadata_style = "gcs"
 
-    def _metadata_of(self, info: dict[str, Any]) -> dict[str, str]:
+    def _metadata_of(self, info: dict[str, Any]) -> dict[str, str] | None:
+        if "metadata" not in info and info.get("type") == "directory":
+            return None  # a listed prefix: its marker object's metadata is not known
         return {str(k): str(v) for k, v in (info.get("metadata") or {}).items()}
+
+    def info(self, rel: str) -> dict[str, Any] | None:
+        found = super().info(rel)
+        if found is not None and found.get("type") == "directory" and rel:
+            # The attributes of a directory are its marker object's (gcsfs leaves them out).
+            bucket, key, _ = self._fs.split_path(self.bpath(rel))
+            try:
+                marker = sync(self._fs.loop, self._fs._call, "GET", "b/{}/o/{}", bucket, key + "/", json_out=True)
+            except (FileNotFoundError, OSError):
+                marker = None
+            except Exception:
+                marker = None  # no marker (a prefix only), or the store cannot tell
+            if isinstance(marker, dict):
+                found = {**found, "metadata": marker.get("metadata") or {}}
+        return found
+
+    def set_attributes_sync(self, rel: str, display: str, attrs: PosixAttributes, guard: Version | None) -> str | None:
+        # A PATCH of the object's metadata (its generation stays; keys it does not name stay
+        # too), conditional on the generation seen; a directory's is its marker's.
+        bucket, key, _ = self._fs.split_path(self.bpath(rel))
+        there = self.info(rel)
+        if there is not None and there.get("type") == "directory":
+            if "metadata" not in there:
+                self._upload_object(bucket, key + "/", b"", metadata_for(attrs, "gcs"))
+                self._written(rel, "directory")
+                return None
+            key += "/"
+            guard = None
+        condition = {"ifGenerationMatch": guard.etag} if guard is not None and guard.etag and guard.etag.isdigit() else {}
+        if guard is not None and not condition:
+            self._check_guard(rel, display, guard)
+        try:
+            out = sync(
+                self._fs.loop, self._fs._call, "PATCH", "b/{}/o/{}", bucket, key,
+                json={"metadata": metadata_for(attrs, "gcs")}, json_out=True, **condition,
+            )  # fmt: skip
+        except FilesystemError:
+            raise
+        except Exception as exc:
+            text = f"{exc} {getattr(exc, 'code', '')}"
+            if isinstance(exc, FileNotFoundError) or "412" in text or "conditionNotMet" in text:
+                raise StaleFileError(display, guard.modified_at if guard else None, None) from exc
+            raise self.translate(exc, display, "setattr") from exc
+        finally:
+            self._fs.invalidate_cache(self.bpath(rel))
+        generation = out.get("generation") if isinstance(out, dict) else None
+        return str(generation) if generation else None
 
     def _write_options(self, mime_type: str | None, metadata: Mapping[str, str] | None) -> dict[str, Any]:
         extra = super()._write_options(mime_type, metadata)
@@ -596,7 +760,14 @@ class GcsBackend(ObjectStoreBackend):
         return extra
 
     def _put_local(
-        self, rel: str, display: str, local_path: str, cancel: threading.Event, guard: Version | None, create: bool
+        self,
+        rel: str,
+        display: str,
+        local_path: str,
+        cancel: threading.Event,
+        guard: Version | None,
+        create: bool,
+        metadata: Mapping[str, str] | None = None,
     ) -> str | None:
         # The upload's own precondition: a create only where no generation is
         # (ifGenerationMatch=0, as gcsfs sends it), and a replace of a file up to
@@ -604,22 +775,41 @@ class GcsBackend(ObjectStoreBackend):
         # caller: a server that ignores the precondition still gets that check).
         bpath = self.bpath(rel)
         if create:
-            self._fs.put_file(local_path, bpath, mode="create")
+            self._fs.put_file(local_path, bpath, mode="create", **self._write_options(None, metadata))
             return None
         if guard is None or guard.etag is None or not guard.etag.isdigit():
-            return super()._put_local(rel, display, local_path, cancel, guard, create)
+            return super()._put_local(rel, display, local_path, cancel, guard, create, metadata)
         if os.path.getsize(local_path) > _GCS_GUARDED_MAX:
-            return super()._put_local(rel, display, local_path, cancel, guard, create)
+            return super()._put_local(rel, display, local_path, cancel, guard, create, metadata)
         bucket, key, _ = self._fs.split_path(bpath)
         with open(local_path, "rb") as f:
             data = f.read()
-        out = sync(
-            self._fs.loop, self._fs._call, "POST", f"{self._fs._location}/upload/storage/v1/b/{bucket}/o",
-            uploadType="media", name=key, ifGenerationMatch=guard.etag, data=data,
-            headers={"Content-Type": "application/octet-stream"}, json_out=True,
-        )  # fmt: skip
+        out = self._upload_object(bucket, key, data, metadata, ifGenerationMatch=guard.etag)
         generation = out.get("generation") if isinstance(out, dict) else None
         return str(generation) if generation else None
+
+    def _upload_object(
+        self, bucket: str, key: str, data: bytes, metadata: Mapping[str, str] | None, **condition: str
+    ) -> Any:
+        """One upload request of a whole object: the data alone, or (with ``metadata``) a
+        multipart body of the object resource and the data, as GCS's JSON API takes it."""
+        url = f"{self._fs._location}/upload/storage/v1/b/{bucket}/o"
+        if not metadata:
+            return sync(
+                self._fs.loop, self._fs._call, "POST", url, uploadType="media", name=key, data=data,
+                headers={"Content-Type": "application/octet-stream"}, json_out=True, **condition,
+            )  # fmt: skip
+        boundary = "agentvfs" + secrets.token_hex(12)
+        resource = json.dumps({"name": key, "metadata": dict(metadata)}).encode()
+        body = b"".join((
+            f"--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n".encode(), resource,
+            f"\r\n--{boundary}\r\nContent-Type: application/octet-stream\r\n\r\n".encode(), data,
+            f"\r\n--{boundary}--\r\n".encode(),
+        ))  # fmt: skip
+        return sync(
+            self._fs.loop, self._fs._call, "POST", url, uploadType="multipart", data=body,
+            headers={"Content-Type": f'multipart/related; boundary="{boundary}"'}, json_out=True, **condition,
+        )  # fmt: skip
 
     def _refused_upload(self, exc: Exception, guard: Version | None, create: bool) -> bool:
         if guard is None and not create:

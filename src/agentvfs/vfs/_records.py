@@ -49,6 +49,20 @@ class FileStat:
     atime_ns: int | None = None
     mtime_ns: int | None = None
     ctime_ns: int | None = None
+    #: The file-type bits (``stat.S_IFMT``) of an entry that is neither a regular file nor a
+    #: directory where storage keeps such entries (a symbolic link, FIFO, socket or device
+    #: node: natively on local disk, as object metadata on object stores); its ``type`` is
+    #: then ``"file"``. Not part of ``to_dict``.
+    file_kind: int | None = None
+    #: A symbolic link's target where known without reading it (None on S3, where the
+    #: object's content holds it). Not part of ``to_dict``.
+    link_target: str | None = None
+    #: A device node's device number. Not part of ``to_dict``.
+    rdev: int | None = None
+    #: The inode number and link count where storage has hard links (local disk); names
+    #: of one file share them. Not part of ``to_dict``.
+    inode: int | None = None
+    nlink: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Return the record as a JSON-friendly dict (ISO-8601 times)."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import anyio
 
@@ -28,16 +28,21 @@ from ._base import (
     SupportsUploadRecovery,
     UploadStream,
     WorkspaceFilesystem,
+    attribute_storage,
     download_file,
     list_stats,
+    make_hard_link,
+    make_special,
     publish_file,
     read_file_beneath,
     read_many,
     read_range,
     read_range_into,
+    set_attributes,
     upload_file,
     walk,
 )
+from ._posix import PosixAttributes
 from ._records import Capabilities, FileEntry, FileStat, GrepFileResult
 
 if TYPE_CHECKING:
@@ -250,12 +255,34 @@ class WrapperFilesystem(WorkspaceFilesystem):
         await self._wrap("upload_file", lambda: upload_file(self.inner, local_path, path))
 
     async def publish_file(
-        self, local_path: str, path: str, *, expected: Version | None = None, create: bool = False
+        self,
+        local_path: str,
+        path: str,
+        *,
+        expected: Version | None = None,
+        create: bool = False,
+        attributes: PosixAttributes | None = None,
+        keep: Mapping[str, str] | None = None,
     ) -> str | None:
         return await self._wrap(
             "upload_file",
-            lambda: publish_file(self.inner, local_path, path, expected=expected, create=create),
+            lambda: publish_file(
+                self.inner, local_path, path, expected=expected, create=create, attributes=attributes, keep=keep
+            ),
         )
+
+    @property
+    def attribute_storage(self) -> Literal["native", "metadata"] | None:
+        return attribute_storage(self.inner)
+
+    async def set_attributes(self, path: str, attrs: PosixAttributes, *, expected: Version | None = None) -> str | None:
+        return await self._wrap("setattr", lambda: set_attributes(self.inner, path, attrs, expected=expected))
+
+    async def make_special(self, path: str, attrs: PosixAttributes) -> None:
+        await self._wrap("mknod", lambda: make_special(self.inner, path, attrs))
+
+    async def make_hard_link(self, src: str, dest: str) -> None:
+        await self._wrap("link", lambda: make_hard_link(self.inner, src, dest))
 
     async def download_file(self, path: str, local_path: str) -> None:
         await self._wrap("download_file", lambda: download_file(self.inner, path, local_path))
@@ -271,11 +298,14 @@ class WrapperFilesystem(WorkspaceFilesystem):
             return False
         return await self._wrap("abort_upload", lambda: inner.abort_upload(ticket))
 
-    async def open_upload(self, path: str, *, part_size: int) -> UploadStream | None:
+    async def open_upload(self, path: str, *, part_size: int, **attributes: Any) -> UploadStream | None:
         inner = self.inner
         if not isinstance(inner, SupportsStreamingUpload):
             return None  # the caller writes the file whole instead
-        stream = await self._wrap("open_upload", lambda: inner.open_upload(path, part_size=part_size))
+        # ``attributes``: the ``attributes`` and ``keep`` of SupportsPosixAttributes stores.
+        stream = await self._wrap(
+            "open_upload", lambda: inner.open_upload(path, part_size=part_size, **attributes)
+        )
         return None if stream is None else _WrappedUpload(self, stream)
 
     def __repr__(self) -> str:
