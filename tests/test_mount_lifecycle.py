@@ -554,3 +554,22 @@ def test_only_the_mounting_user_by_default_and_df_shows_room(mnt: str) -> None:
         with open("/proc/self/mountinfo", encoding="utf-8") as f:
             (line,) = [row for row in f if f" {mnt} " in row]
         assert "allow_other" in line
+
+
+def test_set_id_bits_are_shown_but_not_honoured_unless_asked(mnt: str) -> None:
+    """Modes come from storage (object metadata whoever can write the bucket sets): a mount is
+    ``nosuid`` unless ``suid=true``, so a set-user-ID bit there does not make a root program."""
+    h = memory_harness()
+    h.put("tool", b"#!/bin/sh\n")
+
+    def mount_flags() -> list[str]:
+        with open("/proc/self/mountinfo", encoding="utf-8") as f:
+            (line,) = [row for row in f if f" {mnt} " in row]
+        return line.split()[5].split(",")  # the per-mount flags
+
+    with Mount(h.fs, mnt):
+        os.chmod(f"{mnt}/tool", 0o4755)
+        assert os.stat(f"{mnt}/tool").st_mode & 0o7777 == 0o4755
+        assert "nosuid" in mount_flags()
+    with Mount(h.fs, mnt, options={"suid": True}):
+        assert "nosuid" not in mount_flags()

@@ -211,7 +211,7 @@ def test_unlinked_while_open_keeps_its_data(disk: Path, mnt: Path) -> None:
 
 
 def test_hard_link_made_while_open_gets_the_writes(disk: Path, mnt: Path) -> None:
-    """Storage keeps a copy per name: the copy follows writes made while the file was open."""
+    """A hard link on disk is one file: the other name has the writes made while it was open."""
     (disk / "a").write_bytes(b"old")
     handle, _ops, _count = _mounted(disk, mnt)
     try:

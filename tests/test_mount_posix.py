@@ -48,6 +48,19 @@ def root(tree: MountedRoot) -> Path:
     return tree.root
 
 
+#: Kinds whose storage has hard links (a plain directory, local disk).
+LINKED_KINDS = ("direct", "local")
+
+
+@pytest.fixture
+def linked_root(tree: MountedRoot) -> Path:
+    """The tree's root where storage keeps hard links; elsewhere ``link`` is EPERM
+    (``test_link_is_eperm_where_storage_has_no_hard_links``)."""
+    if tree.kind not in LINKED_KINDS:
+        pytest.skip(f"{tree.kind} storage has no hard links: link(2) is EPERM there")
+    return tree.root
+
+
 # --------------------------------------------------------------------------------- helpers
 
 
@@ -691,9 +704,10 @@ def test_rename_over_an_existing_file_replaces_it(root: Path) -> None:
     assert sorted(os.listdir(root)) == ["dst"]
 
 
-def test_rename_23_onto_another_link_of_the_same_file(root: Path) -> None:
+def test_rename_23_onto_another_link_of_the_same_file(linked_root: Path) -> None:
     """Mirrors pjdfstest rename/23: renaming onto a multiply-linked file works, and renaming a
     link onto another link of the same file is a no-op."""
+    root = linked_root
     create(root / "a", b"a")
     os.link(root / "a", root / "b")
     create(root / "c", b"c")
@@ -1010,9 +1024,10 @@ def test_symlink_00_creates_symbolic_links(root: Path) -> None:
     assert read(root / "f") == b"target data!"
 
 
-def test_link_00_creates_hard_links(root: Path) -> None:
+def test_link_00_creates_hard_links(linked_root: Path) -> None:
     """Mirrors pjdfstest link/00: link counts, shared inode, mode and owner; writes through
     one name show through the other; the file's ctime moves; unlink drops the count."""
+    root = linked_root
     create(root / "n0", b"shared")
     ctime = os.stat(root / "n0").st_ctime_ns
     tick()
@@ -1031,6 +1046,21 @@ def test_link_00_creates_hard_links(root: Path) -> None:
     os.unlink(root / "n2")
     assert os.lstat(root / "n1").st_nlink == 1
     assert read(root / "n1") == b"shared data"
+
+
+def test_link_is_eperm_where_storage_has_no_hard_links(tree: MountedRoot) -> None:
+    """Object stores and memory keep no hard links: a link would be two copies that drift
+    apart after a remount, so link(2) fails with EPERM (as on s3fs-fuse) and nothing is made."""
+    if tree.kind in LINKED_KINDS:
+        pytest.skip(f"{tree.kind} storage has hard links (test_link_00_creates_hard_links)")
+    root = tree.root
+    create(root / "f", b"data")
+    with pytest.raises(OSError) as info:
+        os.link(root / "f", root / "g")
+    assert info.value.errno == errno.EPERM
+    assert not os.path.lexists(root / "g")
+    assert tree.backend("g") is None
+    assert read(root / "f") == b"data"
 
 
 def test_link_11_directory_is_eperm(root: Path) -> None:

@@ -114,8 +114,8 @@ def test_a_write_into_a_part_still_in_flight_is_not_lost(moto: MotoServer, mnt: 
         async def abort(self) -> None:
             await self.upload.abort()
 
-    async def holding_upload(path: str, *, part_size: int) -> Any:
-        upload = await open_upload(path, part_size=part_size)
+    async def holding_upload(path: str, *, part_size: int, **attributes: Any) -> Any:
+        upload = await open_upload(path, part_size=part_size, **attributes)
         return None if upload is None else Holding(upload)
 
     monkeypatch.setattr(fs, "open_upload", holding_upload)

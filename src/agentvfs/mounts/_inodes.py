@@ -3,20 +3,30 @@
 from __future__ import annotations
 
 import errno
+import os
 import stat as stat_module
 from datetime import datetime
 from typing import Any
 
 import pyfuse3
 
-from ..vfs import FileStat
+from ..vfs import FileStat, foreign_metadata
 from ._nodes import Node
 from ._options import MountOptions
 
-__all__ = ["InodeTable", "ns"]
+__all__ = ["InodeTable", "ns", "stat_kind"]
 
 _S_IFDIR = stat_module.S_IFDIR
 _S_IFREG = stat_module.S_IFREG
+_S_IFLNK = stat_module.S_IFLNK
+
+
+def stat_kind(st: FileStat) -> int:
+    """The file-type bits of what ``st`` describes (a symlink, FIFO... where storage keeps
+    one; else a directory or a regular file)."""
+    if st.file_kind is not None:
+        return st.file_kind
+    return _S_IFDIR if st.type == "directory" else _S_IFREG
 
 
 def ns(moment: datetime) -> int:
@@ -45,6 +55,8 @@ class InodeTable:
         self.started_ns = self.root.mtime
         self.inodes: dict[int, Node] = {self.root.ino: self.root}
         self._next = pyfuse3.ROOT_INODE + 1
+        #: Files with several names on local disk, by their inode number there.
+        self.by_disk_ino: dict[int, Node] = {}
 
     def path_of(self, node: Node) -> str:
         """The storage path of a node (its first name), ``""`` for the root."""
@@ -77,27 +89,51 @@ class InodeTable:
         self.inodes[node.ino] = node
         return node
 
+    def kind_of(self, st: FileStat) -> int:
+        """The file type the mount shows for ``st``: a regular file for a special file
+        kept as object metadata when the mount reads none (``-o metadata=off``)."""
+        if self.options.metadata or not st.metadata:
+            return stat_kind(st)
+        return _S_IFDIR if st.type == "directory" else _S_IFREG
+
     def from_stat(self, st: FileStat, parent: Node, name: str) -> Node:
-        """A node for what storage listed as ``name`` in ``parent``."""
+        """A node for what storage listed as ``name`` in ``parent`` (another name of a file
+        already known, where storage has hard links)."""
+        if st.inode is not None and (st.nlink or 0) > 1:
+            known = self.by_disk_ino.get(st.inode)
+            if known is not None and known.links and known.is_file:
+                if (parent, name) not in known.links:
+                    known.links.append((parent, name))
+                return known
+        posix = self.options.metadata or not st.metadata
         is_dir = st.type == "directory"
-        kind = _S_IFDIR if is_dir else _S_IFREG
+        kind = self.kind_of(st)
         default = self.options.dir_mode if is_dir else self.options.file_mode
+        if kind == _S_IFLNK:
+            default = 0o777
         node = self.new_node(
             kind,
-            st.mode if st.mode is not None else default,
-            uid=self.options.uid if st.uid is None else st.uid,
-            gid=self.options.gid if st.gid is None else st.gid,
-            size=0 if is_dir else st.size,
+            st.mode if st.mode is not None and posix else default,
+            uid=self.options.uid if st.uid is None or not posix else st.uid,
+            gid=self.options.gid if st.gid is None or not posix else st.gid,
+            size=0 if kind == _S_IFDIR else st.size,
             # Storage without directory times (prefixes, memory) shows the mount's start time.
-            mtime=st.mtime_ns if st.mtime_ns is not None else ns(st.modified_at) or self.started_ns,
+            mtime=st.mtime_ns if st.mtime_ns is not None and posix else ns(st.modified_at) or self.started_ns,
             stored=True,
             etag=st.etag,
+            rdev=st.rdev or 0,
+            target=os.fsencode(st.link_target) if st.link_target is not None else None,
         )
-        # Where storage keeps them (local disk), the other times are its own too.
-        if st.atime_ns is not None:
+        # Where storage keeps them, the other times are its own too.
+        if st.atime_ns is not None and posix:
             node.atime = st.atime_ns
-        if st.ctime_ns is not None:
+        if st.ctime_ns is not None and posix:
             node.ctime = st.ctime_ns
+        if st.metadata:
+            node.keep = foreign_metadata(st.metadata) or None
+        if st.inode is not None and (st.nlink or 0) > 1:
+            node.disk_ino = st.inode
+            self.by_disk_ino[st.inode] = node
         node.links.append((parent, name))
         return node
 
@@ -112,4 +148,5 @@ class InodeTable:
         assert directory.children is not None
         directory.children[name] = node
         node.links.append((directory, name))
+        node.times_stale = True  # made or linked just now: storage may have times of its own
         directory.touch()

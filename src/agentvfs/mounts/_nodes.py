@@ -76,10 +76,11 @@ def now_ns() -> int:
 class Node:
     """One inode of the mount.
 
-    Regular files and directories mirror storage (``stored``); symlinks, FIFOs, sockets and
-    device nodes, and the mode, owner and times of every node, live here for the life of the
-    mount. A regular file may have several names (hard links): ``links`` lists them as
-    ``(directory node, name)`` pairs and the storage holds a copy under each.
+    Regular files and directories mirror storage (``stored``). Where storage keeps them
+    (local disk natively, object stores as object metadata), symlinks, FIFOs, sockets and
+    device nodes are stored too, and so are the mode, owner and times of files; elsewhere
+    they live here for the life of the mount. A file may have several names (hard links,
+    on local disk only): ``links`` lists them as ``(directory node, name)`` pairs.
     """
 
     __slots__ = (
@@ -92,11 +93,13 @@ class Node:
         "checked_at",
         "ctime",
         "dirty",
+        "disk_ino",
         "etag",
         "failed",
         "fresh",
         "gid",
         "ino",
+        "keep",
         "kernel_version",
         "kind",
         "links",
@@ -116,8 +119,9 @@ class Node:
         "staged_bytes",
         "stored",
         "stream",
+        "stream_attrs",
         "target",
-        "times_set",
+        "times_stale",
         "uid",
         "version",
         "write_seq",
@@ -177,13 +181,22 @@ class Node:
         #: None once one succeeds. A failed file is never uploaded again but at its writer's
         #: own request (``fsync``, ``close``): otherwise it goes to the recovery area.
         self.failed: str | None = None
-        #: ``utime`` set the times since the last write: a publish keeps them (local disk).
-        self.times_set = False
+        #: Changed since its times were last read: where storage has times of its own (local
+        #: disk), the next reply of attributes takes them from there.
+        self.times_stale = False
         #: Written from empty in this mount (created or truncated to zero), in order so far:
         #: a candidate for a streamed upload.
         self.fresh = False
-        #: The streamed upload in progress, if any (owned by the mount's operations).
+        #: The streamed upload in progress, if any (owned by the mount's operations), and
+        #: the attributes it was started with (object metadata stores).
         self.stream: Any = None
+        self.stream_attrs: Any = None
+        #: The object metadata of other tools (s3fs-fuse's, rclone's keys) last seen with
+        #: this file: every rewrite carries it over.
+        self.keep: dict[str, str] | None = None
+        #: The inode number on local disk of a file with several names there (hard links
+        #: found by a listing share one node).
+        self.disk_ino: int | None = None
         #: Bumped when the storage content changes under the mount; the kernel's page cache
         #: is kept across opens only while it equals ``kernel_version``.
         self.version = 0
@@ -232,6 +245,7 @@ class Node:
         self.ctime = t
         if content:
             self.mtime = t
+        self.times_stale = True
 
     def __repr__(self) -> str:
         kind = stat_module.filemode(self.kind | self.perm)

@@ -8,6 +8,7 @@ staged copies live on local disk and are read and written in place.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import functools
 import logging
@@ -26,16 +27,23 @@ from .. import errors as _errors
 from ..errors import MountError, StaleFileError
 from ..vfs import (
     FileStat,
+    PosixAttributes,
     SupportsLocalAttributes,
     SupportsLocalFiles,
     SupportsUploadRecovery,
     Version,
     WorkspaceFilesystem,
+    attribute_storage,
     check_version,
     download_file,
+    foreign_metadata,
     list_stats,
+    make_hard_link,
+    make_special,
     normalize_path,
     publish_file,
+    read_range,
+    set_attributes,
     upload_file,
 )
 from . import _passthrough
@@ -57,7 +65,10 @@ _S_IFDIR = stat_module.S_IFDIR
 _S_IFREG = stat_module.S_IFREG
 _S_IFLNK = stat_module.S_IFLNK
 _NAME_MAX = 255
+_PATH_MAX = 4096
 _BLKSIZE = 1024 * 1024
+#: Concurrent ``stat`` requests for the metadata of files a listing did not carry it for.
+_METADATA_HEADS = 32
 
 
 def _fuse_errors(fn: F) -> F:
@@ -195,6 +206,11 @@ class MountOperations(pyfuse3.Operations):
         self.fs = filesystem
         self.options = options
         self.read_only = read_only
+        #: Where storage keeps modes, owners, times and special files: ``native`` (local
+        #: disk), ``metadata`` (object metadata, unless ``-o metadata=off``), or None (the
+        #: mount keeps them for its own life).
+        store = attribute_storage(filesystem)
+        self.attr_store = store if store == "native" or options.metadata else None
         self.enable_writeback_cache = options.writeback_cache and not read_only
         self._ttl = options.metadata_ttl
         self._next_fh = 1
@@ -246,8 +262,9 @@ class MountOperations(pyfuse3.Operations):
         self.nursery: trio.Nursery | None = None
         self.readahead = ReadAhead(filesystem, options, lambda: self.nursery)
         self.uploads = Uploads(
-            filesystem, options, lambda: self.nursery, self.path_of, self._safe_path, self.staging.mark_upload
-        )
+            filesystem, options, lambda: self.nursery, self.path_of, self._safe_path, self.staging.mark_upload,
+            attributes=self._attributes if self.attr_store == "metadata" else None,
+        )  # fmt: skip
         self.thread_id: int | None = None
         self.failed_uploads: dict[str, str] = {}
         self.atomic_rename = filesystem.capabilities.atomic_rename
@@ -273,6 +290,8 @@ class MountOperations(pyfuse3.Operations):
     def attrs(self, node: Node) -> pyfuse3.EntryAttributes:
         if node.pt_writers:
             self._sync_backing(node)  # written by the kernel, unseen here
+        if node.times_stale and self.attr_store == "native":
+            self._disk_times(node)
         entry = pyfuse3.EntryAttributes()
         entry.st_ino = node.ino
         entry.generation = 0
@@ -344,9 +363,45 @@ class MountOperations(pyfuse3.Operations):
                         stats.append(await self.fs.stat(self.table.child_path(directory, name)))
                     except (FileNotFoundError, NotADirectoryError):
                         continue
+            if self.attr_store == "metadata":
+                stats = await self._with_metadata(directory, stats)
             self._reconcile(directory, stats)
             directory.listed_at = started
         return directory.children or {}
+
+    async def _with_metadata(self, directory: Node, stats: list[FileStat]) -> list[FileStat]:
+        """Listings of some stores (S3) carry no object metadata, where modes, owners, times
+        and special files are kept: one ``stat`` (a HEAD) of each file that is new to the
+        mount or changed since it looked, and of each directory new to it (its marker),
+        ``_METADATA_HEADS`` at a time."""
+        old: dict[str, Node] = directory.children or {}
+        wanted = []
+        for index, st in enumerate(stats):
+            if st.metadata is not None:
+                continue
+            node = old.get(st.name)
+            if st.type == "directory" and node is not None and node.is_dir:
+                continue  # a directory's attributes change only through a mount
+            if node is not None and node.stored and node.etag is not None and node.etag == st.etag:
+                continue  # the version the mount has the attributes of
+            wanted.append(index)
+        if not wanted:
+            return stats
+        out = list(stats)
+        limit = trio.CapacityLimiter(_METADATA_HEADS)
+
+        async def one(index: int) -> None:
+            async with limit:
+                try:
+                    out[index] = await self.fs.stat(self.table.child_path(directory, stats[index].name))
+                except OSError as exc:
+                    # Gone or unreadable since the listing: the listing's record stands.
+                    _log.debug("metadata of %s not read: %s", stats[index].path, exc)
+
+        async with trio.open_nursery() as nursery:
+            for index in wanted:
+                nursery.start_soon(one, index)
+        return out
 
     def _reconcile(self, directory: Node, stats: list[FileStat]) -> None:
         old: dict[str, Node] = directory.children or {}
@@ -354,11 +409,15 @@ class MountOperations(pyfuse3.Operations):
         for st in stats:
             name = st.name
             node = old.get(name)
-            is_dir = st.type == "directory"
+            kind = self.table.kind_of(st)
             if node is not None and (not node.stored or node.dirty):
                 fresh[name] = node  # the mount holds newer state than the listing
-            elif node is not None and node.is_dir == is_dir and node.kind in (_S_IFDIR, _S_IFREG):
-                fresh[name] = node if is_dir else self._refresh_file(node, st)
+            elif node is not None and node.kind == kind and kind == _S_IFDIR:
+                fresh[name] = node
+            elif node is not None and node.kind == kind and kind == _S_IFREG:
+                fresh[name] = self._refresh_file(node, st)
+            elif node is not None and node.kind == kind and (st.etag is None or st.etag == node.etag):
+                fresh[name] = node  # a symbolic link or FIFO, unchanged
             else:
                 if node is not None:
                     self.table.drop_link(node, directory, name)
@@ -389,6 +448,7 @@ class MountOperations(pyfuse3.Operations):
             node.etag = st.etag  # our own upload, now with the version storage gave it
             return node
         if st.etag == node.etag and st.size == node.size:
+            self._take_attributes(node, st)  # a chmod elsewhere keeps the version (S3)
             return node
         if len(node.links) != 1:
             node.etag, node.size = st.etag, st.size
@@ -408,6 +468,25 @@ class MountOperations(pyfuse3.Operations):
         node.links = []
         self._invalidate_later(parent.ino, name, None)
         return fresh
+
+    def _take_attributes(self, node: Node, st: FileStat) -> None:
+        """A clean file's mode, owner and times as storage keeps them now (where it keeps
+        them and the mount reads them)."""
+        if self.attr_store is None or st.mode is None or node.dirty or node.writers:
+            return
+        if self.attr_store == "metadata" and st.metadata is None:
+            return
+        changed = (st.mode, st.uid, st.gid) != (node.perm, node.uid, node.gid)
+        node.perm = st.mode
+        node.uid = node.uid if st.uid is None else st.uid
+        node.gid = node.gid if st.gid is None else st.gid
+        if st.mtime_ns is not None and st.mtime_ns != node.mtime:
+            node.mtime = st.mtime_ns
+            changed = True
+        if st.metadata:
+            node.keep = foreign_metadata(st.metadata) or None
+        if changed:
+            self._invalidate_later(None, None, node.ino)
 
     def _invalidate_later(self, parent: int | None, name: str | None, ino: int | None) -> None:
         """Tell the kernel to forget a name or a file's cached pages, off this thread: the
@@ -472,9 +551,36 @@ class MountOperations(pyfuse3.Operations):
             self.staging.mark_dirty(node, self._safe_path(node).lstrip("/"), node.etag if node.stored else None)
         node.dirty = True
         node.written = node.written or written
-        if written:
-            node.times_set = False  # a write after utime sets the time again
         node.write_seq += 1
+
+    def _disk_times(self, node: Node) -> None:
+        """A changed node's times as the disk has them (what the next mount shows), unless
+        the mount holds data the disk does not have yet (a staged write: its times are the
+        mount's until the publish)."""
+        node.times_stale = False
+        fs = self.fs
+        if not isinstance(fs, SupportsLocalAttributes) or not node.stored or node.dirty:
+            return
+        try:
+            st = fs.local_lstat(self.path_of(node))
+        except (OSError, pyfuse3.FUSEError):
+            return
+        if stat_module.S_IFMT(st.st_mode) != node.kind:
+            return  # replaced on disk meanwhile: a listing shows what is there now
+        node.atime, node.mtime, node.ctime = st.st_atime_ns, st.st_mtime_ns, st.st_ctime_ns
+
+    def _attributes(self, node: Node) -> PosixAttributes:
+        """What storage keeps of ``node`` beyond its data."""
+        return PosixAttributes(
+            mode=node.kind | node.perm, uid=node.uid, gid=node.gid, atime_ns=node.atime, mtime_ns=node.mtime,
+            ctime_ns=node.ctime, target=None if node.target is None else os.fsdecode(node.target), rdev=node.rdev,
+        )  # fmt: skip
+
+    def _kept_in_metadata(self, node: Node) -> bool:
+        """Whether storage holds ``node`` with its attributes now: a stored file, special file
+        or directory (its marker object) with no unpublished data (a publish carries its
+        attributes)."""
+        return node.stored and not node.dirty and bool(node.links)
 
     def _store_attributes(
         self,
@@ -489,7 +595,7 @@ class MountOperations(pyfuse3.Operations):
         fs = self.fs
         if (mode is None and owner is None and times_ns is None) or not isinstance(fs, SupportsLocalAttributes):
             return
-        if node.kind not in (_S_IFREG, _S_IFDIR) or not node.stored or (node is not self.root and not node.links):
+        if not node.stored or (node is not self.root and not node.links):
             return  # nothing of it on disk (yet): a publish or mkdir sets them there
         fs.local_set_attributes(
             self.path_of(node) if path is None else path, mode=mode, owner=owner, times_ns=times_ns
@@ -505,7 +611,9 @@ class MountOperations(pyfuse3.Operations):
         and (set by utime) times; a chown the mount's user may not make is left undone."""
         if not isinstance(self.fs, SupportsLocalAttributes):
             return
-        times = (node.atime, node.mtime) if node.times_set else None
+        # The times the mount showed while the file was written (the last write's, or what
+        # utime set) rather than the moment of the publish: what the next mount shows.
+        times = (node.atime, node.mtime)
         owner = None if (node.uid, node.gid) == (os.geteuid(), os.getegid()) else (node.uid, node.gid)
         try:
             # One call: the owner first, then the mode (a chown clears set-ID bits).
@@ -569,6 +677,7 @@ class MountOperations(pyfuse3.Operations):
         node.failed = None
         node.etag = version
         self._restore_attributes(node, path)  # after the version: setting times changes it
+        node.times_stale = True
         self._repin(node)
         node.checked_at = time.monotonic()
         if node.write_seq == seq:
@@ -589,17 +698,51 @@ class MountOperations(pyfuse3.Operations):
         assert node.stage is not None
         expected = Version(base) if node.stored and _known_version(base) else None
         create = not node.stored
+        attrs = self._attributes(node) if self.attr_store == "metadata" else None
         if node.stream is not None:
             # A streamed upload completes with no condition of its own: the version is
             # checked just before (a narrow race).
             await check_version(self.fs, paths[0], expected=expected, create=create)
+            started = node.stream_attrs
             if await self.uploads.finish(node):
+                if attrs is not None and started is not None and (attrs.mode, attrs.uid, attrs.gid) != (
+                    started.mode, started.uid, started.gid,
+                ):  # fmt: skip
+                    # Changed while the upload ran: the object takes the attributes now.
+                    await set_attributes(self.fs, paths[0], attrs)
                 return None
-        version = await publish_file(self.fs, node.stage, paths[0], expected=expected, create=create)
+        if len(paths) > 1 and self.attr_store == "native" and node.stored:
+            # Names of one file on disk (hard links): written in place, so they stay one.
+            await check_version(self.fs, paths[0], expected=expected)
+            await trio.to_thread.run_sync(self._write_in_place, node, paths[0])
+            return None
+        version = await publish_file(
+            self.fs, node.stage, paths[0], expected=expected, create=create, attributes=attrs, keep=node.keep
+        )
         for path in paths[1:]:
-            # Other hard links hold copies (storage has no links): not conditional.
+            # Only local disk has hard links, and there they are made once storage has the
+            # file; a node with names beyond its first has them there (kept for safety).
             await upload_file(self.fs, node.stage, path)
         return version
+
+    def _write_in_place(self, node: Node, path: str) -> None:
+        """Copy ``node``'s staged data over the file ``path`` on disk, keeping its inode (and
+        so its other names); flushed to disk before returning."""
+        fs = self.fs
+        assert isinstance(fs, SupportsLocalFiles)
+        assert node.stage_fd >= 0
+        fd = fs.local_open(path, os.O_WRONLY | os.O_TRUNC)
+        try:
+            size = os.fstat(node.stage_fd).st_size
+            offset = 0
+            while offset < size:
+                sent = os.copy_file_range(node.stage_fd, fd, size - offset, offset, offset)
+                if sent == 0:
+                    break
+                offset += sent
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def _conflict(self, path: str, base: str | None, exc: OSError) -> str:
         """Log a publish refused because storage changed; the reason kept with the data."""
@@ -889,9 +1032,29 @@ class MountOperations(pyfuse3.Operations):
             (uid, gid) if fields.update_uid or fields.update_gid else None,
             (atime, mtime) if times else None,
         )  # fmt: skip
+        changes = fields.update_mode or fields.update_uid or fields.update_gid or times
+        if changes and self.attr_store == "metadata" and node.lock.locked():
+            # A publish in flight (a close's, sent after close(2) returned) carries the
+            # attributes it started with: it lands first, then these go to the object.
+            async with node.lock:
+                pass
+        if changes and self.attr_store == "metadata" and self._kept_in_metadata(node):
+            # A copy of the object onto itself with the new metadata (S3), or a metadata
+            # update (GCS): the data is not sent again. A refusal is the caller's.
+            attrs = dataclasses.replace(
+                self._attributes(node), mode=node.kind | perm, uid=uid, gid=gid, atime_ns=atime, mtime_ns=mtime,
+                ctime_ns=now_ns(),
+            )  # fmt: skip
+            try:
+                version = await set_attributes(self.fs, self.path_of(node), attrs)
+            except StaleFileError:
+                # Gone from storage meanwhile: the next lookup shows it.
+                for parent, _name in node.links:
+                    parent.listed_at = 0.0
+                raise _fail(errno.ENOENT) from None
+            if version is not None:
+                node.etag = version
         node.perm, node.uid, node.gid, node.atime, node.mtime = perm, uid, gid, atime, mtime
-        if times:
-            node.times_set = True
         if times and node.backing_fd >= 0 and node.backing_writable and not isinstance(self.fs, SupportsLocalAttributes):
             # The file on disk takes the times too, so later reads of them agree.
             os.utime(node.backing_fd, ns=(node.atime, node.mtime))
@@ -905,7 +1068,15 @@ class MountOperations(pyfuse3.Operations):
     @_fuse_errors
     async def readlink(self, inode: int, ctx: pyfuse3.RequestContext) -> bytes:
         node = self.table.node(inode)
-        if node.kind != _S_IFLNK or node.target is None:
+        if node.kind != _S_IFLNK:
+            raise _fail(errno.EINVAL)
+        if node.target is None and node.stored and node.links:
+            # s3fs-fuse's form: the object's content is the target, which no system lets be
+            # longer than PATH_MAX (an object claiming to be a link can be anything).
+            if node.size >= _PATH_MAX:
+                raise _fail(errno.ENAMETOOLONG)
+            node.target = await read_range(self.fs, self.path_of(node), 0, _PATH_MAX)
+        if node.target is None:
             raise _fail(errno.EINVAL)
         return node.target
 
@@ -1027,6 +1198,11 @@ class MountOperations(pyfuse3.Operations):
             perm |= stat_module.S_ISGID
         node = self.table.new_node(_S_IFDIR, perm, uid=uid, gid=gid, stored=True)
         node.listed_at = time.monotonic()  # new and empty: nothing to list
+        if self.attr_store == "metadata" and (perm, uid, gid) != (
+            self.options.dir_mode, self.options.uid, self.options.gid,
+        ):  # fmt: skip
+            # The marker object keeps what a remount would not show by itself.
+            await set_attributes(self.fs, path, self._attributes(node))
         self.table.add_link(directory, text, node)
         self._restore_attributes(node)
         return self._entry(node)
@@ -1043,10 +1219,25 @@ class MountOperations(pyfuse3.Operations):
             await self.commit(node)
             self.staging.drop(node)
             return self._entry(node)
-        # FIFOs, sockets and device nodes exist in the mount only (storage has no such thing).
         node = self.table.new_node(kind, mode, uid=uid, gid=gid, rdev=rdev)
+        await self._store_special(node, self.table.child_path(directory, text))
         self.table.add_link(directory, text, node)
         return self._entry(node)
+
+    async def _store_special(self, node: Node, path: str) -> None:
+        """Create a new symbolic link, FIFO, socket or device node in storage where storage
+        keeps them; elsewhere it lives in the mount (for the mount's life)."""
+        if self.attr_store is None:
+            return
+        attrs = self._attributes(node)
+        if self.attr_store == "native":
+            attrs = dataclasses.replace(attrs, atime_ns=None, mtime_ns=None, ctime_ns=None)  # the disk's own
+        try:
+            await make_special(self.fs, path, attrs)
+        except BaseException:
+            self.inodes.pop(node.ino, None)
+            raise
+        node.stored = True
 
     @_fuse_errors
     async def symlink(
@@ -1055,6 +1246,7 @@ class MountOperations(pyfuse3.Operations):
         directory, text = await self._new_name(parent_inode, name)
         uid, gid = self._owner(directory, ctx)
         node = self.table.new_node(_S_IFLNK, 0o777, uid=uid, gid=gid, size=len(target), target=bytes(target))
+        await self._store_special(node, self.table.child_path(directory, text))
         self.table.add_link(directory, text, node)
         return self._entry(node)
 
@@ -1069,15 +1261,16 @@ class MountOperations(pyfuse3.Operations):
         directory = self.table.node(new_parent_inode)
         text = self._name(new_name)
         await self._free_name(directory, text)
+        if self.attr_store != "native" or not node.links:
+            # Storage without hard links: two copies would drift apart after a remount
+            # (s3fs-fuse refuses the same way).
+            raise _fail(errno.EPERM)
         if node.is_file:
-            # Storage keeps a copy under each name; writes through any name update them all.
             self.uploads.drop(node)
-            await self.commit(node)
-            target = self.table.child_path(directory, text)
-            if node.stored and node.links:
-                await self.fs.copy_file(self.path_of(node), target)
-            elif node.stage is not None:
-                await upload_file(self.fs, node.stage, target)
+            await self.commit(node)  # the disk has the file as written so far
+        if not node.stored:
+            raise _fail(errno.EPERM)
+        await make_hard_link(self.fs, self.path_of(node), self.table.child_path(directory, text))
         self.table.add_link(directory, text, node)
         node.touch(content=False)
         return self._entry(node)
@@ -1104,6 +1297,8 @@ class MountOperations(pyfuse3.Operations):
             path = self.table.child_path(directory, name)
             if not self._unlink_on_disk(path):
                 await self.fs.delete_file(path, force=True)
+        elif node.stored and not node.is_dir:
+            await self._remove_special(self.table.child_path(directory, name))
         assert directory.children is not None
         directory.children.pop(name, None)
         self.table.drop_link(node, directory, name)
@@ -1113,6 +1308,16 @@ class MountOperations(pyfuse3.Operations):
             node.dirty = False
             if not node.opens:
                 self.staging.drop(node)
+
+    @_fuse_errors
+    async def _remove_special(self, path: str) -> None:
+        """Remove a stored symbolic link, FIFO, socket or device node: on disk the name
+        itself (what a link points to is never looked at), elsewhere the object."""
+        if self.attr_store == "native" and isinstance(self.fs, SupportsLocalFiles):
+            with contextlib.suppress(FileNotFoundError):
+                await trio.to_thread.run_sync(self.fs.local_unlink, path)
+            return
+        await self.fs.delete_file(path, force=True)
 
     @_fuse_errors
     async def rmdir(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
@@ -1183,9 +1388,16 @@ class MountOperations(pyfuse3.Operations):
             await self._rename_dir(node, old_path, new_path, target)
         elif node.is_file:
             await self._rename_file(node, old_path, new_path, target)
-        elif target is not None and target.is_file and target.stored:
+        elif node.stored:
+            # A stored symbolic link, FIFO...: moved in storage (an object copy keeps its
+            # metadata), over whatever the new name held.
+            await self.fs.move_file(old_path, new_path, overwrite=True)
+        elif target is not None and not target.is_dir and target.stored:
             # A mount-only node (symlink, FIFO...) replaces a stored file: the file goes.
-            await self.fs.delete_file(new_path, force=True)
+            if target.is_file:
+                await self.fs.delete_file(new_path, force=True)
+            else:
+                await self._remove_special(new_path)
         if target is not None:
             assert new_dir.children is not None
             new_dir.children.pop(new_name, None)

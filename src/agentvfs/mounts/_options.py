@@ -63,6 +63,17 @@ class MountOptions:
         Owner of files the backend keeps no owner for (default: the mounting process).
     file_mode, dir_mode : int
         Permission bits of files and directories the backend keeps none for.
+    metadata : bool
+        Keep modes, owners, times, symbolic links and FIFOs in storage, so that the next
+        mount shows them: on local disk in the files themselves, on S3 and GCS in object
+        metadata with the names s3fs-fuse, rclone and gcsfuse read (see
+        ``docs/mount-semantics.md``). ``-o metadata=off`` writes no metadata headers: those
+        then live as long as the mount, and symbolic links and FIFOs are refused with
+        ``EPERM``. Stores that keep no metadata (memory) behave as ``off``.
+    suid : bool
+        Honour set-user-ID and set-group-ID bits of programs run from the mount. Off by
+        default (``nosuid``): modes come from storage, where anyone who can write the bucket
+        can set them; the bits are still kept and shown.
     allow_other : bool
         Let other users (processes of another uid) use the mount. Off by default: the
         mounting user (and the commands of a bubblewrap sandbox it starts, which are that
@@ -108,6 +119,8 @@ class MountOptions:
     gid: int = field(default_factory=os.getgid)
     file_mode: int = 0o644
     dir_mode: int = 0o755
+    metadata: bool = True
+    suid: bool = False
     allow_other: bool = False
     nonempty: bool = False
     writeback_cache: bool = False

@@ -359,6 +359,9 @@ class Mount:
             # so no dead mount is left behind.
             "auto_unmount",
         }
+        # Modes come from storage (object metadata anyone with write access to the bucket
+        # can set): a set-user-ID bit there must not make a root program here unless asked.
+        flags.add("suid" if self.options.suid else "nosuid")
         if self.options.allow_other:
             flags.add("allow_other")
         if self.read_only:

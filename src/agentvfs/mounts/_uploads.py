@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
+from typing import Any
 
 import trio
 
@@ -63,6 +64,9 @@ class Uploads:
     journal : callable, optional
         Told ``(node, ticket)`` once a stream exists in storage, and ``(node, None)`` once it
         is completed or aborted, so that a mount killed in between has it aborted later.
+    attributes : callable, optional
+        A node's :class:`~agentvfs.vfs.PosixAttributes`, where the filesystem keeps them as
+        object metadata: a streamed object carries them from its start.
     """
 
     def __init__(
@@ -73,8 +77,11 @@ class Uploads:
         path_of: Callable[[Node], str],
         shown: Callable[[Node], str],
         journal: Callable[[Node, dict[str, str] | None], None] | None = None,
+        *,
+        attributes: Callable[[Node], Any] | None = None,
     ) -> None:
         self.fs = filesystem
+        self.attributes = attributes
         self.options = options
         self.nursery = nursery
         self.path_of = path_of
@@ -109,8 +116,13 @@ class Uploads:
             return
         node.fresh = False  # one attempt per fresh write
         path = self.path_of(node)
+        extra: dict[str, Any] = {}
+        if self.attributes is not None:
+            # The object carries the attributes the file has now (object metadata stores).
+            node.stream_attrs = self.attributes(node)
+            extra = {"attributes": node.stream_attrs, "keep": node.keep}
         try:
-            upload = await self.fs.open_upload(path, part_size=self.options.stream_part_size)
+            upload = await self.fs.open_upload(path, part_size=self.options.stream_part_size, **extra)
         except Exception as exc:
             _log.warning("streamed upload of /%s not started (%s); it is uploaded at close", path, exc)
             return

@@ -1,0 +1,289 @@
+"""What a mount shows survives the mount: a tree made through one mount process is checked by
+a **new** mount process after the first one exited, on a local directory, on S3 (moto) and
+on GCS (fake-gcs-server).
+
+The tree holds what pjdfstest's fixtures make: modes (set-ID and sticky bits, 0000), owners,
+nanosecond times, symbolic links (relative, absolute, dangling, to a directory), FIFOs, hard
+links, empty directories and unicode and 255-byte names. Each entry must come back with the
+same type, mode, owner, modification time, size and link target; a script keeps its +x and
+runs. Where storage cannot keep something (hard links on object stores), the call that
+would make it fails with EPERM in the first mount, rather than coming back different.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import stat
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from _mountproc import Storage, mount_point, start_mount
+from agentvfs.mounts import fuse_available
+
+pytestmark = pytest.mark.skipif(fuse_available() is not None, reason=f"FUSE unavailable: {fuse_available()}")
+
+ROOT = os.geteuid() == 0
+KINDS = ["local", pytest.param("s3", marks=pytest.mark.s3), pytest.param("gcs", marks=pytest.mark.gcs)]
+
+UNICODE = "résumé ☃ 東京.txt"
+LONG = "n" * 251 + ".txt"  # 255 bytes
+
+
+@pytest.fixture
+def mnt(tmp_path: Path) -> Iterator[str]:
+    yield from mount_point(tmp_path)
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What ``lstat`` and ``readlink`` show of one entry."""
+
+    kind: int
+    mode: int
+    uid: int
+    gid: int
+    mtime_ns: int
+    size: int | None
+    target: str | None
+
+    @classmethod
+    def of(cls, path: str) -> Seen:
+        st = os.lstat(path)
+        kind = stat.S_IFMT(st.st_mode)
+        return cls(
+            kind,
+            stat.S_IMODE(st.st_mode),
+            st.st_uid,
+            st.st_gid,
+            st.st_mtime_ns,
+            st.st_size if kind == stat.S_IFREG else None,
+            os.readlink(path) if kind == stat.S_IFLNK else None,
+        )
+
+
+def _build(mnt: str, kind: str) -> list[str]:
+    """Make the fixture tree through the mount; the names to compare afterwards."""
+    m = Path(mnt)
+    names: list[str] = []
+
+    def file(name: str, data: bytes, mode: int, mtime_ns: int | None = None) -> None:
+        (m / name).write_bytes(data)
+        os.chmod(m / name, mode)
+        if mtime_ns is not None:
+            os.utime(m / name, ns=(mtime_ns, mtime_ns))
+        names.append(name)
+
+    (m / "hooks").mkdir()
+    file("hooks/pre-commit", b"#!/bin/sh\necho hook ran\nexit 3\n", 0o755)
+    file("secret.key", b"k" * 100, 0o600)
+    file("shared.txt", b"shared\n", 0o644, 1_600_000_000_123_456_789)
+    file("locked", b"", 0o000)
+    file(UNICODE, "unicode ☃\n".encode(), 0o640, 1_500_000_000_000_000_001)
+    file(LONG, b"long name\n", 0o604)
+    if ROOT:
+        file("setuid", b"#!/bin/sh\n", 0o4755)
+        file("setgid", b"", 0o2710)
+        file("owned", b"owned\n", 0o640)
+        os.chown(m / "owned", 1234, 5678)
+    os.symlink("shared.txt", m / "rel-link")
+    os.symlink("/etc/hostname", m / "abs-link")
+    os.symlink("no/such/target", m / "dangling")
+    os.symlink("hooks", m / "dir-link")
+    os.symlink(UNICODE, m / "☃-link")
+    names += ["rel-link", "abs-link", "dangling", "dir-link", "☃-link"]
+    os.mkfifo(m / "pipe", 0o640)
+    names.append("pipe")
+    (m / "empty").mkdir()
+    (m / "deep/er/est").mkdir(parents=True)
+    names += ["empty", "deep/er/est", "hooks"]
+    os.chmod(m / "empty", 0o700)
+    os.chmod(m / "deep/er", 0o1777)
+    (m / "private").mkdir(0o750)
+    names += ["deep/er", "private"]
+    if ROOT:
+        os.chown(m / "private", 1234, 5678)
+    if kind == "local":
+        os.link(m / "shared.txt", m / "hard-link")
+        names.append("hard-link")
+    else:
+        # Two copies that drift apart after a remount are not made: EPERM, as s3fs-fuse.
+        with pytest.raises(OSError) as info:
+            os.link(m / "shared.txt", m / "hard-link")
+        assert info.value.errno == errno.EPERM
+    if ROOT:
+        os.lchown(m / "rel-link", 1234, 5678)
+    return names
+
+
+def _stop(proc: subprocess.Popen[bytes], log: Path) -> None:
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0, log.read_text()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_new_mount_process_shows_what_the_last_one_made(
+    kind: str, mnt: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    storage = Storage(kind, tmp_path, request)
+    log = tmp_path / "mount.log"
+    first = start_mount(storage, mnt, tmp_path / "state", log=log)
+    try:
+        names = _build(mnt, kind)
+        before = {name: Seen.of(f"{mnt}/{name}") for name in names}
+        inode = os.stat(f"{mnt}/shared.txt").st_ino
+        if kind == "local":
+            assert os.stat(f"{mnt}/hard-link").st_ino == inode
+    finally:
+        _stop(first, log)
+    if kind == "local":
+        # On local disk the files themselves hold it all: what the mount showed is the disk.
+        for name in names:
+            assert Seen.of(os.fspath(storage.dir / name)) == before[name], name
+    # A fresh process: nothing of the first one's memory is left.
+    second = start_mount(storage, mnt, tmp_path / "state", log=log)
+    try:
+        after = {name: Seen.of(f"{mnt}/{name}") for name in names}
+        differ = {name: (before[name], after[name]) for name in names if before[name] != after[name]}
+        if kind != "local":
+            # An object store's directory keeps its mode and owner in its marker object, but
+            # not the time of its last entry change (no write per entry made below it).
+            differ = {
+                n: (a, b) for n, (a, b) in differ.items()
+                if a.kind != stat.S_IFDIR or (a.mode, a.uid, a.gid) != (b.mode, b.uid, b.gid)
+            }  # fmt: skip
+        assert not differ, "\n".join(f"{n}: {a}\n  -> {b}" for n, (a, b) in differ.items())
+        assert sorted(os.listdir(mnt)) == sorted({n.split("/")[0] for n in names})
+        assert Path(mnt, "rel-link").read_text() == "shared\n"
+        assert os.path.isdir(f"{mnt}/dir-link")
+        assert stat.S_ISFIFO(os.lstat(f"{mnt}/pipe").st_mode)
+        # A git hook keeps its +x: it runs, and its exit status is seen.
+        ran = subprocess.run([f"{mnt}/hooks/pre-commit"], capture_output=True, check=False)
+        assert (ran.returncode, ran.stdout) == (3, b"hook ran\n")
+        if kind == "local":
+            # Still one file under two names: a write through one shows through the other.
+            assert os.stat(f"{mnt}/hard-link").st_ino == os.stat(f"{mnt}/shared.txt").st_ino
+            assert os.stat(f"{mnt}/shared.txt").st_nlink == 2
+            with open(f"{mnt}/hard-link", "a") as f:
+                f.write("more\n")
+            assert Path(mnt, "shared.txt").read_text() == "shared\nmore\n"
+        # A rewrite keeps the mode and owner it had.
+        with open(f"{mnt}/secret.key", "ab") as f:
+            f.write(b"!")
+        if ROOT:
+            with open(f"{mnt}/owned", "ab") as f:
+                f.write(b"!")
+    finally:
+        _stop(second, log)
+    third = start_mount(storage, mnt, tmp_path / "state", log=log)
+    try:
+        assert Seen.of(f"{mnt}/secret.key").mode == 0o600
+        assert Seen.of(f"{mnt}/secret.key").size == 101
+        if ROOT:
+            owned = Seen.of(f"{mnt}/owned")
+            assert (owned.uid, owned.gid, owned.mode) == (1234, 5678, 0o640)
+        if kind == "local":
+            assert Path(mnt, "hard-link").read_text() == "shared\nmore\n"
+    finally:
+        _stop(third, log)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_chmod_utime_and_rename_of_special_files_persist(
+    kind: str, mnt: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    storage = Storage(kind, tmp_path, request)
+    log = tmp_path / "mount.log"
+    proc = start_mount(storage, mnt, tmp_path / "state", log=log)
+    try:
+        m = Path(mnt)
+        (m / "f").write_text("data\n")
+        os.symlink("f", m / "link")
+        os.mkfifo(m / "fifo", 0o600)
+        (m / "d").mkdir()
+        os.rename(m / "link", m / "d/link")
+        os.rename(m / "fifo", m / "d/fifo")
+        os.chmod(m / "d/fifo", 0o644)
+        os.utime(m / "d/fifo", ns=(1_000_000_001, 2_000_000_002))
+        os.utime(m / "d/link", ns=(3_000_000_003, 4_000_000_004), follow_symlinks=False)
+        os.chmod(m / "f", 0o700)
+        os.utime(m / "f", ns=(5_000_000_005, 6_000_000_006))
+        (m / "gone").write_text("x")
+        os.symlink("f", m / "gone-link")
+        os.unlink(m / "gone-link")
+        os.unlink(m / "gone")
+    finally:
+        _stop(proc, log)
+    proc = start_mount(storage, mnt, tmp_path / "state", log=log)
+    try:
+        assert sorted(os.listdir(mnt)) == ["d", "f"]
+        assert sorted(os.listdir(f"{mnt}/d")) == ["fifo", "link"]
+        fifo, link, f = (Seen.of(f"{mnt}/{n}") for n in ("d/fifo", "d/link", "f"))
+        assert (fifo.kind, fifo.mode, fifo.mtime_ns) == (stat.S_IFIFO, 0o644, 2_000_000_002)
+        assert (link.kind, link.target, link.mtime_ns) == (stat.S_IFLNK, "f", 4_000_000_004)
+        assert (f.mode, f.mtime_ns, f.size) == (0o700, 6_000_000_006, 5)
+    finally:
+        _stop(proc, log)
+    if kind != "local":
+        # The chmod and utime of a file already in storage did not upload it again: the
+        # object keeps its content (a server-side copy or a metadata update).
+        assert storage.get("f") == b"data\n"
+
+
+@pytest.mark.s3
+def test_metadata_off_writes_no_metadata_and_keeps_attributes_for_the_mount_only(
+    mnt: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    storage = Storage("s3", tmp_path, request)
+    log = tmp_path / "mount.log"
+    proc = start_mount(storage, mnt, tmp_path / "state", "-o", "metadata=off", log=log)
+    try:
+        m = Path(mnt)
+        (m / "f").write_text("data\n")
+        os.chmod(m / "f", 0o700)
+        os.symlink("f", m / "link")
+        assert stat.S_IMODE(os.stat(m / "f").st_mode) == 0o700  # the mount's, for its life
+        assert os.readlink(m / "link") == "f"
+    finally:
+        _stop(proc, log)
+    bucket, _, prefix = storage.prefix.partition("/")
+    head = storage.raw.call_s3("head_object", Bucket=bucket, Key=f"{prefix}/f")
+    assert head["Metadata"] == {}
+    assert storage.get("link") is None  # nothing of the link reached storage
+    proc = start_mount(storage, mnt, tmp_path / "state", "-o", "metadata=off", log=log)
+    try:
+        assert sorted(os.listdir(mnt)) == ["f"]
+        assert stat.S_IMODE(os.stat(f"{mnt}/f").st_mode) == 0o644  # file_mode
+    finally:
+        _stop(proc, log)
+
+
+@pytest.mark.s3
+def test_a_chmod_on_s3_copies_the_object_onto_itself_and_sends_no_data(tmp_path: Path, mnt: str, moto: Any) -> None:
+    from agentvfs import FsspecFilesystem
+    from agentvfs.mounts import Mount
+    from conftest import S3_BUCKET, unique
+
+    raw = moto.s3fs(use_listings_cache=False)
+    root = f"{S3_BUCKET}/{unique('chmod')}"
+    raw.pipe_file(f"{root}/data.bin", b"x" * 100_000, Metadata={"owner-team": "infra"})
+    calls: list[str] = []
+    raw.s3.meta.events.register("before-call.s3", lambda model, **kw: calls.append(model.name))
+    with Mount(FsspecFilesystem(raw, root=root), mnt):
+        os.stat(f"{mnt}/data.bin")
+        calls.clear()
+        os.chmod(f"{mnt}/data.bin", 0o751)
+        os.utime(f"{mnt}/data.bin", ns=(1, 2_000_000_003))
+        assert "PutObject" not in calls and "UploadPart" not in calls
+        assert calls.count("CopyObject") == 2
+    bucket, _, prefix = root.partition("/")
+    head = raw.call_s3("head_object", Bucket=bucket, Key=f"{prefix}/data.bin")
+    assert head["Metadata"]["owner-team"] == "infra"  # another tool's key stays
+    assert (head["Metadata"]["mode"], head["Metadata"]["mtime"]) == (str(stat.S_IFREG | 0o751), "2.000000003")
+    assert raw.cat_file(f"{root}/data.bin") == b"x" * 100_000
