@@ -15,6 +15,10 @@ another checkout), on that one too, interleaved trial by trial in the same run:
 - **Two mounts, one file**: two mount processes of one storage append 50 lines each to one
   file at once (Python, so that a failed ``close`` is seen); lines whose ``close`` succeeded
   but that are missing from storage afterwards were lost silently. Target: 0.
+- **Metadata costs** (``--figures metadata``): through a mount on moto S3, a cold ``ls -l`` of
+  ``--files`` files (the HEADs that read each file's metadata), the requests and latency of a
+  ``chmod`` of a file already in storage, and whether a new mount shows the mode; with
+  ``-o metadata=off`` too.
 
 Usage::
 
@@ -70,6 +74,47 @@ with Mount(FsspecFilesystem(raw, root=prefix), mnt):
         subprocess.run(["sleep", "0.5"])  # a publish at the last close comes after close
         out[name] = {"puts": seen.count("PutObject"), "ok": True}
     out["{ 8 children } > f"]["ok"] = raw.cat_file(f"{prefix}/kids.txt") == b"1\n2\n3\n4\n5\n6\n7\n8\n"
+print(json.dumps(out))
+"""
+
+_COUNT_METADATA = r"""
+import json, os, stat, statistics, sys, tempfile, time
+from agentvfs import FsspecFilesystem
+from agentvfs.mounts import Mount, MountOptions
+import s3fs
+endpoint, prefix, files, rounds, metadata = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+raw = s3fs.S3FileSystem(key="testing", secret="testing", endpoint_url=endpoint, skip_instance_cache=True,
+                        use_listings_cache=False, client_kwargs={"verify": False},
+                        config_kwargs={"region_name": "us-east-1"})
+options = {"metadata": metadata == "on"} if "metadata" in MountOptions.__dataclass_fields__ else {}
+raw.pipe_file(f"{prefix}/f/data.bin", os.urandom(1 << 20))
+for i in range(files):
+    raw.pipe_file(f"{prefix}/many/file-{i:05d}.txt", b"x" * 100)
+seen = []
+raw.s3.meta.events.register("before-call.s3", lambda model, **kw: seen.append(model.name))
+out = {}
+mnt = tempfile.mkdtemp()
+with Mount(FsspecFilesystem(raw, root=prefix), mnt, options=options):
+    seen.clear()
+    started = time.perf_counter()
+    count = sum(1 for e in os.scandir(f"{mnt}/many") if e.stat(follow_symlinks=False))
+    out["ls -l cold s"] = time.perf_counter() - started
+    out["ls -l cold requests"] = len(seen)
+    out["ls -l cold HEADs"] = seen.count("HeadObject")
+    assert count == files
+    os.listdir(f"{mnt}/f")
+    times, requests = [], []
+    for r in range(rounds):
+        seen.clear()
+        started = time.perf_counter()
+        os.chmod(f"{mnt}/f/data.bin", 0o600 if r % 2 else 0o700)
+        times.append(time.perf_counter() - started)
+        requests.append(len(seen))
+    out["chmod ms"] = statistics.median(times) * 1000
+    out["chmod requests"] = statistics.median(requests)
+    mode = 0o600 if (rounds - 1) % 2 else 0o700
+with Mount(FsspecFilesystem(raw, root=prefix), mnt, options=options):
+    out["mode kept"] = stat.S_IMODE(os.stat(f"{mnt}/f/data.bin").st_mode) == mode
 print(json.dumps(out))
 """
 
@@ -141,6 +186,24 @@ def stop_mount(proc: subprocess.Popen[bytes], mnt: str) -> None:
             proc.wait()
     if is_mounted(mnt):
         subprocess.run(["fusermount3", "-uz", mnt], check=False)
+
+
+def metadata_costs(moto: MotoServer, trees: list[Tree], rounds: int, files: int) -> dict[str, Any]:
+    """Through a mount on moto S3: a cold ``ls -l`` of ``files`` files (the HEADs that read
+    their metadata), a ``chmod`` of a file in storage (requests, latency), and whether a new
+    mount shows the mode; with metadata on and off where the tree has the option."""
+    out: dict[str, Any] = {}
+    for r in range(rounds):
+        for tree in trees:
+            for metadata in ("on", "off") if tree.supports("metadata") else ("on",):
+                prefix = f"{BUCKET}/meta-{tree.name}-{metadata}-{r}"
+                done = subprocess.run(
+                    [sys.executable, "-c", _COUNT_METADATA, moto.endpoint_url, prefix, str(files), "9", metadata],
+                    capture_output=True, text=True, env=tree.env(), timeout=600, check=True,
+                )  # fmt: skip
+                key = tree.name if metadata == "on" else f"{tree.name}, metadata=off"
+                out.setdefault(key, []).append(json.loads(done.stdout.strip().splitlines()[-1]))
+    return out
 
 
 def puts_per_write(moto: MotoServer, trees: list[Tree], rounds: int) -> dict[str, Any]:
@@ -308,6 +371,9 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--baseline-src", metavar="DIR", help="the src directory of the code to compare with")
     p.add_argument("--json", metavar="PATH")
+    p.add_argument("--figures", nargs="+", default=["puts", "crashes", "pairs", "metadata"],
+                   choices=["puts", "crashes", "pairs", "metadata"], help="which figures to measure")
+    p.add_argument("--files", type=int, default=2000, help="files of the cold `ls -l` (metadata figure)")
     args = p.parse_args()
     if os.geteuid() != 0:
         log("needs root (FUSE mounts with kill -9 and auto_unmount)")
@@ -318,10 +384,14 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="agentvfs-bench-lifecycle-"))
     with MotoServer() as moto:
         moto.create_bucket(BUCKET)
-        log("PUTs per write")
-        results["puts"] = puts_per_write(moto, trees, rounds=3)
+        if "metadata" in args.figures:
+            log("metadata costs")
+            results["metadata"] = metadata_costs(moto, trees, rounds=3, files=args.files)
+        if "puts" in args.figures:
+            log("PUTs per write")
+            results["puts"] = puts_per_write(moto, trees, rounds=3)
         crashes: list[dict[str, Any]] = []
-        for kind in ("local", "s3"):
+        for kind in ("local", "s3") if "crashes" in args.figures else ():
             storage = Storage(kind, work, moto)
             for writer in ("cp", "dd", "redirect", "python", "stream"):
                 for n in range(args.trials):
@@ -330,7 +400,7 @@ def main() -> int:
                 log(f"crash trials: {kind} {writer} done")
         results["crashes"] = crashes
         pairs = []
-        for kind in ("local", "s3"):
+        for kind in ("local", "s3") if "pairs" in args.figures else ():
             storage = Storage(kind, work, moto)
             for n in range(args.pairs):
                 for tree in trees:
@@ -347,7 +417,18 @@ def main() -> int:
 def report(results: dict[str, Any]) -> str:
     lines = ["| figure | " + " | ".join(results["trees"]) + " |", "|---|" + "---:|" * len(results["trees"])]
     names = list(results["trees"])
-    for figure in ("echo hi > new", "cmd > existing", "{ 8 children } > f"):
+    if "metadata" in results:
+        lines.append("")
+        lines.append("| metadata figure (moto S3) | " + " | ".join(results["metadata"]) + " |")
+        lines.append("|---|" + "---:|" * len(results["metadata"]))
+        for figure in ("ls -l cold s", "ls -l cold requests", "ls -l cold HEADs", "chmod ms", "chmod requests", "mode kept"):
+            cells = []
+            for runs in results["metadata"].values():
+                values = [r[figure] for r in runs]
+                cells.append(str(all(values)) if isinstance(values[0], bool) else f"{statistics.median(values):.3g}")
+            lines.append(f"| {figure} | " + " | ".join(cells) + " |")
+        lines.append("")
+    for figure in ("echo hi > new", "cmd > existing", "{ 8 children } > f") if "puts" in results else ():
         cells = []
         for tree in names:
             runs = results["puts"][tree]
@@ -355,14 +436,14 @@ def report(results: dict[str, Any]) -> str:
             whole = all(r[figure]["ok"] for r in runs)
             cells.append(f"{puts:g} PUTs" + ("" if whole else " (wrong content)"))
         lines.append(f"| PUTs per `{figure}` | " + " | ".join(cells) + " |")
-    for kind in ("local", "s3"):
+    for kind in ("local", "s3") if results.get("crashes") else ():
         cells = []
         for tree in names:
             rows = [c for c in results["crashes"] if c["tree"] == tree and c["kind"] == kind]
             bad = [c for c in rows if c["outcome"] not in ("old", "new")]
             cells.append(f"{len(bad)} of {len(rows)} neither old nor new")
         lines.append(f"| crash trials, {kind} | " + " | ".join(cells) + " |")
-    for kind in ("local", "s3"):
+    for kind in ("local", "s3") if results.get("pairs") else ():
         cells = []
         for tree in names:
             rows = [r for r in results["pairs"] if r["tree"] == tree and r["kind"] == kind]
