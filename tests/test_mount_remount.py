@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import signal
 import stat
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,8 +26,9 @@ from typing import Any
 
 import pytest
 
-from _mountproc import Storage, mount_point, start_mount
-from agentvfs.mounts import fuse_available
+from _mounted import wait_until
+from _mountproc import CLI, Storage, cli_env, mount_point, start_mount
+from agentvfs.mounts import fuse_available, is_mounted
 
 pytestmark = pytest.mark.skipif(fuse_available() is not None, reason=f"FUSE unavailable: {fuse_available()}")
 
@@ -287,3 +290,146 @@ def test_a_chmod_on_s3_copies_the_object_onto_itself_and_sends_no_data(tmp_path:
     assert head["Metadata"]["owner-team"] == "infra"  # another tool's key stays
     assert (head["Metadata"]["mode"], head["Metadata"]["mtime"]) == (str(stat.S_IFREG | 0o751), "2.000000003")
     assert raw.cat_file(f"{root}/data.bin") == b"x" * 100_000
+
+
+@pytest.mark.s3
+def test_s3_special_files_and_outside_chmods_survive_relisting(tmp_path: Path, mnt: str, moto: Any) -> None:
+    """S3 lists no metadata: a relisting after ``metadata_ttl`` must not turn a symlink or a
+    FIFO into a plain file, and a chmod made elsewhere (a self-copy, same ETag) is seen."""
+    import time
+
+    from agentvfs import FsspecFilesystem
+    from agentvfs.mounts import Mount
+    from conftest import S3_BUCKET, unique
+
+    raw = moto.s3fs(use_listings_cache=False)
+    root = f"{S3_BUCKET}/{unique('relist')}"
+    raw.pipe_file(f"{root}/t/data", b"data")
+    with Mount(FsspecFilesystem(raw, root=root), mnt, options={"metadata_ttl": 0.3}):
+        os.symlink("data", f"{mnt}/t/link")
+        os.mkfifo(f"{mnt}/t/pipe", 0o600)
+        os.lchown(f"{mnt}/t/link", 5, 5)
+        time.sleep(0.5)
+        os.listdir(f"{mnt}/t")
+        time.sleep(0.5)
+        assert stat.S_ISLNK(os.lstat(f"{mnt}/t/link").st_mode) and os.readlink(f"{mnt}/t/link") == "data"
+        assert os.lstat(f"{mnt}/t/link").st_uid == 5
+        assert stat.S_ISFIFO(os.lstat(f"{mnt}/t/pipe").st_mode)
+        os.chmod(f"{mnt}/t/pipe", 0o640)
+        # Another tool's chmod: the object copied onto itself, its ETag unchanged.
+        bucket, _, prefix = root.partition("/")
+        key = f"{prefix}/t/data"
+        time.sleep(1.1)  # a LastModified of its own (S3 keeps it to the second)
+        raw.call_s3(
+            "copy_object", Bucket=bucket, Key=key, CopySource={"Bucket": bucket, "Key": key},
+            MetadataDirective="REPLACE", Metadata={"mode": str(stat.S_IFREG | 0o600), "uid": "77"},
+        )  # fmt: skip
+        time.sleep(0.5)
+        os.listdir(f"{mnt}/t")
+        seen = os.stat(f"{mnt}/t/data")
+        assert (stat.S_IMODE(seen.st_mode), seen.st_uid) == (0o600, 77)
+    with Mount(FsspecFilesystem(raw, root=root), mnt):
+        assert stat.S_ISLNK(os.lstat(f"{mnt}/t/link").st_mode)
+        pipe = os.lstat(f"{mnt}/t/pipe")
+        assert stat.S_ISFIFO(pipe.st_mode) and stat.S_IMODE(pipe.st_mode) == 0o640
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_renamed_directory_keeps_what_is_below_it(
+    kind: str, mnt: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    storage = Storage(kind, tmp_path, request)
+    log = tmp_path / "mount.log"
+    proc = start_mount(storage, mnt, tmp_path / "state", log=log)
+    try:
+        m = Path(mnt)
+        (m / "rr/sub").mkdir(parents=True)
+        (m / "rr/sub/tool").write_text("#!/bin/sh\n")
+        os.chmod(m / "rr/sub/tool", 0o750)
+        os.symlink("sub/tool", m / "rr/link")
+        os.mkfifo(m / "rr/pipe", 0o600)
+        os.chmod(m / "rr", 0o700)
+        os.rename(m / "rr", m / "rr2")
+        os.symlink("/etc/hostname", m / "out-link")
+        os.rename(m / "out-link", m / "rr2/out-link")  # a link leading out is moved as a name
+    finally:
+        _stop(proc, log)
+    proc = start_mount(storage, mnt, tmp_path / "state", log=log)
+    try:
+        m = Path(mnt)
+        assert sorted(os.listdir(m)) == ["rr2"]
+        assert stat.S_IMODE(os.stat(m / "rr2").st_mode) == 0o700
+        assert stat.S_IMODE(os.stat(m / "rr2/sub/tool").st_mode) == 0o750
+        assert os.readlink(m / "rr2/link") == "sub/tool"
+        assert os.readlink(m / "rr2/out-link") == "/etc/hostname"
+        assert stat.S_ISFIFO(os.lstat(m / "rr2/pipe").st_mode)
+    finally:
+        _stop(proc, log)
+
+
+def test_hard_links_across_directories_stay_one_file(mnt: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """Staged writes (passthrough off) through any name of a file linked in several
+    directories, also one renamed while open, land in the one file on disk."""
+    storage = Storage("local", tmp_path, request)
+    log = tmp_path / "mount.log"
+    proc = start_mount(storage, mnt, tmp_path / "state", log=log)
+    try:
+        m = Path(mnt)
+        (m / "a").mkdir()
+        (m / "b").mkdir()
+        (m / "a/f").write_text("orig\n")
+        os.link(m / "a/f", m / "b/f")
+        os.link(m / "a/f", m / "a/g")
+    finally:
+        _stop(proc, log)
+    proc = start_mount(storage, mnt, tmp_path / "state", log=log)
+    try:
+        m = Path(mnt)
+        (m / "b/f").write_text("new1\n")  # b listed first: the mount knows one name of three
+        assert (m / "a/f").read_text() == "new1\n"
+        with open(m / "a/g", "a") as f:
+            f.write("more\n")
+            f.flush()
+            os.rename(m / "a/g", m / "a/h")
+    finally:
+        _stop(proc, log)
+    disk = storage.dir
+    assert {os.stat(disk / n).st_ino for n in ("a/f", "b/f", "a/h")} == {os.stat(disk / "a/f").st_ino}
+    assert (disk / "b/f").read_text() == "new1\nmore\n"
+
+
+@pytest.mark.skipif(not ROOT or shutil.which("setpriv") is None, reason="needs root and setpriv")
+@pytest.mark.parametrize("passthrough", ["true", "false"])
+def test_no_set_id_file_of_the_mount_user_for_someone_else(
+    passthrough: str, mnt: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """A mount that may not give files away (no CAP_CHOWN) keeps a file another user made as
+    its own: it shows that owner, and that user cannot make it a set-user-ID program."""
+    storage = Storage("local", tmp_path, request)
+    os.chmod(storage.dir, 0o1777)
+    log = tmp_path / "mount.log"
+    # A mount point the other user can reach (pytest's directories are 0700).
+    outer = Path(tempfile.mkdtemp(prefix="agentvfs-nobody-"))
+    outer.chmod(0o755)
+    mnt = os.fspath(outer / "mnt")
+    os.mkdir(mnt)
+    argv = [
+        "setpriv", "--inh-caps=-chown", "--bounding-set=-chown", *CLI, "mount", os.fspath(storage.dir), mnt,
+        "-o", f"state_dir={tmp_path / 'state'}", "-o", "allow_other=true", "-o", f"passthrough={passthrough}",
+    ]  # fmt: skip
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=out, env=cli_env())
+    try:
+        assert wait_until(lambda: is_mounted(mnt) or proc.poll() is not None, timeout=30), log.read_text()
+        os.mkdir(f"{mnt}/pub")
+        os.chmod(f"{mnt}/pub", 0o1777)
+        nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+        subprocess.run([*nobody, "cp", "/usr/bin/id", f"{mnt}/pub/evil"], check=True)
+        subprocess.run([*nobody, "chmod", "4755", f"{mnt}/pub/evil"], check=False, capture_output=True)
+        on_disk = os.stat(storage.dir / "pub/evil")
+        assert not (on_disk.st_uid == 0 and on_disk.st_mode & stat.S_ISUID), stat.filemode(on_disk.st_mode)
+        seen = os.stat(f"{mnt}/pub/evil")
+        assert (seen.st_uid, seen.st_mode & 0o7777) == (on_disk.st_uid, on_disk.st_mode & 0o7777)
+    finally:
+        _stop(proc, log)
+        shutil.rmtree(outer, ignore_errors=True)

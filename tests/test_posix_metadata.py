@@ -69,6 +69,8 @@ def test_metadata_without_attributes_and_foreign_keys() -> None:
         {"mode": "9" * 400, "uid": "-1", "gid": "99999999999999999999999", "mtime": "9" * 60},
         {"mode": "33188x", "uid": "1e3", "mtime": "1" * 100},
         {"mode": "4294967295", "mtime": "99999-01-01T00:00:00Z"},
+        {"mode": "²", "uid": "٣", "mtime": "١٧٠٠٠٠٠٠٠٠"},  # digits, to str.isdigit()
+        {"mtime": "9999-12-31T23:59:59Z"},  # past what a nanosecond time holds
     ],
 )
 def test_hostile_metadata_reads_as_absent(meta: dict[str, str]) -> None:

@@ -117,6 +117,7 @@ class Node:
         "stage",
         "stage_fd",
         "staged_bytes",
+        "stamp",
         "stored",
         "stream",
         "stream_attrs",
@@ -197,6 +198,10 @@ class Node:
         #: The inode number on local disk of a file with several names there (hard links
         #: found by a listing share one node).
         self.disk_ino: int | None = None
+        #: When storage last changed the object whose attributes the mount holds (whole
+        #: seconds; S3 lists no metadata: a listing that shows the same version and time needs
+        #: no HEAD, a chmod elsewhere changes the time but not the version).
+        self.stamp = 0
         #: Bumped when the storage content changes under the mount; the kernel's page cache
         #: is kept across opens only while it equals ``kernel_version``.
         self.version = 0

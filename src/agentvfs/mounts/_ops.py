@@ -137,6 +137,12 @@ def _is_dirty(node: Node) -> bool:
     return node.dirty
 
 
+def _seconds(st: FileStat) -> int:
+    """When storage last changed what ``st`` describes, in whole seconds (S3 lists it to the
+    millisecond and a HEAD gives it to the second)."""
+    return int(st.modified_at.timestamp())
+
+
 def _fail(code: int) -> pyfuse3.FUSEError:
     return pyfuse3.FUSEError(code)
 
@@ -382,7 +388,9 @@ class MountOperations(pyfuse3.Operations):
             node = old.get(st.name)
             if st.type == "directory" and node is not None and node.is_dir:
                 continue  # a directory's attributes change only through a mount
-            if node is not None and node.stored and node.etag is not None and node.etag == st.etag:
+            if node is not None and node.stored and node.etag is not None and node.etag == st.etag and (
+                node.stamp == _seconds(st)
+            ):  # fmt: skip
                 continue  # the version the mount has the attributes of
             wanted.append(index)
         if not wanted:
@@ -394,7 +402,7 @@ class MountOperations(pyfuse3.Operations):
             async with limit:
                 try:
                     out[index] = await self.fs.stat(self.table.child_path(directory, stats[index].name))
-                except OSError as exc:
+                except Exception as exc:
                     # Gone or unreadable since the listing: the listing's record stands.
                     _log.debug("metadata of %s not read: %s", stats[index].path, exc)
 
@@ -412,16 +420,27 @@ class MountOperations(pyfuse3.Operations):
             kind = self.table.kind_of(st)
             if node is not None and (not node.stored or node.dirty):
                 fresh[name] = node  # the mount holds newer state than the listing
+            elif (
+                node is not None and st.metadata is None and self.attr_store == "metadata"
+                and node.etag is not None and node.etag == st.etag
+            ):  # fmt: skip
+                # A listing without metadata (S3) of the version the mount knows: its kind,
+                # mode and owner are the node's (a symlink's listing reads as a plain file).
+                fresh[name] = node
             elif node is not None and node.kind == kind and kind == _S_IFDIR:
                 fresh[name] = node
             elif node is not None and node.kind == kind and kind == _S_IFREG:
                 fresh[name] = self._refresh_file(node, st)
             elif node is not None and node.kind == kind and (st.etag is None or st.etag == node.etag):
                 fresh[name] = node  # a symbolic link or FIFO, unchanged
+                self._take_attributes(node, st)
             else:
                 if node is not None:
                     self.table.drop_link(node, directory, name)
                 fresh[name] = self.table.from_stat(st, directory, name)
+        for st in stats:
+            if st.metadata is not None and st.name in fresh:
+                fresh[st.name].stamp = _seconds(st)
         for name, node in old.items():
             if name in fresh:
                 continue
@@ -622,6 +641,12 @@ class MountOperations(pyfuse3.Operations):
             if owner is None:
                 _log.debug("attributes of %s not kept on disk: %s", self._safe_path(node), exc)
                 return
+            # The mount's user may not give files away: the file is its own, and the mount
+            # shows the owner the disk has; a set-ID bit would make the file run as the
+            # mount's user for whoever asked for it, so it goes.
+            node.uid, node.gid = os.geteuid(), os.getegid()
+            node.perm &= ~(stat_module.S_ISUID | stat_module.S_ISGID)
+            self._invalidate_later(None, None, node.ino)
             with contextlib.suppress(OSError):
                 self._store_attributes(node, node.perm, None, times, path)  # all but the owner
         except OSError as exc:
@@ -711,7 +736,7 @@ class MountOperations(pyfuse3.Operations):
                     # Changed while the upload ran: the object takes the attributes now.
                     await set_attributes(self.fs, paths[0], attrs)
                 return None
-        if len(paths) > 1 and self.attr_store == "native" and node.stored:
+        if self._linked_on_disk(node):
             # Names of one file on disk (hard links): written in place, so they stay one.
             await check_version(self.fs, paths[0], expected=expected)
             await trio.to_thread.run_sync(self._write_in_place, node, paths[0])
@@ -725,24 +750,34 @@ class MountOperations(pyfuse3.Operations):
             await upload_file(self.fs, node.stage, path)
         return version
 
+    def _linked_on_disk(self, node: Node) -> bool:
+        """A stored file with several names on local disk (the mount may know only one of
+        them): it is written in place, so that every name stays the one file."""
+        return self.attr_store == "native" and node.stored and (len(node.links) > 1 or node.disk_ino is not None)
+
     def _write_in_place(self, node: Node, path: str) -> None:
         """Copy ``node``'s staged data over the file ``path`` on disk, keeping its inode (and
         so its other names); flushed to disk before returning."""
         fs = self.fs
         assert isinstance(fs, SupportsLocalFiles)
-        assert node.stage_fd >= 0
-        fd = fs.local_open(path, os.O_WRONLY | os.O_TRUNC)
+        assert node.stage is not None
+        source = node.stage_fd if node.stage_fd >= 0 else os.open(node.stage, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            size = os.fstat(node.stage_fd).st_size
-            offset = 0
-            while offset < size:
-                sent = os.copy_file_range(node.stage_fd, fd, size - offset, offset, offset)
-                if sent == 0:
-                    break
-                offset += sent
-            os.fsync(fd)
+            fd = fs.local_open(path, os.O_WRONLY | os.O_TRUNC)
+            try:
+                size = os.fstat(source).st_size
+                offset = 0
+                while offset < size:
+                    sent = os.copy_file_range(source, fd, size - offset, offset, offset)
+                    if sent == 0:
+                        break
+                    offset += sent
+                os.fsync(fd)
+            finally:
+                os.close(fd)
         finally:
-            os.close(fd)
+            if source != node.stage_fd:
+                os.close(source)
 
     def _conflict(self, path: str, base: str | None, exc: OSError) -> str:
         """Log a publish refused because storage changed; the reason kept with the data."""
@@ -1431,8 +1466,9 @@ class MountOperations(pyfuse3.Operations):
             and len(target.links) == 1
         ):
             await self._materialize(target)  # its open descriptors keep their data
-        if node.dirty and node.stage is not None:
-            # Publish the staged content under the new name, then drop the old one.
+        if node.dirty and node.stage is not None and not self._linked_on_disk(node):
+            # Publish the staged content under the new name, then drop the old one (a file
+            # with other names on disk is renamed instead, and written in place at its close).
             async with node.lock:
                 # Checked again: a close may have published it while this waited.
                 if node.dirty and node.stage is not None:
@@ -1721,9 +1757,16 @@ class MountOperations(pyfuse3.Operations):
             )
         except (OSError, pyfuse3.FUSEError):
             return None
-        with contextlib.suppress(OSError):
-            if (uid, gid) != (os.geteuid(), os.getegid()):
+        if (uid, gid) != (os.geteuid(), os.getegid()):
+            try:
                 os.fchown(fd, uid, gid)  # the creator's, as on any filesystem
+            except OSError:
+                # The mount's user may not give files away: the file stays its own, and the
+                # mount shows the owner the disk has. No set-ID bit on a file its creator
+                # does not own (it would run as the mount's user).
+                uid, gid = os.geteuid(), os.getegid()
+                mode &= ~(stat_module.S_ISUID | stat_module.S_ISGID)
+        with contextlib.suppress(OSError):
             os.fchmod(fd, mode & 0o7777)
         node = self.table.new_node(_S_IFREG, mode, uid=uid, gid=gid, stored=True)
         self.table.add_link(directory, name, node)

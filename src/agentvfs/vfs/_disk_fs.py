@@ -207,6 +207,7 @@ class DiskBackend(FsspecBackend):
         # ones above are what a tool reading through a link sees).
         return dataclasses.replace(
             stat,
+            size=own.st_size,  # a link's is its target's length
             mode=stat_module.S_IMODE(own.st_mode),
             uid=own.st_uid,
             gid=own.st_gid,
@@ -624,6 +625,35 @@ class DiskBackend(FsspecBackend):
             self.publish_fill(dest_rel, dest, copy_into(fd), overwrite, cancel)
         finally:
             os.close(fd)
+
+    def _own_info(self, rel: str) -> dict[str, Any] | None:
+        """The info record of the entry ``rel`` itself: a symbolic link is a name here, and
+        where it points (outside, nowhere) does not matter."""
+        host = self.bpath(rel)
+        try:
+            own = self.disk.lstat(host)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except ContainmentError:
+            raise PermissionDenied(self.escape(rel, rel), "access") from None
+        return _info_dict(host, own, None, None)
+
+    def check_move(self, src_rel: str, src: str, dest_rel: str, dest: str, overwrite: bool) -> dict[str, Any]:
+        # rename(2) moves names: a link is moved, or replaced, as itself.
+        info = self._own_info(src_rel)
+        if info is None:
+            raise FileNotFound(src)
+        if not dest_rel:
+            raise IsDirectory(dest)
+        dinfo = self._own_info(dest_rel)
+        if dinfo is not None:
+            if not overwrite:
+                raise FileExists(dest)
+            if dinfo.get("type") == "directory" and info.get("type") != "directory":
+                raise IsDirectory(dest)
+        if info.get("type") == "directory" and (dest_rel + "/").startswith(src_rel + "/"):
+            raise PermissionDenied(dest, "move_file (cannot move a directory into itself)")
+        return info
 
     def move_sync(self, src_rel: str, src: str, dest_rel: str, dest: str, overwrite: bool) -> None:
         self.check_move(src_rel, src, dest_rel, dest, overwrite)

@@ -538,6 +538,28 @@ class FsspecFilesystem(WorkspaceFilesystem):
             raise IsDirectory(dest)
         await self._call_write(self._backend.copy_sync, src_rel, src, dest_rel, dest, overwrite)
 
+    async def _copy_tree(self, src: str, dest: str, *, overwrite: bool) -> None:
+        # Each file copied by the store itself (server side on object stores), so its object
+        # metadata goes along; a directory's marker object too, where it has one.
+        backend = self._backend
+        await self.mkdir(dest, recursive=True)
+        markers = backend if isinstance(backend, ObjectStoreBackend) else None
+        if markers is not None:
+            await self._call(markers.copy_marker_sync, self._rel(src), self._rel(dest))
+        for entry in await self.readdir(src, recursive=True):
+            source = _paths.join(_paths.normalize(src), entry.name)
+            target = _paths.join(_paths.normalize(dest), entry.name)
+            if entry.type == "directory":
+                await self.mkdir(target, recursive=True)
+                if markers is not None:
+                    await self._call(markers.copy_marker_sync, self._rel(source), self._rel(target))
+                continue
+            try:
+                await self._call_write(backend.copy_sync, self._rel(source), source, self._rel(target), target, overwrite)
+            except FileExistsError:
+                # A tree copy without overwrite keeps what is already there, like ``cp -n``.
+                continue
+
     async def move_file(self, src: str, dest: str, *, overwrite: bool = True) -> None:
         """Move a file or directory: an atomic rename on local disk and in memory, else copy
         then delete (not atomic: a failure in between leaves both copies, never neither)."""

@@ -467,6 +467,21 @@ class ObjectStoreBackend(FsspecBackend):
     def _copy_file(self, src_rel: str, dest_rel: str, dest: str, overwrite: bool, cancel: threading.Event) -> None:
         self._fs.cp_file(self.bpath(src_rel), self.bpath(dest_rel))  # server side
 
+    def copy_marker_sync(self, src_rel: str, dest_rel: str) -> None:
+        """Copy the marker object of directory ``src_rel`` (its attributes) to ``dest_rel``'s,
+        where it has one."""
+        if not src_rel or not dest_rel:
+            return
+        bucket, src_key, _ = self._fs.split_path(self.bpath(src_rel))
+        _, dest_key, _ = self._fs.split_path(self.bpath(dest_rel))
+        with contextlib.suppress(FileNotFoundError):
+            self._copy_object(bucket, src_key + "/", dest_key + "/")
+
+    def _copy_object(self, bucket: str, src_key: str, dest_key: str) -> None:
+        """A server-side copy of one object, its metadata included (keys as given: a
+        marker's trailing slash is kept)."""
+        self._fs.cp_file(f"{bucket}/{src_key}", f"{bucket}/{dest_key}")
+
     # -- POSIX attributes as object metadata --------------------------------------------------
 
     def make_special_sync(self, rel: str, display: str, attrs: PosixAttributes) -> None:
@@ -673,6 +688,9 @@ class S3Backend(ObjectStoreBackend):
         self._fs.put_file(local_path, bpath, chunksize=_UPLOAD_CHUNK, max_concurrency=4, mode=mode, **extra)
         return None
 
+    def _copy_object(self, bucket: str, src_key: str, dest_key: str) -> None:
+        self._s3("copy_object", Bucket=bucket, Key=dest_key, CopySource={"Bucket": bucket, "Key": src_key})
+
     def _set_directory_attributes(self, rel: str, attrs: PosixAttributes, seen: Mapping[str, str] | None) -> None:
         # The marker is empty: writing it again with the new metadata loses nothing.
         bucket, key, _ = self._fs.split_path(self.bpath(rel))
@@ -705,6 +723,12 @@ class GcsBackend(ObjectStoreBackend):
         if "metadata" not in info and info.get("type") == "directory":
             return None  # a listed prefix: its marker object's metadata is not known
         return {str(k): str(v) for k, v in (info.get("metadata") or {}).items()}
+
+    def _copy_object(self, bucket: str, src_key: str, dest_key: str) -> None:
+        sync(
+            self._fs.loop, self._fs._call, "POST", "b/{}/o/{}/rewriteTo/b/{}/o/{}", bucket, src_key, bucket, dest_key,
+            json_out=True,
+        )  # fmt: skip
 
     def info(self, rel: str) -> dict[str, Any] | None:
         found = super().info(rel)

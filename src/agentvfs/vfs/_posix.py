@@ -52,7 +52,7 @@ _SYMLINK_KEY = "gcsfuse_symlink_target"
 _GCSFUSE_MTIME = "gcsfuse_mtime"
 #: Every key this module writes (and so replaces on a rewrite).
 OWN_KEYS = frozenset(
-    {"mode", "uid", "gid", "mtime", "atime", "ctime", _GCSFUSE_MTIME, _SYMLINK_KEY}
+    {"mode", "uid", "gid", "rdev", "mtime", "atime", "ctime", _GCSFUSE_MTIME, _SYMLINK_KEY}
 )
 #: Longest symbolic-link target kept (PATH_MAX; s3fs-fuse keeps it in the content too).
 _TARGET_MAX = 4096
@@ -113,10 +113,10 @@ def _parse_time(text: str) -> int | None:
     """Nanoseconds of ``1700000000``, ``1700000000.25`` (s3fs-fuse, rclone on S3) or an
     RFC 3339 time (rclone on GCS, gcsfuse); None for anything else."""
     text = text.strip()
-    if not text or len(text) > 64:
+    if not text or len(text) > 64 or not text.isascii():
         return None
     whole, dot, frac = text.partition(".")
-    if whole.lstrip("-").isdigit() and (not dot or frac.isdigit()):
+    if whole.lstrip("-").isdigit() and (not dot or frac.isdigit()) and not (whole.startswith("-") and frac):
         value = int(whole) * 1_000_000_000 + (int(frac[:9].ljust(9, "0")) if frac else 0)
         return value if -_NS_MAX <= value <= _NS_MAX else None
     try:
@@ -132,7 +132,8 @@ def _parse_time(text: str) -> int | None:
         return None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
-    return int(moment.timestamp()) * 1_000_000_000 + nanos
+    value = int(moment.timestamp()) * 1_000_000_000 + nanos
+    return value if -_NS_MAX <= value <= _NS_MAX else None
 
 
 #: The file types a ``mode`` may name; anything else reads as a regular file.
@@ -150,7 +151,8 @@ def _parse_int(text: str | None, limit: int) -> int | None:
     if text is None:
         return None
     text = text.strip()
-    if text.isdigit() and len(text) <= 20 and int(text) <= limit:
+    # ASCII digits only: str.isdigit() takes "²", which int() refuses.
+    if text.isascii() and text.isdigit() and len(text) <= 20 and int(text) <= limit:
         return int(text)
     return None
 
@@ -175,6 +177,8 @@ def metadata_for(
         out["uid"] = str(attrs.uid)
     if attrs.gid is not None:
         out["gid"] = str(attrs.gid)
+    if attrs.rdev:
+        out["rdev"] = str(attrs.rdev)  # s3fs-fuse's name
     when = _rfc3339 if style == "gcs" else _seconds
     for key, value in (
         ("mtime", attrs.mtime_ns),
@@ -215,6 +219,9 @@ def attributes_from_metadata(
     atime = _parse_time(meta["atime"]) if "atime" in meta else None
     ctime = _parse_time(meta["ctime"]) if "ctime" in meta else None
     uid, gid = _parse_int(meta.get("uid"), _ID_MAX), _parse_int(meta.get("gid"), _ID_MAX)
+    rdev = _parse_int(meta.get("rdev"), 2**64 - 1) or 0
+    if target is not None and (not target or len(target.encode("utf-8", "surrogateescape")) >= _TARGET_MAX):
+        target = None  # no link has an empty target or one longer than PATH_MAX
     if not mode and mtime is None and uid is None and gid is None:
         return None
     if (
@@ -232,6 +239,7 @@ def attributes_from_metadata(
         mtime_ns=mtime,
         ctime_ns=ctime,
         target=target,
+        rdev=rdev,
     )
 
 
