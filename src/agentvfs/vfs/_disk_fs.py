@@ -626,9 +626,9 @@ class DiskBackend(FsspecBackend):
         finally:
             os.close(fd)
 
-    def _own_info(self, rel: str) -> dict[str, Any] | None:
-        """The info record of the entry ``rel`` itself: a symbolic link is a name here, and
-        where it points (outside, nowhere) does not matter."""
+    def name_info(self, rel: str) -> dict[str, Any] | None:
+        """The info record of the entry ``rel`` itself: rename(2) moves names, so a symbolic
+        link is moved, or replaced, as itself, wherever it points (outside, nowhere)."""
         host = self.bpath(rel)
         try:
             own = self.disk.lstat(host)
@@ -637,23 +637,6 @@ class DiskBackend(FsspecBackend):
         except ContainmentError:
             raise PermissionDenied(self.escape(rel, rel), "access") from None
         return _info_dict(host, own, None, None)
-
-    def check_move(self, src_rel: str, src: str, dest_rel: str, dest: str, overwrite: bool) -> dict[str, Any]:
-        # rename(2) moves names: a link is moved, or replaced, as itself.
-        info = self._own_info(src_rel)
-        if info is None:
-            raise FileNotFound(src)
-        if not dest_rel:
-            raise IsDirectory(dest)
-        dinfo = self._own_info(dest_rel)
-        if dinfo is not None:
-            if not overwrite:
-                raise FileExists(dest)
-            if dinfo.get("type") == "directory" and info.get("type") != "directory":
-                raise IsDirectory(dest)
-        if info.get("type") == "directory" and (dest_rel + "/").startswith(src_rel + "/"):
-            raise PermissionDenied(dest, "move_file (cannot move a directory into itself)")
-        return info
 
     def move_sync(self, src_rel: str, src: str, dest_rel: str, dest: str, overwrite: bool) -> None:
         self.check_move(src_rel, src, dest_rel, dest, overwrite)

@@ -847,14 +847,19 @@ class FsspecBackend(Backend):
         bsrc = self.bpath(src_rel)
         self.publish(dest_rel, dest, lambda tmp: self._fs.cp_file(bsrc, tmp), overwrite, cancel)
 
+    def name_info(self, rel: str) -> dict[str, Any] | None:
+        """The info record of the name ``rel`` as a move sees it (where storage has links,
+        the link itself: local disk overrides this)."""
+        return self.info(rel)
+
     def check_move(self, src_rel: str, src: str, dest_rel: str, dest: str, overwrite: bool) -> dict[str, Any]:
         """Refuse a move the contract forbids; return the source's info."""
-        info = self.info(src_rel)
+        info = self.name_info(src_rel)
         if info is None:
             raise FileNotFound(src)
         if not dest_rel:
             raise IsDirectory(dest)
-        dinfo = self.info(dest_rel)
+        dinfo = self.name_info(dest_rel)
         if dinfo is not None:
             if not overwrite:
                 raise FileExists(dest)
