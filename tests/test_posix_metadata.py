@@ -1,15 +1,27 @@
 """The codec between POSIX attributes and object metadata (s3fs-fuse's, rclone's and
-gcsfuse's names), and what S3 and GCS keep of it through the filesystem layer."""
+gcsfuse's names), what S3 and GCS keep of it through the filesystem layer, and local
+disk, where the attributes are the file's own and its times part of its version."""
 
 from __future__ import annotations
 
+import os
 import stat
+from pathlib import Path
 
 import pytest
 
-from agentvfs.vfs import PosixAttributes, foreign_metadata
+from agentvfs.errors import PermissionDenied, StaleFileError
+from agentvfs.vfs import (
+    LocalFilesystem,
+    PosixAttributes,
+    Version,
+    foreign_metadata,
+    make_hard_link,
+    publish_file,
+    rewrite_file,
+)
 from agentvfs.vfs._posix import attributes_from_metadata, metadata_for
-from conftest import harness_for
+from conftest import harness_for, memory_harness
 
 pytestmark = pytest.mark.anyio
 
@@ -109,3 +121,93 @@ async def test_object_stores_keep_attributes_and_special_files(
         await fs.make_special("ln", link)  # type: ignore[attr-defined]
     await fs.make_special("fifo", PosixAttributes(mode=stat.S_IFIFO | 0o600))  # type: ignore[attr-defined]
     assert (await fs.stat("fifo")).file_kind == stat.S_IFIFO
+
+
+# -- local disk: the attributes are the file's own, and part of its version ----------------
+
+
+async def test_local_disk_publishes_a_file_with_its_attributes_and_their_version(tmp_path: Path) -> None:
+    fs = LocalFilesystem(os.fspath(tmp_path / "root"))
+    staged = tmp_path / "staged"
+    staged.write_bytes(b"#!/bin/sh\n")
+    version = await publish_file(fs, os.fspath(staged), "bin/run.sh", create=True, attributes=SCRIPT)
+    st = await fs.stat("bin/run.sh")
+    on_disk = os.lstat(tmp_path / "root/bin/run.sh")
+    # Set before the file took its name: the version returned is the file's, times and all.
+    assert version is not None and version == st.etag
+    assert (stat.S_IMODE(on_disk.st_mode), on_disk.st_mtime_ns, on_disk.st_atime_ns) == (
+        0o755, SCRIPT.mtime_ns, SCRIPT.atime_ns,
+    )  # fmt: skip
+    if os.geteuid() == 0:
+        assert (on_disk.st_uid, on_disk.st_gid) == (1000, 100)
+    # The next publish over it is conditional on exactly that version.
+    again = tmp_path / "again"
+    again.write_bytes(b"#!/bin/sh\nexit 0\n")
+    newer = await publish_file(fs, os.fspath(again), "bin/run.sh", expected=Version(version))
+    assert newer is not None and newer != version
+    with pytest.raises(StaleFileError):
+        await publish_file(fs, os.fspath(again), "bin/run.sh", expected=Version(version))
+
+
+async def test_local_disk_sets_times_only_on_the_version_expected(tmp_path: Path) -> None:
+    fs = LocalFilesystem(os.fspath(tmp_path / "root"))
+    await fs.write_file("f.txt", b"one")
+    seen = await fs.stat("f.txt")
+    times = (1_000_000_000, 1_600_000_000_000_000_007)
+    version = fs.local_set_attributes("f.txt", times_ns=times, expected=Version.of(seen))
+    assert version == (await fs.stat("f.txt")).etag != seen.etag
+    assert os.lstat(tmp_path / "root/f.txt").st_mtime_ns == times[1]
+    # The version seen before is gone: a change made on it is refused and changes nothing.
+    with pytest.raises(StaleFileError):
+        fs.local_set_attributes("f.txt", mode=0o600, times_ns=(5, 5), expected=Version.of(seen))
+    left = os.lstat(tmp_path / "root/f.txt")
+    assert (left.st_mtime_ns, stat.S_IMODE(left.st_mode)) == (times[1], 0o644 & ~_umask())
+    # The async form checks and answers the same way.
+    assert await fs.set_attributes("f.txt", SCRIPT, expected=Version(version)) == (await fs.stat("f.txt")).etag
+
+
+async def test_local_disk_rewrites_a_hard_linked_file_in_place_only_over_its_version(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    fs = LocalFilesystem(os.fspath(root))
+    await fs.write_file("a.txt", b"shared\n")
+    await make_hard_link(fs, "a.txt", "b.txt")
+    seen = await fs.stat("a.txt")
+    source = tmp_path / "new"
+    source.write_bytes(b"shared, changed\n")
+    version = await rewrite_file(fs, os.fspath(source), "a.txt", expected=Version.of(seen), attributes=SCRIPT)
+    assert version == (await fs.stat("a.txt")).etag
+    # One file with two names still: both show the new content and the times given.
+    assert os.lstat(root / "a.txt").st_ino == os.lstat(root / "b.txt").st_ino
+    assert (root / "b.txt").read_bytes() == b"shared, changed\n"
+    assert os.lstat(root / "b.txt").st_mtime_ns == SCRIPT.mtime_ns
+    # Over a version that is no longer there: refused, and the file is as it was.
+    source.write_bytes(b"lost")
+    with pytest.raises(StaleFileError):
+        await rewrite_file(fs, os.fspath(source), "a.txt", expected=Version.of(seen))
+    assert (root / "a.txt").read_bytes() == b"shared, changed\n"
+    # Replaced by a rename since: the file at the name is not the one that was seen.
+    replacement = tmp_path / "replacement"
+    replacement.write_bytes(b"x" * 16)
+    current = await fs.stat("a.txt")
+    os.replace(replacement, root / "a.txt")
+    with pytest.raises(StaleFileError):
+        await rewrite_file(fs, os.fspath(source), "a.txt", expected=Version.of(current))
+    assert (root / "a.txt").read_bytes() == b"x" * 16
+    with pytest.raises(StaleFileError):
+        await rewrite_file(fs, os.fspath(source), "gone.txt", expected=Version.of(current))
+
+
+async def test_storage_without_hard_links_refuses_a_rewrite_in_place(tmp_path: Path) -> None:
+    h = memory_harness()
+    source = tmp_path / "new"
+    source.write_bytes(b"data")
+    await h.fs.write_file("f.txt", b"old")
+    with pytest.raises(PermissionDenied, match="no hard links"):
+        await rewrite_file(h.fs, os.fspath(source), "f.txt")
+    assert await h.fs.read_file("f.txt") == b"old"
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

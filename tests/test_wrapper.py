@@ -71,6 +71,17 @@ class SlowFilesystem(FsspecFilesystem):
     async def make_hard_link(self, src: str, dest: str) -> None:
         await self._slow()
 
+    async def rewrite_file(
+        self,
+        local_path: str,
+        path: str,
+        *,
+        expected: Version | None = None,
+        attributes: PosixAttributes | None = None,
+    ) -> str | None:
+        await self._slow()
+        return None
+
     async def write_file(self, path: str, content: str | bytes, **kw: Any) -> None:
         await self._slow()
 

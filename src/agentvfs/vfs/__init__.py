@@ -55,6 +55,7 @@ from ._base import read_file_beneath as read_file_beneath
 from ._base import read_many as read_many
 from ._base import read_range as read_range
 from ._base import read_range_into as read_range_into
+from ._base import rewrite_file as rewrite_file
 from ._base import run_sync as run_sync
 from ._base import set_attributes as set_attributes
 from ._base import upload_file as upload_file
@@ -171,6 +172,7 @@ __all__ = [
     "read_many",
     "read_range",
     "read_range_into",
+    "rewrite_file",
     "run_sync",
     "set_attributes",
     "translate",

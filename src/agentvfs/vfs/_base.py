@@ -72,6 +72,7 @@ __all__ = [
     "read_local",
     "read_many",
     "read_range",
+    "rewrite_file",
     "run_sync",
     "set_attributes",
     "upload_file",
@@ -461,9 +462,9 @@ async def publish_file(
 ) -> str | None:
     """:meth:`SupportsConditionalUpload.publish_file` where ``fs`` has it; elsewhere the
     version is checked with a ``stat`` just before an ``upload_file`` (a race between the two
-    that the filesystem cannot close). ``attributes`` and ``keep`` go with the file where
-    ``fs`` keeps attributes as object metadata (:class:`SupportsPosixAttributes`)."""
-    if (attributes is not None or keep) and attribute_storage(fs) == "metadata":
+    that the filesystem cannot close). ``attributes`` (and, on object stores, ``keep``) go
+    with the file where ``fs`` keeps attributes (:class:`SupportsPosixAttributes`)."""
+    if (attributes is not None or keep) and attribute_storage(fs) is not None:
         assert isinstance(fs, SupportsPosixAttributes)
         return await fs.publish_file(
             local_path, path, expected=expected, create=create, attributes=attributes, keep=keep
@@ -508,6 +509,21 @@ async def make_hard_link(fs: WorkspaceFilesystem, src: str, dest: str) -> None:
     if not isinstance(fs, SupportsHardLinks):
         raise PermissionDenied(dest, "link (this storage has no hard links)")
     await fs.make_hard_link(src, dest)
+
+
+async def rewrite_file(
+    fs: WorkspaceFilesystem,
+    local_path: str,
+    path: str,
+    *,
+    expected: Version | None = None,
+    attributes: PosixAttributes | None = None,
+) -> str | None:
+    """:meth:`SupportsHardLinks.rewrite_file`; ``PermissionDenied`` where the storage has no
+    hard links (a publish replaces the file there)."""
+    if not isinstance(fs, SupportsHardLinks):
+        raise PermissionDenied(path, "write in place (this storage has no hard links)")
+    return await fs.rewrite_file(local_path, path, expected=expected, attributes=attributes)
 
 
 async def check_version(
@@ -620,9 +636,18 @@ class SupportsLocalAttributes(Protocol):
         mode: int | None = None,
         owner: tuple[int, int] | None = None,
         times_ns: tuple[int, int] | None = None,
-    ) -> None:
+        expected: Version | None = None,
+    ) -> str | None:
         """Set what is given of the mode bits, the owner ``(uid, gid)`` (-1 keeps one) and the
-        access and modification times (nanoseconds) of ``path``."""
+        access and modification times (nanoseconds) of ``path``, only while the regular file
+        there is the version ``expected`` when one is given. Returns the version of a regular
+        file after the change (times are part of it), None for any other entry.
+
+        Raises
+        ------
+        StaleFileError
+            ``expected`` is not what is there.
+        """
         ...
 
     def local_lstat(self, path: str) -> os.stat_result:
@@ -687,6 +712,27 @@ class SupportsHardLinks(Protocol):
 
     async def make_hard_link(self, src: str, dest: str) -> None:
         """Make ``dest`` a second name of the file ``src``."""
+        ...
+
+    async def rewrite_file(
+        self,
+        local_path: str,
+        path: str,
+        *,
+        expected: Version | None = None,
+        attributes: PosixAttributes | None = None,
+    ) -> str | None:
+        """Replace the content of the file ``path`` with the local file ``local_path`` in
+        place, keeping the file (and so every other name of it), only while it is the
+        version ``expected``; with ``attributes``' times. Not atomic (a rename would split the
+        names), but checked and written under the lock that guarded publishes take.
+        Returns the version now there.
+
+        Raises
+        ------
+        StaleFileError
+            ``expected`` is not what is there, or the file is gone.
+        """
         ...
 
 

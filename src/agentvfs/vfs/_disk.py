@@ -799,7 +799,7 @@ class Disk:
             # O_NOFOLLOW: the destination's own name is not followed if someone swapped it.
             out = os.open(host_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_NOFOLLOW | _O_CLOEXEC, 0o666)
             try:
-                _copy_fd(src, out)
+                copy_fd(src, out)
             finally:
                 os.close(out)
         finally:
@@ -828,6 +828,7 @@ class Disk:
         *,
         overwrite: bool,
         proceed: Callable[[], bool] = lambda: True,
+        settle: Callable[[int, str], None] | None = None,
     ) -> None:
         """Replace (or, without ``overwrite``, create) the file ``target`` in one step.
 
@@ -835,8 +836,9 @@ class Disk:
         hidden sibling of the target); it is then renamed over the target, or without
         ``overwrite`` linked there only if nothing is. A symlink in the target's place is
         written through to its (contained) target, and an existing file keeps its permission
-        bits, as an in-place write would. When ``proceed()`` is false after the content is
-        staged, nothing is published.
+        bits, as an in-place write would, unless ``settle(dirfd, name)``, called next, sets
+        attributes of its own. When ``proceed()`` is false after the content is staged,
+        nothing is published.
 
         Raises
         ------
@@ -857,6 +859,8 @@ class Disk:
                 fill(dirfd, tmp)
                 if old is not None and stat_module.S_ISREG(old.st_mode):
                     _chmod_at(dirfd, tmp, stat_module.S_IMODE(old.st_mode))
+                if settle is not None:
+                    settle(dirfd, tmp)
                 if not proceed():
                     raise _Abandoned
                 if overwrite:
@@ -1053,8 +1057,9 @@ def _rmtree_at(dirfd: int, name: str) -> None:
     os.rmdir(name, dir_fd=dirfd)
 
 
-def _copy_fd(src: int, dest: int) -> None:
-    """Copy all of ``src`` (from its start) to ``dest``: in the kernel where it can."""
+def copy_fd(src: int, dest: int) -> None:
+    """Copy all of ``src`` (from its start, its position untouched) to ``dest`` (at its
+    position): in the kernel where it can."""
     offset = 0
     try:
         while True:
@@ -1081,7 +1086,7 @@ def copy_into(src_fd: int) -> Callable[[int, str], None]:
     def fill(dirfd: int, name: str) -> None:
         out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC, 0o666, dir_fd=dirfd)
         try:
-            _copy_fd(src_fd, out)
+            copy_fd(src_fd, out)
         finally:
             os.close(out)
 
@@ -1101,6 +1106,51 @@ def write_into(data: bytes | memoryview) -> Callable[[int, str], None]:
             os.close(out)
 
     return fill
+
+
+def set_attributes_at(
+    dirfd: int,
+    name: str,
+    *,
+    mode: int | None = None,
+    owner: tuple[int, int] | None = None,
+    times_ns: tuple[int, int] | None = None,
+) -> None:
+    """Set what is given of the permission bits, owner (``(uid, gid)``, -1 keeps one) and
+    access and modification times of the entry ``name`` in the directory ``dirfd`` itself
+    (a symbolic link there is not followed: its own owner and times are set)."""
+    # O_PATH: no open of the file itself (a FIFO or device node is not opened, a mode of 0000
+    # is no obstacle).
+    fd = os.open(name, _O_PATH | _O_NOFOLLOW | _O_CLOEXEC, dir_fd=dirfd)
+    try:
+        if stat_module.S_ISLNK(os.fstat(fd).st_mode):
+            # Linux gives a symbolic link no mode of its own (always 0777).
+            if owner is not None:
+                os.chown(name, *owner, dir_fd=dirfd, follow_symlinks=False)
+            if times_ns is not None:
+                os.utime(name, ns=times_ns, dir_fd=dirfd, follow_symlinks=False)
+            return
+        set_attributes_of(fd, mode=mode, owner=owner, times_ns=times_ns)
+    finally:
+        os.close(fd)
+
+
+def set_attributes_of(
+    fd: int,
+    *,
+    mode: int | None = None,
+    owner: tuple[int, int] | None = None,
+    times_ns: tuple[int, int] | None = None,
+) -> None:
+    """:func:`set_attributes_at` for what the descriptor ``fd`` (``O_PATH`` will do) is, not
+    a symbolic link."""
+    at = f"/proc/self/fd/{fd}"  # stays on that inode whatever is renamed meanwhile
+    if owner is not None:
+        os.chown(at, *owner)
+    if mode is not None:
+        os.chmod(at, mode & 0o7777)  # after chown, which clears set-ID bits
+    if times_ns is not None:
+        os.utime(at, ns=times_ns)
 
 
 def link_or_copy_from(host_path: str) -> Callable[[int, str], None]:

@@ -47,8 +47,11 @@ from ._disk import (
     DiskEntry,
     NotRegularFileError,
     TooLargeError,
+    copy_fd,
     copy_into,
     link_or_copy_from,
+    set_attributes_at,
+    set_attributes_of,
     write_into,
 )
 from ._fsspec import FsspecFilesystem
@@ -114,6 +117,23 @@ def translated_reads(shown: str, escape: Callable[[], BaseException]) -> Iterato
         raise IsDirectory(shown) from None
     except (FileNotFoundError, NotADirectoryError):
         raise FileNotFound(shown) from None
+
+
+def _settle(attrs: PosixAttributes, dirfd: int, name: str) -> None:
+    """Give the file about to be published as ``name`` (in ``dirfd``) the permission bits,
+    owner and times of ``attrs``. An owner this process may not give a file to is left to
+    it, and then so are set-ID bits: the file would run as this process's user."""
+    times = None if attrs.atime_ns is None or attrs.mtime_ns is None else (attrs.atime_ns, attrs.mtime_ns)
+    wanted = (-1 if attrs.uid is None else attrs.uid, -1 if attrs.gid is None else attrs.gid)
+    owner = None if wanted in ((-1, -1), (os.geteuid(), os.getegid())) else wanted
+    try:
+        set_attributes_at(dirfd, name, mode=attrs.perm, owner=owner, times_ns=times)
+    except PermissionError:
+        if owner is None:
+            raise
+        set_attributes_at(
+            dirfd, name, mode=attrs.perm & ~(stat_module.S_ISUID | stat_module.S_ISGID), times_ns=times
+        )
 
 
 class DiskBackend(FsspecBackend):
@@ -281,6 +301,60 @@ class DiskBackend(FsspecBackend):
             raise self.refuse(exc, dest_rel, display, "link") from exc
         self._written(dest_rel, "file")
 
+    def rewrite_sync(
+        self,
+        rel: str,
+        display: str,
+        local_path: str,
+        guard: Version | None,
+        times_ns: tuple[int, int] | None = None,
+    ) -> str | None:
+        """Write ``local_path``'s content over the regular file ``rel`` in place (its inode
+        stays, with all its names), only while it is the version ``guard``: checked and
+        written holding the ``flock`` a guarded publish holds (see :meth:`_version_lock`),
+        through the descriptor that holds it. Returns the version after."""
+        if not rel:
+            raise IsDirectory(display)
+        try:
+            fd = self.disk.open_regular(self.bpath(rel), os.O_WRONLY | _O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            if guard is not None:
+                raise StaleFileError(display, guard.modified_at, None) from None
+            raise FileNotFound(display) from None
+        except Exception as exc:
+            raise self.refuse(exc, rel, display, "write_file") from exc
+        try:
+            with self._guard_lock(rel, guard is not None):
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                if guard is not None:
+                    try:
+                        current: os.stat_result | None = self.disk.lstat(self.bpath(rel))
+                    except FileNotFoundError:
+                        current = None
+                    held = os.fstat(fd)
+                    if current is None or (current.st_dev, current.st_ino) != (held.st_dev, held.st_ino):
+                        # Replaced between the open and the lock: this is not that file.
+                        raise StaleFileError(display, guard.modified_at, None)
+                    self._check_guard(rel, display, guard)
+                source = os.open(local_path, os.O_RDONLY | _O_NOFOLLOW | os.O_CLOEXEC)
+                try:
+                    os.ftruncate(fd, 0)
+                    copy_fd(source, fd)
+                finally:
+                    os.close(source)
+                if times_ns is not None:
+                    os.utime(fd, ns=times_ns)
+                os.fsync(fd)
+                info = self.info(rel)
+        except FilesystemError:
+            raise
+        except OSError as exc:
+            raise self.translate(exc, display, "write_file") from exc
+        finally:
+            os.close(fd)
+        self._written(rel, "file")
+        return self.stat_of(rel, info).etag if info is not None else None
+
     def set_attributes_sync(
         self,
         rel: str,
@@ -289,40 +363,45 @@ class DiskBackend(FsspecBackend):
         mode: int | None = None,
         owner: tuple[int, int] | None = None,
         times_ns: tuple[int, int] | None = None,
-    ) -> None:
+        guard: Version | None = None,
+    ) -> str | None:
         """Set the permission bits, owner (``(uid, gid)``, -1 keeps one) and access and
-        modification times of ``rel`` on disk, through a descriptor of it (a symlink swapped
-        in is not followed)."""
+        modification times of the entry ``rel`` on disk (a symlink is not followed), only
+        while the regular file there is the version ``guard`` when one is given. Returns
+        the version of a regular file after the change (its modification time is part of
+        it), None for any other entry.
+
+        Raises
+        ------
+        StaleFileError
+            ``guard`` is not what is there.
+        """
         if not rel and mode is None and owner is None and times_ns is None:
-            return
-        try:
-            # O_PATH: no open of the file itself (a FIFO or device node is not opened, a mode
-            # of 0000 is no obstacle); the /proc link of the descriptor stays on that inode.
-            fd = self.disk.open(self.bpath(rel), _O_PATH | _O_NOFOLLOW | os.O_CLOEXEC)
-        except FileNotFoundError:
-            raise FileNotFound(display) from None
-        except Exception as exc:
-            raise self.refuse(exc, rel, display, "setattr") from exc
-        try:
-            if stat_module.S_ISLNK(os.fstat(fd).st_mode):
-                # A symbolic link's own owner and times (its mode is always 0777 on Linux).
-                with self.disk.place(self.bpath(rel)) as (dirfd, name):
-                    if owner is not None:
-                        os.chown(name, *owner, dir_fd=dirfd, follow_symlinks=False)
-                    if times_ns is not None:
-                        os.utime(name, ns=times_ns, dir_fd=dirfd, follow_symlinks=False)
-                return
-            at = f"/proc/self/fd/{fd}"
-            if owner is not None:
-                os.chown(at, *owner)
-            if mode is not None:
-                os.chmod(at, mode & 0o7777)  # after chown, which clears set-ID bits
-            if times_ns is not None:
-                os.utime(at, ns=times_ns)
-        except OSError as exc:
-            raise self.translate(exc, display, "setattr") from exc
-        finally:
-            os.close(fd)
+            return None
+        with self._guard_lock(rel, guard is not None), self._version_lock(rel, display, guard):
+            if guard is not None:
+                self._check_guard(rel, display, guard)
+            try:
+                if rel:
+                    with self.disk.place(self.bpath(rel)) as (dirfd, name):
+                        set_attributes_at(dirfd, name, mode=mode, owner=owner, times_ns=times_ns)
+                else:
+                    # The root has no place in a parent of its own; it is no symlink.
+                    fd = self.disk.open(self.bpath(rel), _O_PATH | os.O_CLOEXEC)
+                    try:
+                        set_attributes_of(fd, mode=mode, owner=owner, times_ns=times_ns)
+                    finally:
+                        os.close(fd)
+            except FileNotFoundError:
+                raise FileNotFound(display) from None
+            except FilesystemError:
+                raise
+            except Exception as exc:
+                raise self.refuse(exc, rel, display, "setattr") from exc
+            info = self.info(rel)
+        if info is None or info.get("type") != "file" or info.get("islink"):
+            return None
+        return self.stat_of(rel, info).etag
 
     @contextlib.contextmanager
     def _reading(
@@ -471,9 +550,11 @@ class DiskBackend(FsspecBackend):
         overwrite: bool,
         cancel: threading.Event = NEVER,
         check: Callable[[], object] | None = None,
+        settle: Callable[[int, str], None] | None = None,
     ) -> None:
-        """Publish what ``fill`` stages as ``rel``; ``check()``, called between the staging and
-        the rename, may refuse it by raising (a version guard: its race is that short)."""
+        """Publish what ``fill`` stages as ``rel``, its attributes set by ``settle`` (see
+        :meth:`Disk.publish`); ``check()``, called between the staging and the rename, may
+        refuse it by raising (a version guard: its race is that short)."""
 
         def proceed() -> bool:
             if cancel.is_set():
@@ -483,7 +564,7 @@ class DiskBackend(FsspecBackend):
             return True
 
         try:
-            self.disk.publish(self.bpath(rel), fill, overwrite=overwrite, proceed=proceed)
+            self.disk.publish(self.bpath(rel), fill, overwrite=overwrite, proceed=proceed, settle=settle)
         except IsADirectoryError:
             raise IsDirectory(display) from None
         except FileExistsError:
@@ -503,17 +584,23 @@ class DiskBackend(FsspecBackend):
         guard: Version | None = None,
         create: bool = False,
         metadata: Mapping[str, str] | None = None,
+        attributes: PosixAttributes | None = None,
     ) -> str | None:
-        # ``metadata`` is for object stores: the disk keeps attributes in the file itself.
+        """Publish the local file ``local_path`` as ``rel`` (see :meth:`Disk.publish`), with
+        ``attributes``' permission bits, owner and times set before it takes the name: the
+        version returned is then the file's own, times and all (``metadata`` is for object
+        stores: the disk keeps attributes in the file itself)."""
         if not rel:
             raise IsDirectory(display)
+        settle = None if attributes is None else functools.partial(_settle, attributes)
         with self._guard_lock(rel, guard is not None), self._version_lock(rel, display, guard):
             self.prepare_parent(rel, display, True)
             if cancel.is_set():
                 return None
             check = None if guard is None else functools.partial(self._check_guard, rel, display, guard)
-            self.publish_fill(rel, display, link_or_copy_from(local_path), not create, cancel, check)
-        info = self.info(rel)
+            self.publish_fill(rel, display, link_or_copy_from(local_path), not create, cancel, check, settle)
+            # Read under the lock: a guarded publish from elsewhere cannot come in between.
+            info = self.info(rel)
         return self.stat_of(rel, info).etag if info is not None else None
 
     @contextlib.contextmanager
@@ -769,13 +856,21 @@ class DiskFilesystem(FsspecFilesystem):
         mode: int | None = None,
         owner: tuple[int, int] | None = None,
         times_ns: tuple[int, int] | None = None,
-    ) -> None:
+        expected: Version | None = None,
+    ) -> str | None:
         """Set mode bits, owner and times of ``path`` on disk (see
         :class:`~agentvfs.vfs.SupportsLocalAttributes`)."""
         self._check_writable("setattr")
         backend = self._backend
         assert isinstance(backend, DiskBackend)
-        backend.set_attributes_sync(self._rel(path), path, mode=mode, owner=owner, times_ns=times_ns)
+        return backend.set_attributes_sync(
+            self._rel(path), path, mode=mode, owner=owner, times_ns=times_ns, guard=expected
+        )
+
+    def _published_with(self, attributes: PosixAttributes | None, keep: Mapping[str, str] | None) -> dict[str, Any]:
+        # Set on the file before it takes its name, so the version published is the one
+        # returned (its modification time is part of it).
+        return {"attributes": attributes}
 
     # -- POSIX attributes: the disk's own ----------------------------------------------------
 
@@ -785,16 +880,18 @@ class DiskFilesystem(FsspecFilesystem):
         return "native"
 
     async def set_attributes(self, path: str, attrs: PosixAttributes, *, expected: Version | None = None) -> str | None:
-        """Set ``attrs``' permission bits, owner and times on disk (``expected`` is not
-        checked: the attributes of a file are not a version of its content)."""
+        """Set ``attrs``' permission bits, owner and times on disk, only while the file is
+        the version ``expected`` when one is given; the file's version now (its modification
+        time is part of it)."""
         owner = None if attrs.uid is None and attrs.gid is None else (
             -1 if attrs.uid is None else attrs.uid, -1 if attrs.gid is None else attrs.gid,
         )  # fmt: skip
         times = None if attrs.atime_ns is None or attrs.mtime_ns is None else (attrs.atime_ns, attrs.mtime_ns)
-        await run_sync(
-            functools.partial(self.local_set_attributes, path, mode=attrs.perm, owner=owner, times_ns=times)
+        return await run_sync(
+            functools.partial(
+                self.local_set_attributes, path, mode=attrs.perm, owner=owner, times_ns=times, expected=expected
+            )
         )
-        return None
 
     async def make_special(self, path: str, attrs: PosixAttributes) -> None:
         """Create the symbolic link, FIFO, socket or device node ``path`` on disk."""
@@ -810,6 +907,28 @@ class DiskFilesystem(FsspecFilesystem):
         assert isinstance(backend, DiskBackend)
         src_rel, dest_rel = self._rel(src), self._rel(dest)
         await self._call_write(lambda r, p, cancel: backend.make_hard_link_sync(src_rel, r, p), dest_rel, dest)
+
+    async def rewrite_file(
+        self,
+        local_path: str,
+        path: str,
+        *,
+        expected: Version | None = None,
+        attributes: PosixAttributes | None = None,
+    ) -> str | None:
+        """Write ``local_path`` over the file ``path`` in place (see
+        :class:`~agentvfs.vfs.SupportsHardLinks`)."""
+        self._check_writable("write_file")
+        if self.status != "ready":
+            await self.ensure_ready()
+        backend = self._backend
+        assert isinstance(backend, DiskBackend)
+        times = None
+        if attributes is not None and attributes.atime_ns is not None and attributes.mtime_ns is not None:
+            times = (attributes.atime_ns, attributes.mtime_ns)
+        return await self._call_write(
+            lambda r, p, cancel: backend.rewrite_sync(r, p, local_path, expected, times), self._rel(path), path
+        )
 
     def local_lstat(self, path: str) -> os.stat_result:
         """The status of the entry ``path`` on disk itself (a symbolic link not followed).

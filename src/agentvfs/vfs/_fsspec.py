@@ -330,9 +330,14 @@ class FsspecFilesystem(WorkspaceFilesystem):
         if self._is_root(rel):
             raise IsDirectory(path)
         upload = functools.partial(
-            self._backend.upload_sync, guard=expected, create=create, metadata=self._metadata_for(attributes, keep)
+            self._backend.upload_sync, guard=expected, create=create, **self._published_with(attributes, keep)
         )
         return await self._call_write(upload, rel, path, local_path)
+
+    def _published_with(self, attributes: PosixAttributes | None, keep: Mapping[str, str] | None) -> dict[str, Any]:
+        """The keyword arguments of ``upload_sync`` that give a published file ``attributes``
+        (object metadata here; local disk sets them on the file itself)."""
+        return {"metadata": self._metadata_for(attributes, keep)}
 
     def _metadata_for(self, attributes: PosixAttributes | None, keep: Mapping[str, str] | None) -> dict[str, str] | None:
         style = self._backend.metadata_style

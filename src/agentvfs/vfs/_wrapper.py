@@ -38,6 +38,7 @@ from ._base import (
     read_many,
     read_range,
     read_range_into,
+    rewrite_file,
     set_attributes,
     upload_file,
     walk,
@@ -283,6 +284,19 @@ class WrapperFilesystem(WorkspaceFilesystem):
 
     async def make_hard_link(self, src: str, dest: str) -> None:
         await self._wrap("link", lambda: make_hard_link(self.inner, src, dest))
+
+    async def rewrite_file(
+        self,
+        local_path: str,
+        path: str,
+        *,
+        expected: Version | None = None,
+        attributes: PosixAttributes | None = None,
+    ) -> str | None:
+        return await self._wrap(
+            "upload_file",
+            lambda: rewrite_file(self.inner, local_path, path, expected=expected, attributes=attributes),
+        )
 
     async def download_file(self, path: str, local_path: str) -> None:
         await self._wrap("download_file", lambda: download_file(self.inner, path, local_path))
