@@ -1179,3 +1179,39 @@ def test_read_only_mount_refuses_every_write_with_erofs(
         assert read(tree.root / "d" / "g") == b"g"
         assert sorted(os.listdir(tree.root)) == ["d", "e", "f"]
         assert os.statvfs(tree.root).f_flag & os.ST_RDONLY
+
+
+@pytest.mark.parametrize("kind", ["fifo", "socket", "char"])
+def test_link_00_a_special_file_made_here_keeps_its_inode_past_a_relisting(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Mirrors pjdfstest link/00 (the ctime loop, which sleeps before ``link``): a special
+    file made through the mount is the same file once the kernel's entry has expired and the
+    directory is listed again, so ``link``, ``rename`` and ``unlink`` of it work."""
+    if kind == "char" and os.geteuid() != 0:
+        pytest.skip("mknod of a device node needs root")
+    with open_mount("local", tmp_path, request, options={"metadata_ttl": 0.05}) as tree:
+        root = tree.root
+        (root / "d").mkdir()
+        made = root / "d" / "n0"
+        if kind == "fifo":
+            os.mkfifo(made, 0o644)
+        elif kind == "socket":
+            import socket
+
+            with socket.socket(socket.AF_UNIX) as sock:
+                sock.bind(os.fspath(made))
+        else:
+            os.mknod(made, 0o644 | stat.S_IFCHR, os.makedev(1, 2))
+        before = os.lstat(made).st_ino
+        time.sleep(0.2)  # past the entry and attribute timeouts: the next lookup lists again
+        os.listdir(root / "d")
+        os.link(made, root / "d" / "n1")
+        assert os.lstat(made).st_ino == before
+        assert os.lstat(made).st_nlink == os.lstat(root / "d" / "n1").st_nlink == 2
+        time.sleep(0.2)
+        os.rename(root / "d" / "n1", root / "d" / "n2")
+        os.unlink(made)
+        assert os.lstat(root / "d" / "n2").st_nlink == 1
+        os.unlink(root / "d" / "n2")
+        assert os.listdir(root / "d") == []

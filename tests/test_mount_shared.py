@@ -165,3 +165,35 @@ def test_edits_of_two_byte_ranges_one_wins_the_other_is_told(
         pair.stop()
     assert storage.get("f.bin") == b"A" * 10 + b"." * 190
     assert pair.kept() == ["." * 100 + "B" * 10 + "." * 90]
+
+
+def test_a_file_published_on_local_disk_has_one_name_there_while_still_open(
+    mounts: tuple[str, str], tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    # Local disk publishes the staged copy by a link. Its name in the staging area goes at
+    # once: every other reader (the second mount among them) sees a file with one link, not
+    # a hard link, and the second mount's writes stay atomic publishes, conditional on the
+    # version it saw.
+    storage = Storage("local", tmp_path, request)
+    storage.put("f.txt", b"")
+    pair = _Pair(storage, mounts, tmp_path)
+    a, b = mounts
+    try:
+        fd = os.open(f"{a}/f.txt", os.O_RDWR)
+        os.write(fd, b"from a\n")
+        os.fsync(fd)  # published, still open (its staged copy is kept for the reads)
+        assert os.stat(storage.dir / "f.txt").st_nlink == 1
+        assert wait_until(lambda: open(f"{b}/f.txt", "rb").read() == b"from a\n")
+        assert os.stat(f"{b}/f.txt").st_nlink == 1
+        with open(f"{b}/f.txt", "ab") as f:
+            f.write(b"from b\n")
+        assert os.pread(fd, 100, 0) == b"from a\n"  # a's descriptor keeps a's version
+        os.write(fd, b"a again\n")
+        with pytest.raises(OSError) as closed:
+            os.close(fd)  # over the version a saw, which b replaced: refused
+        assert closed.value.errno == 5
+    finally:
+        pair.stop()
+    assert storage.get("f.txt") == b"from a\nfrom b\n"
+    assert os.stat(storage.dir / "f.txt").st_nlink == 1
+    assert pair.kept() == ["from a\na again\n"]

@@ -101,9 +101,10 @@ class InodeTable:
         already known, where storage has hard links)."""
         if st.inode is not None and (st.nlink or 0) > 1:
             known = self.by_disk_ino.get(st.inode)
-            if known is not None and known.links and known.is_file:
-                if (parent, name) not in known.links:
-                    known.links.append((parent, name))
+            if known is not None and known.links and known.is_file and (parent, name) not in known.links:
+                # Another name of a file known by one of its names. (Asked for a name the
+                # node already has, the caller replaces the node: the file there changed.)
+                known.links.append((parent, name))
                 return known
         posix = self.options.metadata or not st.metadata
         is_dir = st.type == "directory"
@@ -131,15 +132,30 @@ class InodeTable:
             node.ctime = st.ctime_ns
         if st.metadata:
             node.keep = foreign_metadata(st.metadata) or None
-        if st.inode is not None and (st.nlink or 0) > 1:
-            node.disk_ino = st.inode
-            self.by_disk_ino[st.inode] = node
+        self.note_links(node, st)
         node.links.append((parent, name))
         return node
+
+    def note_links(self, node: Node, st: FileStat) -> None:
+        """Where storage has hard links: whether the file ``node`` (listed as ``st``) has
+        other names on disk than the mount knows, so that writes keep them one file. A file
+        that had a second name only for a moment (another mount's staged copy, as it
+        publishes) is a plain file again at the next listing."""
+        if st.inode is None:
+            return
+        if (st.nlink or 0) > 1:
+            node.disk_ino = st.inode
+            self.by_disk_ino[st.inode] = node
+        elif node.disk_ino is not None:
+            if self.by_disk_ino.get(node.disk_ino) is node:
+                del self.by_disk_ino[node.disk_ino]
+            node.disk_ino = None
 
     def drop_link(self, node: Node, directory: Node, name: str) -> None:
         """``node`` is no longer the entry ``name`` of ``directory``."""
         node.links = [(d, n) for d, n in node.links if not (d is directory and n == name)]
+        if not node.links and node.disk_ino is not None and self.by_disk_ino.get(node.disk_ino) is node:
+            del self.by_disk_ino[node.disk_ino]  # the disk may give the number to a new file
         if node.is_dir and node.children is not None and not node.links:
             node.children = {}
 

@@ -116,6 +116,7 @@ class Node:
         "size",
         "stage",
         "stage_fd",
+        "stage_published",
         "staged_bytes",
         "stamp",
         "stored",
@@ -171,6 +172,10 @@ class Node:
         #: its last name went away.
         self.stage: str | None = None
         self.stage_fd = -1
+        #: The staged copy is the published file itself (local disk publishes it by a link):
+        #: its name in the staging area is gone, so the file shows one link; the next change
+        #: starts from a copy (see ``StagingStore.own``).
+        self.stage_published = False
         self.staged_bytes = 0
         self.dirty = False
         self.write_seq = 0

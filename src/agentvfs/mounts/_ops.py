@@ -43,6 +43,7 @@ from ..vfs import (
     normalize_path,
     publish_file,
     read_range,
+    rewrite_file,
     set_attributes,
     upload_file,
 )
@@ -434,9 +435,16 @@ class MountOperations(pyfuse3.Operations):
             elif node is not None and node.kind == kind and (st.etag is None or st.etag == node.etag):
                 fresh[name] = node  # a symbolic link or FIFO, unchanged
                 self._take_attributes(node, st)
+            elif node is not None and node.kind == kind and node.etag is None:
+                # Made through this mount, which did not know its version yet: now it does.
+                node.etag = st.etag
+                fresh[name] = node
+                self._take_attributes(node, st)
             else:
                 if node is not None:
+                    # Something else is there now: the kernel's entry goes with the old node.
                     self.table.drop_link(node, directory, name)
+                    self._invalidate_later(directory.ino, name, node.ino)
                 fresh[name] = self.table.from_stat(st, directory, name)
         for st in stats:
             if st.metadata is not None and st.name in fresh:
@@ -461,6 +469,8 @@ class MountOperations(pyfuse3.Operations):
         take the new ones (the old inode lives on for descriptors already open).
         """
         node.checked_at = time.monotonic()
+        if self.attr_store == "native":
+            self.table.note_links(node, st)
         if node.dirty or node.writers:
             return node
         if node.etag is None and st.size == node.size:
@@ -484,7 +494,7 @@ class MountOperations(pyfuse3.Operations):
             fresh.uid, fresh.gid = node.uid, node.gid
         assert parent.children is not None
         parent.children[name] = fresh
-        node.links = []
+        self.table.drop_link(node, parent, name)
         self._invalidate_later(parent.ino, name, None)
         return fresh
 
@@ -616,27 +626,42 @@ class MountOperations(pyfuse3.Operations):
             return
         if not node.stored or (node is not self.root and not node.links):
             return  # nothing of it on disk (yet): a publish or mkdir sets them there
-        fs.local_set_attributes(
-            self.path_of(node) if path is None else path, mode=mode, owner=owner, times_ns=times_ns
-        )
+        # The disk's version of a file holds its modification time: new times make a new
+        # version, taken only while the file is the one the mount last saw (else the mount
+        # would adopt another writer's version for data it does not have).
+        guarded = times_ns is not None and node.is_file and not node.dirty and _known_version(node.etag)
+        try:
+            version = fs.local_set_attributes(
+                self.path_of(node) if path is None else path, mode=mode, owner=owner, times_ns=times_ns,
+                expected=Version(node.etag) if guarded else None,
+            )  # fmt: skip
+        except StaleFileError:
+            # Replaced on disk since the mount saw it: the next lookup shows what is there
+            # (the kernel, told ESTALE, looks the path up again and retries once).
+            node.checked_at = 0.0
+            for parent, _name in node.links:
+                parent.listed_at = 0.0
+            raise
         if times_ns is not None:
-            # The disk's version tag holds the modification time: asked again before a write.
-            node.etag = None
+            if node.is_file:
+                # Unguarded (its data is the mount's own, unpublished): asked before a write.
+                node.etag = version if guarded else None
             if node.backing_fd >= 0:
                 node.backing_mtime = times_ns[1]
 
-    def _restore_attributes(self, node: Node, path: str | None = None) -> None:
+    def _restore_attributes(self, node: Node, path: str | None = None, *, times: bool = True) -> None:
         """After a publish or a mkdir on local disk: the new file takes the node's mode, owner
-        and (set by utime) times; a chown the mount's user may not make is left undone."""
+        and, with ``times``, its times (a publish has set those already); a chown the mount's
+        user may not make is left undone."""
         if not isinstance(self.fs, SupportsLocalAttributes):
             return
         # The times the mount showed while the file was written (the last write's, or what
         # utime set) rather than the moment of the publish: what the next mount shows.
-        times = (node.atime, node.mtime)
+        when = (node.atime, node.mtime) if times else None
         owner = None if (node.uid, node.gid) == (os.geteuid(), os.getegid()) else (node.uid, node.gid)
         try:
             # One call: the owner first, then the mode (a chown clears set-ID bits).
-            self._store_attributes(node, node.perm, owner, times, path)
+            self._store_attributes(node, node.perm, owner, when, path)
         except PermissionError as exc:
             if owner is None:
                 _log.debug("attributes of %s not kept on disk: %s", self._safe_path(node), exc)
@@ -648,7 +673,7 @@ class MountOperations(pyfuse3.Operations):
             node.perm &= ~(stat_module.S_ISUID | stat_module.S_ISGID)
             self._invalidate_later(None, None, node.ino)
             with contextlib.suppress(OSError):
-                self._store_attributes(node, node.perm, None, times, path)  # all but the owner
+                self._store_attributes(node, node.perm, None, when, path)  # all but the owner
         except OSError as exc:
             _log.debug("attributes of %s not kept on disk: %s", self._safe_path(node), exc)
 
@@ -701,13 +726,16 @@ class MountOperations(pyfuse3.Operations):
         node.stored = True
         node.failed = None
         node.etag = version
-        self._restore_attributes(node, path)  # after the version: setting times changes it
+        # The publish set the times (part of the disk's version); owner and mode, which are
+        # not, again here where a chown may be refused.
+        self._restore_attributes(node, path, times=False)
         node.times_stale = True
         self._repin(node)
         node.checked_at = time.monotonic()
         if node.write_seq == seq:
             node.dirty = node.written = False
             self.staging.mark_clean(node)
+            self.staging.published(node)
 
     def _repin(self, node: Node) -> None:
         """This mount changed ``node`` in storage: its open handles read the new version
@@ -723,7 +751,9 @@ class MountOperations(pyfuse3.Operations):
         assert node.stage is not None
         expected = Version(base) if node.stored and _known_version(base) else None
         create = not node.stored
-        attrs = self._attributes(node) if self.attr_store == "metadata" else None
+        # The new file carries the node's attributes (object metadata, or set on the file on
+        # disk before it takes its name).
+        attrs = self._attributes(node) if self.attr_store is not None else None
         if node.stream is not None:
             # A streamed upload completes with no condition of its own: the version is
             # checked just before (a narrow race).
@@ -738,9 +768,7 @@ class MountOperations(pyfuse3.Operations):
                 return None
         if self._linked_on_disk(node):
             # Names of one file on disk (hard links): written in place, so they stay one.
-            await check_version(self.fs, paths[0], expected=expected)
-            await trio.to_thread.run_sync(self._write_in_place, node, paths[0])
-            return None
+            return await rewrite_file(self.fs, node.stage, paths[0], expected=expected, attributes=attrs)
         version = await publish_file(
             self.fs, node.stage, paths[0], expected=expected, create=create, attributes=attrs, keep=node.keep
         )
@@ -754,30 +782,6 @@ class MountOperations(pyfuse3.Operations):
         """A stored file with several names on local disk (the mount may know only one of
         them): it is written in place, so that every name stays the one file."""
         return self.attr_store == "native" and node.stored and (len(node.links) > 1 or node.disk_ino is not None)
-
-    def _write_in_place(self, node: Node, path: str) -> None:
-        """Copy ``node``'s staged data over the file ``path`` on disk, keeping its inode (and
-        so its other names); flushed to disk before returning."""
-        fs = self.fs
-        assert isinstance(fs, SupportsLocalFiles)
-        assert node.stage is not None
-        source = node.stage_fd if node.stage_fd >= 0 else os.open(node.stage, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            fd = fs.local_open(path, os.O_WRONLY | os.O_TRUNC)
-            try:
-                size = os.fstat(source).st_size
-                offset = 0
-                while offset < size:
-                    sent = os.copy_file_range(source, fd, size - offset, offset, offset)
-                    if sent == 0:
-                        break
-                    offset += sent
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        finally:
-            if source != node.stage_fd:
-                os.close(source)
 
     def _conflict(self, path: str, base: str | None, exc: OSError) -> str:
         """Log a publish refused because storage changed; the reason kept with the data."""
@@ -1953,7 +1957,7 @@ class MountOperations(pyfuse3.Operations):
             return
         if node.dirty:
             await self.commit(node)
-        if node.stage is not None and os.fstat(node.stage_fd).st_nlink > 1:
+        if node.stage is not None and (node.stage_published or os.fstat(node.stage_fd).st_nlink > 1):
             # On local disk the staged copy was published by a link: it is the file itself,
             # and fsync(2) promises its bytes are on the disk, not only in the page cache.
             fd = os.dup(node.stage_fd)  # the node may drop its copy meanwhile

@@ -16,7 +16,6 @@ import errno
 import itertools
 import logging
 import os
-import shutil
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -189,18 +188,34 @@ class StagingStore:
             except FileExistsError:
                 continue  # left by an earlier mount that shared this staging directory
 
+    def published(self, node: Node) -> None:
+        """``node``'s clean staged copy was published: where publishing linked it into
+        storage, its name here goes (the file on disk shows one link, not two, to whoever
+        looks, a second mount among them); the descriptor still reads it."""
+        if node.stage is None or node.stage_published or os.fstat(node.stage_fd).st_nlink <= 1:
+            return
+        self._forget(node)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(node.stage)
+        node.stage_published = True
+
     def own(self, node: Node) -> None:
         """Before changing a staged copy: if publishing linked it into storage (local disk),
         copy it first, so storage only ever changes by the next atomic publish."""
-        if node.stage is None or os.fstat(node.stage_fd).st_nlink <= 1:
+        if node.stage is None or (not node.stage_published and os.fstat(node.stage_fd).st_nlink <= 1):
             return
         fd, path = self.new_file()
         os.fchmod(fd, node.perm & 0o777)
         try:
-            # O_NOFOLLOW: a staging area beside the files may be within someone else's reach.
-            source = os.open(node.stage, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            with open(source, "rb") as src, open(fd, "wb", closefd=False) as dest:
-                shutil.copyfileobj(src, dest, 1024 * 1024)
+            # From the descriptor: the copy's name may be gone, and a staging area beside the
+            # files may be within someone else's reach.
+            size, offset = os.fstat(node.stage_fd).st_size, 0
+            while offset < size:
+                # By offset: the staged copy's own position does not move.
+                sent = os.sendfile(fd, node.stage_fd, offset, size - offset)
+                if sent == 0:
+                    break
+                offset += sent
         except BaseException:
             os.close(fd)
             os.unlink(path)
@@ -208,8 +223,9 @@ class StagingStore:
         moved = self._open_record(node)
         self._forget(node)
         os.close(node.stage_fd)
-        os.unlink(node.stage)
-        node.stage, node.stage_fd = path, fd
+        if not node.stage_published:
+            os.unlink(node.stage)
+        node.stage, node.stage_fd, node.stage_published = path, fd, False
         if moved is not None:
             self.mark_dirty(node, str(moved.get("path", "")), moved.get("base"))
 
@@ -233,9 +249,10 @@ class StagingStore:
             return
         self._forget(node)
         os.close(node.stage_fd)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(node.stage)
-        node.stage, node.stage_fd = None, -1
+        if not node.stage_published:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(node.stage)
+        node.stage, node.stage_fd, node.stage_published = None, -1, False
         self.release_bytes(node)
 
     def close(self) -> None:
