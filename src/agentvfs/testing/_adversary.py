@@ -363,7 +363,7 @@ class Arena:
         """
         where = a.parent.relative_to(self.root)
         script, stop = a.parent / ".racer.py", a.parent / ".racer-stop"
-        for left in (stop, Path(f"{stop}.ready"), Path(f"{stop}.count")):
+        for left in (stop, Path(f"{stop}.ready"), Path(f"{stop}.count"), Path(f"{stop}.count.part")):
             left.unlink(missing_ok=True)  # from an earlier race in the same directory
         await self.tool("write_file", path=f"{where}/{script.name}", content=_RACER)
         started = await self.sh(f"{sys.executable} {script} {a} {b} {stop} {seconds + 30:.0f}", background=True)
@@ -438,8 +438,9 @@ while time.monotonic() < deadline and not os.path.exists(stop):
             swaps += 1
             if swaps == 1:
                 open(stop + ".ready", "w").close()
-with open(stop + ".count", "w") as out:
+with open(stop + ".count.part", "w") as out:
     out.write(str(swaps))
+os.replace(stop + ".count.part", stop + ".count")  # whole: the host reads it once it is there
 '''
 
 
