@@ -371,7 +371,11 @@ class MountOperations(pyfuse3.Operations):
                     except (FileNotFoundError, NotADirectoryError):
                         continue
             if self.attr_store == "metadata":
+                # The HEADs that follow add metadata to what the listing saw: the time they
+                # take (a second per few hundred new files) is not taken from the TTL.
+                heads = time.monotonic()
                 stats = await self._with_metadata(directory, stats)
+                started += time.monotonic() - heads
             self._reconcile(directory, stats)
             directory.listed_at = started
         return directory.children or {}
