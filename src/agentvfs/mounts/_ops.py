@@ -436,12 +436,10 @@ class MountOperations(pyfuse3.Operations):
                 fresh[name] = node
             elif node is not None and node.kind == kind and kind == _S_IFREG:
                 fresh[name] = self._refresh_file(node, st)
-            elif node is not None and node.kind == kind and (st.etag is None or st.etag == node.etag):
-                fresh[name] = node  # a symbolic link or FIFO, unchanged
-                self._take_attributes(node, st)
-            elif node is not None and node.kind == kind and node.etag is None:
-                # Made through this mount, which did not know its version yet: now it does.
-                node.etag = st.etag
+            elif node is not None and node.kind == kind and (st.etag in (None, node.etag) or node.etag is None):
+                # A symbolic link or FIFO, unchanged (or made through this mount, which did
+                # not know its version yet: now it does).
+                node.etag = node.etag or st.etag
                 fresh[name] = node
                 self._take_attributes(node, st)
             else:

@@ -123,17 +123,15 @@ def _settle(attrs: PosixAttributes, dirfd: int, name: str) -> None:
     """Give the file about to be published as ``name`` (in ``dirfd``) the permission bits,
     owner and times of ``attrs``. An owner this process may not give a file to is left to
     it, and then so are set-ID bits: the file would run as this process's user."""
-    times = None if attrs.atime_ns is None or attrs.mtime_ns is None else (attrs.atime_ns, attrs.mtime_ns)
-    wanted = (-1 if attrs.uid is None else attrs.uid, -1 if attrs.gid is None else attrs.gid)
-    owner = None if wanted in ((-1, -1), (os.geteuid(), os.getegid())) else wanted
     try:
-        set_attributes_at(dirfd, name, mode=attrs.perm, owner=owner, times_ns=times)
+        DiskBackend._set_entry_attributes(dirfd, name, attrs)
     except PermissionError:
-        if owner is None:
+        if attrs.owner in (None, (os.geteuid(), os.getegid())):
             raise
-        set_attributes_at(
-            dirfd, name, mode=attrs.perm & ~(stat_module.S_ISUID | stat_module.S_ISGID), times_ns=times
+        kept = dataclasses.replace(
+            attrs, uid=None, gid=None, mode=attrs.mode & ~(stat_module.S_ISUID | stat_module.S_ISGID)
         )
+        DiskBackend._set_entry_attributes(dirfd, name, kept)
 
 
 class DiskBackend(FsspecBackend):
@@ -269,10 +267,9 @@ class DiskBackend(FsspecBackend):
     def _set_entry_attributes(dirfd: int, name: str, attrs: PosixAttributes) -> None:
         """Owner, mode and times of the entry ``name`` itself (a link is not followed; a
         link's own mode cannot be set on Linux and is always 0777)."""
-        if attrs.uid is not None or attrs.gid is not None:
-            own = (-1 if attrs.uid is None else attrs.uid, -1 if attrs.gid is None else attrs.gid)
-            if own != (os.geteuid(), os.getegid()):
-                os.chown(name, *own, dir_fd=dirfd, follow_symlinks=False)
+        own = attrs.owner
+        if own is not None and own != (os.geteuid(), os.getegid()):
+            os.chown(name, *own, dir_fd=dirfd, follow_symlinks=False)
         if attrs.kind != stat_module.S_IFLNK:
             # After the owner (a chown clears set-ID bits); mkfifo and mknod took the umask.
             # Through an O_PATH descriptor of the entry: a symlink swapped in is not followed.
@@ -283,8 +280,8 @@ class DiskBackend(FsspecBackend):
                 os.chmod(f"/proc/self/fd/{fd}", attrs.perm)
             finally:
                 os.close(fd)
-        if attrs.atime_ns is not None and attrs.mtime_ns is not None:
-            os.utime(name, ns=(attrs.atime_ns, attrs.mtime_ns), dir_fd=dirfd, follow_symlinks=False)
+        if attrs.times_ns is not None:
+            os.utime(name, ns=attrs.times_ns, dir_fd=dirfd, follow_symlinks=False)
 
     def make_hard_link_sync(self, src_rel: str, dest_rel: str, display: str) -> None:
         """A second name ``dest_rel`` of the file ``src_rel`` (the same inode on disk)."""
@@ -883,15 +880,11 @@ class DiskFilesystem(FsspecFilesystem):
         """Set ``attrs``' permission bits, owner and times on disk, only while the file is
         the version ``expected`` when one is given; the file's version now (its modification
         time is part of it)."""
-        owner = None if attrs.uid is None and attrs.gid is None else (
-            -1 if attrs.uid is None else attrs.uid, -1 if attrs.gid is None else attrs.gid,
+        change = functools.partial(
+            self.local_set_attributes, path, mode=attrs.perm, owner=attrs.owner, times_ns=attrs.times_ns,
+            expected=expected,
         )  # fmt: skip
-        times = None if attrs.atime_ns is None or attrs.mtime_ns is None else (attrs.atime_ns, attrs.mtime_ns)
-        return await run_sync(
-            functools.partial(
-                self.local_set_attributes, path, mode=attrs.perm, owner=owner, times_ns=times, expected=expected
-            )
-        )
+        return await run_sync(change)
 
     async def make_special(self, path: str, attrs: PosixAttributes) -> None:
         """Create the symbolic link, FIFO, socket or device node ``path`` on disk."""
@@ -923,9 +916,7 @@ class DiskFilesystem(FsspecFilesystem):
             await self.ensure_ready()
         backend = self._backend
         assert isinstance(backend, DiskBackend)
-        times = None
-        if attributes is not None and attributes.atime_ns is not None and attributes.mtime_ns is not None:
-            times = (attributes.atime_ns, attributes.mtime_ns)
+        times = None if attributes is None else attributes.times_ns
         return await self._call_write(
             lambda r, p, cancel: backend.rewrite_sync(r, p, local_path, expected, times), self._rel(path), path
         )

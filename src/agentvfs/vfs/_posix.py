@@ -96,6 +96,20 @@ class PosixAttributes:
         """The permission bits of :attr:`mode`."""
         return stat_module.S_IMODE(self.mode)
 
+    @property
+    def owner(self) -> tuple[int, int] | None:
+        """``(uid, gid)`` for ``chown(2)`` (-1 for the one not given), None for neither."""
+        if self.uid is None and self.gid is None:
+            return None
+        return (-1 if self.uid is None else self.uid, -1 if self.gid is None else self.gid)
+
+    @property
+    def times_ns(self) -> tuple[int, int] | None:
+        """``(atime_ns, mtime_ns)`` for ``utime(2)`` when both are given, else None."""
+        if self.atime_ns is None or self.mtime_ns is None:
+            return None
+        return (self.atime_ns, self.mtime_ns)
+
 
 def _seconds(ns: int) -> str:
     whole, frac = divmod(ns, 1_000_000_000)
