@@ -433,3 +433,30 @@ def test_no_set_id_file_of_the_mount_user_for_someone_else(
     finally:
         _stop(proc, log)
         shutil.rmtree(outer, ignore_errors=True)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_file_renamed_while_written_keeps_its_attributes(
+    kind: str, mnt: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    # A rename of a file with unpublished writes publishes it under the new name: with the
+    # mode and times the mount shows, as its close would have.
+    storage = Storage(kind, tmp_path, request)
+    log = tmp_path / "mount.log"
+    first = start_mount(storage, mnt, tmp_path / "state", log=log)
+    try:
+        fd = os.open(f"{mnt}/draft.sh", os.O_CREAT | os.O_WRONLY, 0o700)
+        os.write(fd, b"#!/bin/sh\nexit 0\n")
+        os.utime(fd, ns=(1_600_000_000_000_000_000, 1_600_000_000_123_456_789))
+        os.rename(f"{mnt}/draft.sh", f"{mnt}/run.sh")
+        os.close(fd)
+        before = Seen.of(f"{mnt}/run.sh")
+    finally:
+        _stop(first, log)
+    assert (before.mode, before.mtime_ns) == (0o700, 1_600_000_000_123_456_789)
+    second = start_mount(storage, mnt, tmp_path / "state", log=log)
+    try:
+        assert Seen.of(f"{mnt}/run.sh") == before
+        assert not os.path.lexists(f"{mnt}/draft.sh")
+    finally:
+        _stop(second, log)

@@ -753,9 +753,7 @@ class MountOperations(pyfuse3.Operations):
         assert node.stage is not None
         expected = Version(base) if node.stored and _known_version(base) else None
         create = not node.stored
-        # The new file carries the node's attributes (object metadata, or set on the file on
-        # disk before it takes its name).
-        attrs = self._attributes(node) if self.attr_store is not None else None
+        attrs = self._carried(node)
         if node.stream is not None:
             # A streamed upload completes with no condition of its own: the version is
             # checked just before (a narrow race).
@@ -779,6 +777,11 @@ class MountOperations(pyfuse3.Operations):
             # file; a node with names beyond its first has them there (kept for safety).
             await upload_file(self.fs, node.stage, path)
         return version
+
+    def _carried(self, node: Node) -> PosixAttributes | None:
+        """The attributes a publish of ``node`` gives the new file where storage keeps them
+        (object metadata, or set on the file on disk before it takes its name)."""
+        return self._attributes(node) if self.attr_store is not None else None
 
     def _linked_on_disk(self, node: Node) -> bool:
         """A stored file with several names on local disk (the mount may know only one of
@@ -1479,7 +1482,9 @@ class MountOperations(pyfuse3.Operations):
                 # Checked again: a close may have published it while this waited.
                 if node.dirty and node.stage is not None:
                     seq = node.write_seq
-                    version = await publish_file(self.fs, node.stage, new_path)
+                    version = await publish_file(
+                        self.fs, node.stage, new_path, attributes=self._carried(node), keep=node.keep
+                    )
                     if node.stored:
                         await self.fs.delete_file(old_path, force=True)
                     # Under its new name already (rename(2) moves the node after this).
