@@ -334,6 +334,48 @@ def test_s3_special_files_and_outside_chmods_survive_relisting(tmp_path: Path, m
         assert stat.S_ISFIFO(pipe.st_mode) and stat.S_IMODE(pipe.st_mode) == 0o640
 
 
+@pytest.mark.s3
+def test_a_listing_whose_heads_outlast_the_ttl_is_not_listed_again(mnt: str, moto: Any) -> None:
+    """The HEADs that follow a cold S3 listing (one per file new to the mount) can take
+    longer than ``metadata_ttl``: the listing is as old as the moment they ended, so an
+    ``ls -l`` right after sends no request."""
+    import time
+
+    from agentvfs import FsspecFilesystem
+    from agentvfs.mounts import Mount
+    from agentvfs.vfs import ObjectStoreBackend
+    from conftest import S3_BUCKET, unique
+
+    raw = moto.s3fs(use_listings_cache=False)
+    root = f"{S3_BUCKET}/{unique('warm')}"
+    for i in range(64):
+        raw.pipe_file(f"{root}/d/f{i:02d}", b"x", Metadata={"mode": str(stat.S_IFREG | 0o640)})
+    fs = FsspecFilesystem(raw, root=root)
+    backend = fs.backend
+    assert isinstance(backend, ObjectStoreBackend) and backend.ranged is not None
+    head = backend.ranged.head
+    heads: list[str] = []
+
+    def slow_head(path: str) -> dict[str, str] | None:
+        heads.append(path)
+        time.sleep(0.4)  # 64 HEADs, 32 at a time: 0.8 s, past the TTL of 0.5 s
+        return head(path)
+
+    backend.ranged.head = slow_head  # type: ignore[method-assign]
+    calls: list[str] = []
+    raw.s3.meta.events.register("before-call.s3", lambda model, **kw: calls.append(model.name))
+    with Mount(fs, mnt, options={"metadata_ttl": 0.5}):
+        started = time.monotonic()
+        cold = subprocess.run(["ls", "-ln", f"{mnt}/d"], capture_output=True, text=True, check=True).stdout
+        assert time.monotonic() - started > 0.5
+        assert len([h for h in heads if "/d/f" in h]) == 64 and cold.count("-rw-r-----") == 64
+        heads.clear()
+        calls.clear()
+        warm = subprocess.run(["ls", "-ln", f"{mnt}/d"], capture_output=True, text=True, check=True).stdout
+        assert warm == cold
+        assert (calls, heads) == ([], [])
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_renamed_directory_keeps_what_is_below_it(
     kind: str, mnt: str, tmp_path: Path, request: pytest.FixtureRequest
