@@ -12,6 +12,7 @@ metadata.
 from __future__ import annotations
 
 import contextlib
+import email.utils
 import json
 import os
 import posixpath
@@ -55,6 +56,8 @@ _UPLOAD_CHUNK = 160 * 1024 * 1024
 _LISTING_CACHE_LIMIT = 2000
 # However slow a listing was, its names are not trusted longer than this.
 _LISTING_TTL_CAP = 30.0
+#: The header prefix of S3 user metadata.
+_S3_META = "x-amz-meta-"
 
 
 class _Listings:
@@ -571,11 +574,11 @@ class S3Backend(ObjectStoreBackend):
         if not key:
             return super().info(rel)
         try:
-            out = self._s3("head_object", Bucket=bucket, Key=key)
+            out = self._head_object(bucket, key)
         except FileNotFoundError:
             try:
                 # A directory's marker object holds its attributes (s3fs-fuse's form too).
-                marker = self._s3("head_object", Bucket=bucket, Key=key + "/")
+                marker = self._head_object(bucket, key + "/")
             except FileNotFoundError:
                 pass
             else:
@@ -599,6 +602,44 @@ class S3Backend(ObjectStoreBackend):
             "VersionId": out.get("VersionId"),
             "ContentType": out.get("ContentType"),
             "Metadata": out.get("Metadata") or {},
+        }
+
+    def _head_object(self, bucket: str, key: str) -> dict[str, Any]:
+        """The object's HEAD, in the form boto3 gives it: through a signed URL where the
+        store signs them (a fifth of the CPU), else through s3fs.
+
+        Raises
+        ------
+        FileNotFoundError
+            No object has that key.
+        """
+        # A marker's key ends in "/", which s3fs strips from a path it signs.
+        if self.ranged is not None and not key.endswith("/"):
+            headers = self.ranged.head(f"{bucket}/{key}")
+            found = self._from_headers(headers) if headers is not None else None
+            if found is not None:
+                return found
+        out: dict[str, Any] = self._s3("head_object", Bucket=bucket, Key=key)
+        return out
+
+    @staticmethod
+    def _from_headers(headers: Mapping[str, str]) -> dict[str, Any] | None:
+        """boto3's ``head_object`` answer from the response headers; None if they are not an
+        S3 server's."""
+        try:
+            size = int(headers["content-length"])
+            modified = email.utils.parsedate_to_datetime(headers["last-modified"])
+        except (KeyError, ValueError, TypeError):
+            return None  # not the answer of an S3 server: let s3fs read it
+        return {
+            "ContentLength": size,
+            "ETag": headers.get("etag", ""),
+            "LastModified": modified,
+            "VersionId": headers.get("x-amz-version-id"),
+            "ContentType": headers.get("content-type"),
+            "Metadata": {
+                name[len(_S3_META) :]: value for name, value in headers.items() if name.startswith(_S3_META)
+            },
         }
 
     def abort_upload_sync(self, ticket: Mapping[str, str]) -> bool:
