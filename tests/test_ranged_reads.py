@@ -165,15 +165,22 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         pass
 
-    def do_GET(self) -> None:
+    def _refused(self, seen: str) -> bool:
+        """Note the request (as ``seen``); refuse it while the script says so."""
         script = self.script
-        script.paths.append(self.path)
+        script.paths.append(seen)
         script.headers.append(dict(self.headers))
         script.connections.add(self.client_address)
-        if script.refuse_first > 0:
-            script.refuse_first -= 1
-            self._send(403, b"expired", {})
+        if script.refuse_first <= 0:
+            return False
+        script.refuse_first -= 1
+        self._send(403, b"expired" if self.command == "GET" else b"", {})
+        return True
+
+    def do_GET(self) -> None:
+        if self._refused(self.path):
             return
+        script = self.script
         mode = script.mode
         if "Range" not in self.headers:  # a whole-file GET
             if mode == "gzip":  # a store that transcodes what it stored compressed
@@ -212,15 +219,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._send(206, body, {"Content-Range": f"bytes {start}-{last}/{len(DATA)}"})
 
     def do_HEAD(self) -> None:
-        script = self.script
-        script.paths.append("HEAD " + self.path)
-        script.headers.append(dict(self.headers))
-        script.connections.add(self.client_address)
-        if script.refuse_first > 0:
-            script.refuse_first -= 1
-            self._send(403, b"", {})
+        if self._refused("HEAD " + self.path):
             return
-        status = {"missing": 404, "error": 500, "redirect": 307}.get(script.mode, 200)
+        status = {"missing": 404, "error": 500, "redirect": 307}.get(self.script.mode, 200)
         self.send_response(status)
         if status == 200:
             self.send_header("ETag", '"e1"')

@@ -219,12 +219,10 @@ class SignedRangeReader:
         *,
         pinned: bool = False,
     ) -> bytes | int | None:
-        parts = urllib.parse.urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
+        where = _where(url)
+        if where is None:
             return None
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        origin = (parts.scheme, parts.hostname, port)
-        target = parts.path + (f"?{parts.query}" if parts.query else "")
+        origin, target = where
         headers = {**auth, "Accept-Encoding": "identity"}
         if end is not None:
             headers["Range"] = f"bytes={start}-{end - 1}"
@@ -253,12 +251,10 @@ class SignedRangeReader:
         return None  # pragma: no cover - the loop returns
 
     def _head(self, url: str, auth: dict[str, str], path: str) -> dict[str, str] | None:
-        parts = urllib.parse.urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
+        where = _where(url)
+        if where is None:
             return None
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        origin = (parts.scheme, parts.hostname, port)
-        target = parts.path + (f"?{parts.query}" if parts.query else "")
+        origin, target = where
         for attempt in range(2):
             conn, reused = self._connection(origin)
             try:
@@ -351,6 +347,16 @@ class SignedRangeReader:
         if self._failures >= _FAILURES_BEFORE_REST:
             self._failures = 0
             self._resting_until = time.monotonic() + _REST
+
+
+def _where(url: str) -> tuple[tuple[str, str, int], str] | None:
+    """The origin (scheme, host, port) and request target of ``url``; None where it is not
+    plain HTTP(S)."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return None
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return (parts.scheme, parts.hostname, port), parts.path + (f"?{parts.query}" if parts.query else "")
 
 
 def _read_exactly(response: http.client.HTTPResponse, length: int, into: memoryview | None) -> bytes | int:
