@@ -5,6 +5,7 @@ bucket), ``agentvfs mount`` processes on it, and ``agentvfs recover``."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,7 +18,7 @@ from agentvfs.mounts import is_mounted
 from agentvfs.testing import FakeGcsServer, MotoServer
 from conftest import GCS_BUCKET, S3_BUCKET, unique
 
-__all__ = ["CLI", "Storage", "cli_env", "mount_point", "recover", "start_mount", "wait_unmounted"]
+__all__ = ["CLI", "Storage", "cli_env", "mount_point", "recover", "start_mount", "stop_mount", "wait_unmounted"]
 
 CLI = [sys.executable, "-c", "import sys; from agentvfs.cli import main; sys.exit(main())"]
 
@@ -81,6 +82,8 @@ def cli_env() -> dict[str, str]:
     env = dict(os.environ)
     env.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
     env.pop("AWS_CA_BUNDLE", None)
+    # A mount that does not stop is made to print every thread's stack (SIGABRT, stop_mount).
+    env["PYTHONFAULTHANDLER"] = "1"
     return env
 
 
@@ -93,6 +96,24 @@ def start_mount(storage: Storage, mnt: str, state: Path, *extra: str, log: Path)
     assert wait_until(lambda: is_mounted(mnt) or proc.poll() is not None, timeout=30), log.read_text()
     assert proc.poll() is None, log.read_text()
     return proc
+
+
+def stop_mount(proc: subprocess.Popen[bytes], log: Path, timeout: float = 60) -> None:
+    """SIGTERM a mount process and assert it exits 0 within ``timeout``. One that does not is
+    aborted, so its log ends with the stack of each thread (``PYTHONFAULTHANDLER``): where it
+    hung."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        code = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        raise AssertionError(f"the mount did not exit within {timeout} s of SIGTERM:\n{log.read_text(errors='replace')}") from None
+    assert code == 0, log.read_text(errors="replace")
 
 
 def recover(state: Path, *args: str) -> subprocess.CompletedProcess[str]:

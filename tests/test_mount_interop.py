@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import stat
 import subprocess
 import time
@@ -16,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from _mounted import wait_until
-from _mountproc import Storage, cli_env, mount_point, start_mount
+from _mountproc import Storage, cli_env, mount_point, start_mount, stop_mount
 from agentvfs.mounts import fuse_available, is_mounted
 
 pytestmark = [
@@ -73,11 +72,6 @@ def _stop_s3fs(proc: subprocess.Popen[bytes], point: str) -> None:
         proc.wait()
 
 
-def _stop(proc: subprocess.Popen[bytes], log: Path) -> None:
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) == 0, log.read_text()
-
-
 def _metadata(storage: Storage, name: str) -> dict[str, str]:
     bucket, _, prefix = storage.prefix.partition("/")
     out = storage.raw.call_s3("head_object", Bucket=bucket, Key=f"{prefix}/{name}")
@@ -102,7 +96,7 @@ def test_s3fs_fuse_sees_what_agentvfs_wrote(
         os.symlink("run.sh", m / "link")
         os.mkfifo(m / "pipe", 0o640)
     finally:
-        _stop(proc, log)
+        stop_mount(proc, log)
     s3fs = _s3fs(storage, peer, tmp_path)
     try:
         p = Path(peer)
@@ -165,7 +159,7 @@ def test_agentvfs_sees_what_s3fs_fuse_wrote_and_keeps_its_metadata(
         assert int(kept["mode"]) == stat.S_IFREG | 0o750
         os.chmod(m / "tool.sh", 0o700)
     finally:
-        _stop(proc, log)
+        stop_mount(proc, log)
     kept = _metadata(storage, "tool.sh")
     assert (kept.get("owner-team"), int(kept["mode"])) == ("infra", stat.S_IFREG | 0o700)
     assert storage.get("tool.sh") == b"#!/bin/sh\necho tool\necho more\n"
@@ -197,6 +191,6 @@ def test_rclone_and_agentvfs_read_each_others_modification_times(
         Path(mnt, "from-agentvfs.txt").write_text("agentvfs\n")
         os.utime(f"{mnt}/from-agentvfs.txt", ns=(1_700_000_000_000_000_000, 1_700_000_000_250_000_000))
     finally:
-        _stop(proc, log)
+        stop_mount(proc, log)
     listed = subprocess.run(["rclone", "lsl", remote], env=env, capture_output=True, text=True, check=True).stdout
     assert "2023-11-14 22:13:20.250000000 from-agentvfs.txt" in listed

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import os
-import signal
 import stat
 import subprocess
 import tarfile
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from _mountproc import Storage, mount_point, start_mount
+from _mountproc import Storage, mount_point, start_mount, stop_mount
 from agentvfs.mounts import fuse_available
 
 pytestmark = pytest.mark.skipif(fuse_available() is not None, reason=f"FUSE unavailable: {fuse_available()}")
@@ -62,8 +61,7 @@ def test_modes_owners_and_times_reach_the_disk_and_the_next_mount(
         if ROOT:
             os.chown(f"{mnt}/made.txt", 1234, 5678)
     finally:
-        first.send_signal(signal.SIGTERM)
-        assert first.wait(timeout=60) == 0, log.read_text()
+        stop_mount(first, log)
     disk = storage.dir
 
     def on_disk(name: str) -> os.stat_result:
@@ -92,8 +90,7 @@ def test_modes_owners_and_times_reach_the_disk_and_the_next_mount(
         with open(f"{mnt}/tool/run.sh", "a") as f:
             f.write("echo again\n")
     finally:
-        second.send_signal(signal.SIGTERM)
-        assert second.wait(timeout=60) == 0, log.read_text()
+        stop_mount(second, log)
     assert stat.S_IMODE(on_disk("tool/run.sh").st_mode) == 0o755
     if ROOT:
         assert on_disk("tool/run.sh").st_uid == 4321
@@ -117,8 +114,7 @@ def test_a_file_renamed_while_written_keeps_its_owner_and_mode_on_disk(
             f.flush()
             os.rename(f"{mnt}/f.txt", f"{mnt}/g.txt")
     finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 0, log.read_text()
+        stop_mount(proc, log)
     kept = os.lstat(storage.dir / "g.txt")
     assert (kept.st_uid, kept.st_gid, stat.S_IMODE(kept.st_mode)) == (1234, 5678, 0o750)
     assert (storage.dir / "g.txt").read_text() == "one\ntwo\n"

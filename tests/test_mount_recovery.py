@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from _mounted import wait_until
-from _mountproc import Storage, mount_point, recover, start_mount, wait_unmounted
+from _mountproc import Storage, mount_point, recover, start_mount, stop_mount, wait_unmounted
 from agentvfs.mounts import fuse_available, list_recovered
 from agentvfs.mounts._recovery import Session, recover_sessions
 from agentvfs.testing import MotoServer
@@ -84,8 +84,7 @@ def test_a_killed_mount_publishes_nothing_and_the_next_one_recovers_it(
         assert wait_until(lambda: "was not published" in log.read_text(), timeout=10), log.read_text()
         assert open(f"{mnt}/f.bin", "rb").read() == old
     finally:
-        second.send_signal(signal.SIGTERM)
-        assert second.wait(timeout=60) == 0, log.read_text()
+        stop_mount(second, log)
     assert storage.get("f.bin") == old
     listed = recover(state, storage.url, "--json")
     assert listed.returncode == 0, listed.stderr
@@ -152,8 +151,7 @@ def test_a_killed_streamed_upload_is_aborted_by_the_next_mount(
     try:
         assert wait_until(lambda: not uploads(), timeout=15), log.read_text()
     finally:
-        second.send_signal(signal.SIGTERM)
-        assert second.wait(timeout=60) == 0, log.read_text()
+        stop_mount(second, log)
     (kept,) = list_recovered(os.fspath(state), storage.url)
     assert kept.path == "big.bin" and open(kept.data, "rb").read() == big
 
@@ -257,8 +255,7 @@ def test_crash_trials_leave_the_old_or_the_new_file(
     for leftover in Path(mnt).iterdir():
         leftover.unlink()
     second = start_mount(storage, mnt, state, log=log)
-    second.send_signal(signal.SIGTERM)
-    assert second.wait(timeout=60) == 0, log.read_text()
+    stop_mount(second, log)
     kept = list_recovered(os.fspath(state), storage.recovery_url)
     # What the killed mount had staged and not published is reported, never uploaded. (A PUT
     # the killed mount had sent whole may still land in storage afterwards: the new version.)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import errno
 import os
 import shutil
-import signal
 import stat
 import subprocess
 import tempfile
@@ -27,7 +26,7 @@ from typing import Any
 import pytest
 
 from _mounted import wait_until
-from _mountproc import CLI, Storage, cli_env, mount_point, start_mount
+from _mountproc import CLI, Storage, cli_env, mount_point, start_mount, stop_mount
 from agentvfs.mounts import fuse_available, is_mounted
 
 pytestmark = pytest.mark.skipif(fuse_available() is not None, reason=f"FUSE unavailable: {fuse_available()}")
@@ -125,11 +124,6 @@ def _build(mnt: str, kind: str) -> list[str]:
     return names
 
 
-def _stop(proc: subprocess.Popen[bytes], log: Path) -> None:
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) == 0, log.read_text()
-
-
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_new_mount_process_shows_what_the_last_one_made(
     kind: str, mnt: str, tmp_path: Path, request: pytest.FixtureRequest
@@ -144,7 +138,7 @@ def test_a_new_mount_process_shows_what_the_last_one_made(
         if kind == "local":
             assert os.stat(f"{mnt}/hard-link").st_ino == inode
     finally:
-        _stop(first, log)
+        stop_mount(first, log)
     if kind == "local":
         # On local disk the files themselves hold it all: what the mount showed is the disk.
         for name in names:
@@ -183,7 +177,7 @@ def test_a_new_mount_process_shows_what_the_last_one_made(
             with open(f"{mnt}/owned", "ab") as f:
                 f.write(b"!")
     finally:
-        _stop(second, log)
+        stop_mount(second, log)
     third = start_mount(storage, mnt, tmp_path / "state", log=log)
     try:
         assert Seen.of(f"{mnt}/secret.key").mode == 0o600
@@ -194,7 +188,7 @@ def test_a_new_mount_process_shows_what_the_last_one_made(
         if kind == "local":
             assert Path(mnt, "hard-link").read_text() == "shared\nmore\n"
     finally:
-        _stop(third, log)
+        stop_mount(third, log)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -222,7 +216,7 @@ def test_chmod_utime_and_rename_of_special_files_persist(
         os.unlink(m / "gone-link")
         os.unlink(m / "gone")
     finally:
-        _stop(proc, log)
+        stop_mount(proc, log)
     proc = start_mount(storage, mnt, tmp_path / "state", log=log)
     try:
         assert sorted(os.listdir(mnt)) == ["d", "f"]
@@ -232,7 +226,7 @@ def test_chmod_utime_and_rename_of_special_files_persist(
         assert (link.kind, link.target, link.mtime_ns) == (stat.S_IFLNK, "f", 4_000_000_004)
         assert (f.mode, f.mtime_ns, f.size) == (0o700, 6_000_000_006, 5)
     finally:
-        _stop(proc, log)
+        stop_mount(proc, log)
     if kind != "local":
         # The chmod and utime of a file already in storage did not upload it again: the
         # object keeps its content (a server-side copy or a metadata update).
@@ -254,7 +248,7 @@ def test_metadata_off_writes_no_metadata_and_keeps_attributes_for_the_mount_only
         assert stat.S_IMODE(os.stat(m / "f").st_mode) == 0o700  # the mount's, for its life
         assert os.readlink(m / "link") == "f"
     finally:
-        _stop(proc, log)
+        stop_mount(proc, log)
     bucket, _, prefix = storage.prefix.partition("/")
     head = storage.raw.call_s3("head_object", Bucket=bucket, Key=f"{prefix}/f")
     assert head["Metadata"] == {}
@@ -264,7 +258,7 @@ def test_metadata_off_writes_no_metadata_and_keeps_attributes_for_the_mount_only
         assert sorted(os.listdir(mnt)) == ["f"]
         assert stat.S_IMODE(os.stat(f"{mnt}/f").st_mode) == 0o644  # file_mode
     finally:
-        _stop(proc, log)
+        stop_mount(proc, log)
 
 
 @pytest.mark.s3
@@ -395,7 +389,7 @@ def test_a_renamed_directory_keeps_what_is_below_it(
         os.symlink("/etc/hostname", m / "out-link")
         os.rename(m / "out-link", m / "rr2/out-link")  # a link leading out is moved as a name
     finally:
-        _stop(proc, log)
+        stop_mount(proc, log)
     proc = start_mount(storage, mnt, tmp_path / "state", log=log)
     try:
         m = Path(mnt)
@@ -406,7 +400,7 @@ def test_a_renamed_directory_keeps_what_is_below_it(
         assert os.readlink(m / "rr2/out-link") == "/etc/hostname"
         assert stat.S_ISFIFO(os.lstat(m / "rr2/pipe").st_mode)
     finally:
-        _stop(proc, log)
+        stop_mount(proc, log)
 
 
 def test_hard_links_across_directories_stay_one_file(mnt: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
@@ -423,7 +417,7 @@ def test_hard_links_across_directories_stay_one_file(mnt: str, tmp_path: Path, r
         os.link(m / "a/f", m / "b/f")
         os.link(m / "a/f", m / "a/g")
     finally:
-        _stop(proc, log)
+        stop_mount(proc, log)
     proc = start_mount(storage, mnt, tmp_path / "state", log=log)
     try:
         m = Path(mnt)
@@ -434,7 +428,7 @@ def test_hard_links_across_directories_stay_one_file(mnt: str, tmp_path: Path, r
             f.flush()
             os.rename(m / "a/g", m / "a/h")
     finally:
-        _stop(proc, log)
+        stop_mount(proc, log)
     disk = storage.dir
     assert {os.stat(disk / n).st_ino for n in ("a/f", "b/f", "a/h")} == {os.stat(disk / "a/f").st_ino}
     assert (disk / "b/f").read_text() == "new1\nmore\n"
@@ -473,7 +467,7 @@ def test_no_set_id_file_of_the_mount_user_for_someone_else(
         seen = os.stat(f"{mnt}/pub/evil")
         assert (seen.st_uid, seen.st_mode & 0o7777) == (on_disk.st_uid, on_disk.st_mode & 0o7777)
     finally:
-        _stop(proc, log)
+        stop_mount(proc, log)
         shutil.rmtree(outer, ignore_errors=True)
 
 
@@ -494,11 +488,11 @@ def test_a_file_renamed_while_written_keeps_its_attributes(
         os.close(fd)
         before = Seen.of(f"{mnt}/run.sh")
     finally:
-        _stop(first, log)
+        stop_mount(first, log)
     assert (before.mode, before.mtime_ns) == (0o700, 1_600_000_000_123_456_789)
     second = start_mount(storage, mnt, tmp_path / "state", log=log)
     try:
         assert Seen.of(f"{mnt}/run.sh") == before
         assert not os.path.lexists(f"{mnt}/draft.sh")
     finally:
-        _stop(second, log)
+        stop_mount(second, log)
