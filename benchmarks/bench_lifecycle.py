@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from agentvfs.mounts import is_mounted
-from agentvfs.testing import MotoServer
+from agentvfs.testing import MotoServer, appender_command
 
 BUCKET = "agentvfs-bench"
 MiB = 1 << 20
@@ -317,22 +317,6 @@ def crash_trial(
             "dead_mount_left": dead_mount}  # fmt: skip
 
 
-_APPENDER = r"""
-import json, sys
-path, tag, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
-outcome = {}
-for i in range(count):
-    line = f"{tag}{i}\n"
-    try:
-        with open(path, "a") as f:
-            f.write(line)
-        outcome[line] = "ok"
-    except OSError as exc:
-        outcome[line] = exc.strerror
-print(json.dumps(outcome))
-"""
-
-
 def two_mounts(tree: Tree, storage: Storage, work: Path, n: int) -> dict[str, Any]:
     name = f"pair-{tree.name}-{storage.kind}-{n}"
     url, options, get, put = storage.location(name)
@@ -347,8 +331,7 @@ def two_mounts(tree: Tree, storage: Storage, work: Path, n: int) -> dict[str, An
         procs.append(start_mount(tree, url, os.fspath(point), [*options, *extra], work / f"{name}.log"))
     try:
         writers = [
-            subprocess.Popen([sys.executable, "-c", _APPENDER, os.fspath(p / "log.txt"), tag, "50"],
-                             stdout=subprocess.PIPE, text=True)
+            subprocess.Popen(appender_command(os.fspath(p / "log.txt"), tag, 50), stdout=subprocess.PIPE, text=True)
             for p, tag in zip(points, "ab", strict=True)
         ]  # fmt: skip
         outcomes: dict[str, str] = {}

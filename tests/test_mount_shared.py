@@ -12,7 +12,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import pytest
 from _mounted import wait_until
 from _mountproc import Storage, mount_point, start_mount
 from agentvfs.mounts import fuse_available, list_recovered
+from agentvfs.testing import appender_command
 
 pytestmark = pytest.mark.skipif(fuse_available() is not None, reason=f"FUSE unavailable: {fuse_available()}")
 
@@ -28,22 +28,6 @@ KINDS = ["local", pytest.param("s3", marks=pytest.mark.s3), pytest.param("gcs", 
 #: fake-gcs-server ignores ifGenerationMatch on uploads (real GCS honours it): on the emulator
 #: two mounts racing within milliseconds are caught only by the check just before the upload.
 RACING_KINDS = ["local", pytest.param("s3", marks=pytest.mark.s3)]
-
-_APPENDER = """
-import json, sys, time
-path, tag, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
-outcome = {}
-for i in range(count):
-    line = f"{tag}{i}\\n"
-    try:
-        with open(path, "a") as f:
-            f.write(line)
-        outcome[line] = "ok"
-    except OSError as exc:
-        outcome[line] = exc.strerror
-print(json.dumps(outcome))
-"""
-
 
 @pytest.fixture
 def mounts(tmp_path: Path) -> Iterator[tuple[str, str]]:
@@ -95,9 +79,7 @@ def test_appends_from_two_mounts_never_lose_a_line_silently(
     pair = _Pair(storage, mounts, tmp_path)
     try:
         writers = [
-            subprocess.Popen(
-                [sys.executable, "-c", _APPENDER, f"{point}/log.txt", tag, "50"], stdout=subprocess.PIPE, text=True
-            )
+            subprocess.Popen(appender_command(f"{point}/log.txt", tag, 50), stdout=subprocess.PIPE, text=True)
             for point, tag in zip(mounts, ("a", "b"), strict=True)
         ]
         outcomes: dict[str, str] = {}

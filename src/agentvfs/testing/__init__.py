@@ -14,6 +14,7 @@ from ._adversary import attack as attack
 from ._adversary import load_attacks as load_attacks
 from ._adversary import requirement_missing as requirement_missing
 from ._adversary import run_attack as run_attack
+from ._appender import appender_command as appender_command
 from ._harness import Harness as Harness
 from ._harness import backend_harness as backend_harness
 from ._harness import composite_harness as composite_harness
@@ -36,6 +37,7 @@ __all__ = [
     "FilesystemTests",
     "Harness",
     "MotoServer",
+    "appender_command",
     "attack",
     "backend_harness",
     "composite_harness",
