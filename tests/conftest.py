@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator
 
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 # Mount journals and recovered files of the session's mounts (and of the mount processes
-# they start) go to a directory of the test run, not the user's state directory.
-os.environ.setdefault("AGENTVFS_STATE_DIR", tempfile.mkdtemp(prefix="agentvfs-test-state-"))
+# they start) go to a directory of the test run, not the user's state directory, removed with
+# the run.
+if "AGENTVFS_STATE_DIR" not in os.environ:
+    os.environ["AGENTVFS_STATE_DIR"] = tempfile.mkdtemp(prefix="agentvfs-test-state-")
+    atexit.register(shutil.rmtree, os.environ["AGENTVFS_STATE_DIR"], True)
 
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
