@@ -526,7 +526,7 @@ def test_cli_warns_of_credentials_on_the_command_line(tmp_path: Path) -> None:
 
 def test_mounting_a_bucket_that_does_not_exist_fails_cleanly(moto: MotoServer, mnt: str) -> None:
     fs = FsspecFilesystem(moto.s3fs(), root="no-such-bucket-here/prefix")
-    with pytest.raises(MountError, match=r"Directory not found: s3://no-such-bucket-here"):
+    with pytest.raises(MountError, match=r"Bucket not found: s3://no-such-bucket-here"):
         Mount(fs, mnt).start()
     assert not is_mounted(mnt)
     with Mount(memory_harness().fs, mnt):  # the session was given back

@@ -20,6 +20,7 @@ their own::
     │   ├── FilesystemError                  code, path
     │   │   ├── FileNotFound                 ENOENT, also FileNotFoundError
     │   │   ├── DirectoryNotFound            ENOENT, also FileNotFoundError
+    │   │   │   └── BucketNotFound           ENOENT: the bucket of the root is missing
     │   │   ├── NoMountError                 ENOENT, also FileNotFoundError
     │   │   ├── FileExists                   EEXIST, also FileExistsError
     │   │   ├── IsDirectory                  EISDIR, also IsADirectoryError
@@ -34,7 +35,9 @@ their own::
     │   │   ├── FileDecodeError              EILSEQ, also ValueError
     │   │   ├── NameTooLongError             ENAMETOOLONG
     │   │   ├── NotRegularFile               EINVAL: a FIFO, device or socket
-    │   │   └── FileTooLarge                 EFBIG: larger than a read's max_bytes
+    │   │   ├── FileTooLarge                 EFBIG: larger than a read's max_bytes
+    │   │   ├── StorageAccessError           EACCES, also PermissionError: credentials
+    │   │   └── StorageUnreachableError      ECONNREFUSED, also ConnectionError
     │   ├── BM25FileError                    the index file cannot be used (filename)
     │   └── BlobIntegrityError               EIO: a stored skill blob failed its hash
     ├── SandboxError                         code, details
@@ -74,6 +77,7 @@ __all__ = [
     "NOT_FOUND_MESSAGE",
     "BM25FileError",
     "BlobIntegrityError",
+    "BucketNotFound",
     "DirectoryNotEmpty",
     "DirectoryNotFound",
     "EmbeddingError",
@@ -112,6 +116,8 @@ __all__ = [
     "SearchNotAvailableError",
     "SkillConflictError",
     "StaleFileError",
+    "StorageAccessError",
+    "StorageUnreachableError",
     "StringNotFoundError",
     "StringNotUniqueError",
     "UnsupportedGrepPatternError",
@@ -296,6 +302,24 @@ class DirectoryNotFound(FilesystemError, FileNotFoundError):
 
     def __init__(self, path: str) -> None:
         super().__init__(f"Directory not found: {path}", "ENOENT", path)
+
+
+class BucketNotFound(DirectoryNotFound):
+    """The bucket (or container) of an object-store root does not exist (``ENOENT``).
+
+    Parameters
+    ----------
+    url : str
+        The bucket as a URL (``s3://name``).
+    """
+
+    def __init__(self, url: str) -> None:
+        FilesystemError.__init__(
+            self,
+            f"Bucket not found: {url} (check the name, the endpoint_url and the region, or create the bucket first)",
+            "ENOENT",
+            url,
+        )
 
 
 class FileExists(FilesystemError, FileExistsError):
@@ -495,6 +519,57 @@ class FileTooLarge(FilesystemError):
     def __init__(self, path: str, limit: int) -> None:
         super().__init__(f"File too large: {path} (more than {limit} bytes)", "EFBIG", path)
         self.limit = limit
+
+
+class StorageAccessError(FilesystemError, PermissionError):
+    """Storage refused the credentials, or none were found (``EACCES``): raised when a
+    filesystem first reaches its storage (``probe``, before a mount), not by each call.
+
+    Parameters
+    ----------
+    url : str
+        The storage, as a URL without credentials.
+    cause : str
+        What storage said, in words (``"the access key ID is not known (InvalidAccessKeyId)"``).
+    fix : str
+        What to change.
+    """
+
+    default_errno = _errno.EACCES
+
+    def __init__(self, url: str, cause: str, fix: str) -> None:
+        super().__init__(f"Cannot use {url}: {cause}; {fix}", "EACCES", url)
+        self.cause = cause
+        self.fix = fix
+
+
+class StorageUnreachableError(FilesystemError, ConnectionError):
+    """The storage's endpoint does not answer (``ECONNREFUSED``, ``ETIMEDOUT``, ...).
+
+    Parameters
+    ----------
+    url : str
+        The storage, as a URL without credentials.
+    endpoint : str
+        The address that was tried.
+    cause : str
+        The failure (``"connection refused"``, ``"no answer within 5 s"``).
+    error_number : int
+        The errno of the failure.
+    """
+
+    default_errno = _errno.ECONNREFUSED
+
+    def __init__(self, url: str, endpoint: str, cause: str, error_number: int = _errno.ECONNREFUSED) -> None:
+        super().__init__(
+            f"Cannot reach {endpoint} for {url}: {cause}; check endpoint_url (storage option) and that the "
+            "server runs and is reachable from here",
+            "EUNREACHABLE",
+            url,
+        )
+        self.errno = error_number
+        self.endpoint = endpoint
+        self.cause = cause
 
 
 # --------------------------------------------------------------------------------------------

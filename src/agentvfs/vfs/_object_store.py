@@ -13,13 +13,17 @@ from __future__ import annotations
 
 import contextlib
 import email.utils
+import errno
 import json
 import os
 import posixpath
 import secrets
+import socket
 import stat as stat_module
 import threading
 import time
+import urllib.parse
+import urllib.request
 from collections import OrderedDict
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +33,7 @@ import fsspec
 from fsspec.asyn import sync
 
 from ..errors import (
+    BucketNotFound,
     DirectoryNotFound,
     FileExists,
     FilesystemError,
@@ -36,6 +41,8 @@ from ..errors import (
     NotDirectory,
     PermissionDenied,
     StaleFileError,
+    StorageAccessError,
+    StorageUnreachableError,
 )
 from . import _paths
 from ._backend import Version
@@ -58,6 +65,39 @@ _LISTING_CACHE_LIMIT = 2000
 _LISTING_TTL_CAP = 30.0
 #: The header prefix of S3 user metadata.
 _S3_META = "x-amz-meta-"
+#: Seconds a probe waits for the store's endpoint to accept a connection: a store that is
+#: down is reported at once, not after the client's retries (16.7 s for s3fs).
+PROBE_CONNECT_TIMEOUT = 5.0
+
+_NO_S3_CREDENTIALS = (
+    "no credentials were found",
+    "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), give the storage options key and "
+    "secret, or anon=true for a public bucket",
+)
+#: What an S3 error code says of the credentials, and what to change.
+_S3_REFUSALS = {
+    "InvalidAccessKeyId": (
+        "the server does not know the access key ID (InvalidAccessKeyId)",
+        "check AWS_ACCESS_KEY_ID, AWS_PROFILE or the storage option key",
+    ),
+    "SignatureDoesNotMatch": (
+        "the secret key does not match the access key ID (SignatureDoesNotMatch)",
+        "check AWS_SECRET_ACCESS_KEY or the storage option secret",
+    ),
+    "ExpiredToken": (
+        "the session token has expired (ExpiredToken)",
+        "renew the credentials (AWS_SESSION_TOKEN or the storage option token)",
+    ),
+    "InvalidToken": (
+        "the session token is not valid (InvalidToken)",
+        "check AWS_SESSION_TOKEN or the storage option token",
+    ),
+    "AccessDenied": (
+        "the credentials may not list it (AccessDenied)",
+        "allow s3:ListBucket on the bucket to these credentials, or use credentials that have it",
+    ),
+    "AllAccessDisabled": ("all access to the bucket is disabled (AllAccessDisabled)", "use another bucket"),
+}
 
 
 class _Listings:
@@ -188,6 +228,51 @@ class _ObjectUpload:
         return {"bucket": str(self._handle.bucket), "key": str(self._handle.key), "upload_id": str(upload_id)}
 
 
+def check_reachable(url: str, endpoint: str | None) -> None:
+    """Raise :class:`StorageUnreachableError` if ``endpoint`` (an http(s) URL) accepts no
+    TCP connection within :data:`PROBE_CONNECT_TIMEOUT`. Nothing is checked without an
+    endpoint or where a proxy would carry the requests (a direct connection proves nothing
+    there)."""
+    parts = urllib.parse.urlsplit(endpoint or "")
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return
+    host = parts.hostname
+    if urllib.request.getproxies().get(parts.scheme) and not urllib.request.proxy_bypass(host):
+        return
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    shown = f"{parts.scheme}://{parts.netloc}"
+    try:
+        socket.create_connection((host, port), timeout=PROBE_CONNECT_TIMEOUT).close()
+    except TimeoutError:
+        raise StorageUnreachableError(
+            url, shown, f"no answer within {PROBE_CONNECT_TIMEOUT:g} s", errno.ETIMEDOUT
+        ) from None
+    except socket.gaierror as exc:
+        raise StorageUnreachableError(
+            url, shown, f"the host name does not resolve ({exc.strerror})", errno.EHOSTUNREACH
+        ) from None
+    except OSError as exc:
+        cause = (exc.strerror or str(exc)).lower()
+        raise StorageUnreachableError(url, shown, cause, exc.errno or errno.ECONNREFUSED) from None
+
+
+def _s3_refusal(exc: BaseException, url: str) -> FilesystemError | None:
+    """The error to raise for an S3 answer that refuses the credentials (or a client that
+    found none, or could not connect), else None."""
+    for err in (exc, exc.__cause__):
+        if err is None:
+            continue
+        name = type(err).__name__
+        if name in ("NoCredentialsError", "PartialCredentialsError"):
+            return StorageAccessError(url, *_NO_S3_CREDENTIALS)
+        if name in ("EndpointConnectionError", "ConnectTimeoutError"):
+            return StorageUnreachableError(url, str(getattr(err, "kwargs", {}).get("endpoint_url", "S3")), str(err))
+        code = (getattr(err, "response", None) or {}).get("Error", {}).get("Code")
+        if code in _S3_REFUSALS:
+            return StorageAccessError(url, *_S3_REFUSALS[code])
+    return None
+
+
 class ObjectStoreBackend(FsspecBackend):
     """An object store (S3, GCS, Azure...) under ``root``, a ``bucket/prefix`` path.
 
@@ -229,12 +314,31 @@ class ObjectStoreBackend(FsspecBackend):
         return self.root_path.strip("/").split("/", 1)[0]
 
     def probe_sync(self, rel: str = "", display: str = "") -> None:
-        """Check that the bucket exists (a missing bucket otherwise looks like an empty root)."""
-        bucket = self.bucket
-        if bucket and not self._bucket_exists(bucket):
-            raise DirectoryNotFound(f"{self.protocol}://{bucket}")
+        """Check that the store answers, takes the credentials and has the bucket (a missing
+        bucket otherwise looks like an empty root).
 
-    def _bucket_exists(self, bucket: str) -> bool:
+        Raises
+        ------
+        StorageUnreachableError
+            The endpoint accepts no connection within ``PROBE_CONNECT_TIMEOUT`` seconds.
+        StorageAccessError
+            The store refused the credentials, or none were found.
+        BucketNotFound
+            The bucket does not exist.
+        """
+        bucket = self.bucket
+        if not bucket:
+            return
+        url = f"{self.protocol}://{self.root_path}"
+        check_reachable(url, self.endpoint_url())
+        if not self._bucket_exists(bucket, url):
+            raise BucketNotFound(f"{self.protocol}://{bucket}")
+
+    def endpoint_url(self) -> str | None:
+        """The store's endpoint as a URL, where the client names one (checked by a probe)."""
+        return None
+
+    def _bucket_exists(self, bucket: str, url: str) -> bool:
         try:
             return bool(self._fs.exists(bucket))
         except FileNotFoundError:
@@ -534,6 +638,24 @@ class S3Backend(ObjectStoreBackend):
     _store_checks_versions = True
     metadata_style = "s3"
 
+    def endpoint_url(self) -> str | None:
+        fs: Any = self._fs
+        return fs.endpoint_url or (fs.client_kwargs or {}).get("endpoint_url")
+
+    def _bucket_exists(self, bucket: str, url: str) -> bool:
+        # A listing of the root's prefix (one key at most), not a HEAD: its error has a body
+        # that says why (a HEAD's 403 does not tell a bad key from a missing permission).
+        prefix = self.root_path.strip("/").partition("/")[2]
+        try:
+            self._fs.call_s3("list_objects_v2", Bucket=bucket, Prefix=f"{prefix}/" if prefix else "", MaxKeys=1)
+        except Exception as exc:
+            refused = _s3_refusal(exc, url)
+            if refused is not None:
+                raise refused from exc
+            # NoSuchBucket; any other answer lets the requests decide.
+            return not isinstance(exc, FileNotFoundError)
+        return True
+
     def set_attributes_sync(self, rel: str, display: str, attrs: PosixAttributes, guard: Version | None) -> str | None:
         # A copy of the object onto itself with the metadata replaced: the data stays on the
         # server. The copy replaces the whole metadata and content type, so both are read
@@ -759,6 +881,10 @@ class GcsBackend(ObjectStoreBackend):
         empty_dirs=False, atomic_rename=False, symlinks=False, versions=True, blocking=True, metadata=True
     )
     metadata_style = "gcs"
+
+    def endpoint_url(self) -> str | None:
+        location = getattr(self._fs, "_location", None)
+        return location if isinstance(location, str) else None
 
     def _metadata_of(self, info: dict[str, Any]) -> dict[str, str] | None:
         if "metadata" not in info and info.get("type") == "directory":
