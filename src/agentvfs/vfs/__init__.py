@@ -9,6 +9,7 @@ kind (``fsspec_backend`` chooses one: ``MemoryStoreBackend``, ``ObjectStoreBacke
 ``S3Backend``, ``GcsBackend``, ``DiskBackend`` or the generic ``FsspecBackend``);
 ``LocalFilesystem`` is a local directory with the reference's path rules;
 ``CompositeFilesystem`` mounts several of them at directories of one tree.
+``check_storage_options`` refuses a storage option that a URL's fsspec class does not take.
 """
 
 from .._exports import fixup_module_metadata
@@ -93,6 +94,9 @@ from ._records import FileStat as FileStat
 from ._records import GrepFileResult as GrepFileResult
 from ._records import GrepMatch as GrepMatch
 from ._records import MountInfo as MountInfo
+from ._storage_options import accepted_storage_options as accepted_storage_options
+from ._storage_options import check_storage_options as check_storage_options
+from ._storage_options import filesystem_class as filesystem_class
 from ._wrapper import TimeoutFilesystem as TimeoutFilesystem
 from ._wrapper import WrapperFilesystem as WrapperFilesystem
 
@@ -151,11 +155,14 @@ __all__ = [
     "WorkspaceFilesystem",
     "WrapperFilesystem",
     "WriteMode",
+    "accepted_storage_options",
     "attribute_storage",
+    "check_storage_options",
     "check_version",
     "create_glob_matcher",
     "download_file",
     "extract_glob_base",
+    "filesystem_class",
     "foreign_metadata",
     "fsspec_backend",
     "get_mime_type",

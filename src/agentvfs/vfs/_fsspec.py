@@ -48,6 +48,7 @@ from ._mime import is_text_file
 from ._object_store import OBJECT_STORES, GcsBackend, ObjectStoreBackend, S3Backend
 from ._posix import PosixAttributes, metadata_for
 from ._records import FileEntry, FileStat, GrepFileResult
+from ._storage_options import check_storage_options
 
 __all__ = ["FsspecFilesystem", "fsspec_backend"]
 
@@ -74,6 +75,20 @@ def fsspec_backend(fs: fsspec.AbstractFileSystem, root: str, *, listing_ttl: flo
     return FsspecBackend(fs, root)
 
 
+
+
+def _open_url(url: str, storage_options: dict[str, Any]) -> tuple[fsspec.AbstractFileSystem, str]:
+    """The fsspec instance and path of ``url``, refusing what would fail later or silently:
+    a protocol whose package is missing (``ImportError`` naming the extra) and a storage
+    option its class does not take (``ValueError`` naming the closest one)."""
+    if "::" not in url:  # a chained URL's options are per link: left to fsspec
+        protocol = fsspec.core.split_protocol(url)[0] or "file"
+        check_storage_options(protocol, storage_options)
+    try:
+        fs, path = fsspec.core.url_to_fs(url, **storage_options)
+    except TypeError as exc:  # a class not checked above refused a keyword
+        raise ValueError(f"The storage options for {url} were refused: {exc}") from exc
+    return fs, str(path)
 
 
 class FsspecFilesystem(WorkspaceFilesystem):
@@ -141,7 +156,7 @@ class FsspecFilesystem(WorkspaceFilesystem):
             text_extensions=text_extensions,
         )
         if isinstance(fs_or_url, str):
-            fs, base = fsspec.core.url_to_fs(fs_or_url, **(storage_options or {}))
+            fs, base = _open_url(fs_or_url, storage_options or {})
         elif isinstance(fs_or_url, fsspec.AbstractFileSystem):
             if storage_options:
                 raise TypeError("storage_options apply only when a URL is given, not an instance")
