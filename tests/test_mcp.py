@@ -289,15 +289,20 @@ def test_cli_builds_the_configuration(monkeypatch: pytest.MonkeyPatch, tmp_path:
 
     monkeypatch.setattr(config_module, "workspace_from_config", capture)
     monkeypatch.setattr(tools_module, "serve_stdio", serve)
-    assert main(["mcp", "--url", "memory://x", "-o", "a=1", "-o", "b=text", "-o", 'c="2"', "-o", "d=true", "--read-only"]) == 0
-    assert seen[0] == {"url": "memory://x", "read_only": True, "storage_options": {"a": 1, "b": "text", "c": "2", "d": True}}
+    # Values are JSON where they parse, else strings (s3fs connects at its first request only).
+    argv = ["-o", "max_concurrency=1", "-o", "endpoint_url=http://127.0.0.1:9", "-o", 'key="2"', "-o", "anon=true"]
+    assert main(["mcp", "--url", "s3://bucket", *argv, "--read-only"]) == 0
+    assert seen[0] == {
+        "url": "s3://bucket", "read_only": True,
+        "storage_options": {"max_concurrency": 1, "endpoint_url": "http://127.0.0.1:9", "key": "2", "anon": True},
+    }  # fmt: skip
     fs = seen[1]["filesystem"]
     assert fs is not None and fs.read_only
     seen.clear()
     config = tmp_path / "c.json"
-    config.write_text(json.dumps({"url": "memory://y", "storage_options": {"a": 1}, "tools": {"x": {}}}))
-    assert main(["mcp", "--config", str(config), "-o", "b=2"]) == 0
-    assert seen[0] == {"url": "memory://y", "storage_options": {"a": 1, "b": 2}, "tools": {"x": {}}}
+    config.write_text(json.dumps({"url": "memory://y", "storage_options": {"max_paths": 1}, "tools": {"x": {}}}))
+    assert main(["mcp", "--config", str(config), "-o", "listings_expiry_time=2"]) == 0
+    assert seen[0] == {"url": "memory://y", "storage_options": {"max_paths": 1, "listings_expiry_time": 2}, "tools": {"x": {}}}
     seen.clear()
     assert main(["mcp", "--config", str(config), "--root", str(tmp_path)]) == 0  # the url's options go too
     assert seen[0] == {"root": str(tmp_path), "tools": {"x": {}}}

@@ -332,10 +332,30 @@ def _mcp(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
             config["read_only"] = True
         if args.options:
             config["storage_options"] = {**(config.get("storage_options") or {}), **dict(args.options)}
+        root = config.get("root")
+        if isinstance(root, str) and not args.create:
+            _check_exists(os.path.expanduser(root))
         workspace = workspace_from_config(config)
     except (OSError, ValueError) as exc:
         parser.error(str(exc))
     anyio.run(serve_stdio, workspace)
+
+
+def _check_exists(path: str) -> None:
+    """Refuse a local root that does not exist: a typo would otherwise be created and served
+    as a new, empty workspace."""
+    if not os.path.isdir(path):
+        what = "is not a directory" if os.path.lexists(path) else "does not exist"
+        raise ValueError(f"{path} {what}; give an existing directory, or --create to make it")
+
+
+def _local_path(url: str) -> str | None:
+    """The local directory ``url`` names (a plain path or ``file://``), else None."""
+    if "::" in url:
+        return None
+    if "://" not in url:
+        return os.path.abspath(url)
+    return url[len("file://") :] if url.startswith("file://") else None
 
 
 def _filesystem_for(url: str, read_only: bool, storage_options: dict[str, Any]) -> Any:
@@ -349,10 +369,24 @@ def _filesystem_for(url: str, read_only: bool, storage_options: dict[str, Any]) 
 def _mount(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from .errors import MountError, WorkspaceError
     from .mounts import Mount, MountOptions
+    from .vfs import check_storage_options
 
     known = {name for name in MountOptions.__dataclass_fields__}
     mount_options = {k: v for k, v in args.options if k.replace("-", "_") in known}
     storage_options = {k: v for k, v in args.options if k.replace("-", "_") not in known}
+    local = _local_path(args.url)
+    try:
+        if "::" not in args.url:
+            protocol = args.url.split("://", 1)[0] if "://" in args.url else "file"
+            check_storage_options(protocol, storage_options, also=known, also_called="a mount option")
+        if local is not None and not args.create:
+            _check_exists(local)
+    except ValueError as exc:
+        print(f"agentvfs mount: {exc}", file=sys.stderr)
+        return 2
+    except ImportError as exc:
+        print(f"agentvfs mount: {exc}", file=sys.stderr)
+        return 1
     stop = threading.Event()
 
     def on_signal(signum: int, frame: object) -> None:
@@ -365,7 +399,7 @@ def _mount(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         fs = _filesystem_for(args.url, args.read_only, storage_options)
         handle = Mount(fs, args.mountpoint, read_only=args.read_only or None, options=mount_options)
         handle.start()
-    except (MountError, WorkspaceError, OSError, ValueError) as exc:
+    except (MountError, WorkspaceError, OSError, ValueError, ImportError) as exc:
         print(f"agentvfs mount: {exc}", file=sys.stderr)
         return 1
     mode = "read-only" if handle.read_only else "read-write"
@@ -468,6 +502,9 @@ def _recover(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``agentvfs`` command."""
     parser = argparse.ArgumentParser(prog="agentvfs", description="A workspace for AI agents over any fsspec storage.")
+    parser.add_argument(
+        "--debug", action="store_true", help="show the Python traceback of an unexpected error (else one line)"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="run file operations on a sample workspace and print what happened")
     demo.add_argument("--storage", choices=["memory", "local"], default="memory", help="embedded storage to use (default: memory)")
@@ -482,6 +519,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     where.add_argument("--root", metavar="DIR", help="a local directory as the workspace")
     where.add_argument("--url", metavar="URL", help="an fsspec URL as the workspace (s3://bucket/prefix, memory://, ...)")
     mcp.add_argument("--read-only", action="store_true", help="offer no write tools and refuse writes")
+    mcp.add_argument("--create", action="store_true", help="create the --root directory if it does not exist")
     mcp.add_argument(
         "-o", dest="options", action="append", type=_storage_option, default=[], metavar="KEY=VALUE",
         help="an fsspec storage option for --url; VALUE is read as JSON when it parses (true, 3, {...}), else as a "
@@ -498,6 +536,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     mnt.add_argument("url", metavar="URL")
     mnt.add_argument("mountpoint", metavar="MOUNTPOINT")
     mnt.add_argument("--read-only", action="store_true", help="mount ro: every write fails with EROFS")
+    mnt.add_argument(
+        "--create", action="store_true",
+        help="create a local directory URL that does not exist (without it a missing one is refused: a typo "
+        "would mount a new, empty directory)",
+    )  # fmt: skip
     mnt.add_argument(
         "-o", dest="options", action="append", type=_storage_option, default=[], metavar="KEY=VALUE",
         help="a mount option (metadata_ttl, part_size, prefetch_parts, staging_dir, staging_limit, uid, gid, "
@@ -538,17 +581,61 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     add_bench_arguments(bench)
     args = parser.parse_args(argv)
+    try:
+        return _run(args, argv, {"mcp": mcp, "mount": mnt, "bench": bench})
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        if args.debug:
+            raise
+        print(f"agentvfs {args.command}: {_explain(exc)}", file=sys.stderr)
+        return 1
+
+
+#: The extra of agentvfs that brings a module a command may miss.
+_EXTRA_OF_MODULE = {
+    "s3fs": "s3",
+    "aiobotocore": "s3",
+    "gcsfs": "gcs",
+    "onnxruntime": "embed",
+    "tokenizers": "embed",
+    "pytest": "bench",
+    "rich": "bench",
+    "matplotlib": "bench",
+    "moto": "bench",
+    "boto3": "bench",
+    "fusepy": "bench",
+    "fuse": "bench",
+}
+
+
+def _explain(exc: BaseException) -> str:
+    """One line for an error no command handled itself: the fix for a missing module, else
+    the error and where its traceback is."""
+    if isinstance(exc, ModuleNotFoundError) and exc.name:
+        top = exc.name.split(".")[0]
+        extra = _EXTRA_OF_MODULE.get(top)
+        fix = f"pip install 'agentvfs[{extra}]'" if extra else f"install the package that provides {top!r}"
+        return f"the module {top!r} is not installed; {fix}"
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return f"{text} ({type(exc).__name__}; run 'agentvfs --debug ...' for the traceback)"
+
+
+def _run(args: argparse.Namespace, argv: Sequence[str] | None, parsers: dict[str, argparse.ArgumentParser]) -> int:
+    """Run the command ``args`` names; its exit code."""
     if args.command == "bench":
         from .bench import main as bench_main
 
-        args.argv = list(argv) if argv is not None else sys.argv[1:]
-        return bench_main(args, bench)
+        args.argv = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--debug"]
+        return int(bench_main(args, parsers["bench"]))
     if args.command == "mount":
-        return _mount(args, mnt)
+        return _mount(args, parsers["mount"])
     if args.command == "recover":
         return _recover(args)
-    commands = {"demo": lambda: anyio.run(_demo, args.storage, []), "mcp": lambda: _mcp(args, mcp)}
-    commands[args.command]()
+    if args.command == "mcp":
+        _mcp(args, parsers["mcp"])
+    else:
+        anyio.run(_demo, args.storage, [])
     return 0
 
 
