@@ -12,7 +12,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import textwrap
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -341,6 +343,60 @@ def _mcp(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     anyio.run(serve_stdio, workspace)
 
 
+def _mount_option_table() -> str:
+    """Every mount option with its default and the first sentence of its documentation
+    (from :class:`~agentvfs.mounts.MountOptions`)."""
+    import dataclasses
+    import re
+
+    from .mounts import MountOptions
+
+    about: dict[str, str] = {}
+    doc = (MountOptions.__doc__ or "").split("Parameters\n    ----------\n", 1)[-1]
+    for block in re.split(r"\n    (?=\w)", "\n" + doc):
+        head, _, body = block.strip().partition("\n")
+        if " : " not in head:
+            continue
+        text = " ".join(body.split())
+        first = re.split(r"(?<=[a-z)])\. ", text, maxsplit=1)[0].rstrip(".")
+        for name in head.split(" : ")[0].split(", "):
+            about[name.strip()] = first
+    lines = ["mount options (-o KEY=VALUE; booleans also as -o KEY, -o KEY=off):"]
+    for f in dataclasses.fields(MountOptions):
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        else:
+            default = "the mounting user's" if f.name in ("uid", "gid") else "-"
+        default = _shown_default(f.name, default)
+        text = about.get(f.name, "").replace("``", "")
+        wrapped = textwrap.wrap(text, 74, initial_indent="    ", subsequent_indent="    ")
+        lines += [f"  {f.name} (default {default})", *wrapped]
+    return "\n".join(lines)
+
+
+def _shown_default(name: str, value: object) -> object:
+    """A mount option's default as ``-o`` takes it: on/off, 0o755, 8GiB (or unset)."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if value is None:
+        return "unset"
+    if isinstance(value, int) and name.endswith("_mode"):
+        return oct(value)
+    if isinstance(value, int) and value >= 1 << 20 and value % (1 << 20) == 0:
+        return f"{value >> 30}GiB" if value % (1 << 30) == 0 else f"{value >> 20}MiB"
+    return value
+
+
+_CREDENTIALS_HELP = """\
+credentials and endpoints:
+  S3: the usual AWS sources (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE,
+  ~/.aws/credentials, an instance role), or -o key=@FILE -o secret=@FILE; another S3
+  server with -o endpoint_url=http://host:port; a public bucket with -o anon=true.
+  GCS: GOOGLE_APPLICATION_CREDENTIALS or -o token=@FILE (a service-account JSON file).
+  Any other key is an fsspec storage option of the URL's filesystem; a mistyped one is
+  refused and the closest known option named."""
+
+
 def _check_exists(path: str) -> None:
     """Refuse a local root that does not exist: a typo would otherwise be created and served
     as a new, empty workspace."""
@@ -387,6 +443,8 @@ def _mount(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except ImportError as exc:
         print(f"agentvfs mount: {exc}", file=sys.stderr)
         return 1
+    if args.daemon:
+        return _daemonize(args, mount_options)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: object) -> None:
@@ -415,6 +473,101 @@ def _mount(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return 1
     print(f"agentvfs: unmounted {handle.mountpoint}", file=sys.stderr)
     return 0
+
+
+def _daemonize(args: argparse.Namespace, mount_options: dict[str, Any]) -> int:
+    """Start ``agentvfs mount`` (the same arguments, without ``--daemon``) in a process of its
+    own session, its output to the log file, and return once it has mounted (0) or exited
+    (its exit code, with the end of its log)."""
+    from .mounts import default_state_dir, is_mounted
+
+    point = os.path.abspath(args.mountpoint)
+    log = args.log_file
+    if not log:
+        state = str(mount_options.get("state_dir") or default_state_dir())
+        os.makedirs(state, mode=0o700, exist_ok=True)
+        name = "".join(c if c.isalnum() else "-" for c in point.strip("/")) or "root"
+        log = os.path.join(state, f"mount-{name}.log")
+    # The same arguments as given (a KEY=@FILE is read again by the child: a credential read
+    # here must not reach the child's command line, which every local user can see).
+    argv = [sys.executable, "-m", "agentvfs", *(a for a in args.raw_argv if not _is_daemon_flag(a))]
+    with open(log, "ab") as out:
+        child = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True, close_fds=True
+        )
+    while child.poll() is None and not is_mounted(point):
+        time.sleep(0.05)
+    if child.poll() is not None:
+        with open(log, "rb") as f:
+            tail = f.read()[-2000:].decode("utf-8", "replace").strip().splitlines()
+        print("\n".join(tail[-5:]) or f"agentvfs mount: exited with {child.returncode}", file=sys.stderr)
+        return child.returncode or 1
+    print(
+        f"agentvfs: {args.url} mounted at {point} by process {child.pid} (log: {log}); "
+        f"'agentvfs unmount {point}' stops it",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _is_daemon_flag(arg: str) -> bool:
+    """``--daemon`` or an abbreviation argparse takes for it."""
+    return arg.startswith("--dae") and "--daemon".startswith(arg)
+
+
+def _unmount(args: argparse.Namespace) -> int:
+    """``agentvfs unmount``: stop the agentvfs process serving the mount point (it publishes
+    first), else ``fusermount3 -u``; wait until the mount is gone."""
+    from .mounts import is_mounted, serving_process
+
+    point = os.path.abspath(args.mountpoint)
+    if not is_mounted(point):
+        print(f"agentvfs unmount: {point} is not a mount point", file=sys.stderr)
+        return 1
+    pid = None if args.lazy else serving_process(point, args.state_dir)
+    if pid is not None:
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + args.timeout
+        while is_mounted(point) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        # The process unmounts, then removes its session: wait for it to be done.
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if is_mounted(point) or _alive(pid):
+            print(
+                f"agentvfs unmount: the mount process {pid} has not finished within {args.timeout:g} s (uploads "
+                "may still be running); wait longer with --timeout, or detach at once with --lazy",
+                file=sys.stderr,
+            )
+            return 1
+        print(f"agentvfs: unmounted {point} (process {pid} stopped; 'agentvfs recover --list' shows anything it kept)", file=sys.stderr)
+        return 0
+    command = ["fusermount3", "-uz" if args.lazy else "-u", point]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+    except FileNotFoundError:
+        command = ["umount", *(["-l"] if args.lazy else []), point]
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0 or is_mounted(point):
+        why = " ".join(done.stderr.split()) or f"{command[0]} exited with {done.returncode}"
+        busy = " (in use: close what uses it, or --lazy)" if "busy" in why.lower() else ""
+        print(f"agentvfs unmount: {why}{busy}", file=sys.stderr)
+        return 1
+    print(f"agentvfs: unmounted {point}", file=sys.stderr)
+    return 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie (exited, not reaped by its parent) counts as gone.
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    return True
 
 
 def _storage_of(entry_storage: str, url: str | None) -> str:
@@ -502,13 +655,16 @@ def _recover(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``agentvfs`` command."""
     parser = argparse.ArgumentParser(prog="agentvfs", description="A workspace for AI agents over any fsspec storage.")
-    parser.add_argument(
-        "--debug", action="store_true", help="show the Python traceback of an unexpected error (else one line)"
-    )
+    parser.add_argument("--version", action="version", version=f"agentvfs {_version()}")
+    _add_common_arguments(parser)
+    # The same options after the command (``agentvfs mount -v ...``); given there, they win.
+    common = argparse.ArgumentParser(add_help=False)
+    _add_common_arguments(common, given_only=True)
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="run file operations on a sample workspace and print what happened")
+    add_parser = functools.partial(sub.add_parser, parents=[common])
+    demo = add_parser("demo", help="run file operations on a sample workspace and print what happened")
     demo.add_argument("--storage", choices=["memory", "local"], default="memory", help="embedded storage to use (default: memory)")
-    mcp = sub.add_parser(
+    mcp = add_parser(
         "mcp",
         help="serve the workspace tools to an MCP client over stdio",
         description="Serve the workspace tools (read_file, write_file, edit_file, ...) over stdio with the "
@@ -526,16 +682,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         "string; KEY=@FILE reads it from FILE. Never put credentials on the command line (every local user sees "
         "them in ps): use KEY=@FILE, the environment or --config",
     )  # fmt: skip
-    mnt = sub.add_parser(
+    mnt = add_parser(
         "mount",
-        help="FUSE-mount an fsspec URL or a local directory in the foreground",
-        description="Mount URL (s3://bucket/prefix, gcs://bucket, memory://, file:///dir or a local path) at "
-        "MOUNTPOINT until SIGINT or SIGTERM; pending uploads finish before the unmount. "
-        "Semantics: docs/mount-semantics.md.",
+        help="FUSE-mount an fsspec URL or a local directory",
+        description=textwrap.fill(
+            "Mount URL (s3://bucket/prefix, gcs://bucket, memory://, file:///dir or a local path) at MOUNTPOINT "
+            "until SIGINT or SIGTERM (or 'agentvfs unmount MOUNTPOINT'); pending uploads finish before the "
+            "unmount. With --daemon it returns once mounted. Semantics: docs/mount-semantics.md.",
+            88,
+        ),
+        epilog=_mount_option_table() + "\n\n" + _CREDENTIALS_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     mnt.add_argument("url", metavar="URL")
     mnt.add_argument("mountpoint", metavar="MOUNTPOINT")
     mnt.add_argument("--read-only", action="store_true", help="mount ro: every write fails with EROFS")
+    mnt.add_argument(
+        "--daemon", action="store_true",
+        help="serve from a background process and return once mounted; its log goes to --log-file (default: "
+        "mount-<name>.log in the state directory)",
+    )  # fmt: skip
     mnt.add_argument(
         "--create", action="store_true",
         help="create a local directory URL that does not exist (without it a missing one is refused: a typo "
@@ -548,7 +714,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         "the value from FILE. Never put credentials on the command line (every local user sees them in ps): use "
         "key=@FILE, secret=@FILE or the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)",
     )  # fmt: skip
-    rec = sub.add_parser(
+    umnt = add_parser(
+        "unmount",
+        help="unmount a mount point, letting an agentvfs mount finish its uploads first",
+        description="Ask the agentvfs mount process serving MOUNTPOINT to stop (SIGTERM: it waits up to its "
+        "stop_timeout for writers, publishes what is complete and keeps the rest for 'agentvfs recover'), and "
+        "wait until the mount is gone. Any other FUSE mount is unmounted with fusermount3 -u.",
+    )
+    umnt.add_argument("mountpoint", metavar="MOUNTPOINT")
+    umnt.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the mount to go (120)")
+    umnt.add_argument("--lazy", action="store_true", help="detach now even if busy (fusermount3 -uz)")
+    umnt.add_argument("--state-dir", metavar="DIR", help="the mount's state directory, if not the default")
+    rec = add_parser(
         "recover",
         help="list, restore or discard files a mount kept instead of publishing them",
         description="A mount never publishes a file that was still open for writing when it stopped, whose "
@@ -572,7 +749,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )  # fmt: skip
     from .bench import add_arguments as add_bench_arguments
 
-    bench = sub.add_parser(
+    bench = add_parser(
         "bench",
         help="measure backends and mount layers side by side; write a report and plots",
         description="Run the io, metadata, agent, search and sandbox suites on each backend through each layer "
@@ -581,6 +758,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     add_bench_arguments(bench)
     args = parser.parse_args(argv)
+    args.raw_argv = list(argv if argv is not None else sys.argv[1:])
+    try:
+        _configure_logging(args)
+    except OSError as exc:
+        print(f"agentvfs: --log-file {args.log_file}: {exc.strerror}", file=sys.stderr)
+        return 2
     try:
         return _run(args, argv, {"mcp": mcp, "mount": mnt, "bench": bench})
     except KeyboardInterrupt:
@@ -590,6 +773,57 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"agentvfs {args.command}: {_explain(exc)}", file=sys.stderr)
         return 1
+
+
+def _add_common_arguments(parser: argparse.ArgumentParser, *, given_only: bool = False) -> None:
+    """The options of every command: logging, and tracebacks (``given_only``: no defaults,
+    so that a command's parser keeps what was given before the command)."""
+    unset: dict[str, Any] = {"default": argparse.SUPPRESS} if given_only else {}
+    parser.add_argument(
+        "--debug", action="store_true", help="show the Python traceback of an unexpected error (else one line)",
+        **unset,
+    )  # fmt: skip
+    parser.add_argument(
+        "-v", "--verbose", action="count", help="log more: -v what happens (INFO), -vv everything (DEBUG)",
+        **(unset or {"default": 0}),
+    )  # fmt: skip
+    parser.add_argument(
+        "--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper,
+        help="the least severe log records shown (default WARNING; overrides -v)", **unset,
+    )  # fmt: skip
+    parser.add_argument(
+        "--log-file", metavar="FILE", help="append log records to FILE instead of standard error", **unset
+    )
+
+
+def _version() -> str:
+    from . import __version__
+
+    return __version__
+
+
+def _configure_logging(args: argparse.Namespace) -> None:
+    """Send log records at the level asked for to standard error or ``--log-file``."""
+    import logging
+
+    level = args.log_level or ("DEBUG" if args.verbose > 1 else "INFO" if args.verbose else "WARNING")
+    if args.log_file:
+        handler: logging.Handler = logging.FileHandler(os.path.expanduser(args.log_file), encoding="utf-8")
+        handler.setFormatter(logging.Formatter("%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s"))
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("agentvfs: %(levelname)s: %(message)s"))
+    root = logging.getLogger()
+    global _log_handler
+    if _log_handler is not None:  # main() called again in one process: replace, not add
+        root.removeHandler(_log_handler)
+        _log_handler.close()
+    _log_handler = handler
+    root.addHandler(handler)
+    root.setLevel(level)
+
+
+_log_handler: Any = None
 
 
 #: The extra of agentvfs that brings a module a command may miss.
@@ -632,6 +866,8 @@ def _run(args: argparse.Namespace, argv: Sequence[str] | None, parsers: dict[str
         return _mount(args, parsers["mount"])
     if args.command == "recover":
         return _recover(args)
+    if args.command == "unmount":
+        return _unmount(args)
     if args.command == "mcp":
         _mcp(args, parsers["mcp"])
     else:

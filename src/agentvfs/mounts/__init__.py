@@ -17,6 +17,7 @@ from ._recovery import RecoveredFile as RecoveredFile
 from ._recovery import default_state_dir as default_state_dir
 from ._recovery import discard_recovered as discard_recovered
 from ._recovery import list_recovered as list_recovered
+from ._recovery import serving_process as serving_process
 from ._server import Mount as Mount
 from ._server import cleanup_stale_mount as cleanup_stale_mount
 from ._server import fuse_available as fuse_available
@@ -38,6 +39,7 @@ __all__ = [
     "mount",
     "passthrough_unavailable_reason",
     "recipe_for",
+    "serving_process",
 ]
 
 fixup_module_metadata(__name__, globals())

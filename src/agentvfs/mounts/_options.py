@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -151,11 +152,26 @@ class MountOptions:
         for key, raw in value.items():
             name = str(key).replace("-", "_")
             if name not in known:
+                close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise WorkspaceError(
-                    f"Unknown mount option {key!r}; known: {', '.join(sorted(known))}", "INVALID_CONFIG"
+                    f"Unknown mount option {key!r}{hint}; known: {', '.join(sorted(known))}", "INVALID_CONFIG"
                 )
             kwargs[name] = _coerce(name, raw, cls.__dataclass_fields__[name].type)
         return cls(**kwargs)
+
+
+_UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def _size(text: str) -> int:
+    """An integer as ``-o`` gives it: ``4096``, ``0x1000``, ``0o755``, or a size with a binary
+    unit (``64MiB``, ``64M``, ``2GiB``, ``512k``)."""
+    cleaned = text.strip().replace("_", "")
+    lowered = cleaned.lower().removesuffix("ib").removesuffix("b")
+    if lowered and lowered[-1] in _UNITS and lowered[:-1].strip().isdigit():
+        return int(lowered[:-1]) * _UNITS[lowered[-1]]
+    return int(cleaned, 0)
 
 
 def _coerce(name: str, raw: Any, annotation: Any) -> Any:
@@ -173,7 +189,7 @@ def _coerce(name: str, raw: Any, annotation: Any) -> Any:
         if kind == "int":
             if isinstance(raw, bool):
                 raise ValueError(raw)
-            value = int(raw, 0) if isinstance(raw, str) else int(raw)
+            value = _size(raw) if isinstance(raw, str) else int(raw)
             if value < 0:
                 raise ValueError(raw)
             return value

@@ -207,7 +207,7 @@ class Session:
         self.url = url
         self.mountpoint = mountpoint
         base = os.path.join(root, "mounts", storage_key(url))
-        where = hashlib.sha256(mountpoint.encode("utf-8", "surrogateescape")).hexdigest()[:8]
+        where = _mountpoint_key(mountpoint)
         self.path = os.path.join(base, f"{where}-{os.getpid()}-{time.time_ns()}")
         for _ in range(5):
             os.makedirs(base, mode=0o700, exist_ok=True)
@@ -265,6 +265,54 @@ class Session:
             with contextlib.suppress(OSError):
                 os.rmdir(os.path.dirname(self.path))  # the storage's folder, once empty
         os.close(self._lock)  # releases the lock
+
+
+def _mountpoint_key(mountpoint: str) -> str:
+    """The prefix of a session directory's name for ``mountpoint``."""
+    return hashlib.sha256(mountpoint.encode("utf-8", "surrogateescape")).hexdigest()[:8]
+
+
+def serving_process(mountpoint: str, state_dir: str | None = None) -> int | None:
+    """The process id of the running ``agentvfs`` mount at ``mountpoint`` whose session is in
+    ``state_dir`` (default: :func:`default_state_dir`), or None.
+
+    A session names its process; the process is taken to be running it while it holds the
+    session's lock file open (so a reused process id is not mistaken for it).
+    """
+    root = os.path.abspath(state_dir or default_state_dir())
+    point = os.path.abspath(mountpoint)
+    prefix = _mountpoint_key(point) + "-"
+    base = os.path.join(root, "mounts")
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        for storage in sorted(os.listdir(base)):
+            with contextlib.suppress(OSError):
+                for name in sorted(os.listdir(os.path.join(base, storage))):
+                    if not name.startswith(prefix):
+                        continue
+                    session = os.path.join(base, storage, name)
+                    try:
+                        with open(os.path.join(session, _SESSION), encoding="utf-8") as f:
+                            about = json.load(f)
+                        pid = int(about["pid"])
+                    except (OSError, ValueError, KeyError, TypeError):
+                        continue
+                    if about.get("mountpoint") == point and _holds(pid, os.path.join(session, _LOCK)):
+                        return pid
+    return None
+
+
+def _holds(pid: int, path: str) -> bool:
+    """Whether process ``pid`` has ``path`` open."""
+    fds = f"/proc/{pid}/fd"
+    try:
+        names = os.listdir(fds)
+    except OSError:
+        return False
+    for fd in names:
+        with contextlib.suppress(OSError):
+            if os.readlink(os.path.join(fds, fd)) == path:
+                return True
+    return False
 
 
 def _sessions(root: str, url: str) -> Iterator[str]:

@@ -323,6 +323,10 @@ class Mount:
                 raise MountError(f"Mounting at {self.mountpoint} failed: {self._error}") from self._error
             self._unwatch = self.filesystem.watch(self._on_change)
             _tune(self.mountpoint, self.options)
+            _log.info(
+                "serving %s at %s (%s)", self.filesystem.location or self.filesystem.id, self.mountpoint,
+                "read-only" if self.read_only else "read-write",
+            )  # fmt: skip
         except BaseException:
             self._stop_thread()
             self._release_session()
@@ -430,6 +434,7 @@ class Mount:
         if is_mounted(self.mountpoint) and not _fusermount("-u", self.mountpoint):
             _fusermount("-uz", self.mountpoint)
         self.pending_failures = failures
+        _log.info("unmounted %s (%d file(s) not published)", self.mountpoint, len(failures))
         if failures:
             listed = "; ".join(f"{path}: {why}" for path, why in sorted(failures.items()))
             assert ops is not None

@@ -1,0 +1,139 @@
+"""The command line's basics: --version, ``python -m agentvfs``, logging options, the mount
+option table in ``mount --help``, ``mount --daemon`` and ``agentvfs unmount``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from _mounted import wait_until
+from _mountproc import cli_env
+from agentvfs import __version__
+from agentvfs.mounts import MountOptions, fuse_available, is_mounted, serving_process
+
+needs_fuse = pytest.mark.skipif(fuse_available() is not None, reason=f"FUSE unavailable: {fuse_available()}")
+
+
+def _agentvfs(*args: str, cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "agentvfs", *args],
+        capture_output=True, text=True, env=cli_env(), cwd=cwd, timeout=timeout, check=False,
+    )  # fmt: skip
+
+
+def test_version_and_python_dash_m() -> None:
+    done = _agentvfs("--version")
+    assert (done.returncode, done.stdout.strip()) == (0, f"agentvfs {__version__}")
+
+
+def test_mount_help_lists_every_option_with_its_default_and_the_credentials() -> None:
+    text = _agentvfs("mount", "--help").stdout
+    for name in MountOptions.__dataclass_fields__:
+        assert f"\n  {name} (default " in text, name
+    assert "part_size (default 16MiB)" in text and "metadata (default on)" in text and "dir_mode (default 0o755)" in text
+    assert "AWS_ACCESS_KEY_ID" in text and "endpoint_url" in text and "GOOGLE_APPLICATION_CREDENTIALS" in text
+    assert "…" not in text and "``" not in text
+
+
+def test_sizes_in_mount_options_take_binary_units() -> None:
+    options = MountOptions.from_value({"part_size": "8MiB", "staging_limit": "2G", "random_read_size": "512k"})
+    assert (options.part_size, options.staging_limit, options.random_read_size) == (8 << 20, 2 << 30, 512 << 10)
+
+
+def test_a_mistyped_mount_option_in_python_names_the_one_meant() -> None:
+    from agentvfs.errors import WorkspaceError
+
+    with pytest.raises(WorkspaceError, match=r"Unknown mount option 'metdata_ttl' \(did you mean 'metadata_ttl'\?\)"):
+        MountOptions.from_value({"metdata_ttl": 1})
+
+
+def test_a_log_file_that_cannot_be_opened_is_one_line(tmp_path: Path) -> None:
+    done = _agentvfs("--log-file", os.fspath(tmp_path / "no/such/dir/log"), "recover")
+    assert done.returncode == 2 and done.stderr.startswith("agentvfs: --log-file") and "Traceback" not in done.stderr
+
+
+@needs_fuse
+def test_daemon_mount_then_unmount_publishes_and_logs(tmp_path: Path) -> None:
+    (tmp_path / "src").mkdir()
+    (tmp_path / "mnt").mkdir()
+    state, log = tmp_path / "state", tmp_path / "mount.log"
+    secret = tmp_path / "opt"
+    secret.write_text("false")
+    started = time.monotonic()
+    done = _agentvfs(
+        "-v", "--log-file", os.fspath(log), "mount", "--daemon", "src", "mnt",
+        "-o", f"state_dir={state}", "-o", "stop_timeout=5", "-o", f"auto_mkdir=@{secret}",
+        cwd=tmp_path,
+    )  # fmt: skip
+    try:
+        assert done.returncode == 0, done.stderr
+        assert time.monotonic() - started < 30
+        point = os.fspath(tmp_path / "mnt")
+        assert is_mounted(point)
+        assert f"mounted at {point} by process" in done.stderr and "agentvfs unmount" in done.stderr
+        pid = serving_process(point, os.fspath(state))
+        assert pid is not None and pid != os.getpid()
+        # The value read from a file is not on the daemon's command line.
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            assert f"@{secret}".encode() in f.read()
+        with open(tmp_path / "mnt/made.txt", "w") as f:
+            f.write("through the daemon\n")
+        # The process is found through its session, in the state directory it was given.
+        assert serving_process(point, os.fspath(tmp_path / "elsewhere")) is None
+        done = _agentvfs("unmount", "mnt", "--state-dir", os.fspath(state), cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        assert not is_mounted(point)
+        assert wait_until(lambda: serving_process(point, os.fspath(state)) is None, timeout=10)
+    finally:
+        if is_mounted(os.fspath(tmp_path / "mnt")):
+            subprocess.run(["fusermount3", "-uz", os.fspath(tmp_path / "mnt")], check=False)
+    assert (tmp_path / "src/made.txt").read_text() == "through the daemon\n"
+    text = log.read_text()
+    assert "INFO agentvfs.mounts: serving" in text and "INFO agentvfs.mounts: unmounted" in text
+    assert _agentvfs("unmount", os.fspath(tmp_path / "mnt")).returncode == 1  # no longer a mount point
+
+
+@needs_fuse
+def test_a_daemon_that_fails_reports_why(tmp_path: Path) -> None:
+    (tmp_path / "mnt").mkdir()
+    (tmp_path / "mnt/in-the-way").write_text("x")
+    done = _agentvfs("mount", "--daemon", "memory://x", "mnt", "--log-file", "l.log", cwd=tmp_path)
+    assert done.returncode == 1 and "is not empty" in done.stderr, done.stderr
+
+
+@needs_fuse
+def test_unmount_of_another_fuse_mount(tmp_path: Path) -> None:
+    point = tmp_path / "mnt"
+    point.mkdir()
+    # A mount served in another process that has no session in the default state directory
+    # (an in-process Mount of a test): unmount falls back to fusermount3, and a busy mount
+    # is reported.
+    code = (
+        "import sys, time; from fsspec.implementations.memory import MemoryFileSystem\n"
+        "from agentvfs import FsspecFilesystem; from agentvfs.mounts import Mount\n"
+        "m = Mount(FsspecFilesystem(MemoryFileSystem(skip_instance_cache=True), root='/u'), sys.argv[1],"
+        " options={'state_dir': sys.argv[2]}).start(); print('up', flush=True); time.sleep(60)"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", code, os.fspath(point), os.fspath(tmp_path / "state")],
+        stdout=subprocess.PIPE, text=True, env=cli_env(),
+    )  # fmt: skip
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "up\n"
+        with open(point / "held", "w") as held:
+            done = _agentvfs("unmount", os.fspath(point), "--state-dir", os.fspath(tmp_path / "other"))
+            assert done.returncode == 1 and "busy" in done.stderr.lower() and "--lazy" in done.stderr
+            held.write("x")
+        done = _agentvfs("unmount", os.fspath(point), "--state-dir", os.fspath(tmp_path / "other"))
+        assert done.returncode == 0, done.stderr
+        assert not is_mounted(os.fspath(point))
+    finally:
+        child.kill()
+        child.wait()
+        if is_mounted(os.fspath(point)):
+            subprocess.run(["fusermount3", "-uz", os.fspath(point)], check=False)
