@@ -37,6 +37,24 @@ async def test_absolute_paths_are_host_paths(base: Path) -> None:
         assert str(info.value) == message
 
 
+async def test_absolute_paths_from_the_workspace_root(base: Path, tmp_path: Path) -> None:
+    fs = LocalFilesystem(base, absolute_paths="workspace")
+    assert await fs.read_file("/sub/x.txt") == b"x"
+    assert await fs.read_file(str(base / "sub" / "x.txt")) == b"x"  # a host path inside still is one
+    await fs.write_file("/new.txt", "n")
+    assert (base / "new.txt").read_text() == "n"
+    assert sorted(e.name for e in await fs.readdir("/")) == ["new.txt", "sub"]
+    (tmp_path / "secret").write_text("s")
+    # Never the host's files: /etc/passwd is etc/passwd of the workspace, and nothing climbs out.
+    with pytest.raises(FileNotFoundError):
+        await fs.read_file("/etc/passwd")
+    for escape in ("/../secret", "/sub/../../secret", "../secret", "~/x"):
+        with pytest.raises(PermissionDenied):
+            await fs.read_file(escape)
+    with pytest.raises(ValueError, match="absolute_paths must be 'host' or 'workspace'"):
+        LocalFilesystem(base, absolute_paths="root")  # type: ignore[arg-type]
+
+
 async def test_symlink_out_is_refused_for_read_and_create(base: Path, tmp_path: Path) -> None:
     outside = tmp_path / "outside"
     outside.mkdir()

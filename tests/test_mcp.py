@@ -81,6 +81,15 @@ async def failed(client: ClientSession, name: str, **args: Any) -> str:
     return text(result)
 
 
+async def test_root_takes_slash_paths_from_the_workspace_root(root: Path, errlog: TextIO) -> None:
+    with anyio.fail_after(TIMEOUT):
+        async with session(errlog, "--root", str(root)) as client:
+            assert (await ok(client, FS.READ_FILE, path="/a.txt")).startswith("a.txt (24 bytes)")
+            assert await ok(client, FS.WRITE_FILE, path="/made/here.txt", content="x") == "Wrote 1 bytes to /made/here.txt"
+            assert (root / "made/here.txt").read_text() == "x"
+            assert await failed(client, FS.READ_FILE, path="/../outside.txt") != ""
+
+
 async def test_lists_the_filesystem_tools(root: Path, errlog: TextIO) -> None:
     expected = await Workspace(filesystem=LocalFilesystem(root)).create_tools()
     with anyio.fail_after(TIMEOUT):
@@ -109,8 +118,12 @@ async def test_calls_return_the_tool_outputs_and_errors_keep_the_server_serving(
                 "Replaced 1 occurrence in notes/b.txt (lines 2)"
             )
             assert (root / "notes" / "b.txt").read_text() == "alpha\ngamma\n"
-            not_found = await ok(client, FS.EDIT_FILE, path="notes/b.txt", old_string="nope", new_string="x")
+            # A failed edit is the reference's text, flagged as a tool error.
+            not_found = await failed(client, FS.EDIT_FILE, path="notes/b.txt", old_string="nope", new_string="x")
             assert not_found.startswith("The specified text was not found")
+            (root / "notes" / "twice.txt").write_text("x x\n")
+            twice = await failed(client, FS.EDIT_FILE, path="notes/twice.txt", old_string="x", new_string="y")
+            assert "2" in twice and (root / "notes" / "twice.txt").read_text() == "x x\n"
             assert await ok(client, FS.GREP, pattern="o") == (
                 "2 matches across 1 file\n---\n./a.txt:1:5: Hello World\n./a.txt:2:4: second line"
             )
@@ -143,7 +156,7 @@ async def test_calls_return_the_tool_outputs_and_errors_keep_the_server_serving(
             assert isinstance(embedded.resource, types.BlobResourceContents)
             assert embedded.resource.mimeType == "application/pdf" and str(embedded.resource.uri) == "agentvfs://workspace/doc.pdf"
             assert base64.b64decode(embedded.resource.blob) == b"%PDF-1.4\n%%EOF\n"
-            assert await ok(client, FS.FILE_STAT, path="missing.txt") == "missing.txt: not found"
+            assert await failed(client, FS.FILE_STAT, path="missing.txt") == "missing.txt: not found"
             assert await ok(client, FS.DELETE, path="notes", recursive=True) == "Deleted notes"
     assert not (root / "notes").exists()
     errlog.seek(0)

@@ -23,6 +23,7 @@ from agentvfs import (
     WorkspaceTool,
 )
 from agentvfs.testing import Harness
+from agentvfs.tools import ToolFailure
 from conftest import BACKENDS, harness_for
 
 pytestmark = pytest.mark.anyio
@@ -116,7 +117,9 @@ async def test_write_edit_stat_mkdir_delete(harness: Harness) -> None:
 
     harness.put("e.txt", b"foo\nbar\nfoo\nbaz $x\n")
     not_found = "The specified text was not found. Make sure you use the exact text from the file."
-    assert await run(t, FS.EDIT_FILE, path="e.txt", old_string="qux", new_string="y") == not_found
+    missing = await run(t, FS.EDIT_FILE, path="e.txt", old_string="qux", new_string="y")
+    # The reference's text, flagged as a failure for protocols that have one (MCP isError).
+    assert missing == not_found and isinstance(missing, ToolFailure)
     assert await run(t, FS.EDIT_FILE, path="e.txt", old_string="", new_string="y") == not_found
     assert (await run(t, FS.EDIT_FILE, path="e.txt", old_string="foo", new_string="F")).startswith("The specified text appears 2 times. ")
     assert await run(t, FS.EDIT_FILE, path="e.txt", old_string="bar", new_string="BAR\nBAR2") == "Replaced 1 occurrence in e.txt (lines 2-3)"
@@ -127,7 +130,9 @@ async def test_write_edit_stat_mkdir_delete(harness: Harness) -> None:
         await run(t, FS.EDIT_FILE, path="missing.txt", old_string="a", new_string="b")
 
     assert re.fullmatch(r"a\.txt Type: file Size: 24 bytes Modified: \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", await run(t, FS.FILE_STAT, path="a.txt"))
-    assert await run(t, FS.FILE_STAT, path="zzz") == "zzz: not found"
+    stat_missing = await run(t, FS.FILE_STAT, path="zzz")
+    assert stat_missing == "zzz: not found" and isinstance(stat_missing, ToolFailure)
+    assert not isinstance(await run(t, FS.FILE_STAT, path="a.txt"), ToolFailure)
 
     assert await run(t, FS.MKDIR, path="m/a/b") == "Created directory m/a/b"
     assert harness.isdir("m/a/b")

@@ -15,7 +15,10 @@ from .workspace import Workspace
 __all__ = ["load_config", "workspace_from_config"]
 
 _CONFIG_KEYS = frozenset(
-    {"root", "url", "read_only", "storage_options", "tools", "name", "sandbox", "bm25", "auto_index_paths", "index_dir"}
+    {
+        "root", "url", "read_only", "storage_options", "tools", "name", "sandbox", "bm25", "auto_index_paths",
+        "index_dir", "absolute_paths",
+    }
 )
 _SANDBOX_KEYS = frozenset({"working_directory", "isolation", "allow_network", "env"})
 
@@ -29,7 +32,9 @@ def load_config(path: str | os.PathLike[str]) -> dict[str, Any]:
     (``{"working_directory", "isolation", "allow_network", "env"}``: adds the command tools; a
     ``url`` is FUSE-mounted into it at ``/workspace``), and search: ``bm25``,
     ``auto_index_paths``, ``index_dir``. A relative ``root`` is taken relative to the file's
-    directory.
+    directory. ``absolute_paths`` (with ``root``): ``"workspace"`` (the default here, as for a
+    ``url``) takes ``/notes.txt`` from the workspace root, ``"host"`` as a host path (the
+    behaviour of ``LocalFilesystem``'s default).
 
     Raises
     ------
@@ -80,7 +85,10 @@ def workspace_from_config(config: Mapping[str, Any]) -> Workspace:
     if root is not None:
         if options:
             raise ValueError("storage_options apply to url, not to root")
-        fs = LocalFilesystem(os.path.expanduser(str(root)), read_only=read_only)
+        absolute = config.get("absolute_paths", "workspace")
+        if absolute not in ("host", "workspace"):
+            raise ValueError(f"absolute_paths must be \"host\" or \"workspace\", got {absolute!r}")
+        fs = LocalFilesystem(os.path.expanduser(str(root)), read_only=read_only, absolute_paths=absolute)
     else:
         fs = FsspecFilesystem(str(url), storage_options=options, read_only=read_only)
     search: dict[str, Any] = {}

@@ -7,6 +7,7 @@ Output is limited with tiktoken's offline ``cl100k_base`` encoding.
 
 from .._exports import fixup_module_metadata
 from ._adapters import openai_tools as openai_tools
+from ._core import ToolFailure as ToolFailure
 from ._core import ToolMedia as ToolMedia
 from ._core import WorkspaceTool as WorkspaceTool
 from ._core import build_tools as build_tools
@@ -20,6 +21,7 @@ from ._registry import workspace_tool_specs as workspace_tool_specs
 __all__ = [
     "NOT_APPROVED",
     "WORKSPACE_TOOLS",
+    "ToolFailure",
     "ToolHost",
     "ToolMedia",
     "WorkspaceTool",

@@ -80,6 +80,15 @@ class ToolCall:
         return self.filesystem
 
 
+class ToolFailure(str):
+    """A tool's answer that reports a failure in words rather than raising: the reference's
+    text (it is that ``str``, byte for byte), flagged so that a protocol with a notion of
+    failure can say so (MCP's ``isError``). ``edit_file`` answers this way when the text to
+    replace is missing or not unique, ``file_stat`` when nothing is at the path."""
+
+    __slots__ = ()
+
+
 ToolResult = str | ToolMedia
 Implementation = Callable[[ToolCall], Awaitable[ToolResult]]
 

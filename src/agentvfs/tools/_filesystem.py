@@ -22,7 +22,7 @@ from typing import Any
 
 from ..errors import NOT_FOUND_MESSAGE, StringNotFoundError, StringNotUniqueError
 from ..vfs import FileStat, read_range
-from ._core import ToolCall, ToolMedia, ToolResult, ToolSpec
+from ._core import ToolCall, ToolFailure, ToolMedia, ToolResult, ToolSpec
 from ._lines import (
     extract_lines,
     format_with_line_numbers,
@@ -264,9 +264,9 @@ async def edit_file(call: ToolCall) -> ToolResult:
     try:
         done = replace_string(content, old, new, replace_all=every)
     except StringNotFoundError:
-        return NOT_FOUND_MESSAGE
+        return ToolFailure(NOT_FOUND_MESSAGE)
     except StringNotUniqueError as exc:
-        return str(exc)
+        return ToolFailure(str(exc))
     await call.fs.write_file(path, done.text, expected_mtime=call.expected)
     span = max(new.count("\n"), old.count("\n"))
     ranges = [f"{start}-{start + span}" if span else str(start) for start in line_numbers(content, done.positions)]
@@ -292,7 +292,7 @@ async def file_stat(call: ToolCall) -> ToolResult:
     try:
         stat = await call.fs.stat(path)
     except FileNotFoundError:
-        return f"{path}: not found"
+        return ToolFailure(f"{path}: not found")
     return f"{path} Type: {stat.type} Size: {stat.size} bytes Modified: {iso_ms(stat)}"
 
 

@@ -14,7 +14,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import quote
 
-from ._core import ToolMedia, WorkspaceTool
+from ._core import ToolFailure, ToolMedia, WorkspaceTool
 from ._host import ToolHost
 from ._names import WORKSPACE_TOOLS
 from ._schema import validate_input
@@ -155,7 +155,7 @@ def create_server(tools: Mapping[str, WorkspaceTool], *, name: str = "agentvfs")
         except Exception as exc:
             logger.debug("MCP tool %s failed", tool_name, exc_info=True)
             return _error(_message(exc))
-        return types.CallToolResult(content=_content(result, args, tool), isError=False)
+        return types.CallToolResult(content=_content(result, args, tool), isError=isinstance(result, ToolFailure))
 
     server.request_handlers[types.ListToolsRequest] = list_tools
     server.request_handlers[types.CallToolRequest] = call_tool

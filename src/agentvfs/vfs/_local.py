@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from fsspec.implementations.local import LocalFileSystem
 
@@ -59,6 +59,11 @@ class LocalFilesystem(DiskFilesystem):
         Replaces the default instructions.
     text_extensions : iterable of str
         Extra extensions grep reads as text.
+    absolute_paths : {"host", "workspace"}
+        What an absolute path outside every root means. ``"host"`` (the default, as the
+        reference): the host path, refused with a hint. ``"workspace"``: a path from the
+        workspace root, as agents often write them (``/notes.txt`` is ``notes.txt``); an
+        absolute path inside a root is still that host path. With ``contained`` only.
     """
 
     name = "LocalFilesystem"
@@ -75,7 +80,10 @@ class LocalFilesystem(DiskFilesystem):
         text_extensions: Iterable[str] = (),
         display_name: str | None = None,
         description: str | None = None,
+        absolute_paths: Literal["host", "workspace"] = "host",
     ) -> None:
+        if absolute_paths not in ("host", "workspace"):
+            raise ValueError(f"absolute_paths must be 'host' or 'workspace', not {absolute_paths!r}")
         base = os.path.abspath(_expand(os.fspath(base_path)))
         _paths.check_name(base)
         # The wrapped fsspec root is the host root: workspace paths become host paths here,
@@ -94,6 +102,7 @@ class LocalFilesystem(DiskFilesystem):
         self.base_path = base
         self._backend.base_dir = base
         self.contained = bool(contained)
+        self.absolute_paths = absolute_paths
         self._allowed: list[str] = []
         self.set_allowed_paths(list(allowed_paths))
 
@@ -133,7 +142,11 @@ class LocalFilesystem(DiskFilesystem):
         # Lexically inside a root (by its path or its real path); symlinks on the way are the
         # business of each operation, which resolves beneath the root's descriptor.
         if self.contained and not self._backend.disk.contains(target):
-            raise PermissionDenied(path, self._refusal(path))
+            if self.absolute_paths == "workspace" and path.startswith("/"):
+                # Joined below the root, then normalised: "/../x" is still refused.
+                target = os.path.normpath(os.path.join(self.base_path, "./" + raw.lstrip("/")))
+            if not self._backend.disk.contains(target):
+                raise PermissionDenied(path, self._refusal(path))
         return target.lstrip("/")
 
     def _make_backend(self, fs: Any, root: str, listing_ttl: float) -> DiskBackend:
