@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Set up the checkout, then run `agentvfs demo` with arguments passed through.
+# Set up the checkout with what the demo needs (FUSE mounts and search), then run
+# `agentvfs demo` with arguments passed through.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-bash scripts/setup.sh test
+bash scripts/setup.sh fuse,search
 exec .venv/bin/agentvfs demo "$@"

@@ -46,6 +46,7 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "testing": APPLICATION,
     "bench": APPLICATION | {"testing"},
     "cli": APPLICATION | {"testing", "bench"},
+    "__main__": FOUNDATION | {"cli"},
 }
 
 

@@ -33,6 +33,10 @@ async def _demo(storage: str, out: list[str]) -> None:
         out.append(line)
         print(line, flush=True)
 
+    def section(title: str) -> None:
+        say()
+        say(f"-- {title}")
+
     if storage == "memory":
         raw = MemoryFileSystem(global_store=False, skip_instance_cache=True)
         fs = FsspecFilesystem(raw, root="/demo", display_name="demo (memory)")
@@ -42,6 +46,8 @@ async def _demo(storage: str, out: list[str]) -> None:
         fs = LocalFilesystem(tmp.name)
     try:
         say(f"== agentvfs demo on {storage} storage")
+        say("Lines marked (expected) show an error the workspace is meant to raise there.")
+        section("files through the API")
         async with Workspace(filesystem=fs, name="demo") as ws:
             assert ws.filesystem is not None
             files = ws.filesystem
@@ -72,17 +78,17 @@ async def _demo(storage: str, out: list[str]) -> None:
             try:
                 await files.write_file("README.md", "clobber", overwrite=False)
             except FileExistsError as exc:
-                say(f"write_file README.md overwrite=False -> {type(exc).__name__}: {exc}")
+                say(f"write_file README.md overwrite=False -> {type(exc).__name__}: {exc} (expected)")
             try:
                 await files.read_file("../etc/passwd")
             except PermissionError as exc:
-                say(f"read_file ../etc/passwd -> {type(exc).__name__}: {exc}")
+                say(f"read_file ../etc/passwd -> {type(exc).__name__}: {exc} (expected: outside the workspace)")
             seen = await files.stat("README.md")
             await files.write_file("README.md", "# Demo project\nchanged by someone else\n")
             try:
                 await files.write_file("README.md", "my stale edit", expected_mtime=seen)
             except OSError as exc:
-                say(f"stale write -> {type(exc).__name__}: {exc}")
+                say(f"stale write -> {type(exc).__name__}: {exc} (expected: changed since it was read)")
             hits = await files.grep("TODO", ".")  # type: ignore[attr-defined]
             for hit in hits:
                 for match in hit.matches:
@@ -90,7 +96,7 @@ async def _demo(storage: str, out: list[str]) -> None:
             await files.delete_file("backup/app.py")
             await files.rmdir("backup")
             say("delete_file backup/app.py; rmdir backup")
-            say("agent tool calls:")
+            section("agent tool calls")
             tools = await ws.create_tools()
             say(f"  tools: {', '.join(tools)}")
             for name, args in (
@@ -106,13 +112,19 @@ async def _demo(storage: str, out: list[str]) -> None:
                 say(f"  {name} {args}")
                 for line in str(result).splitlines():
                     say(f"    {line}")
-            await _demo_mount(files, say)
-            await _demo_search(files, say)
-            await _demo_sandbox(say)
+            section("the workspace as a FUSE mount")
+            await _optional(_demo_mount(files, say), say)
+            section("search (BM25 and vectors)")
+            await _optional(_demo_search(files, say), say)
+            section("commands in a sandbox, on a mounted bucket")
+            await _optional(_demo_sandbox(say), say)
+            section("the storage contract")
             await _demo_backend(say)
             from ._demo_skills import demo_skills
 
-            await demo_skills(say)
+            section("skills")
+            await _optional(demo_skills(say), say)
+            section("the end")
             info = await ws.get_info(include_file_count=True)
             say(f"get_info: status={info['status']} provider={info['filesystem']['provider']} total_files={info['filesystem']['total_files']}")
         say(f"workspace destroyed: status={ws.status}")
@@ -123,11 +135,22 @@ async def _demo(storage: str, out: list[str]) -> None:
         try:
             await ro.write_file("x.txt", "nope")
         except WorkspaceReadOnlyError as exc:
-            say(f"read-only write -> {type(exc).__name__}: {exc}")
+            say(f"read-only write -> {type(exc).__name__}: {exc} (expected)")
         await readonly.destroy()
+        say("demo finished: every step ran as described")
     finally:
         if tmp is not None:
             tmp.cleanup()
+
+
+async def _optional(step: Any, say: Any) -> None:
+    """Run a demo step that needs an extra; where it is missing, say so and go on."""
+    from .errors import MissingExtraError
+
+    try:
+        await step
+    except MissingExtraError as exc:
+        say(f"(skipped: {exc})")
 
 
 async def _demo_mount(files: Any, say: Any) -> None:
@@ -173,7 +196,8 @@ async def _demo_search(files: Any, say: Any) -> None:
         async with ws:
             say(f"search index in <tmp>/{os.path.basename(os.path.join(index_dir, 'search.duckdb'))}: bm25 + vectors")
             for query, mode in (("greet by name", "bm25"), ("main hello todo", "hybrid")):
-                results = await ws.search(query, mode=mode, top_k=3)
+                # Hits that share nothing with the query (score 0) are not shown.
+                results = [r for r in await ws.search(query, mode=mode, top_k=3) if r.score > 0]
                 shown = ", ".join(f"{r.id} {r.score:.3f}" + (f" lines {r.line_range[0]}-{r.line_range[1]}" if r.line_range else "") for r in results)
                 say(f"  search {query!r} ({mode}): {shown}")
             tools = await ws.create_tools()
@@ -211,7 +235,6 @@ async def _demo_backend(say: Any) -> None:
     from .errors import StaleFileError
     from .vfs import BackendFilesystem, MemoryBackend
 
-    say("storage contract (agentvfs.vfs.Backend):")
     backend = MemoryBackend()
     fs = BackendFilesystem(backend)
     await fs.write_file("shared/counter.txt", "0")
@@ -221,7 +244,7 @@ async def _demo_backend(say: Any) -> None:
             await fs.write_file("shared/counter.txt", f"1 by the {writer} writer", expected_mtime=seen)
             say(f"  guarded write by the {writer} writer of version {seen.etag}: written")
         except StaleFileError as exc:
-            say(f"  guarded write by the {writer} writer of version {seen.etag}: {type(exc).__name__}")
+            say(f"  guarded write by the {writer} writer of version {seen.etag}: {type(exc).__name__} (expected)")
     final = await backend.read("shared/counter.txt")
     say(f"  the file holds {final.decode()!r}: one writer won, the other was told")
 
@@ -349,7 +372,12 @@ def _mount_option_table() -> str:
     import dataclasses
     import re
 
-    from .mounts import MountOptions
+    from .errors import MissingExtraError
+
+    try:
+        from .mounts import MountOptions
+    except MissingExtraError as exc:
+        return f"mount options: listed once mounts can run here ({exc})"
 
     about: dict[str, str] = {}
     doc = (MountOptions.__doc__ or "").split("Parameters\n    ----------\n", 1)[-1]
@@ -828,6 +856,13 @@ _log_handler: Any = None
 
 #: The extra of agentvfs that brings a module a command may miss.
 _EXTRA_OF_MODULE = {
+    "pyfuse3": "fuse",
+    "trio": "fuse",
+    "duckdb": "search",
+    "hnswlib": "search",
+    "numpy": "search",
+    "mcp": "mcp",
+    "adlfs": "azure",
     "s3fs": "s3",
     "aiobotocore": "s3",
     "gcsfs": "gcs",
@@ -846,6 +881,10 @@ _EXTRA_OF_MODULE = {
 def _explain(exc: BaseException) -> str:
     """One line for an error no command handled itself: the fix for a missing module, else
     the error and where its traceback is."""
+    from .errors import MissingExtraError
+
+    if isinstance(exc, MissingExtraError):
+        return str(exc)
     if isinstance(exc, ModuleNotFoundError) and exc.name:
         top = exc.name.split(".")[0]
         extra = _EXTRA_OF_MODULE.get(top)

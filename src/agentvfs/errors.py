@@ -53,6 +53,8 @@ their own::
     ├── MountToolNotFoundError               a missing mount tool (a warning state)
     ├── TimeoutError
     │   └── MatchTimeout                     grep used up its time budget (pattern, seconds)
+    ├── ImportError
+    │   └── MissingExtraError                an optional part is not installed (extra)
     ├── RuntimeError
     │   └── SearchIndexError                 the index in index_dir cannot be used
     └── ValueError
@@ -96,6 +98,7 @@ __all__ = [
     "IsDirectory",
     "IsolationUnavailableError",
     "MatchTimeout",
+    "MissingExtraError",
     "MountError",
     "MountNotSupportedError",
     "MountToolNotFoundError",
@@ -728,6 +731,30 @@ class MatchTimeout(_Rebuilt, TimeoutError):
     def at(self, path: str) -> MatchTimeout:
         """The same timeout, naming the file it happened in."""
         return MatchTimeout(self.pattern, self.seconds, path)
+
+
+class MissingExtraError(_Rebuilt, ModuleNotFoundError):
+    """A feature needs an optional part of agentvfs that is not installed; the message names
+    the ``pip install`` that brings it. Also a :class:`ModuleNotFoundError`.
+
+    Parameters
+    ----------
+    feature : str
+        What was asked for (``"FUSE mounts"``).
+    extra : str
+        The extra that brings it (``fuse``).
+    module : str
+        The module that is missing (``pyfuse3``).
+    """
+
+    def __init__(self, feature: str, extra: str, module: str) -> None:
+        super().__init__(
+            f"{feature}: the module {module!r} is not installed; pip install 'agentvfs[{extra}]'",
+            name=module,
+        )
+        self.feature = feature
+        self.extra = extra
+        self.module = module
 
 
 class SearchIndexError(_Rebuilt, RuntimeError):

@@ -20,7 +20,12 @@ import anyio
 from ._aio import maybe_await as _maybe_await
 from ._context import RequestContext
 from ._providers import SandboxView, call_lifecycle
-from .errors import SearchNotAvailableError, WorkspaceError, WorkspaceNotReadyError
+from .errors import (
+    MissingExtraError,
+    SearchNotAvailableError,
+    WorkspaceError,
+    WorkspaceNotReadyError,
+)
 from .vfs import (
     CompositeFilesystem,
     LocalFilesystem,
@@ -330,16 +335,20 @@ class Workspace:
                     self._id,
                 )
             self._search_index_name = index_name
-        try:
-            from .search import parse_bm25_config
-
-            parse_bm25_config(bm25)
-        except ValueError as exc:
-            raise WorkspaceError(str(exc), "INVALID_SEARCH_CONFIG", self._id) from None
         self._search: WorkspaceSearch | None = None
+        # The search package (DuckDB, hnswlib, NumPy: the search extra) only where asked for.
+        if (bm25 is not None and bm25 is not False) or (vector_store is not None and embedder is not None):
+            try:
+                from .search import WorkspaceSearch, parse_bm25_config
+            except ModuleNotFoundError as exc:
+                if exc.name not in ("duckdb", "hnswlib", "numpy", "snowballstemmer"):
+                    raise
+                raise MissingExtraError("Workspace search (bm25, vector_store)", "search", exc.name) from None
+            try:
+                parse_bm25_config(bm25)
+            except ValueError as exc:
+                raise WorkspaceError(str(exc), "INVALID_SEARCH_CONFIG", self._id) from None
         if bm25 or (vector_store is not None and embedder is not None):
-            from .search import WorkspaceSearch
-
             self._search = WorkspaceSearch(
                 bm25=bm25,
                 vector_store=vector_store,

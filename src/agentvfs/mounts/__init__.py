@@ -7,6 +7,16 @@ bucket as ordinary files. The semantics are written down in ``docs/mount-semanti
 
 # First: the passthrough library must be loaded before pyfuse3 is imported.
 from . import _passthrough  # noqa: F401  # isort: skip
+from ..errors import MissingExtraError  # isort: skip
+
+try:  # what a missing extra is told, instead of a bare "No module named 'pyfuse3'"
+    import pyfuse3  # noqa: F401  # isort: skip
+    import trio  # noqa: F401  # isort: skip
+except ModuleNotFoundError as _missing:
+    if _missing.name not in ("pyfuse3", "trio"):
+        raise
+    raise MissingExtraError("FUSE mounts (agentvfs.mounts)", "fuse", _missing.name) from None
+
 from .._exports import fixup_module_metadata
 from ._child import ProcessMount as ProcessMount
 from ._child import recipe_for as recipe_for

@@ -7,6 +7,17 @@ public for programs that index on their own: :class:`BM25Index`, :class:`HnswVec
 :class:`MiniLMEmbedder` with ``pip install agentvfs[embed]``) and :func:`split_into_chunks`.
 """
 
+from ..errors import MissingExtraError  # isort: skip
+
+try:  # what a missing extra is told, instead of a bare "No module named 'duckdb'"
+    import duckdb  # noqa: F401  # isort: skip
+    import hnswlib  # noqa: F401  # isort: skip
+    import numpy  # noqa: F401  # isort: skip
+except ModuleNotFoundError as _missing:
+    if _missing.name not in ("duckdb", "hnswlib", "numpy"):
+        raise
+    raise MissingExtraError("Search (agentvfs.search)", "search", _missing.name) from None
+
 from .._exports import fixup_module_metadata
 from ..errors import BM25FileError as BM25FileError
 from ..errors import EmbeddingError as EmbeddingError

@@ -14,6 +14,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import quote
 
+from ..errors import MissingExtraError
 from ._core import ToolFailure, ToolMedia, WorkspaceTool
 from ._host import ToolHost
 from ._names import WORKSPACE_TOOLS
@@ -105,6 +106,16 @@ async def _approved(session: ServerSession, request_id: Any, tool: WorkspaceTool
     return None if answer.action == "accept" else NOT_APPROVED
 
 
+def _require_mcp() -> None:
+    """Raise :class:`~agentvfs.errors.MissingExtraError` where the ``mcp`` extra is missing."""
+    try:
+        import mcp  # noqa: F401
+    except ModuleNotFoundError as exc:
+        if exc.name != "mcp":
+            raise
+        raise MissingExtraError("The MCP server (agentvfs mcp)", "mcp", "mcp") from None
+
+
 def create_server(tools: Mapping[str, WorkspaceTool], *, name: str = "agentvfs") -> Server[Any, Any]:
     """An MCP server (low-level SDK ``Server``) offering ``tools``.
 
@@ -115,6 +126,7 @@ def create_server(tools: Mapping[str, WorkspaceTool], *, name: str = "agentvfs")
     goes on serving. A tool that needs approval asks the user with a form elicitation first;
     declined, cancelled, or a client without elicitation: the tool does not run.
     """
+    _require_mcp()
     from mcp import types
     from mcp.server.lowlevel import Server
 
@@ -174,6 +186,7 @@ async def serve_stdio(workspace: ServedWorkspace) -> None:
     """Initialise ``workspace``, serve its tools over stdin/stdout until the client closes
     stdin, then destroy the workspace."""
     import anyio
+    _require_mcp()
     from mcp.server.stdio import stdio_server
 
     # The protocol owns stdout: anything else printed in this process goes to stderr.
