@@ -5,6 +5,7 @@ starts a server an MCP client can list the tools of."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -58,10 +59,8 @@ def test_every_python_example_runs(kind: str, tmp_path: Path, request: pytest.Fi
         (tmp_path / "store/docs").mkdir(parents=True)
     else:
         moto: MotoServer = request.getfixturevalue("moto")
-        try:
+        with contextlib.suppress(Exception):  # made by an earlier run in this session
             moto.create_bucket("my-bucket")
-        except Exception:  # made by an earlier run in this session
-            pass
         url = f"s3://my-bucket/readme-{tmp_path.name}"
         # The examples name no endpoint: botocore takes it from the environment.
         env.update(AWS_ENDPOINT_URL=moto.endpoint_url, S3_ENDPOINT=moto.endpoint_url, S3_KEY="testing", S3_SECRET="testing")
@@ -104,14 +103,14 @@ def test_the_mcp_configuration_starts_a_server(tmp_path: Path) -> None:
         from mcp.client.stdio import stdio_client
 
         params = StdioServerParameters(command=command, args=args, env={"PATH": os.environ.get("PATH", "")})
-        with open(tmp_path / "stderr.log", "w") as errlog:
-            async with stdio_client(params, errlog=errlog) as (read, write), ClientSession(read, write) as client:
-                await client.initialize()
-                result = await client.call_tool("mastra_workspace_read_file", {"path": "/hello.txt"})
-                assert not result.isError, result.content
-                return [tool.name for tool in (await client.list_tools()).tools]
+        async with stdio_client(params, errlog=errlog) as (read, write), ClientSession(read, write) as client:
+            await client.initialize()
+            result = await client.call_tool("mastra_workspace_read_file", {"path": "/hello.txt"})
+            assert not result.isError, result.content
+            return [tool.name for tool in (await client.list_tools()).tools]
 
-    names = anyio.run(listed)
+    with open(tmp_path / "stderr.log", "w") as errlog:
+        names = anyio.run(listed)
     assert "mastra_workspace_read_file" in names and "mastra_workspace_edit_file" in names
     done = subprocess.run([command, "--version"], capture_output=True, text=True, check=True)
     assert done.stdout.startswith("agentvfs ")
