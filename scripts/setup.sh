@@ -14,6 +14,7 @@ python="${PYTHON:-python3}"
 apt_packages=(fuse3 libfuse3-dev pkg-config bubblewrap gcc g++ python3-venv python3-dev curl)
 peer_packages=(rclone s3fs fio libfuse2)
 s3rver_version=3.7.1
+mcp2_version=2.3.0
 # FUSE passthrough (the kernel serves reads and writes of files on local-directory mounts from the
 # files themselves) needs libfuse >= 3.16, and our passthrough library >= 3.17; Debian 12 ships
 # 3.14. This release's source is Debian's, fetched from the Debian mirror this machine's apt
@@ -105,6 +106,21 @@ install_s3rver() {
     log "installing s3rver $s3rver_version (npm) into $dir"
     mkdir -p "$dir"
     npm install --silent --no-audit --no-fund --prefix "$dir" "s3rver@$s3rver_version" >/dev/null
+}
+
+# An MCP client of the SDK's next major version in an environment of its own, for the test
+# that the server answers clients on either (the server's own SDK is pinned below 2).
+install_mcp2_client() {
+    [[ $extras == *test* || $extras == dev ]] || return 0
+    local dir=.venv/opt/mcp2
+    if [[ "$("$dir/bin/python" -c 'import importlib.metadata as m; print(m.version("mcp"))' 2>/dev/null)" == "$mcp2_version" ]]; then
+        log "mcp $mcp2_version client present"
+        return
+    fi
+    log "installing an mcp $mcp2_version client into $dir"
+    rm -rf "$dir"
+    "$(.venv/bin/python -c 'import sys; print(sys._base_executable)')" -m venv "$dir"
+    "$dir/bin/pip" install -q --disable-pip-version-check "mcp==$mcp2_version"
 }
 
 # libfuse $libfuse_version into .venv/opt/libfuse, the passthrough library beside it, and pyfuse3
@@ -216,4 +232,5 @@ create_venv
 install_project
 install_libfuse
 install_s3rver
+install_mcp2_client
 log "done"

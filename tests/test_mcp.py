@@ -319,3 +319,40 @@ def test_cli_builds_the_configuration(monkeypatch: pytest.MonkeyPatch, tmp_path:
     seen.clear()
     assert main(["mcp", "--config", str(config), "--root", str(tmp_path)]) == 0  # the url's options go too
     assert seen[0] == {"root": str(tmp_path), "tools": {"x": {}}}
+
+
+MCP2_PYTHON = Path(__file__).resolve().parents[1] / ".venv/opt/mcp2/bin/python"
+MCP2_CLIENT = """
+import asyncio, json, sys
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+
+async def main():
+    params = StdioServerParameters(command=sys.argv[1], args=["-m", "agentvfs", "mcp", "--root", sys.argv[2]])
+    async with Client(params) as client:
+        names = [tool.name for tool in (await client.list_tools()).tools]
+        read = await client.call_tool("mastra_workspace_read_file", {"path": "/a.txt"})
+        edit = await client.call_tool("mastra_workspace_edit_file", {"path": "a.txt", "old_string": "zz", "new_string": "y"})
+        print(json.dumps({"names": names, "read": [read.is_error, read.content[0].text],
+                          "edit": [edit.is_error, edit.content[0].text]}))
+asyncio.run(main())
+"""
+
+
+@pytest.mark.skipif(not MCP2_PYTHON.exists(), reason="no mcp 2.x client in .venv/opt/mcp2 (scripts/setup.sh test makes it)")
+def test_a_client_on_the_next_sdk_major_version(root: Path, tmp_path: Path) -> None:
+    """Clients on mcp 2.x probe with ``server/discover`` first: answered "method not found",
+    they fall back to ``initialize``, and the server logs nothing about it."""
+    import subprocess
+
+    done = subprocess.run(
+        [os.fspath(MCP2_PYTHON), "-c", MCP2_CLIENT, sys.executable, os.fspath(root)],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path, check=False,
+        env={"PATH": os.environ.get("PATH", "")},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["names"] == ALL_TOOLS
+    assert seen["read"] == [False, "a.txt (24 bytes)\n     1→Hello World\n     2→second line\n     3→"]
+    assert seen["edit"][0] is True and seen["edit"][1].startswith("The specified text was not found")
+    assert "validation error" not in done.stderr.lower() and "Traceback" not in done.stderr, done.stderr

@@ -195,7 +195,47 @@ async def serve_stdio(workspace: ServedWorkspace) -> None:
     try:
         async with workspace:
             server = create_server(await workspace.create_tools())
-            async with stdio_server(stdout=protocol_out) as (read_stream, write_stream):
-                await server.run(read_stream, write_stream, server.create_initialization_options())
+            async with (
+                stdio_server(stdout=protocol_out) as (read_stream, write_stream),
+                anyio.create_task_group() as tg,
+            ):
+                known = await _answer_unknown_methods(tg, read_stream, write_stream)
+                await server.run(known, write_stream, server.create_initialization_options())
+                tg.cancel_scope.cancel()
     finally:
         sys.stdout = saved
+
+
+async def _answer_unknown_methods(tg: Any, read_stream: Any, write_stream: Any) -> Any:
+    """The requests this SDK knows, from ``read_stream``; a request of a method it does not
+    know is answered "method not found" here.
+
+    Clients on a newer protocol probe first with methods of their own (``server/discover`` of
+    mcp 2.x) and fall back to ``initialize`` on that answer; the SDK would log a page of
+    validation errors for each before answering the same.
+    """
+    import typing
+
+    import anyio
+    from mcp import types
+    from mcp.shared.message import SessionMessage
+
+    known = set()
+    for model in typing.get_args(types.ClientRequest.model_fields["root"].annotation):
+        known |= set(typing.get_args(model.model_fields["method"].annotation))
+    send, receive = anyio.create_memory_object_stream[Any](0)
+
+    async def pump() -> None:
+        async with send:
+            async for message in read_stream:
+                request = getattr(getattr(message, "message", None), "root", None)
+                if isinstance(request, types.JSONRPCRequest) and request.method not in known:
+                    logger.debug("answered an unknown method: %s", request.method)
+                    error = types.ErrorData(code=types.METHOD_NOT_FOUND, message=f"Method not found: {request.method}")
+                    answer = types.JSONRPCError(jsonrpc="2.0", id=request.id, error=error)
+                    await write_stream.send(SessionMessage(types.JSONRPCMessage(answer)))
+                    continue
+                await send.send(message)
+
+    tg.start_soon(pump)
+    return receive
