@@ -356,3 +356,44 @@ def test_a_client_on_the_next_sdk_major_version(root: Path, tmp_path: Path) -> N
     assert seen["read"] == [False, "a.txt (24 bytes)\n     1→Hello World\n     2→second line\n     3→"]
     assert seen["edit"][0] is True and seen["edit"][1].startswith("The specified text was not found")
     assert "validation error" not in done.stderr.lower() and "Traceback" not in done.stderr, done.stderr
+
+
+@pytest.mark.s3
+async def test_credentials_from_an_env_file_reach_a_server_started_bare(
+    moto: Any, tmp_path: Path, errlog: TextIO
+) -> None:
+    """MCP clients start servers with a bare environment: the configuration's env_file is
+    how AWS_* reach the storage client."""
+    (tmp_path / "s3.env").write_text(
+        "# credentials for the workspace\n"
+        f"export AWS_ACCESS_KEY_ID=testing\nAWS_SECRET_ACCESS_KEY='testing'\nAWS_ENDPOINT_URL={moto.endpoint_url}\n"
+    )
+    config = tmp_path / "ws.json"
+    config.write_text(json.dumps({"url": f"s3://agentvfs-test/mcp-{tmp_path.name}", "env_file": "s3.env"}))
+    with anyio.fail_after(TIMEOUT):
+        async with session(errlog, "--config", os.fspath(config)) as client:
+            assert await ok(client, FS.WRITE_FILE, path="/x.txt", content="in the bucket") == "Wrote 13 bytes to /x.txt"
+    assert moto.s3fs().cat_file(f"agentvfs-test/mcp-{tmp_path.name}/x.txt") == b"in the bucket"
+
+
+@pytest.mark.s3
+async def test_a_workspace_that_cannot_start_says_why_to_the_client(
+    moto: Any, tmp_path: Path, errlog: TextIO
+) -> None:
+    config = tmp_path / "ws.json"
+    config.write_text(json.dumps({"url": "s3://agentvfs-test/x", "env": {"AWS_ENDPOINT_URL": moto.endpoint_url}}))
+    params = StdioServerParameters(
+        command=sys.executable, args=["-m", "agentvfs", "mcp", "--config", os.fspath(config)],
+        env={"PATH": os.environ.get("PATH", ""), "AWS_SHARED_CREDENTIALS_FILE": os.fspath(tmp_path / "none"),
+             "AWS_CONFIG_FILE": os.fspath(tmp_path / "none"), "AWS_EC2_METADATA_DISABLED": "true"},
+    )  # fmt: skip
+    with anyio.fail_after(TIMEOUT):
+        async with stdio_client(params, errlog=errlog) as (read, write), ClientSession(read, write) as client:
+            started = await client.initialize()
+            assert started.instructions is not None and "no credentials were found" in started.instructions
+            assert (await client.list_tools()).tools == []
+            why = await failed(client, FS.READ_FILE, path="a.txt")
+            assert why.startswith("The agentvfs workspace did not start: Cannot use s3://agentvfs-test/x: no credentials")
+    errlog.seek(0)
+    lines = errlog.read().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("agentvfs mcp: the workspace did not start: Cannot use"), lines

@@ -12,12 +12,12 @@ from .sandbox import LocalSandbox
 from .vfs import FsspecFilesystem, LocalFilesystem, WorkspaceFilesystem
 from .workspace import Workspace
 
-__all__ = ["load_config", "workspace_from_config"]
+__all__ = ["apply_environment", "load_config", "workspace_from_config"]
 
 _CONFIG_KEYS = frozenset(
     {
         "root", "url", "read_only", "storage_options", "tools", "name", "sandbox", "bm25", "auto_index_paths",
-        "index_dir", "absolute_paths",
+        "index_dir", "absolute_paths", "env", "env_file",
     }
 )
 _SANDBOX_KEYS = frozenset({"working_directory", "isolation", "allow_network", "env"})
@@ -32,9 +32,11 @@ def load_config(path: str | os.PathLike[str]) -> dict[str, Any]:
     (``{"working_directory", "isolation", "allow_network", "env"}``: adds the command tools; a
     ``url`` is FUSE-mounted into it at ``/workspace``), and search: ``bm25``,
     ``auto_index_paths``, ``index_dir``. A relative ``root`` is taken relative to the file's
-    directory. ``absolute_paths`` (with ``root``): ``"workspace"`` (the default here, as for a
-    ``url``) takes ``/notes.txt`` from the workspace root, ``"host"`` as a host path (the
-    behaviour of ``LocalFilesystem``'s default).
+    directory. ``env_file`` (a file of ``KEY=VALUE`` lines, relative to the configuration's
+    directory) and ``env`` (an object) set the server's environment first
+    (:func:`apply_environment`): credentials for storage clients. ``absolute_paths`` (with
+    ``root``): ``"workspace"`` (the default here, as for a ``url``) takes ``/notes.txt`` from
+    the workspace root, ``"host"`` as a host path (``LocalFilesystem``'s default).
 
     Raises
     ------
@@ -55,10 +57,50 @@ def load_config(path: str | os.PathLike[str]) -> dict[str, Any]:
     unknown = sorted(set(config) - _CONFIG_KEYS)
     if unknown:
         raise ValueError(f"{os.fspath(path)}: unknown configuration key(s): {', '.join(unknown)} (expected: {', '.join(sorted(_CONFIG_KEYS))})")
-    root = config.get("root")
-    if isinstance(root, str):
-        config["root"] = os.path.join(os.path.dirname(os.path.abspath(path)), os.path.expanduser(root))
+    here = os.path.dirname(os.path.abspath(path))
+    for key in ("root", "env_file"):
+        value = config.get(key)
+        if isinstance(value, str):
+            config[key] = os.path.join(here, os.path.expanduser(value))
     return config
+
+
+def apply_environment(config: Mapping[str, Any]) -> dict[str, str]:
+    """Put the configuration's ``env_file`` (``KEY=VALUE`` lines; ``#`` comments, ``export``
+    and quotes allowed) and then ``env`` (an object) into this process's environment, where
+    storage clients read credentials (``AWS_ACCESS_KEY_ID``, ``GOOGLE_APPLICATION_CREDENTIALS``,
+    ...). An MCP client starts the server with a bare environment; this is how credentials
+    reach it without being written into the client's configuration. Returns what was set.
+
+    Raises
+    ------
+    ValueError
+        ``env`` is not an object of strings, or a line of ``env_file`` is not ``KEY=VALUE``.
+    OSError
+        ``env_file`` cannot be read.
+    """
+    found: dict[str, str] = {}
+    env_file = config.get("env_file")
+    if env_file is not None:
+        with open(os.path.expanduser(str(env_file)), encoding="utf-8") as handle:
+            for number, raw in enumerate(handle, 1):
+                line = raw.strip()
+                if not line or line.startswith("#"):
+                    continue
+                line = line.removeprefix("export ").strip()
+                key, sep, value = line.partition("=")
+                key, value = key.strip(), value.strip()
+                if not sep or not key.replace("_", "").isalnum():
+                    raise ValueError(f"{env_file}:{number}: expected KEY=VALUE, got {line[:40]!r}")
+                if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+                    value = value[1:-1]
+                found[key] = value
+    env = config.get("env") or {}
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise ValueError("env must be an object of strings")
+    found.update(env)
+    os.environ.update(found)
+    return found
 
 
 def workspace_from_config(config: Mapping[str, Any]) -> Workspace:

@@ -342,7 +342,7 @@ def _storage_option(text: str) -> tuple[str, Any]:
 
 
 def _mcp(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    from ._config import load_config, workspace_from_config
+    from ._config import apply_environment, load_config, workspace_from_config
     from .tools import serve_stdio
 
     try:
@@ -360,6 +360,7 @@ def _mcp(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         root = config.get("root")
         if isinstance(root, str) and not args.create:
             _check_exists(os.path.expanduser(root))
+        apply_environment(config)
         workspace = workspace_from_config(config)
     except (OSError, ValueError) as exc:
         parser.error(str(exc))

@@ -5,6 +5,7 @@ The SDK is imported here only, so ``import agentvfs`` works without it.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
@@ -193,8 +194,19 @@ async def serve_stdio(workspace: ServedWorkspace) -> None:
     protocol_out = anyio.wrap_file(io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8"))
     saved, sys.stdout = sys.stdout, sys.stderr
     try:
-        async with workspace:
-            server = create_server(await workspace.create_tools())
+        async with contextlib.AsyncExitStack() as stack:
+            try:
+                await stack.enter_async_context(workspace)
+                # One request now: storage that cannot be used (credentials the client's
+                # environment did not pass on, an endpoint down) is said at once.
+                if workspace.filesystem is not None:
+                    await workspace.filesystem.probe()
+                server = create_server(await workspace.create_tools())
+            except Exception as exc:
+                reason = " ".join(str(exc).split()) or type(exc).__name__
+                print(f"agentvfs mcp: the workspace did not start: {reason}", file=sys.stderr, flush=True)
+                logger.debug("the workspace did not start", exc_info=True)
+                server = _failed_server(reason)
             async with (
                 stdio_server(stdout=protocol_out) as (read_stream, write_stream),
                 anyio.create_task_group() as tg,
@@ -204,6 +216,27 @@ async def serve_stdio(workspace: ServedWorkspace) -> None:
                 tg.cancel_scope.cancel()
     finally:
         sys.stdout = saved
+
+
+def _failed_server(reason: str) -> Any:
+    """A server for a workspace that did not start: it says why in its instructions, lists no
+    tools, and answers every call with the reason as a tool error (the client sees the cause,
+    not a closed connection)."""
+    from mcp import types
+    from mcp.server.lowlevel import Server
+
+    message = f"The agentvfs workspace did not start: {reason}"
+    server: Server[Any, Any] = Server("agentvfs", version=_package_version(), instructions=message)
+
+    async def list_tools(request: types.ListToolsRequest) -> types.ServerResult:
+        return types.ServerResult(types.ListToolsResult(tools=[]))
+
+    async def call_tool(request: types.CallToolRequest) -> types.ServerResult:
+        return types.ServerResult(_error(message))
+
+    server.request_handlers[types.ListToolsRequest] = list_tools
+    server.request_handlers[types.CallToolRequest] = call_tool
+    return server
 
 
 async def _answer_unknown_methods(tg: Any, read_stream: Any, write_stream: Any) -> Any:
