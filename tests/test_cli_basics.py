@@ -137,3 +137,26 @@ def test_unmount_of_another_fuse_mount(tmp_path: Path) -> None:
         child.wait()
         if is_mounted(os.fspath(point)):
             subprocess.run(["fusermount3", "-uz", os.fspath(point)], check=False)
+
+
+def _complete(shell: str, words: list[str]) -> list[str]:
+    script = _agentvfs("completion", shell).stdout
+    line = " ".join(words)
+    code = f"""{'autoload() { :; }; bashcompinit() { :; }; ' if shell == 'zsh' else ''}
+{script}
+COMP_WORDS=({line}); COMP_CWORD={len(words) - 1}
+_agentvfs
+printf '%s\\n' "${{COMPREPLY[@]}}"
+"""
+    done = subprocess.run(["bash", "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    return done.stdout.split()
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh"])
+def test_shell_completion(shell: str) -> None:
+    assert _complete(shell, ["agentvfs", "mo"]) == ["mount"]
+    assert _complete(shell, ["agentvfs", "un"]) == ["unmount"]
+    assert "--daemon" in _complete(shell, ["agentvfs", "mount", "--d"])
+    assert _complete(shell, ["agentvfs", "mount", "s3://b", "/mnt", "-o", "metadata_t"]) == ["metadata_ttl="]
+    assert _complete(shell, ["agentvfs", "-v", "mcp", "--ro"]) == ["--root"]
+    assert _complete(shell, ["agentvfs", "--log-level", "D"]) == ["DEBUG"]

@@ -539,6 +539,64 @@ def _daemonize(args: argparse.Namespace, mount_options: dict[str, Any]) -> int:
     return 0
 
 
+def _completion_script(shell: str, parser: argparse.ArgumentParser) -> str:
+    """A bash function completing ``agentvfs`` from ``parser``: commands, each command's
+    options, mount options (``KEY=``) after ``-o``, files elsewhere. zsh runs it through
+    ``bashcompinit``."""
+    commands: dict[str, list[str]] = {}
+    top: list[str] = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                commands[name] = sorted(o for a in sub._actions for o in a.option_strings)
+        else:
+            top += action.option_strings
+    try:
+        from .mounts import MountOptions
+
+        keys = [f"{name}=" for name in MountOptions.__dataclass_fields__]
+    except ImportError:  # mounts not installed: no mount options to offer
+        keys = []
+    cases = "\n".join(f'        {name}) opts="{" ".join(opts)}" ;;' for name, opts in sorted(commands.items()))
+    script = f"""# agentvfs completion ({shell}); load with: source <(agentvfs completion {shell})
+_agentvfs() {{
+    local cur="${{COMP_WORDS[COMP_CWORD]}}" prev="${{COMP_WORDS[COMP_CWORD-1]}}" cmd="" i opts=""
+    for ((i = 1; i < COMP_CWORD; i++)); do
+        case "${{COMP_WORDS[i]}}" in
+            --log-level|--log-file) ((i++)) ;;
+            -*) ;;
+            *) cmd="${{COMP_WORDS[i]}}"; break ;;
+        esac
+    done
+    if [[ $prev == --log-level ]]; then
+        COMPREPLY=($(compgen -W "DEBUG INFO WARNING ERROR" -- "$cur"))
+        return
+    fi
+    if [[ -z $cmd ]]; then
+        COMPREPLY=($(compgen -W "{" ".join(sorted(commands))} {" ".join(top)}" -- "$cur"))
+        return
+    fi
+    if [[ $prev == -o && $cmd == mount ]]; then
+        COMPREPLY=($(compgen -W "{" ".join(keys)}" -- "$cur"))
+        compopt -o nospace 2>/dev/null
+        return
+    fi
+    case $cmd in
+{cases}
+    esac
+    if [[ $cur == -* ]]; then
+        COMPREPLY=($(compgen -W "$opts" -- "$cur"))
+    else
+        COMPREPLY=($(compgen -f -- "$cur"))
+    fi
+}}
+complete -o default -F _agentvfs agentvfs
+"""
+    if shell == "zsh":
+        script = "autoload -U +X bashcompinit && bashcompinit\n" + script
+    return script
+
+
 def _is_daemon_flag(arg: str) -> bool:
     """``--daemon`` or an abbreviation argparse takes for it."""
     return arg.startswith("--dae") and "--daemon".startswith(arg)
@@ -743,6 +801,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "the value from FILE. Never put credentials on the command line (every local user sees them in ps): use "
         "key=@FILE, secret=@FILE or the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)",
     )  # fmt: skip
+    completion = add_parser(
+        "completion",
+        help="print a shell completion script (bash or zsh)",
+        description="Print a completion script for SHELL: commands, their options, and mount options after -o. "
+        "Load it with: source <(agentvfs completion bash), or in ~/.zshrc: source <(agentvfs completion zsh).",
+    )
+    completion.add_argument("shell", choices=["bash", "zsh"])
     umnt = add_parser(
         "unmount",
         help="unmount a mount point, letting an agentvfs mount finish its uploads first",
@@ -794,9 +859,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"agentvfs: --log-file {args.log_file}: {exc.strerror}", file=sys.stderr)
         return 2
     try:
-        return _run(args, argv, {"mcp": mcp, "mount": mnt, "bench": bench})
+        return _run(args, argv, {"root": parser, "mcp": mcp, "mount": mnt, "bench": bench})
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (agentvfs ... | head): nothing more to say, and Python must not
+        # complain when it flushes stdout at exit.
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except Exception as exc:
         if args.debug:
             raise
@@ -908,6 +979,9 @@ def _run(args: argparse.Namespace, argv: Sequence[str] | None, parsers: dict[str
         return _recover(args)
     if args.command == "unmount":
         return _unmount(args)
+    if args.command == "completion":
+        print(_completion_script(args.shell, parsers["root"]))
+        return 0
     if args.command == "mcp":
         _mcp(args, parsers["mcp"])
     else:
