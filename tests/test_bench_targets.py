@@ -55,3 +55,14 @@ def test_every_operation_does_what_it_says(target: Target) -> None:
     missing = (FileNotFoundError, *([target.client.exceptions.NoSuchKey] if isinstance(target, Boto3Target) else []))
     with pytest.raises(missing):
         target.read_all("d/big.bin")
+
+
+def test_the_mount_layer_is_described_without_credentials() -> None:
+    from agentvfs.bench._backends import Backend
+    from agentvfs.bench._layers import layers_for
+
+    backend = Backend("s3", "s3", "bucket/x", options={"endpoint_url": "http://127.0.0.1:9", "key": "AK", "secret": "SK"})
+    specs, _ = layers_for(backend, peers=False)
+    (mount,) = [spec for spec in specs if spec.name == "agentvfs"]
+    assert mount.how.startswith("agentvfs mount s3://bucket/x MNT -o endpoint_url=http://127.0.0.1:9")
+    assert "-o -o" not in mount.how and "AK" not in mount.how and "SK" not in mount.how

@@ -251,7 +251,10 @@ def _agentvfs(b: Backend) -> LayerSpec:
                          "measuring process (a memory filesystem lives in one process)", open_mem)
 
     url = b.url
-    shown = " ".join(["agentvfs mount", url, "MNT", *[o for o in b.cli_options() if not o.startswith(("key=", "secret="))]])
+    # Credentials are not shown: each "-o key=value" pair goes whole, or not at all.
+    pairs = b.cli_options()
+    kept = [f"-o {value}" for value in pairs[1::2] if not value.startswith(("key=", "secret="))]
+    shown = " ".join(["agentvfs mount", url, "MNT", *kept])
 
     def open_cli(h: Harness) -> AbstractContextManager[Target]:
         def start(mnt: str, state: str) -> RunningMount:
