@@ -173,8 +173,9 @@ def test_scores_layers_and_sections() -> None:
     assert rows[1] == ["nDCG@10", "0.369", "0.312"]
     # Suites in the fixed order, then the others.
     headings = [line for line in md.split("\n") if line.startswith("## ")]
-    assert headings == ["## Configuration", "## Machine", "## I/O", "## Metadata", "## Agent workloads", "## Search",
-                        "## custom", "## Layers", "## Skipped", "## Problems"]  # fmt: skip
+    assert headings == ["## Which layer to use", "## Configuration", "## Machine", "## I/O", "## Metadata",
+                        "## Agent workloads", "## Search", "## custom", "## Layers", "## Skipped",
+                        "## Problems"]  # fmt: skip
     assert md.index("### io on memory") < md.index("### io on local")
     assert table_after(md, "### io on local")[1] == ["Sequential read (64 MiB)", "510 MiB/s [500–520]",
                                                      "1,550 MiB/s [1,500–1,600] ×3.04"]  # fmt: skip
@@ -326,3 +327,19 @@ def test_odd_measurements_do_not_crash(tmp_path: Path) -> None:
     assert [r[0] for r in meta[1:]] == ["ls (entries=many)", "ls (1 entry)"]
     written = render_plots(run, tmp_path)
     assert [p.name for p in written] == ["io_throughput.png", "latency.png"]
+
+
+def test_which_layer_to_use() -> None:
+    md = render_markdown(make_run())
+    advice = md[md.index("## Which layer to use") : md.index("## Configuration")]
+    assert "On **memory** (each share is of the direct fsspec API" in advice
+    # The best mountable layer, its share of the limit, and the layers that failed the case.
+    assert "- Sequential read (64 MiB): **agentvfs**, 102 MiB/s (80% of direct); failed: fsspec.fuse" in advice
+    assert "- grep -r: **agentvfs**, 0.400 s (62% of direct)" in advice  # a time: lower is better
+    # On local the only other layer is the disk itself (the limit): nothing to choose.
+    assert "On **local**" not in advice
+    run = make_run()
+    run.add(seq_read("local", "agentvfs", samples=rate_samples(64, [1200.0, 1300.0])))
+    run.add(seq_read("local", "rclone", samples=rate_samples(64, [300.0, 320.0])))
+    local = render_markdown(run)
+    assert "- Sequential read (64 MiB): **agentvfs**, 1,250 MiB/s (81% of local disk); then rclone, 310 MiB/s" in local

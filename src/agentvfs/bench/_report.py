@@ -338,6 +338,9 @@ def render_markdown(run: RunResult, *, plots: Sequence[str] = ()) -> str:
         f"repeated, then `×ratio` against the `{DIRECT}` layer of the same backend when there is one.",
         "",
     ]
+    advice = _which_layer(run)
+    if advice:
+        out += ["## Which layer to use", "", *advice, ""]
     if run.config:
         out += ["## Configuration", ""]
         rows = [[_cell_text(str(k)), _cell_text(_fmt_setting(v))] for k, v in run.config.items()]
@@ -378,6 +381,53 @@ def render_markdown(run: RunResult, *, plots: Sequence[str] = ()) -> str:
 # --------------------------------------------------------------------------------------------
 # Plots
 # --------------------------------------------------------------------------------------------
+
+
+#: The layer that shows what each storage allows without a mount in between: the disk
+#: itself, boto3 on S3; elsewhere the direct fsspec layer stands in.
+_LIMIT_LAYERS = {"local": "local disk", "s3": "boto3"}
+#: The suites whose cases the advice covers (the others compare engines, not layers).
+_ADVICE_SUITES = ("io", "metadata", "agent")
+
+
+def _which_layer(run: RunResult) -> list[str]:
+    """A paragraph per backend: for each case, the best layer among the ones a user can mount
+    (not the direct API, not the limit), its figure, and that figure as a share of what the
+    storage allows; then the runner-up."""
+    out: list[str] = []
+    for backend in dict.fromkeys(m.backend for m in run.measurements):
+        limit_layer = _LIMIT_LAYERS.get(backend, DIRECT)
+        lines: list[str] = []
+        cases = [m for m in run.measurements if m.backend == backend and m.suite in _ADVICE_SUITES]
+        for key in dict.fromkeys(m.key for m in cases):
+            ms = [m for m in cases if m.key == key]
+            limit = next((m for m in ms if m.layer == limit_layer), None) or next(
+                (m for m in ms if m.layer == DIRECT), None
+            )
+            choices = [m for m in ms if m.layer not in (DIRECT, limit_layer) and _finite_median(m) is not None]
+            if not choices:
+                continue
+            choices.sort(key=lambda m: _finite_median(m) or 0.0, reverse=choices[0].higher_is_better)
+            best = choices[0]
+            value = _finite_median(best) or 0.0
+            text = f"- {_case_label(best)}: **{best.layer}**, {_fmt_value(value, best.unit)}"
+            base = _finite_median(limit) if limit is not None else None
+            if limit is not None and base:
+                share = value / base if best.higher_is_better else base / value if value else 0.0
+                text += f" ({share:.0%} of {limit.layer})"
+            if len(choices) > 1:
+                second = choices[1]
+                text += f"; then {second.layer}, {_fmt_value(_finite_median(second) or 0.0, second.unit)}"
+            failed = [m.layer for m in ms if m.errors and _finite_median(m) is None]
+            if failed:
+                text += f"; failed: {', '.join(failed)}"
+            lines.append(text)
+        if lines:
+            what = "the disk itself" if limit_layer == "local disk" else (
+                "boto3 with no mount in between" if limit_layer == "boto3" else "the direct fsspec API"
+            )
+            out += [f"On **{backend}** (each share is of {what}, the most this storage gives here):", "", *lines, ""]
+    return out[:-1] if out else out
 
 
 def _finite_median(m: Measurement) -> float | None:
@@ -429,8 +479,10 @@ def _save(fig: Figure, path: Path) -> Path:
 def _plot_io(run: RunResult, path: Path, colors: dict[str, str]) -> Path | None:
     import matplotlib.pyplot as plt
 
-    data = [m for m in run.measurements if m.suite == "io" and m.unit == "MiB/s" and _finite_median(m) is not None]
-    if not data:
+    io = [m for m in run.measurements if m.suite == "io" and m.unit == "MiB/s"]
+    # A case that failed on a layer is drawn as a labelled mark, not left out.
+    data = [m for m in io if _finite_median(m) is not None or m.errors]
+    if not any(_finite_median(m) is not None for m in data):
         return None
     backends = list(dict.fromkeys(m.backend for m in data))
     groups = [[m for m in data if m.backend == b] for b in backends]
@@ -454,15 +506,26 @@ def _io_axes(ax: Axes, backend: str, group: Sequence[Measurement], colors: dict[
         ms = [m for m in group if m.layer == layer]
         index = {(m.case, m.key[3]): m for m in reversed(ms)}
         present = [(i, index[row]) for i, row in enumerate(rows) if row in index]
+        failed = [(i, m) for i, m in present if _finite_median(m) is None]
+        present = [(i, m) for i, m in present if _finite_median(m) is not None]
         ys = [i - 0.4 + bar * (j + 0.5) for i, _ in present]
         medians = [_finite_median(m) or 0.0 for _, m in present]
-        bars = ax.barh(ys, medians, height=bar * 0.9, color=colors[layer], label=layer,
-                       xerr=_error_bars([m for _, m in present], medians), capsize=2)  # fmt: skip
-        ax.bar_label(bars, labels=[_fmt_number(v) for v in medians], padding=3, fontsize=7)
+        if present:
+            bars = ax.barh(ys, medians, height=bar * 0.9, color=colors[layer], label=layer,
+                           xerr=_error_bars([m for _, m in present], medians), capsize=2)  # fmt: skip
+            ax.bar_label(bars, labels=[_fmt_number(v) for v in medians], padding=3, fontsize=7)
+        for n, (i, _) in enumerate(failed):
+            y = i - 0.4 + bar * (j + 0.5)
+            # The legend names the layer by its bars, or by this mark where it has none.
+            shown = layer if not present and n == 0 else None
+            ax.plot([0], [y], marker="x", linestyle="none", color=colors[layer], markersize=6, clip_on=False,
+                    label=shown)  # fmt: skip
+            ax.annotate(f"{layer}: failed (see Problems)", (0, y), xytext=(6, 0), textcoords="offset points",
+                        va="center", fontsize=7, color=colors[layer])  # fmt: skip
     ax.set_yticks(range(len(rows)), [labels[row] for row in rows], fontsize=8)
     ax.invert_yaxis()  # first case at the top, as in the tables
     ax.set_title(f"io on {backend}", fontsize=10)
-    ax.set_xlabel("MiB/s (median; bars: lowest–highest)")
+    ax.set_xlabel("MiB/s (median; bars: lowest–highest); higher is better")
     if _wide(m.median() or 0.0 for m in group):
         ax.set_xscale("log")
     else:
@@ -508,7 +571,7 @@ def _plot_latency(run: RunResult, path: Path, colors: dict[str, str]) -> Path | 
             ax.invert_yaxis()
             if wide:
                 ax.set_xscale("log")
-            ax.set_xlabel("latency (ms)")
+            ax.set_xlabel("latency (ms); lower is better")
             ax.set_title(f"{suite} on {backend}", fontsize=10)
         return _save(fig, path)
     finally:
@@ -555,7 +618,7 @@ def _plot_metadata(run: RunResult, path: Path, colors: dict[str, str]) -> Path |
                 _thousands(ax.yaxis)
             ax.set_title(ms[0].label or case, fontsize=10)
             ax.set_xlabel("entries in the directory")
-            ax.set_ylabel(ms[0].unit)
+            ax.set_ylabel(f"{ms[0].unit} ({'higher' if ms[0].higher_is_better else 'lower'} is better)")
         for ax in list(axes.flat)[len(cases) :]:
             ax.set_visible(False)
         fig.legend(list(handles.values()), list(handles), loc="outside lower center", fontsize=8,
