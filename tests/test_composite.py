@@ -101,3 +101,23 @@ async def test_all_read_only_mounts_refuse_like_one(tmp_path: Path) -> None:
     with pytest.raises(PermissionDenied) as info:
         await c.write_file("/a/x.txt", "x")
     assert str(info.value) == "Permission denied: write_file (filesystem is read-only) on /a/x.txt"
+
+
+async def test_a_default_mount_serves_paths_no_mount_matches() -> None:
+    work = FsspecFilesystem(MemoryFileSystem(skip_instance_cache=True, global_store=False), root="/w")
+    other = FsspecFilesystem(MemoryFileSystem(skip_instance_cache=True, global_store=False), root="/o")
+    cfs = CompositeFilesystem({"/workspace": work, "/other": other})
+    from agentvfs.errors import NoMountError
+
+    with pytest.raises(NoMountError):
+        await cfs.write_file("notes.txt", "x")  # the reference's rule, by default
+    cfs.default_mount = "workspace"
+    await cfs.write_file("notes.txt", "x")
+    await cfs.write_file("/sub/deep.txt", "y")
+    assert await work.read_file("notes.txt") == b"x" and await work.read_file("sub/deep.txt") == b"y"
+    assert await cfs.read_file("/workspace/notes.txt") == b"x"
+    assert sorted(e.name for e in await cfs.readdir("/")) == ["other", "workspace"]  # the root lists mounts
+    await cfs.write_file("other/o.txt", "o")  # a mount's own prefix still wins
+    assert await other.read_file("o.txt") == b"o"
+    with pytest.raises(ValueError, match="default_mount '/nope' is not one of the mount paths"):
+        cfs.default_mount = "/nope"

@@ -397,3 +397,17 @@ async def test_a_workspace_that_cannot_start_says_why_to_the_client(
     errlog.seek(0)
     lines = errlog.read().splitlines()
     assert len(lines) == 1 and lines[0].startswith("agentvfs mcp: the workspace did not start: Cannot use"), lines
+
+
+async def test_url_with_a_sandbox_takes_paths_without_the_mount_prefix(tmp_path: Path) -> None:
+    from agentvfs.mounts import fuse_available
+
+    if fuse_available() is not None:
+        pytest.skip(f"FUSE unavailable: {fuse_available()}")
+    config = {"url": f"memory://mcp-{tmp_path.name}", "sandbox": {"isolation": "none", "working_directory": str(tmp_path)}}
+    async with workspace_from_config(config) as ws:
+        tools = await ws.create_tools()
+        assert await tools[FS.WRITE_FILE].execute({"path": "mcp.txt", "content": "hi"}) == "Wrote 2 bytes to mcp.txt"
+        shown = await tools[WORKSPACE_TOOLS.SANDBOX.EXECUTE_COMMAND].execute({"command": "cat workspace/mcp.txt"})
+        assert "hi" in str(shown)
+        assert "1→hi" in str(await tools[FS.READ_FILE].execute({"path": "workspace/mcp.txt"}))

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .sandbox import LocalSandbox
-from .vfs import FsspecFilesystem, LocalFilesystem, WorkspaceFilesystem
+from .vfs import CompositeFilesystem, FsspecFilesystem, LocalFilesystem, WorkspaceFilesystem
 from .workspace import Workspace
 
 __all__ = ["apply_environment", "load_config", "workspace_from_config"]
@@ -162,4 +162,8 @@ def workspace_from_config(config: Mapping[str, Any]) -> Workspace:
     if root is not None:
         # Commands run in the directory itself.
         return Workspace(filesystem=fs, sandbox=sandbox, tools=tools, name=name, **search)
-    return Workspace(mounts={"/workspace": fs}, sandbox=sandbox, tools=tools, name=name, **search)
+    workspace = Workspace(mounts={"/workspace": fs}, sandbox=sandbox, tools=tools, name=name, **search)
+    # The file tools take "notes.txt" for "workspace/notes.txt": the one mount is the default.
+    if isinstance(workspace.filesystem, CompositeFilesystem):
+        workspace.filesystem.default_mount = "/workspace"
+    return workspace

@@ -49,6 +49,11 @@ class CompositeFilesystem(WorkspaceFilesystem):
     ----------
     mounts : mapping of str to WorkspaceFilesystem
         Mount path -> filesystem. Nested mount paths are refused.
+    default_mount : str, optional
+        A mount path that also serves paths no mount matches (``notes.txt`` is then
+        ``/workspace/notes.txt``), for a tool user who does not write the prefix. Synthetic
+        directories (the root) still list the mount points. None (the default, as the
+        reference): such a path is a ``NoMountError``.
 
     Raises
     ------
@@ -59,7 +64,9 @@ class CompositeFilesystem(WorkspaceFilesystem):
     name = "CompositeFilesystem"
     provider = "composite"
 
-    def __init__(self, mounts: Mapping[str, WorkspaceFilesystem], *, id: str | None = None) -> None:
+    def __init__(
+        self, mounts: Mapping[str, WorkspaceFilesystem], *, id: str | None = None, default_mount: str | None = None
+    ) -> None:
         super().__init__(id=id or new_id("cfs").rsplit("-", 1)[0])
         if not mounts:
             raise ValueError("CompositeFilesystem requires at least one mount")
@@ -73,6 +80,7 @@ class CompositeFilesystem(WorkspaceFilesystem):
         self._mounts = table
         # Longest first, so the first prefix that matches is the longest.
         self._order = sorted(table, key=len, reverse=True)
+        self.default_mount = default_mount
         self.read_only = all(fs.read_only for fs in table.values())
         self.status = "ready"
 
@@ -82,6 +90,19 @@ class CompositeFilesystem(WorkspaceFilesystem):
     def mounts(self) -> Mapping[str, WorkspaceFilesystem]:
         """The mount table (read-only view)."""
         return MappingProxyType(self._mounts)
+
+    @property
+    def default_mount(self) -> str | None:
+        """The mount that serves paths no mount matches, or None; see the class."""
+        return self._default
+
+    @default_mount.setter
+    def default_mount(self, value: str | None) -> None:
+        if value is not None:
+            value = normalize_mount_path(value)
+            if value not in self._mounts:
+                raise ValueError(f"default_mount {value!r} is not one of the mount paths: {', '.join(self._mounts)}")
+        self._default = value
 
     @property
     def mount_paths(self) -> list[str]:
@@ -95,6 +116,8 @@ class CompositeFilesystem(WorkspaceFilesystem):
                 return mount, self._mounts[mount], ""
             if mount == "/" or norm.startswith(mount + "/"):
                 return mount, self._mounts[mount], norm[len(mount) :].lstrip("/")
+        if self._default is not None and self._virtual_children(path) is None:
+            return self._default, self._mounts[self._default], norm.lstrip("/")
         return None
 
     def _route(self, path: str, kind: str = "path") -> tuple[str, WorkspaceFilesystem, str]:
