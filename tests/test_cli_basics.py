@@ -160,3 +160,48 @@ def test_shell_completion(shell: str) -> None:
     assert _complete(shell, ["agentvfs", "mount", "s3://b", "/mnt", "-o", "metadata_t"]) == ["metadata_ttl="]
     assert _complete(shell, ["agentvfs", "-v", "mcp", "--ro"]) == ["--root"]
     assert _complete(shell, ["agentvfs", "--log-level", "D"]) == ["DEBUG"]
+
+
+def test_named_remotes(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    (store / "reports").mkdir(parents=True)
+    (store / "reports/q1.txt").write_text("first quarter\n")
+    (tmp_path / "ttl").write_text("0.5\n")
+    remotes = tmp_path / "remotes.toml"
+    remotes.write_text(
+        f'[docs]\nurl = "file://{store}"\nmetadata_ttl_file = "ttl"\nstop_timeout = 3\n'
+        '[broken]\nurl = "s3://bucket"\nsecret_file = "missing"\n'
+    )
+    remotes.chmod(0o600)
+    (tmp_path / "mnt").mkdir()
+    # Unknown names and unreadable *_file values are one line each, before anything runs.
+    done = _agentvfs("mount", "--remotes", os.fspath(remotes), "nope:", os.fspath(tmp_path / "mnt"))
+    assert done.returncode == 2 and f"no remote 'nope' with a url in {remotes} (defined: broken, docs)" in done.stderr
+    done = _agentvfs("mount", "--remotes", os.fspath(remotes), "broken:", os.fspath(tmp_path / "mnt"))
+    assert done.returncode == 2 and "remote 'broken': secret_file = 'missing': No such file or directory" in done.stderr
+    if fuse_available() is not None:
+        return
+    state = tmp_path / "state"
+    done = _agentvfs(
+        "mount", "--daemon", "--remotes", os.fspath(remotes), "docs:reports", os.fspath(tmp_path / "mnt"),
+        "-o", f"state_dir={state}",
+    )  # fmt: skip
+    try:
+        assert done.returncode == 0, done.stderr
+        assert (tmp_path / "mnt/q1.txt").read_text() == "first quarter\n"  # PATH is below the remote's url
+        pid = serving_process(os.fspath(tmp_path / "mnt"), os.fspath(state))
+        assert pid is not None
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            assert b"docs:reports" in f.read()  # the daemon resolves the name itself
+    finally:
+        _agentvfs("unmount", os.fspath(tmp_path / "mnt"), "--state-dir", os.fspath(state))
+    assert not is_mounted(os.fspath(tmp_path / "mnt"))
+
+
+def test_a_readable_remotes_file_with_credentials_is_warned_about(tmp_path: Path) -> None:
+    remotes = tmp_path / "remotes.toml"
+    remotes.write_text('[s3]\nurl = "s3://bucket"\nsecret = "inline"\n')
+    remotes.chmod(0o644)
+    done = _agentvfs("mount", "--remotes", os.fspath(remotes), "s3:", os.fspath(tmp_path), "-o", "bogus=1")
+    assert f"holds credentials and others may read it; chmod 600 {remotes}" in done.stderr
+    assert "Unknown storage option 'bogus'" in done.stderr  # the remote's options are checked with the others

@@ -8,6 +8,7 @@ import errno
 import functools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -353,10 +354,15 @@ def _mcp(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
             if args.root is not None:
                 config.pop("storage_options", None)  # they were for the configured url
             config["root" if args.root is not None else "url"] = args.root if args.root is not None else args.url
+        remote_options: list[tuple[str, Any]] = []
+        if isinstance(config.get("url"), str):
+            config["url"], remote_options = _resolve_remote(config["url"], args.remotes)
         if args.read_only:
             config["read_only"] = True
-        if args.options:
-            config["storage_options"] = {**(config.get("storage_options") or {}), **dict(args.options)}
+        if args.options or remote_options:
+            config["storage_options"] = {
+                **dict(remote_options), **(config.get("storage_options") or {}), **dict(args.options)
+            }
         root = config.get("root")
         if isinstance(root, str) and not args.create:
             _check_exists(os.path.expanduser(root))
@@ -416,6 +422,12 @@ def _shown_default(name: str, value: object) -> object:
     return value
 
 
+_REMOTES_HELP = (
+    "the remotes file that defines NAME in a URL NAME:PATH (default $AGENTVFS_REMOTES, else "
+    "~/.config/agentvfs/remotes.toml)"
+)
+
+
 _CREDENTIALS_HELP = """\
 credentials and endpoints:
   S3: the usual AWS sources (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE,
@@ -423,7 +435,79 @@ credentials and endpoints:
   server with -o endpoint_url=http://host:port; a public bucket with -o anon=true.
   GCS: GOOGLE_APPLICATION_CREDENTIALS or -o token=@FILE (a service-account JSON file).
   Any other key is an fsspec storage option of the URL's filesystem; a mistyped one is
-  refused and the closest known option named."""
+  refused and the closest known option named.
+
+named remotes (URL NAME:PATH), from ~/.config/agentvfs/remotes.toml or --remotes FILE:
+  [docs]
+  url = "s3://my-bucket/docs"
+  endpoint_url = "http://127.0.0.1:9000"
+  key_file = "s3-key"          # KEY_file: the value of KEY, read from that file
+  secret_file = "s3-secret"
+  metadata_ttl = 5             # mount options too
+  then: agentvfs mount docs: /mnt/docs   (or docs:reports for a folder below)"""
+
+
+_REMOTE = re.compile(r"^([A-Za-z][\w.-]*):(?!//)(.*)$")
+
+
+def _remotes_file(given: str | None) -> str:
+    """The remotes file: ``--remotes``, ``$AGENTVFS_REMOTES``, else
+    ``$XDG_CONFIG_HOME/agentvfs/remotes.toml`` (``~/.config/...``)."""
+    if given:
+        return os.path.expanduser(given)
+    if os.environ.get("AGENTVFS_REMOTES"):
+        return os.path.expanduser(os.environ["AGENTVFS_REMOTES"])
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config")
+    return os.path.join(base, "agentvfs", "remotes.toml")
+
+
+def _resolve_remote(url: str, remotes_file: str | None) -> tuple[str, list[tuple[str, Any]]]:
+    """``NAME:PATH`` (rclone style) as the URL and options of the remote ``NAME`` in the remotes
+    file, with ``PATH`` below its URL; any other URL as it is, with no options.
+
+    A remote is a TOML table: ``url``, then any storage or mount option; ``KEY_file`` reads the
+    option ``KEY`` from a file (credentials stay out of the file and out of every command line).
+
+    Raises
+    ------
+    ValueError
+        The name is not defined, or the file or a ``*_file`` cannot be read.
+    """
+    import tomllib
+
+    match = _REMOTE.match(url)
+    if match is None or os.path.exists(url):
+        return url, []
+    name, below = match.groups()
+    path = _remotes_file(remotes_file)
+    try:
+        with open(path, "rb") as handle:
+            remotes = tomllib.load(handle)
+    except FileNotFoundError:
+        raise ValueError(f"{url}: no remote {name!r}: the remotes file {path} does not exist") from None
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ValueError(f"{url}: cannot read the remotes file {path}: {exc}") from None
+    remote = remotes.get(name)
+    if not isinstance(remote, dict) or not isinstance(remote.get("url"), str):
+        defined = ", ".join(sorted(k for k, v in remotes.items() if isinstance(v, dict))) or "none"
+        raise ValueError(f"{url}: no remote {name!r} with a url in {path} (defined: {defined})")
+    if os.stat(path).st_mode & 0o077 and any(_is_secret(k) for k in remote):
+        print(f"agentvfs: warning: {path} holds credentials and others may read it; chmod 600 {path}", file=sys.stderr)
+    options: list[tuple[str, Any]] = []
+    for key, value in remote.items():
+        if key == "url":
+            continue
+        if key.endswith("_file") and isinstance(value, str):
+            source = os.path.join(os.path.dirname(path), os.path.expanduser(value))
+            try:
+                with open(source, encoding="utf-8") as handle:
+                    options.append((key[: -len("_file")], handle.read().rstrip("\r\n")))
+            except OSError as exc:
+                raise ValueError(f"remote {name!r}: {key} = {value!r}: {exc.strerror}") from None
+        else:
+            options.append((key, value))
+    base = remote["url"].rstrip("/")
+    return (f"{base}/{below.lstrip('/')}" if below.strip("/") else base), options
 
 
 def _check_exists(path: str) -> None:
@@ -457,8 +541,15 @@ def _mount(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from .vfs import check_storage_options
 
     known = {name for name in MountOptions.__dataclass_fields__}
-    mount_options = {k: v for k, v in args.options if k.replace("-", "_") in known}
-    storage_options = {k: v for k, v in args.options if k.replace("-", "_") not in known}
+    try:
+        # A named remote gives the URL and options; -o given here win.
+        args.url, from_remote = _resolve_remote(args.url, args.remotes)
+    except ValueError as exc:
+        print(f"agentvfs mount: {exc}", file=sys.stderr)
+        return 2
+    given = [*from_remote, *args.options]
+    mount_options = {k: v for k, v in given if k.replace("-", "_") in known}
+    storage_options = {k: v for k, v in given if k.replace("-", "_") not in known}
     local = _local_path(args.url)
     try:
         if "::" not in args.url:
@@ -763,6 +854,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     where.add_argument("--url", metavar="URL", help="an fsspec URL as the workspace (s3://bucket/prefix, memory://, ...)")
     mcp.add_argument("--read-only", action="store_true", help="offer no write tools and refuse writes")
     mcp.add_argument("--create", action="store_true", help="create the --root directory if it does not exist")
+    mcp.add_argument("--remotes", metavar="FILE", help=_REMOTES_HELP)
     mcp.add_argument(
         "-o", dest="options", action="append", type=_storage_option, default=[], metavar="KEY=VALUE",
         help="an fsspec storage option for --url; VALUE is read as JSON when it parses (true, 3, {...}), else as a "
@@ -784,6 +876,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     mnt.add_argument("url", metavar="URL")
     mnt.add_argument("mountpoint", metavar="MOUNTPOINT")
     mnt.add_argument("--read-only", action="store_true", help="mount ro: every write fails with EROFS")
+    mnt.add_argument("--remotes", metavar="FILE", help=_REMOTES_HELP)
     mnt.add_argument(
         "--daemon", action="store_true",
         help="serve from a background process and return once mounted; its log goes to --log-file (default: "
