@@ -141,11 +141,49 @@ if sys.argv[1] == "fuse":
 """
 
 
-def test_the_extras_bring_their_parts(dist: Path, tmp_path: Path) -> None:
-    python = _venv(tmp_path / "venv", f"{_wheel(dist)}[fuse,search,mcp,s3]")
+@pytest.fixture(scope="module")
+def with_extras(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh environment with the wheel and the extras fuse, search, mcp and s3."""
+    return _venv(tmp_path_factory.mktemp("extras") / "venv", f"{_wheel(dist)}[fuse,search,mcp,s3]")
+
+
+def test_the_extras_bring_their_parts(with_extras: Path, tmp_path: Path) -> None:
+    python = with_extras
     fuse = "fuse" if fuse_available() is None else "no-fuse"
     done = _run(python, EXTRAS, fuse, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "hits: ['doc.md']" in done.stdout
     if fuse == "fuse":
         assert "mounted: ['doc.md']" in done.stdout
+
+
+PASSTHROUGH = """
+import os, sys, tempfile
+from agentvfs import FsspecFilesystem
+from agentvfs.mounts import Mount, passthrough_unavailable_reason
+print("reason:", passthrough_unavailable_reason() or "none")
+with tempfile.TemporaryDirectory() as data, tempfile.TemporaryDirectory() as point:
+    open(os.path.join(data, "f.txt"), "w").write("on disk")
+    with Mount(FsspecFilesystem("file://" + data), point) as m:
+        print("read:", open(os.path.join(point, "f.txt")).read())
+        print("passthrough:", m.operations.passthrough is not None)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or fuse_available() is not None, reason="passthrough needs root and FUSE")
+def test_setup_passthrough_for_a_pip_install(with_extras: Path, tmp_path: Path) -> None:
+    """A pip install mounts without passthrough; agentvfs setup-passthrough builds libfuse 3.17
+    into the environment and rebuilds pyfuse3 against it, and then mounts use it."""
+    before = _run(with_extras, PASSTHROUGH, cwd=tmp_path)
+    assert before.returncode == 0, before.stderr
+    assert "passthrough: False" in before.stdout and "reason: none" not in before.stdout
+    done = subprocess.run(
+        [os.fspath(with_extras.parent / "agentvfs"), "setup-passthrough"],
+        capture_output=True, text=True, timeout=1200, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "FUSE passthrough is set up" in done.stderr
+    after = _run(with_extras, PASSTHROUGH, cwd=tmp_path)
+    assert after.returncode == 0, after.stderr
+    assert "reason: none" in after.stdout and "read: on disk" in after.stdout and "passthrough: True" in after.stdout
+    assert (with_extras.parents[1] / "opt/libfuse/lib/libagentvfs_passthrough.so").is_file()

@@ -688,6 +688,27 @@ complete -o default -F _agentvfs agentvfs
     return script
 
 
+def _setup_passthrough() -> int:
+    """``agentvfs setup-passthrough``: run the packaged build script for this environment,
+    then say whether a new process gets passthrough (this one imported pyfuse3 already)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("agentvfs.mounts")
+    if spec is None or not spec.submodule_search_locations:  # pragma: no cover - a broken install
+        raise RuntimeError("agentvfs.mounts is not installed as a package")
+    script = os.path.join(next(iter(spec.submodule_search_locations)), "build_passthrough.sh")
+    done = subprocess.run(["bash", script, sys.executable], check=False)
+    check = "from agentvfs.mounts import passthrough_unavailable_reason as r; print(r() or '')"
+    probe = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=False)
+    errors = probe.stderr.strip().splitlines()
+    reason = probe.stdout.strip() or (errors[-1] if errors else "")
+    if done.returncode == 0 and probe.returncode == 0 and not reason:
+        print("agentvfs: FUSE passthrough is set up: new mounts of local directories use it", file=sys.stderr)
+        return 0
+    print(f"agentvfs setup-passthrough: mounts run without passthrough: {reason or 'the build failed'}", file=sys.stderr)
+    return 1
+
+
 def _is_daemon_flag(arg: str) -> bool:
     """``--daemon`` or an abbreviation argparse takes for it."""
     return arg.startswith("--dae") and "--daemon".startswith(arg)
@@ -901,6 +922,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "Load it with: source <(agentvfs completion bash), or in ~/.zshrc: source <(agentvfs completion zsh).",
     )
     completion.add_argument("shell", choices=["bash", "zsh"])
+    add_parser(
+        "setup-passthrough",
+        help="build FUSE passthrough for this installation (libfuse 3.17, as root)",
+        description="Build libfuse 3.17 into this environment (opt/libfuse), the passthrough library beside it, "
+        "and pyfuse3 against it, so that mounts of local directories read and write at the disk's speed. "
+        "Needs root, a C compiler, pkg-config and the Debian mirror of this machine's apt sources; "
+        "scripts/setup.sh does the same for a checkout. Without it, mounts work without passthrough.",
+    )
     umnt = add_parser(
         "unmount",
         help="unmount a mount point, letting an agentvfs mount finish its uploads first",
@@ -1072,6 +1101,8 @@ def _run(args: argparse.Namespace, argv: Sequence[str] | None, parsers: dict[str
         return _recover(args)
     if args.command == "unmount":
         return _unmount(args)
+    if args.command == "setup-passthrough":
+        return _setup_passthrough()
     if args.command == "completion":
         print(_completion_script(args.shell, parsers["root"]))
         return 0
