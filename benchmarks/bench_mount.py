@@ -68,7 +68,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -532,9 +532,14 @@ class Config:
     #: The ``src`` of another tree, mounted as the layer "agentvfs (before)" (S3 part).
     baseline_src: str | None = None
     peers: bool = True
+    #: Also mount the local directory without FUSE passthrough (``-o passthrough=false``: what
+    #: a pip install gets before ``agentvfs setup-passthrough``), interleaved.
+    without_passthrough: bool = False
 
 
 # -- part A: local directory -----------------------------------------------------------------
+
+NO_PASSTHROUGH = "agentvfs, no passthrough"
 
 
 def local_ops(cfg: Config) -> list[Op]:
@@ -572,6 +577,12 @@ def bench_local(h: Harness, cfg: Config, results: Results) -> None:
     else:
         log(f"local: skipping the mount: {ours}")
         h.problems.append(ours)
+    plain: Layer | str = "not asked for (--without-passthrough)"
+    if cfg.without_passthrough:
+        made = agentvfs_layer(f"file://{data}", ["passthrough=false"])
+        plain = replace(made, name=NO_PASSTHROUGH) if isinstance(made, Layer) else made
+        if isinstance(plain, Layer):
+            h.hows[f"local {plain.name}"] = plain.how
 
     def big_round(root: str, m: RunningMount | None, layer: str, i: int) -> None:
         drop_caches()
@@ -613,13 +624,14 @@ def bench_local(h: Harness, cfg: Config, results: Results) -> None:
     for i in range(cfg.repeat_big):
         log(f"local: big-file round {i + 1}/{cfg.repeat_big}")
         big_round(data, None, "direct", i)
-        if isinstance(ours, Layer) and ours.name not in h.broken:
-            try:
-                with h.mounted(ours) as m:
-                    big_round(m.mountpoint, m, "agentvfs", i)
-            except MountFailed as exc:
-                series(results, "agentvfs", "cold_read").errors.append(str(exc))
-                log(f"  ERROR agentvfs mount: {exc}")
+        for layer in (ours, plain):
+            if isinstance(layer, Layer) and layer.name not in h.broken:
+                try:
+                    with h.mounted(layer) as m:
+                        big_round(m.mountpoint, m, layer.name, i)
+                except MountFailed as exc:
+                    series(results, layer.name, "cold_read").errors.append(str(exc))
+                    log(f"  ERROR {layer.name} mount: {exc}")
     for i in range(cfg.repeat_small):
         log(f"local: directory round {i + 1}/{cfg.repeat_small}")
         small_round(data, None, "direct")
@@ -633,12 +645,19 @@ def bench_local(h: Harness, cfg: Config, results: Results) -> None:
 
 
 def local_table(cfg: Config, results: Results) -> str:
-    out = ["| operation | direct | agentvfs mount | ratio mount/direct (time) |", "|---|---:|---:|---:|"]
+    plain = NO_PASSTHROUGH in results
+    head = "| operation | direct | agentvfs mount | ratio mount/direct (time) |"
+    if plain:
+        head += f" {NO_PASSTHROUGH} | its ratio |"
+    out = [head, "|---|---:|---:|---:|" + ("---:|---:|" if plain else "")]
     for op in local_ops(cfg):
         d = results.get("direct", {}).get(op.key)
         a = results.get("agentvfs", {}).get(op.key)
-        out.append(f"| {op.label} | {fmt_value(op, d)} | {fmt_value(op, a)} "
-                   f"| {fmt_ratio(a, d.median() if d else None)} |")
+        row = f"| {op.label} | {fmt_value(op, d)} | {fmt_value(op, a)} | {fmt_ratio(a, d.median() if d else None)} |"
+        if plain:
+            n = results.get(NO_PASSTHROUGH, {}).get(op.key)
+            row += f" {fmt_value(op, n) if n else '—'} | {fmt_ratio(n, d.median() if d else None) if n else '—'} |"
+        out.append(row)
     return "\n".join(out)
 
 
@@ -953,6 +972,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--baseline-src", metavar="DIR",
                    help="also mount the agentvfs of another tree (its src directory) on S3, interleaved")
     p.add_argument("--no-peers", action="store_true", help="measure no peer mounter (rclone, s3fs, fsspec.fuse)")
+    p.add_argument("--without-passthrough", action="store_true",
+                   help="local part: also mount without FUSE passthrough (what a pip install gets before "
+                        "`agentvfs setup-passthrough`), interleaved")
     args = p.parse_args(argv)
     if args.repeat is not None and args.repeat < 1:
         p.error("--repeat must be positive")
@@ -983,6 +1005,7 @@ def main(argv: list[str] | None = None) -> int:
         s3_entries=1000 if args.quick else 2000,
         baseline_src=args.baseline_src,
         peers=not args.no_peers,
+        without_passthrough=args.without_passthrough,
     )
     s3rver = find_s3rver()
     machine = machine_description(s3rver)
