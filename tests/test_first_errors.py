@@ -164,7 +164,9 @@ def test_an_unknown_protocol_is_named() -> None:
 def _cli(*args: str, code: str = "", timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """``agentvfs ARGS``; ``code`` runs first in the same interpreter (to hide a package)."""
     command = [sys.executable, "-c", f"import sys\n{code}\nfrom agentvfs.cli import main; sys.exit(main())", *args]
-    return subprocess.run(command, capture_output=True, text=True, env=cli_env(), timeout=timeout, check=False)
+    return subprocess.run(
+        command, stdin=subprocess.DEVNULL, capture_output=True, text=True, env=cli_env(), timeout=timeout, check=False
+    )
 
 
 def _one_line(done: subprocess.CompletedProcess[str]) -> str:

@@ -393,7 +393,7 @@ async def test_a_workspace_that_cannot_start_says_why_to_the_client(
             assert started.instructions is not None and "no credentials were found" in started.instructions
             assert (await client.list_tools()).tools == []
             why = await failed(client, FS.READ_FILE, path="a.txt")
-            assert why.startswith("The agentvfs workspace did not start: Cannot use s3://agentvfs-test/x: no credentials")
+            assert why.startswith("agentvfs: the workspace did not start: Cannot use s3://agentvfs-test/x: no credentials")
     errlog.seek(0)
     lines = errlog.read().splitlines()
     assert len(lines) == 1 and lines[0].startswith("agentvfs mcp: the workspace did not start: Cannot use"), lines
@@ -411,3 +411,15 @@ async def test_url_with_a_sandbox_takes_paths_without_the_mount_prefix(tmp_path:
         shown = await tools[WORKSPACE_TOOLS.SANDBOX.EXECUTE_COMMAND].execute({"command": "cat workspace/mcp.txt"})
         assert "hi" in str(shown)
         assert "1→hi" in str(await tools[FS.READ_FILE].execute({"path": "workspace/mcp.txt"}))
+
+
+async def test_a_configuration_typo_is_said_to_the_client(tmp_path: Path, errlog: TextIO) -> None:
+    config = tmp_path / "ws.json"
+    config.write_text(json.dumps({"root": str(tmp_path), "sandbx": {}}))
+    with anyio.fail_after(TIMEOUT):
+        async with session(errlog, "--config", os.fspath(config)) as client:
+            why = await failed(client, FS.READ_FILE, path="a.txt")
+    assert why.startswith("agentvfs: the configuration cannot be used: ") and "unknown configuration key(s): sandbx" in why
+    errlog.seek(0)
+    lines = errlog.read().splitlines()
+    assert len(lines) == 1 and "unknown configuration key(s): sandbx" in lines[0], lines

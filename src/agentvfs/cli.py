@@ -369,8 +369,29 @@ def _mcp(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         apply_environment(config)
         workspace = workspace_from_config(config)
     except (OSError, ValueError) as exc:
-        parser.error(str(exc))
+        reason = " ".join(str(exc).split())
+        if not _stdin_is_a_pipe():  # a person at a terminal, or a script: say it and stop
+            print(f"agentvfs mcp: {reason}", file=sys.stderr)
+            raise SystemExit(2) from None
+        # An MCP client started this server over pipes: it would see only a closed connection.
+        # Serve it the reason instead (instructions and every tool call), and say it on stderr.
+        from .tools import serve_stdio_failure
+
+        print(f"agentvfs mcp: the configuration cannot be used: {reason}", file=sys.stderr, flush=True)
+        anyio.run(serve_stdio_failure, f"the configuration cannot be used: {reason}")
+        raise SystemExit(2) from None
     anyio.run(serve_stdio, workspace)
+
+
+def _stdin_is_a_pipe() -> bool:
+    """Whether standard input is a pipe or socket (an MCP client's), not a terminal or file."""
+    import stat
+
+    try:
+        mode = os.fstat(sys.stdin.fileno()).st_mode
+    except (OSError, ValueError, AttributeError):
+        return False  # closed, or replaced by an object without a descriptor
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
 
 
 def _mount_option_table() -> str:

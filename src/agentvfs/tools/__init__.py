@@ -15,6 +15,7 @@ from ._host import ToolHost as ToolHost
 from ._mcp import NOT_APPROVED as NOT_APPROVED
 from ._mcp import create_server as create_server
 from ._mcp import serve_stdio as serve_stdio
+from ._mcp import serve_stdio_failure as serve_stdio_failure
 from ._names import WORKSPACE_TOOLS as WORKSPACE_TOOLS
 from ._registry import workspace_tool_specs as workspace_tool_specs
 
@@ -29,6 +30,7 @@ __all__ = [
     "create_server",
     "openai_tools",
     "serve_stdio",
+    "serve_stdio_failure",
     "workspace_tool_specs",
 ]
 

@@ -185,11 +185,11 @@ class ServedWorkspace(ToolHost, Protocol):
 
 async def serve_stdio(workspace: ServedWorkspace) -> None:
     """Initialise ``workspace``, serve its tools over stdin/stdout until the client closes
-    stdin, then destroy the workspace."""
+    stdin, then destroy the workspace. A workspace that does not start is served as by
+    :func:`serve_stdio_failure`."""
     import anyio
-    _require_mcp()
-    from mcp.server.stdio import stdio_server
 
+    _require_mcp()
     # The protocol owns stdout: anything else printed in this process goes to stderr.
     protocol_out = anyio.wrap_file(io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8"))
     saved, sys.stdout = sys.stdout, sys.stderr
@@ -206,26 +206,46 @@ async def serve_stdio(workspace: ServedWorkspace) -> None:
                 reason = " ".join(str(exc).split()) or type(exc).__name__
                 print(f"agentvfs mcp: the workspace did not start: {reason}", file=sys.stderr, flush=True)
                 logger.debug("the workspace did not start", exc_info=True)
-                server = _failed_server(reason)
-            async with (
-                stdio_server(stdout=protocol_out) as (read_stream, write_stream),
-                anyio.create_task_group() as tg,
-            ):
-                known = await _answer_unknown_methods(tg, read_stream, write_stream)
-                await server.run(known, write_stream, server.create_initialization_options())
-                tg.cancel_scope.cancel()
+                server = _failed_server(f"the workspace did not start: {reason}")
+            await _serve(server, protocol_out)
     finally:
         sys.stdout = saved
 
 
+async def serve_stdio_failure(reason: str) -> None:
+    """Serve, over stdin/stdout, an MCP server for a workspace that could not be made: it says
+    ``reason`` in its instructions and as the error of every tool call, and lists no tools, so
+    the client shows the cause rather than a closed connection."""
+    import anyio
+
+    _require_mcp()
+    protocol_out = anyio.wrap_file(io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8"))
+    saved, sys.stdout = sys.stdout, sys.stderr
+    try:
+        await _serve(_failed_server(reason), protocol_out)
+    finally:
+        sys.stdout = saved
+
+
+async def _serve(server: Any, protocol_out: Any) -> None:
+    """Run ``server`` on stdin and ``protocol_out`` until the client closes stdin."""
+    import anyio
+    from mcp.server.stdio import stdio_server
+
+    async with stdio_server(stdout=protocol_out) as (read_stream, write_stream), anyio.create_task_group() as tg:
+        known = await _answer_unknown_methods(tg, read_stream, write_stream)
+        await server.run(known, write_stream, server.create_initialization_options())
+        tg.cancel_scope.cancel()
+
+
 def _failed_server(reason: str) -> Any:
-    """A server for a workspace that did not start: it says why in its instructions, lists no
-    tools, and answers every call with the reason as a tool error (the client sees the cause,
-    not a closed connection)."""
+    """A server for a workspace that could not be used: it says why in its instructions, lists
+    no tools, and answers every call with the reason as a tool error (the client sees the
+    cause, not a closed connection)."""
     from mcp import types
     from mcp.server.lowlevel import Server
 
-    message = f"The agentvfs workspace did not start: {reason}"
+    message = f"agentvfs: {reason}"
     server: Server[Any, Any] = Server("agentvfs", version=_package_version(), instructions=message)
 
     async def list_tools(request: types.ListToolsRequest) -> types.ServerResult:
