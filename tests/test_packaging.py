@@ -125,9 +125,15 @@ def test_the_core_installs_alone_and_works(dist: Path, tmp_path: Path) -> None:
 
 EXTRAS = """
 import asyncio, os, subprocess, sys, tempfile
+import fsspec
 from agentvfs import FsspecFilesystem, Workspace
 from agentvfs.mounts import Mount
-import s3fs, mcp
+from agentvfs.search import MiniLMEmbedder
+import mcp
+for protocol in ("s3", "gcs", "abfs"):  # each storage extra brings its fsspec class
+    print(protocol, fsspec.get_filesystem_class(protocol).__name__)
+(vector,) = MiniLMEmbedder()(["an offline sentence embedder"])  # the embed extra, no download
+print("dimensions:", len(vector))
 
 async def main():
     fs = FsspecFilesystem("memory://extras")
@@ -143,8 +149,9 @@ if sys.argv[1] == "fuse":
 
 @pytest.fixture(scope="module")
 def with_extras(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fresh environment with the wheel and the extras fuse, search, mcp and s3."""
-    return _venv(tmp_path_factory.mktemp("extras") / "venv", f"{_wheel(dist)}[fuse,search,mcp,s3]")
+    """A fresh environment with the wheel and all its extras (fuse, search, mcp, s3, gcs, azure,
+    embed)."""
+    return _venv(tmp_path_factory.mktemp("extras") / "venv", f"{_wheel(dist)}[all]")
 
 
 def test_the_extras_bring_their_parts(with_extras: Path, tmp_path: Path) -> None:
@@ -153,6 +160,8 @@ def test_the_extras_bring_their_parts(with_extras: Path, tmp_path: Path) -> None
     done = _run(python, EXTRAS, fuse, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "hits: ['doc.md']" in done.stdout
+    assert "s3 S3FileSystem" in done.stdout and "abfs AzureBlobFileSystem" in done.stdout
+    assert "gcs " in done.stdout and "dimensions: 384" in done.stdout
     if fuse == "fuse":
         assert "mounted: ['doc.md']" in done.stdout
 
