@@ -15,6 +15,7 @@ apt_packages=(fuse3 libfuse3-dev pkg-config bubblewrap gcc g++ python3-venv pyth
 peer_packages=(rclone s3fs fio libfuse2)
 s3rver_version=3.7.1
 mcp2_version=2.3.0
+openai_agents_version=0.24.0
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -101,19 +102,21 @@ install_s3rver() {
     npm install --silent --no-audit --no-fund --prefix "$dir" "s3rver@$s3rver_version" >/dev/null
 }
 
-# An MCP client of the SDK's next major version in an environment of its own, for the test
-# that the server answers clients on either (the server's own SDK is pinned below 2).
+# MCP clients on the SDK's next major version in an environment of their own (the mcp SDK and
+# the OpenAI Agents SDK, which brings it), for the tests that the server answers clients on
+# either and that the README's Agents SDK example runs (the server's own SDK is pinned below 2).
 install_mcp2_client() {
     [[ $extras == *test* || $extras == dev ]] || return 0
-    local dir=.venv/opt/mcp2
-    if [[ "$("$dir/bin/python" -c 'import importlib.metadata as m; print(m.version("mcp"))' 2>/dev/null)" == "$mcp2_version" ]]; then
-        log "mcp $mcp2_version client present"
+    local dir=.venv/opt/mcp2 want="mcp $mcp2_version, openai-agents $openai_agents_version"
+    if [[ "$("$dir/bin/python" -c 'import importlib.metadata as m
+print("mcp", m.version("mcp") + ",", "openai-agents", m.version("openai-agents"))' 2>/dev/null)" == "$want" ]]; then
+        log "$want clients present"
         return
     fi
-    log "installing an mcp $mcp2_version client into $dir"
+    log "installing $want clients into $dir"
     rm -rf "$dir"
     "$(.venv/bin/python -c 'import sys; print(sys._base_executable)')" -m venv "$dir"
-    "$dir/bin/pip" install -q --disable-pip-version-check "mcp==$mcp2_version"
+    "$dir/bin/pip" install -q --disable-pip-version-check "mcp==$mcp2_version" "openai-agents==$openai_agents_version"
 }
 
 # FUSE passthrough: libfuse 3.17 into .venv/opt/libfuse, the passthrough library, pyfuse3 rebuilt

@@ -31,6 +31,15 @@ def blocks(language: str) -> list[str]:
     return re.findall(rf"^```{language}\n(.*?)^```$", README.read_text(encoding="utf-8"), re.M | re.S)
 
 
+def _agents_sdk(code: str) -> bool:
+    """A block for the OpenAI Agents SDK, which runs in an environment of its own."""
+    return "from agents" in code
+
+
+def api_blocks() -> list[str]:
+    return [code for code in blocks("python") if not _agents_sdk(code)]
+
+
 # Runs each block as its own __main__, in order, in this one process (so that memory storage
 # written by one block is there for the next, as a local directory or a bucket would be).
 RUNNER = """
@@ -43,7 +52,7 @@ print("--- all ran", flush=True)
 
 
 def test_the_readme_has_the_examples_it_promises() -> None:
-    python = blocks("python")
+    python = api_blocks()
     assert len(python) >= 6
     assert all(URL in code for code in python)
     assert all("import " in code.split("\n", 1)[0] or code.startswith("from ") for code in python)
@@ -67,7 +76,7 @@ def test_every_python_example_runs(kind: str, tmp_path: Path, request: pytest.Fi
     (tmp_path / "mnt").mkdir()
     (tmp_path / "agent").mkdir()
     codes = []
-    for code in blocks("python"):
+    for code in api_blocks():
         if "storage_options" in code and kind != "s3":
             continue  # the credentials example is about S3
         codes.append(
@@ -114,3 +123,19 @@ def test_the_mcp_configuration_starts_a_server(tmp_path: Path) -> None:
     assert "mastra_workspace_read_file" in names and "mastra_workspace_edit_file" in names
     done = subprocess.run([command, "--version"], capture_output=True, text=True, check=True)
     assert done.stdout.startswith("agentvfs ")
+
+
+AGENTS_PYTHON = Path(__file__).resolve().parents[1] / ".venv/opt/mcp2/bin/python"
+
+
+@pytest.mark.skipif(not AGENTS_PYTHON.exists(), reason="no .venv/opt/mcp2 (scripts/setup.sh test makes it)")
+def test_the_openai_agents_sdk_example_runs(tmp_path: Path) -> None:
+    (code,) = [code for code in blocks("python") if _agents_sdk(code)]
+    (tmp_path / "notes.txt").write_text("x\n")
+    env = {"PATH": f"{os.path.dirname(sys.executable)}:{os.environ.get('PATH', '')}"}  # agentvfs on PATH
+    done = subprocess.run(
+        [os.fspath(AGENTS_PYTHON), "-c", code.replace("/path/to/project", os.fspath(tmp_path))],
+        capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.startswith("editor ['mastra_workspace_read_file', 'mastra_workspace_write_file'")
