@@ -294,3 +294,40 @@ def test_sigterm_with_a_writer_open_keeps_the_half_written_file_out_of_storage(
     assert "still open for writing" in text and "agentvfs recover --list" in text
     (kept,) = list_recovered(os.fspath(state), storage.recovery_url)
     assert kept.path == "f.bin" and open(kept.data, "rb").read() == new
+
+
+def test_a_second_sigterm_stops_at_once_and_the_next_mount_recovers(mnt: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """The first SIGTERM waits up to stop_timeout for a writer; a second one stops the mount
+    at once, as a crash would: nothing half-written is published, and the next mount of the
+    storage moves the staged file to the recovery area."""
+    storage = Storage("local", tmp_path, request)
+    state = tmp_path / "state"
+    log = tmp_path / "mount.log"
+    old = b"the old version\n" * 1000
+    new = os.urandom(1 << 20)
+    (tmp_path / "new.bin").write_bytes(new)
+    storage.put("f.bin", old)
+    proc = start_mount(storage, mnt, state, "-o", "stop_timeout=120", log=log)
+    writer = _writer(f"{mnt}/f.bin", os.fspath(tmp_path / "new.bin"))
+    try:
+        assert writer.stdout is not None and writer.stdout.readline() == b"written\n"
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(1)
+        assert proc.poll() is None  # waiting for the writer, as it should
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 1, log.read_text()
+        assert time.monotonic() - started < 10
+    finally:
+        writer.kill()
+        writer.communicate()
+    assert "stopping at once (a second signal)" in log.read_text()
+    wait_unmounted(mnt)
+    assert storage.get("f.bin") == old
+    second = start_mount(storage, mnt, state, log=log)
+    try:
+        assert wait_until(lambda: "was not published" in log.read_text(), timeout=10), log.read_text()
+    finally:
+        stop_mount(second, log)
+    (kept,) = list_recovered(os.fspath(state), storage.recovery_url)
+    assert kept.path == "f.bin" and open(kept.data, "rb").read() == new

@@ -587,8 +587,20 @@ def _mount(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.daemon:
         return _daemonize(args, mount_options)
     stop = threading.Event()
+    closing = threading.Event()
 
     def on_signal(signum: int, frame: object) -> None:
+        if closing.is_set():
+            # A second signal while the mount waits for writers or uploads: stop now, as a
+            # killed mount would. What is staged and unpublished stays in the state directory,
+            # and the next mount of this storage moves it to the recovery area.
+            print(
+                "agentvfs: stopping at once (a second signal): unpublished files are kept for the next mount "
+                "of this storage to recover (agentvfs recover --list)",
+                file=sys.stderr, flush=True,
+            )  # fmt: skip
+            subprocess.run(["fusermount3", "-uz", os.path.abspath(args.mountpoint)], capture_output=True, check=False)
+            os._exit(1)
         stop.set()
 
     # Before the mount appears: a signal the moment it does must still unmount cleanly.
@@ -607,6 +619,7 @@ def _mount(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         if not handle.mounted:
             print("agentvfs: the mount went away (unmounted from outside)", file=sys.stderr)
             break
+    closing.set()
     try:
         handle.close()
     except MountError as exc:
