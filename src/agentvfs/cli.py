@@ -220,7 +220,8 @@ def _demo_bucket(say: Any) -> Iterator[Any]:
     except Exception as exc:  # moto missing or not starting: still show the sandbox
         from fsspec.implementations.memory import MemoryFileSystem
 
-        say(f"(no local S3 server: {exc}; using in-memory storage as the bucket)")
+        why = "the bench extra (moto) is not installed" if isinstance(exc, ModuleNotFoundError) else str(exc)
+        say(f"(no local S3 server: {why}; using in-memory storage as the bucket)")
         yield MemoryFileSystem(global_store=False, skip_instance_cache=True), "/demo-bucket"
         return
     try:
