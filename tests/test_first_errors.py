@@ -223,7 +223,9 @@ def test_mount_reports_an_endpoint_that_is_down_in_one_line(tmp_path: Path) -> N
 def test_mcp_refuses_a_root_that_does_not_exist(tmp_path: Path) -> None:
     done = _cli("mcp", "--root", os.fspath(tmp_path / "typo"))
     assert done.returncode == 2 and f"{tmp_path / 'typo'} does not exist" in done.stderr
-    assert not (tmp_path / "typo").exists()
+    done = _cli("mcp", "--url", f"file://{tmp_path}/typo2")
+    assert done.returncode == 2 and f"{tmp_path / 'typo2'} does not exist" in done.stderr
+    assert not (tmp_path / "typo").exists() and not (tmp_path / "typo2").exists()
 
 
 def test_a_missing_extra_is_named(tmp_path: Path) -> None:

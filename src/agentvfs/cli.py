@@ -364,9 +364,10 @@ def _mcp(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
             config["storage_options"] = {
                 **dict(remote_options), **(config.get("storage_options") or {}), **dict(args.options)
             }
-        root = config.get("root")
-        if isinstance(root, str) and not args.create:
-            _check_exists(os.path.expanduser(root))
+        root, url = config.get("root"), config.get("url")
+        local = os.path.expanduser(root) if isinstance(root, str) else _local_path(url) if isinstance(url, str) else None
+        if local is not None and not args.create:
+            _check_exists(local)
         apply_environment(config)
         workspace = workspace_from_config(config)
     except (OSError, ValueError) as exc:
