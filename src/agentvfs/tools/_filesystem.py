@@ -20,7 +20,13 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import NOT_FOUND_MESSAGE, StringNotFoundError, StringNotUniqueError
+from ..errors import (
+    NOT_FOUND_MESSAGE,
+    FileExists,
+    IsDirectory,
+    StringNotFoundError,
+    StringNotUniqueError,
+)
 from ..vfs import FileStat, read_range
 from ._core import ToolCall, ToolFailure, ToolMedia, ToolResult, ToolSpec
 from ._lines import (
@@ -53,10 +59,16 @@ _TEXT_LIKE = frozenset(
     {
         "application/octet-stream", "application/json", "application/javascript", "application/typescript",
         "application/xml", "application/graphql", "application/x-sh", "application/x-yaml",
-        "application/yaml", "application/ld+json", "application/sql", "application/jsonl",
+        "application/yaml", "application/ld+json", "application/sql",
     }
 )  # fmt: skip
 _MEDIA_PATTERN = re.compile(r"^(\*|\*/\*|[\w.+-]+/\*|[\w.+-]+/[\w.+-]+)$")
+
+
+def _shown(stat: FileStat) -> str:
+    """The path read_file's headers name: the filesystem's normalised path (``./a.zip`` is
+    ``a.zip``), with a backslash in a name shown as ``/`` as the reference does."""
+    return stat.path.replace("\\", "/")
 
 
 def _text_like(mime: str | None) -> bool:
@@ -101,16 +113,16 @@ async def read_file(call: ToolCall) -> ToolResult:
         if stat.size <= cap:
             data = await read_range(call.fs, path, 0, cap + 1)
             if len(data) <= cap:
-                return ToolMedia(f"{stat.path} ({stat.size} bytes, {mime})", mime, base64.b64encode(data).decode())
+                return ToolMedia(f"{_shown(stat)} ({stat.size} bytes, {mime})", mime, base64.b64encode(data).decode())
             # It grew past the cap since the stat: answered as an oversized file.
         if encoding is None:
             return (
-                f"{path} ({stat.size} bytes, {mime}) — exceeds max_media_bytes ({cap}). Returning metadata only; "
+                f"{_shown(stat)} ({stat.size} bytes, {mime}) — exceeds max_media_bytes ({cap}). Returning metadata only; "
                 "configure `max_media_bytes` on the read_file tool to raise this cap."
             )
     if encoding is None and stat.type == "file" and not _text_like(mime):
         return (
-            f"{path} ({stat.size} bytes, {mime}) — binary file not readable as text. Pass an explicit "
+            f"{_shown(stat)} ({stat.size} bytes, {mime}) — binary file not readable as text. Pass an explicit "
             "`encoding` (e.g. `base64`) to read the raw bytes, or configure `media_types` on the read_file "
             "tool to surface it as a media part."
         )
@@ -129,9 +141,9 @@ async def read_file(call: ToolCall) -> ToolResult:
     numbered = call.args.get("showLineNumbers", True)
     body = format_with_line_numbers(lines.lines, lines.start) if numbered and lines.lines else "\n".join(lines.lines)
     if offset is not None or count is not None:
-        header = f"{stat.path} (lines {lines.start}-{lines.end} of {lines.total}, {stat.size} bytes)"
+        header = f"{_shown(stat)} (lines {lines.start}-{lines.end} of {lines.total}, {stat.size} bytes)"
     else:
-        header = f"{stat.path} ({stat.size} bytes)"
+        header = f"{_shown(stat)} ({stat.size} bytes)"
     return apply_token_limit(f"{header}\n{body}", limit, "end")
 
 
@@ -149,8 +161,8 @@ async def _read_encoded(call: ToolCall, stat: FileStat, encoding: str, limit: in
         raw = raw[:need]
     encoded = base64.b64encode(raw).decode() if encoding == "base64" else raw.hex() if encoding == "hex" else raw.decode("latin-1")
     if whole:
-        return apply_token_limit(f"{path} ({stat.size} bytes, {encoding})\n{encoded}", limit, "end")
-    header = f"{path} ({stat.size} bytes, {encoding}, first {len(raw)} bytes read)"
+        return apply_token_limit(f"{_shown(stat)} ({stat.size} bytes, {encoding})\n{encoded}", limit, "end")
+    header = f"{_shown(stat)} ({stat.size} bytes, {encoding}, first {len(raw)} bytes read)"
     scale = max(stat.size, len(raw)) / len(raw)
     return apply_token_limit(f"{header}\n{encoded}", limit, "end", total_scale=scale)
 
@@ -217,9 +229,9 @@ async def _read_large_text(call: ToolCall, stat: FileStat, limit: int) -> str:
     shown_last = first + len(lines) - 1 if lines else 0
     body = format_with_line_numbers(lines, first) if numbered and lines else "\n".join(lines)
     if ranged:
-        header = f"{stat.path} (lines {shown_first}-{shown_last} of {total}, {stat.size} bytes)"
+        header = f"{_shown(stat)} (lines {shown_first}-{shown_last} of {total}, {stat.size} bytes)"
     else:
-        header = f"{stat.path} ({stat.size} bytes)"
+        header = f"{_shown(stat)} ({stat.size} bytes)"
     text = f"{header}\n{body}"
     # The budget's "of ~T tokens" is estimated from the part read when the rest was not.
     scale = max(stat.size, position) / position if position and not complete else 1.0
@@ -229,7 +241,14 @@ async def _read_large_text(call: ToolCall, stat: FileStat, limit: int) -> str:
 async def write_file(call: ToolCall) -> ToolResult:
     """``mastra_workspace_write_file``."""
     path, content = call.args["path"], call.args["content"]
-    await call.fs.write_file(path, content, overwrite=call.args["overwrite"], expected_mtime=call.expected)
+    overwrite = call.args["overwrite"]
+    try:
+        await call.fs.write_file(path, content, overwrite=overwrite, expected_mtime=call.expected)
+    except IsDirectory:
+        if overwrite:
+            raise
+        # Without overwrite a directory in the way is something that exists already.
+        raise FileExists(path) from None
     return f"Wrote {len(content.encode('utf-8'))} bytes to {path}"
 
 
@@ -268,7 +287,10 @@ async def edit_file(call: ToolCall) -> ToolResult:
     except StringNotUniqueError as exc:
         return ToolFailure(str(exc))
     await call.fs.write_file(path, done.text, expected_mtime=call.expected)
-    span = max(new.count("\n"), old.count("\n"))
+    # An occurrence's range runs from the line of its first character to the line of its
+    # last one (a newline ending old_string belongs to the line it ends), or as many lines
+    # as new_string has when that is more.
+    span = max(new.count("\n"), old.count("\n", 0, len(old) - 1))
     ranges = [f"{start}-{start + span}" if span else str(start) for start in line_numbers(content, done.positions)]
     unlisted = done.count - len(done.positions)
     shown = ", ".join(ranges) + (f", and {unlisted} more" if unlisted else "")

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
 import posixpath
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
 import pathspec
@@ -12,7 +14,14 @@ from ..vfs import FileEntry, WorkspaceFilesystem, create_glob_matcher, read_rang
 from ._core import ToolCall, ToolResult
 from ._output import LIST_FILES_MAX_OUTPUT_TOKENS, apply_token_limit
 
-__all__ = ["MAX_GITIGNORE_BYTES", "list_files", "load_gitignore"]
+__all__ = [
+    "MAX_GITIGNORE_BYTES",
+    "CaselessGitIgnoreSpec",
+    "fold_case",
+    "gitignore_spec",
+    "list_files",
+    "load_gitignore",
+]
 
 logger = logging.getLogger("agentvfs")
 
@@ -20,8 +29,47 @@ logger = logging.getLogger("agentvfs")
 MAX_GITIGNORE_BYTES = 1024 * 1024
 
 
+class _CaseFold(dict[int, str]):
+    """A ``str.translate`` table folding each character to the one a case-insensitive
+    JavaScript regular expression (``i`` without ``u``) compares it as, filled on demand.
+
+    Such a regular expression upper-cases each UTF-16 code unit alone and keeps it as it is
+    when that gives more than one unit, or maps a non-ASCII unit to an ASCII one (the Kelvin
+    sign does not match ``k``); characters beyond U+FFFF are two units and never fold.
+    """
+
+    def __missing__(self, code: int) -> str:
+        char = chr(code)
+        upper = char.upper() if code < 0x10000 else char
+        folded = upper if len(upper) == 1 and ord(upper) < 0x10000 and (code < 128 or ord(upper) >= 128) else char
+        self[code] = folded
+        return folded
+
+
+_FOLD = _CaseFold()
+
+
+class CaselessGitIgnoreSpec(pathspec.GitIgnoreSpec):
+    """Gitignore rules that match regardless of case, as the reference's matcher does by
+    default (``Build/`` ignores ``build``); :func:`gitignore_spec` builds one.
+
+    Only :meth:`match_file` folds the path it is given.
+    """
+
+    def match_file(self, file: str | os.PathLike[str], separators: Collection[str] | None = None) -> bool:
+        """Tell whether ``file`` (root-relative; a directory with a trailing ``/``) is ignored."""
+        return super().match_file(fold_case(os.fspath(file)), separators)
+
+
+def fold_case(text: str) -> str:
+    """``text`` with each character folded as :class:`CaselessGitIgnoreSpec` compares it."""
+    return text.translate(_FOLD)
+
+
 async def load_gitignore(fs: WorkspaceFilesystem) -> pathspec.GitIgnoreSpec | None:
     """The root ``.gitignore`` as a matcher, or None when it is missing, empty or unreadable.
+
+    Patterns match regardless of case (:class:`CaselessGitIgnoreSpec`).
 
     Only its first :data:`MAX_GITIGNORE_BYTES` are read (up to the last whole line there),
     so a huge or sparse file the agent put there costs no more than that.
@@ -41,7 +89,23 @@ async def load_gitignore(fs: WorkspaceFilesystem) -> pathspec.GitIgnoreSpec | No
     lines = raw.decode("utf-8", errors="replace").splitlines()
     if not any(line.strip() and not line.startswith("#") for line in lines):
         return None
-    return pathspec.GitIgnoreSpec.from_lines(lines)
+    return gitignore_spec(lines)
+
+
+def gitignore_spec(lines: Iterable[str]) -> CaselessGitIgnoreSpec:
+    """Match ``.gitignore`` ``lines`` as the reference does: regardless of case, and a
+    ``dir/**`` rule ignores what is inside ``dir`` but not ``dir``."""
+    return CaselessGitIgnoreSpec.from_lines([_rule(line) for line in lines])
+
+
+def _rule(line: str) -> str:
+    """A ``.gitignore`` line as the matcher takes it: case-folded, and ``dir/**`` as
+    ``dir/**/*``: the reference's matcher (like git) ignores everything inside ``dir`` but
+    not ``dir`` itself, so a negation can bring back a directory inside it."""
+    folded = fold_case(line)
+    # Trailing spaces are not part of a pattern.
+    bare = folded.rstrip(" ")
+    return bare + "/*" if bare.endswith("/**") and not bare.startswith("#") else folded
 
 
 async def gitignore_for(fs: WorkspaceFilesystem, path: str) -> tuple[pathspec.GitIgnoreSpec | None, str]:
@@ -58,6 +122,13 @@ async def gitignore_for(fs: WorkspaceFilesystem, path: str) -> tuple[pathspec.Gi
     return ignore, base
 
 
+def _code_units(name: str) -> bytes:
+    """A sort key ordering names by UTF-16 code units, as JavaScript compares strings: a
+    character beyond U+FFFF sorts before U+E000..U+FFFF. Big-endian units compare bytewise;
+    lone surrogates (undecodable bytes in a host name) are kept as the units they are."""
+    return name.encode("utf-16-be", "surrogatepass")
+
+
 @dataclass
 class _Node:
     entry: FileEntry
@@ -70,13 +141,21 @@ async def list_files(call: ToolCall) -> ToolResult:
     path: str = args["path"]
     max_depth: int = args["maxDepth"]
     show_hidden: bool = args["showHidden"]
-    excludes = [part for part in (args.get("exclude") or "").split("|") if part]
+    # Each |-separated part is trimmed: "node_modules | dist" leaves out both.
+    excludes = [part.strip() for part in (args.get("exclude") or "").split("|") if part.strip()]
     extension = args.get("extension")
-    wanted = ("." + extension.lstrip(".")) if extension else None
+    # Compared case-sensitively: ".ts" does not pick "a.TS".
+    wanted = (extension if extension.startswith(".") else "." + extension) if extension else None
     patterns = args.get("pattern")
     if isinstance(patterns, str):
         patterns = [patterns] if patterns.strip() else []
     matcher = create_glob_matcher(patterns, dot=show_hidden) if patterns else None
+    limit = call.options.get("max_output_tokens", LIST_FILES_MAX_OUTPUT_TOKENS)
+    # A repository's .git is never listed, also when asked for by name (one trailing slash
+    # allowed); the path is then not looked at, so it need not exist.
+    target = path[:-1] if path.endswith("/") else path
+    if target == ".git" or target.endswith("/.git"):
+        return apply_token_limit(".\n\n0 directories, 0 files", limit, "end")
     ignore, base = await gitignore_for(call.fs, path)
     if not args["respectGitignore"]:
         ignore = None
@@ -120,12 +199,12 @@ async def list_files(call: ToolCall) -> ToolResult:
             return True
         if args["dirsOnly"]:
             return False
-        if wanted and not entry.name.lower().endswith(wanted.lower()):
+        if wanted and not entry.name.endswith(wanted):
             return False
         return matcher is None or matcher(rel)
 
     def render(node: _Node, depth: int, prefix: str) -> None:
-        ordered = sorted(node.children.items(), key=lambda kv: (kv[1].entry.type != "directory", kv[0]))
+        ordered = sorted(node.children.items(), key=lambda kv: (kv[1].entry.type != "directory", _code_units(kv[0])))
         for name, child in ordered:
             rel = f"{prefix}{name}"
             if not keep(child, rel):
@@ -141,5 +220,4 @@ async def list_files(call: ToolCall) -> ToolResult:
     summary = f"{dirs} director{'y' if dirs == 1 else 'ies'}, {files} file{'' if files == 1 else 's'}"
     if truncated:
         summary += f" (truncated at depth {max_depth})"
-    limit = call.options.get("max_output_tokens", LIST_FILES_MAX_OUTPUT_TOKENS)
     return apply_token_limit("\n".join(lines) + "\n\n" + summary, limit, "end")
