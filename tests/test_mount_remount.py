@@ -65,7 +65,8 @@ class Seen:
             st.st_uid,
             st.st_gid,
             st.st_mtime_ns,
-            st.st_size if kind == stat.S_IFREG else None,
+            # A link's size is its target path's length, before and after a remount.
+            st.st_size if kind in (stat.S_IFREG, stat.S_IFLNK) else None,
             os.readlink(path) if kind == stat.S_IFLNK else None,
         )
 

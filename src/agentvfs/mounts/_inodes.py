@@ -112,18 +112,21 @@ class InodeTable:
         default = self.options.dir_mode if is_dir else self.options.file_mode
         if kind == _S_IFLNK:
             default = 0o777
+        target = os.fsencode(st.link_target) if st.link_target is not None else None
         node = self.new_node(
             kind,
             st.mode if st.mode is not None and posix else default,
             uid=self.options.uid if st.uid is None or not posix else st.uid,
             gid=self.options.gid if st.gid is None or not posix else st.gid,
-            size=0 if kind == _S_IFDIR else st.size,
+            # A link's size is its target path's length (storage may report the size of the
+            # file it points to).
+            size=0 if kind == _S_IFDIR else len(target) if target is not None and kind == _S_IFLNK else st.size,
             # Storage without directory times (prefixes, memory) shows the mount's start time.
             mtime=st.mtime_ns if st.mtime_ns is not None and posix else ns(st.modified_at) or self.started_ns,
             stored=True,
             etag=st.etag,
             rdev=st.rdev or 0,
-            target=os.fsencode(st.link_target) if st.link_target is not None else None,
+            target=target,
         )
         # Where storage keeps them, the other times are its own too.
         if st.atime_ns is not None and posix:

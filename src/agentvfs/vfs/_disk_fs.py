@@ -222,10 +222,12 @@ class DiskBackend(FsspecBackend):
                 nlink=info.get("nlink") if kind == stat_module.S_IFREG else None,
             )
         # A symbolic link, FIFO, socket or device node: its own attributes (the followed
-        # ones above are what a tool reading through a link sees).
+        # ones above are what a tool reading through a link sees). A link keeps the size of
+        # what it points to, as stat(2) through it gives and as tools report; a mount shows
+        # the length of its target path instead.
         return dataclasses.replace(
             stat,
-            size=own.st_size,  # a link's is its target's length
+            size=stat.size if kind == stat_module.S_IFLNK else own.st_size,
             mode=stat_module.S_IMODE(own.st_mode),
             uid=own.st_uid,
             gid=own.st_gid,
