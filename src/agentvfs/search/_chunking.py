@@ -1,9 +1,18 @@
 """Splitting files into chunks for indexing (reference §15.5).
 
 A file of at most 4,000 characters is one document; a longer one becomes documents
-``<path>#chunk-<i>`` of whole lines (the joining newlines count), each starting three lines
-before the previous one ended so a match near a boundary is found in full. A single line
-longer than the limit is cut into pieces that share its line number.
+``<path>#chunk-<i>`` of whole lines (the joining newlines count). Each chunk takes lines
+until the next one would not fit, and the next chunk starts three lines before it ended, so a
+match near a boundary is found in full. That rule applies to the last chunk too: after the
+chunk that reaches the end, one more chunk repeats the file's last three lines (a chunk of
+at most three lines has no successor, as stepping back would not move forward).
+
+A single line longer than the limit is a chunk of its own, cut into pieces that all start on
+its line; the chunk after it starts on the next line. The chunk before it still steps back,
+so its last three lines come again as a chunk of their own.
+
+Lengths are counted as JavaScript counts them, in UTF-16 code units (a character outside the
+Basic Multilingual Plane counts twice), so the cut points match the reference's.
 """
 
 from __future__ import annotations
@@ -24,6 +33,26 @@ class Chunk:
     start_line: int
 
 
+def _units(text: str) -> int:
+    """Length of ``text`` in UTF-16 code units."""
+    if text.isascii():
+        return len(text)
+    return len(text) + sum(1 for ch in text if ch > "\uffff")
+
+
+def _cut(line: str, size: int) -> list[str]:
+    """``line`` in pieces of ``size`` UTF-16 code units.
+
+    A cut that would split a surrogate pair leaves each half as U+FFFD (what a lone half
+    becomes once the text is encoded), keeping the pieces valid text.
+    """
+    if line.isascii():
+        return [line[at : at + size] for at in range(0, len(line), size)]
+    data = line.encode("utf-16-le", "surrogatepass")
+    step = 2 * size
+    return [data[at : at + step].decode("utf-16-le", "replace") for at in range(0, len(data), step)]
+
+
 def split_into_chunks(
     content: str, max_chunk_chars: int = MAX_CHUNK_CHARS, overlap_lines: int = OVERLAP_LINES
 ) -> list[Chunk]:
@@ -34,9 +63,14 @@ def split_into_chunks(
     content : str
         The text of one file.
     max_chunk_chars : int
-        The largest chunk, newlines included.
+        The largest chunk in UTF-16 code units, newlines included.
     overlap_lines : int
         Lines each chunk repeats from the end of the one before.
+
+    Returns
+    -------
+    list of Chunk
+        ``[Chunk(content, 1)]`` when the whole text fits (an empty file included).
 
     Raises
     ------
@@ -47,35 +81,27 @@ def split_into_chunks(
         raise ValueError(f"max_chunk_chars must be positive, got {max_chunk_chars}")
     if overlap_lines < 0:
         raise ValueError(f"overlap_lines must not be negative, got {overlap_lines}")
-    if len(content) <= max_chunk_chars:
+    if _units(content) <= max_chunk_chars:
         return [Chunk(content, 1)]
     lines = content.split("\n")
+    sizes = [_units(line) for line in lines]
     chunks: list[Chunk] = []
-    i = 0
-    while i < len(lines):
-        start = i
-        taken: list[str] = []
+    start = 0
+    while start < len(lines):
+        end = start
         size = 0
-        while i < len(lines):
-            line = lines[i]
-            if not taken and len(line) > max_chunk_chars:
-                # One over-long line: pieces of it, all starting on its line.
-                for at in range(0, len(line), max_chunk_chars):
-                    chunks.append(Chunk(line[at : at + max_chunk_chars], i + 1))
-                i += 1
+        while end < len(lines):
+            extra = sizes[end] + (1 if end > start else 0)
+            # The first line is always taken, however long, so every chunk moves forward.
+            if end > start and size + extra > max_chunk_chars:
                 break
-            extra = len(line) + (1 if taken else 0)
-            if taken and size + extra > max_chunk_chars:
-                break
-            taken.append(line)
             size += extra
-            i += 1
-        if taken:
-            chunks.append(Chunk("\n".join(taken), start + 1))
-        if i >= len(lines):
-            break
-        back = i - overlap_lines
-        # Step back for the overlap, unless that would not move past this chunk's start.
-        if back > start and taken:
-            i = back
+            end += 1
+        if size <= max_chunk_chars:
+            chunks.append(Chunk("\n".join(lines[start:end]), start + 1))
+        else:
+            # Only a single over-long line gets here: cut it into pieces on its line number.
+            chunks.extend(Chunk(piece, start + 1) for piece in _cut(lines[start], max_chunk_chars))
+        back = end - overlap_lines
+        start = back if back > start else end
     return chunks

@@ -633,10 +633,9 @@ class WorkspaceSearch:
     ) -> int:
         """Add the documents of one file read to ``docs`` and its record to ``sources``; the
         bytes of text that adds."""
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            return 0  # binary: the reference skips files that do not read as UTF-8
+        # Bytes that are not UTF-8 become U+FFFD, as a UTF-8 read does in the reference: such
+        # files are indexed too, not skipped.
+        text = raw.decode("utf-8", "replace")
         digest = _digest(raw)
         sig = signatures.get(path) or _Signature(len(raw), 0, None)
         old = known.get(path)

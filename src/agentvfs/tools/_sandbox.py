@@ -141,9 +141,15 @@ def _streams(stdout: str, stderr: str) -> str:
 
 
 def _then(output: str, line: str) -> str:
-    """``line`` after ``output`` with exactly one blank line between them."""
+    """``line`` after ``output`` and one blank line, never adding to blank lines printed.
+
+    Output ending in a blank line already (``\\n\\n``) gets ``line`` right after it, as
+    the reference does: the streamed text is never changed, so it is not trimmed either.
+    """
     if not output:
         return line
+    if output.endswith("\n\n"):
+        return output + line
     separator = "\n" if output.endswith("\n") else "\n\n"
     return output + separator + line
 
@@ -323,6 +329,9 @@ async def get_process_output(call: ToolCall) -> str:
     output = _streams(_limit(handle.stdout, tail, tokens), _limit(handle.stderr, tail, tokens))
     if running:
         return output or "(no output yet)"
+    # A process that has exited shows its exit code, also when it printed nothing (the
+    # reference says "(no output yet)" then, as if it still ran). One blank line separates
+    # it, whatever the output ends with (unlike execute_command).
     status = f"Exit code: {handle.exit_code}"
     return f"{output}\n\n{status}" if output else status
 

@@ -6,7 +6,6 @@ from typing import TYPE_CHECKING
 
 from ._core import ToolCall, ToolResult, ToolSpec
 from ._names import WORKSPACE_TOOLS
-from ._output import DEFAULT_MAX_OUTPUT_TOKENS, apply_token_limit
 from ._schema import field, object_schema
 
 if TYPE_CHECKING:
@@ -55,8 +54,8 @@ async def _search(call: ToolCall) -> ToolResult:
         blocks.append(f"{r.id}{span}: {r.content}")
     count = len(results)
     summary = f"{count} result{'' if count == 1 else 's'} ({mode} search)"
-    text = "\n".join([*blocks, "---", summary])
-    return apply_token_limit(text, call.options.get("max_output_tokens", DEFAULT_MAX_OUTPUT_TOKENS), "end")
+    # Never cut: the result count (topK) is what bounds this output.
+    return "\n".join([*blocks, "---", summary])
 
 
 async def _index(call: ToolCall) -> ToolResult:
