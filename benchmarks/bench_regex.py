@@ -50,7 +50,7 @@ import anyio.to_thread
 import regex
 
 from agentvfs.errors import MatchTimeout
-from agentvfs.tools._search_files import translate_js_regex
+from agentvfs.tools._jsregex import translate as translate_js_regex
 from agentvfs.vfs import BoundedPattern
 from agentvfs.vfs._grep import search_mode
 

@@ -1,10 +1,13 @@
 """``mastra_workspace_grep``: regular-expression search over files (§13.8).
 
-Patterns are written for JavaScript's ``RegExp``; the ``regex`` package runs them (its
-``re``-compatible mode, with a deadline: see :mod:`agentvfs.vfs._grep`). Named groups
-(``(?<name>...)``, ``\\k<name>``) are translated; other differences stay: ``\\d``, ``\\w`` and
-``\\s`` also match non-ASCII digits, letters and spaces, and JavaScript-only syntax such as the
-``v`` flag's set operations is reported as an invalid pattern.
+Patterns are written for JavaScript's ``RegExp`` (flags ``g``, or ``gi`` when case is
+ignored); :mod:`._jsregex` translates them for the ``regex`` package, which runs them with a
+deadline (see :mod:`agentvfs.vfs._grep`). As in JavaScript, text is matched as UTF-16 code
+units: columns and the 500-unit cut of a match line count an astral character as two (a cut
+through one shows U+FFFD for its first half). Context lines are shown whole.
+
+Files are searched in the order of a depth-first walk that lists each directory's names in
+byte order, files and directories together: ``a/x.txt`` comes before ``a-b.txt``.
 
 Every search is bounded, whatever the files hold:
 
@@ -22,14 +25,13 @@ Every search is bounded, whatever the files hold:
   that grew or was swapped since is sized again and read in ranges, or skipped;
   ``contextLines`` above 1,000 is taken as 1,000; output is built only as far as the token
   limit can show.
-* **pattern size**: patterns that would compile to more than 100,000 steps are refused, and so
-  are comments ``(?#...)`` and the flags ``x``, ``V0``, ``V1`` and ``f`` (JavaScript has none
-  of them), as an invalid pattern; the pattern is compiled in a worker thread.
+* **pattern size**: patterns that would compile to more than 100,000 steps are refused as an
+  invalid pattern, although JavaScript takes them (``(?:a{1000}){1000}``); the pattern is
+  translated and compiled in a worker thread.
 """
 
 from __future__ import annotations
 
-import functools
 import posixpath
 import re
 from collections.abc import Callable, Mapping
@@ -53,10 +55,11 @@ from ..vfs import (
     walk,
 )
 from ._core import ToolCall, ToolResult
+from ._jsregex import from_units, to_units, translate, unit_length
 from ._listing import gitignore_for
 from ._output import DEFAULT_MAX_OUTPUT_TOKENS, apply_token_limit, output_char_budget
 
-__all__ = ["DEFAULT_MATCH_TIMEOUT_MS", "DEFAULT_MAX_GREP_FILE_BYTES", "grep", "translate_js_regex"]
+__all__ = ["DEFAULT_MATCH_TIMEOUT_MS", "DEFAULT_MAX_GREP_FILE_BYTES", "grep"]
 
 MAX_PATTERN_LENGTH = 1000
 MAX_TOTAL_MATCHES = 1000
@@ -73,23 +76,56 @@ GREP_CHUNK = 1024 * 1024
 BATCH_BYTES = 16 * 1024 * 1024
 BATCH_FILES = 256
 
-_JS_NAMED_GROUP = re.compile(r"\(\?<(?![=!])([A-Za-z_$][\w$]*)>")
-_JS_NAMED_BACKREF = re.compile(r"\\k<([A-Za-z_$][\w$]*)>")
-
 T = TypeVar("T")
-
-
-def translate_js_regex(source: str) -> str:
-    """Rewrite JavaScript-only regex syntax that Python spells differently (named groups)."""
-    return _JS_NAMED_BACKREF.sub(r"(?P=\1)", _JS_NAMED_GROUP.sub(r"(?P<\1>", source))
 
 
 def _plural(count: int, one: str, many: str) -> str:
     return f"{count} {one if count == 1 else many}"
 
 
-def _cut(text: str) -> str:
-    return text if len(text) <= MAX_LINE_LENGTH else text[:MAX_LINE_LENGTH] + "..."
+def _cut(units: str) -> str:
+    """A match line (code units) for display: its first 500 units and ``...`` when longer."""
+    return from_units(units if len(units) <= MAX_LINE_LENGTH else units[:MAX_LINE_LENGTH] + "...")
+
+
+def _walk_order(item: tuple[str, int | None]) -> list[str]:
+    """Sort key of a path: depth first, each directory's names in byte order (code point
+    order is UTF-8 byte order), files and directories together."""
+    return item[0].split("/")
+
+
+# What translate() writes for "." (JavaScript's dot matches no line terminator).
+_DOT = "[^\\n\\r\\u2028\\u2029]"
+# An escape that may stand for a letter (translate() writes punctuation as \uXXXX).
+_ESCAPE = re.compile(r"\\(?:u([0-9a-fA-F]{4})|[0-9A-Za-z])")
+
+
+def _compile(pattern: str, ignore_case: bool, timeout: float) -> BoundedPattern:
+    exact = translate(pattern)
+    if ignore_case and _folds_alike(exact):
+        # The engine's own case-insensitive search is much faster than the classes that
+        # spell JavaScript's folding out ([Tt][Oo]...), and gives the same answer here.
+        return BoundedPattern(exact, case_sensitive=False, timeout=timeout)
+    return BoundedPattern(translate(pattern, ignore_case=ignore_case), case_sensitive=True, timeout=timeout)
+
+
+def _folds_alike(translated: str) -> bool:
+    """Whether ``translated`` matches the same text case-insensitively in the ``regex``
+    package as in JavaScript (``i`` without ``u``).
+
+    They differ only where a non-ASCII character matches an ASCII letter: the long s
+    (U+017F) ``s``, the Kelvin sign ``k``, the dotted capital I (U+0130) ``i``, and the
+    dotless i (U+0131) ``I``, which JavaScript keeps apart. So: ASCII only, none of those
+    letters, no class but the dot's, no escape that stands for a letter.
+    """
+    bare = translated.replace(_DOT, "")
+    if not bare.isascii() or any(c in bare for c in "sSkKiI["):
+        return False
+    for escape in _ESCAPE.finditer(bare):
+        code = escape.group(1)
+        if code is None or int(code, 16) >= 128 or chr(int(code, 16)).isalnum():
+            return False
+    return True
 
 
 @dataclass
@@ -106,9 +142,9 @@ class _File:
     last_printed: int = 0
     #: Context lines still owed after the last match.
     after_left: int = 0
-    #: The last context-many lines seen, cut for display: what a match in the next piece
-    #: shows before it.
-    tail: list[tuple[int, str]] = field(default_factory=list)
+    #: The last context-many lines seen (number, code units kept, length in units): what a
+    #: match in the next piece shows before it. Only what the output can show is kept.
+    tail: list[tuple[int, str, int]] = field(default_factory=list)
 
     @property
     def wanted(self) -> bool:
@@ -119,7 +155,7 @@ class _File:
 class _Search:
     """The state of one grep: totals, the output lines and the hunks of context (§13.8).
 
-    Files are fed in path order as text (whole, or in pieces of whole lines); the output is
+    Files are fed in walk order as text (whole, or in pieces of whole lines); the output is
     the reference's: ``path:line:col: text`` for a match, ``path:line- text`` for context,
     ``--`` between hunks when there is context. Output lines past ``char_budget``
     characters (more than the token limit can show) are counted but not kept.
@@ -144,9 +180,11 @@ class _Search:
         #: Nothing more is to be searched (the match cap or the time budget was reached).
         self.done = False
 
-    def _out(self, line: str) -> None:
+    def _out(self, line: str, dropped: int = 0) -> None:
+        # ``dropped``: characters of the line not kept (a context line longer than the output
+        # can show), counted for the estimate of the full output.
         self.emitted += 1
-        self.total_chars += len(line) + 1
+        self.total_chars += len(line) + 1 + dropped
         if self.kept_chars < self.char_budget:
             self.lines.append(line)
             self.kept_chars += len(line) + 1
@@ -171,6 +209,8 @@ class _Search:
     def feed(self, file: _File, text: str, last: bool = False) -> None:
         """Search the next piece of ``file``: whole lines joined by ``\\n``. The ``last`` piece
         ends with the file's last line (empty when the file ends with a newline)."""
+        # Matched as JavaScript does, on UTF-16 code units: columns count them.
+        text = to_units(text)
         first = file.next_line
         file.next_line += text.count("\n") + 1
         hits: list[tuple[int, int]] = []
@@ -212,7 +252,7 @@ class _Search:
         """Context owed after the last match, for lines before ``upto`` in this piece."""
         number = file.last_printed + 1
         while file.after_left > 0 and number < upto:
-            self._out(f"{file.path}:{number}- {_cut(lines[number - first])}")
+            self._out(f"{file.path}:{number}- {from_units(lines[number - first])}")
             file.last_printed = number
             file.after_left -= 1
             number += 1
@@ -228,16 +268,16 @@ class _Search:
                 self._out("--")
         else:
             start = file.last_printed + 1
-        earlier = dict(file.tail) if start < first else {}
+        earlier = {n: (kept, length) for n, kept, length in file.tail} if start < first else {}
         for n in range(start, number):
-            text = lines[n - first] if n >= first else earlier.get(n, "")
-            self._out(f"{file.path}:{n}- {_cut(text)}")
+            text, length = (lines[n - first], 0) if n >= first else earlier.get(n, ("", 0))
+            self._out(f"{file.path}:{n}- {from_units(text)}", max(length - len(text), 0))
 
     def _keep_tail(self, file: _File, text: str, lines: list[str] | None) -> None:
         count = self.context
         last = lines[-count:] if lines is not None else text.rsplit("\n", count)[-count:]
         start = file.next_line - len(last)
-        fresh = [(start + i, line[: MAX_LINE_LENGTH + 1]) for i, line in enumerate(last)]
+        fresh = [(start + i, line[: self.char_budget + 1], len(line)) for i, line in enumerate(last)]
         file.tail = (file.tail + fresh)[-count:] if len(fresh) < count else fresh
 
     def text(self, summary: str) -> tuple[str, float]:
@@ -259,18 +299,15 @@ async def grep(call: ToolCall) -> ToolResult:
     """Search text files for a pattern; summary, ``---``, then ``path:line:col: text`` lines."""
     args = call.args
     pattern: str = args["pattern"]
-    if len(pattern) > MAX_PATTERN_LENGTH:
-        return f"Error: Pattern too long ({len(pattern)} chars, max {MAX_PATTERN_LENGTH}). Use a shorter pattern."
+    length = unit_length(pattern)  # JavaScript's length: UTF-16 code units
+    if length > MAX_PATTERN_LENGTH:
+        return f"Error: Pattern too long ({length} chars, max {MAX_PATTERN_LENGTH}). Use a shorter pattern."
     match_ms = call.options.get("match_timeout_ms", DEFAULT_MATCH_TIMEOUT_MS)
     try:
-        # Compiled in a worker thread: regex parses the pattern in Python, which hands the GIL
-        # to the event loop every few milliseconds (its C part, at most
+        # Translated and compiled in a worker thread: regex parses the pattern in Python, which
+        # hands the GIL to the event loop every few milliseconds (its C part, at most
         # MAX_PATTERN_EXPANSION steps, takes some tens of milliseconds).
-        regex = await _in_worker(
-            functools.partial(
-                BoundedPattern, translate_js_regex(pattern), case_sensitive=args["caseSensitive"], timeout=match_ms / 1000
-            )
-        )
+        regex = await _in_worker(_compile, pattern, not args["caseSensitive"], match_ms / 1000)
     except PatternError as exc:
         return f"Error: Invalid regex pattern: {exc}"
     target: str = args["path"]
@@ -303,7 +340,7 @@ async def grep(call: ToolCall) -> ToolResult:
 
     search = _Search(regex, context=context, per_file=args.get("maxCount"), char_budget=output_char_budget(limit))
     try:
-        await _search_files(call, search, sorted(files), strict=strict, max_bytes=max_bytes)
+        await _search_files(call, search, sorted(files, key=_walk_order), strict=strict, max_bytes=max_bytes)
     finally:
         regex.cancel()
 
@@ -364,7 +401,7 @@ async def _search_files(
             if not isinstance(contents.get(path), FileTooLarge):
                 whole.append(path)
                 continue
-            # Larger than listed: the files before it first, to keep the output in path order.
+            # Larger than listed: the files before it first, to keep the output in walk order.
             if whole:
                 await _in_worker(search.feed_files, whole, contents, strict)
                 whole = []

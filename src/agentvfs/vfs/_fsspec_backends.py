@@ -67,6 +67,8 @@ _PROVIDER_ALIASES = {"gs": "gcs", "local": "file", "s3a": "s3", "abfss": "abfs",
 
 #: Files read at once by a batch read on threads (read_many, grep).
 READ_THREADS = 16
+#: Characters that make fsspec read a path as a glob pattern in its batch calls.
+_GLOB_CHARS = frozenset("*?[]{}")
 _EPOCH = datetime.fromtimestamp(0, UTC)
 
 #: The cancel event of a call that cannot be abandoned (it is never set).
@@ -315,11 +317,27 @@ class FsspecBackend(Backend):
         return self._cat(rels)
 
     def _cat(self, rels: list[str], **extra: Any) -> dict[str, bytes | OSError]:
-        paths = {self.bpath(r): r for r in rels}
-        got = self._fs.cat(list(paths), on_error="return", **extra)
-        if not isinstance(got, dict):
-            got = {next(iter(paths)): got}
-        return {paths[k]: v for k, v in got.items() if k in paths and isinstance(v, bytes)}
+        # fsspec's batch ``cat`` expands every name holding a glob character as a pattern:
+        # "[br]ackets.md" would read "backets.md" and "rackets.md", never itself. Such names
+        # are read one by one with ``cat_file``, which takes a path literally (the root may
+        # hold such characters too).
+        paths: dict[str, str] = {}
+        globbed: dict[str, str] = {}
+        for rel in rels:
+            bpath = self.bpath(rel)
+            (globbed if _GLOB_CHARS.intersection(bpath) else paths)[bpath] = rel
+        out: dict[str, bytes | OSError] = {}
+        if paths:
+            got = self._fs.cat(list(paths), on_error="return", **extra)
+            if not isinstance(got, dict):
+                got = {next(iter(paths)): got}
+            out.update({paths[k]: v for k, v in got.items() if k in paths and isinstance(v, bytes)})
+        for bpath, rel in globbed.items():
+            try:
+                out[rel] = bytes(self._fs.cat_file(bpath, **extra))
+            except Exception:
+                continue  # unreadable, as in the batch: the caller's "not found"
+        return out
 
     def _read_head(self, rel: str, count: int) -> bytes | None:
         """The first ``count`` bytes of ``rel`` in one ranged request, or None where this way
