@@ -327,3 +327,14 @@ async def test_a_symlink_reports_the_size_of_what_it_points_to(tmp_path: Path) -
     assert await call(tools, FS.READ_FILE, path="link.txt") == "link.txt (11 bytes)\n     1→0123456789\n     2→"
     # The link's own size (its target path's length) is what lstat gives; a mount shows that.
     assert (tmp_path / "link.txt").lstat().st_size == len("target.txt")
+
+
+async def test_mkdir_of_a_dangling_symlink_is_refused(tmp_path: Path) -> None:
+    tools = await workspace_tools(tmp_path, {"a.txt": "x"})
+    (tmp_path / "dangling").symlink_to("sub/inner")
+    for recursive in (True, False):
+        with pytest.raises(FileExists, match=r"^File already exists: dangling$"):
+            await call(tools, FS.MKDIR, path="dangling", recursive=recursive)
+    # Nothing was made where the link points.
+    assert not (tmp_path / "sub").exists()
+    assert await call(tools, FS.MKDIR, path="sub/inner") == "Created directory sub/inner"

@@ -655,6 +655,14 @@ class DiskBackend(FsspecBackend):
         if not rel or not self.check_mkdir(rel, display, recursive):
             return
         host = self.bpath(rel)
+        # A dangling symlink is a name that exists (check_mkdir saw no directory through it):
+        # mkdir -p refuses it rather than creating the directory it points to.
+        try:
+            link = stat_module.S_ISLNK(self.disk.lstat(host).st_mode)
+        except OSError:
+            link = False
+        if link:
+            raise FileExists(display)
         try:
             if recursive:
                 self.disk.makedirs(host)
