@@ -16,6 +16,9 @@ peer_packages=(rclone s3fs fio libfuse2)
 s3rver_version=3.7.1
 mcp2_version=2.3.0
 openai_agents_version=0.24.0
+# The reference the differential tests compare the tools with (tests/oracle/package-lock.json pins
+# @mastra/core and everything it brings) and the Node it declares (the npm platform package).
+node_version=22.23.5
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -119,6 +122,39 @@ print("mcp", m.version("mcp") + ",", "openai-agents", m.version("openai-agents")
     "$dir/bin/pip" install -q --disable-pip-version-check "mcp==$mcp2_version" "openai-agents==$openai_agents_version"
 }
 
+# The reference implementation of the workspace tools, for tests/test_mastra_oracle.py: Node 22
+# into .venv/opt/node22 (the tests fall back to the machine's node) and the pinned packages into
+# .venv/opt/mastra. Without npm the differential tests skip and say why.
+install_reference() {
+    [[ $extras == *test* || $extras == dev ]] || return 0
+    if ! command -v npm >/dev/null 2>&1; then
+        log "warning: npm not found; the differential tests against the reference will skip"
+        return
+    fi
+    local arch="" node_dir=.venv/opt/node22 dir=.venv/opt/mastra
+    case "$(uname -m)" in
+        x86_64) arch=x64 ;;
+        aarch64 | arm64) arch=arm64 ;;
+    esac
+    local node="$node_dir/node_modules/node-linux-$arch/bin/node"
+    if [[ -n $arch && "$("$node" --version 2>/dev/null)" != "v$node_version" ]]; then
+        log "installing Node $node_version (npm) into $node_dir"
+        mkdir -p "$node_dir"
+        npm install --silent --no-audit --no-fund --prefix "$node_dir" "node-linux-$arch@$node_version" >/dev/null \
+            || log "warning: Node $node_version did not install; the reference will run on $(node --version 2>/dev/null)"
+    fi
+    if cmp -s tests/oracle/package-lock.json "$dir/package-lock.json" \
+        && [[ -f $dir/node_modules/@mastra/core/package.json ]]; then
+        log "reference @mastra/core present"
+        return
+    fi
+    log "installing the reference @mastra/core (npm ci) into $dir"
+    rm -rf "$dir"
+    mkdir -p "$dir"
+    cp tests/oracle/package.json tests/oracle/package-lock.json "$dir/"
+    (cd "$dir" && npm ci --silent --no-audit --no-fund --loglevel=error >/dev/null)
+}
+
 # FUSE passthrough: libfuse 3.17 into .venv/opt/libfuse, the passthrough library, pyfuse3 rebuilt
 # against it (src/agentvfs/mounts/build_passthrough.sh, which `agentvfs setup-passthrough` runs for
 # pip installs). Optional: mounts work without it. AGENTVFS_PASSTHROUGH=0 skips it.
@@ -133,4 +169,5 @@ install_project
 install_libfuse
 install_s3rver
 install_mcp2_client
+install_reference
 log "done"

@@ -97,3 +97,12 @@ def anyio_backend() -> str:
 
 
 __all__ = ["composite_harness", "local_harness"]
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--oracle-cases",
+        type=int,
+        default=150,
+        help="random cases per seed in tests/test_mastra_oracle.py (default 150; thousands for a deep run)",
+    )
