@@ -251,6 +251,7 @@ async def _run_case_here(case: Case, base: Path) -> dict[str, Any]:
             inspected["toolset"] = [
                 [k, t.id, t.require_approval, t.description] for k, t in tools.items()
             ]
+            inspected["schemas"] = [[k, t.input_schema] for k, t in tools.items()]
             inspected["instructions"] = ws.get_instructions()
             info = await ws.get_info(include_file_count=True)
             inspected["info"] = camel_keys(
@@ -704,6 +705,83 @@ DEVIATIONS: list[Deviation] = [
 ]
 
 
+#: What a JSON schema says of the values it takes (not its words: descriptions are our own).
+_SCHEMA_KEYS = (
+    "type",
+    "enum",
+    "default",
+    "minimum",
+    "maximum",
+    "items",
+    "properties",
+    "required",
+    "anyOf",
+)
+#: The largest safe JavaScript integer, which the reference states as every integer's maximum.
+_JS_MAX_SAFE_INTEGER = 2**53 - 1
+
+
+def _shape(schema: Any) -> Any:
+    """The part of a JSON schema that decides what input is valid, in a canonical form."""
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for key in _SCHEMA_KEYS:
+        if key not in schema or (key == "maximum" and schema[key] == _JS_MAX_SAFE_INTEGER):
+            continue
+        value = schema[key]
+        if key == "properties":
+            value = {name: _shape(sub) for name, sub in value.items()}
+        elif key in ("items",):
+            value = _shape(value)
+        elif key == "anyOf":
+            value = [_shape(v) for v in value]
+        elif key == "required":
+            value = sorted(value)
+            if not value:
+                continue  # an empty list says what no list says
+        out[key] = value
+    return _merge_alternatives(out)
+
+
+def _merge_alternatives(out: dict[str, Any]) -> dict[str, Any]:
+    """{"anyOf": [{"type": a}, {"type": b, ...}]} as {"type": [a, b], ...}, which says the same."""
+    alternatives = out.get("anyOf")
+    if alternatives and all(
+        set(v) <= {"type", "items"} and isinstance(v.get("type"), str) for v in alternatives
+    ):
+        del out["anyOf"]
+        out["type"] = [v["type"] for v in alternatives]
+        for v in alternatives:
+            if "items" in v:
+                out["items"] = v["items"]
+    if isinstance(out.get("type"), list):
+        out["type"] = out["type"][0] if len(out["type"]) == 1 else sorted(out["type"])
+    return out
+
+
+def _numbers_loosely(shape: Any) -> Any:
+    """``shape`` with what it says of numbers reduced to "a number, or nothing": integer or
+    any number, bounds, a numeric string and null (an absent value) all taken alike."""
+    if isinstance(shape, list):
+        return [_numbers_loosely(v) for v in shape]
+    if not isinstance(shape, dict):
+        return shape
+    out = {k: _numbers_loosely(v) for k, v in shape.items()}
+    out = _merge_alternatives(out)
+    types = out.get("type")
+    kinds = set(types) if isinstance(types, list) else {types}
+    if kinds & {"number", "integer"}:
+        out["type"] = "number"
+        out.pop("minimum", None)
+        out.pop("maximum", None)
+    return out
+
+
+def _schemas(named: list[list[Any]]) -> list[list[Any]]:
+    return [[name, _shape(schema)] for name, schema in named]
+
+
 def _aspects(reference: dict[str, Any], ours: dict[str, Any]) -> Iterable[tuple[str, Any, Any]]:
     """What a case compares beside its calls: the hook log, and what ``inspect`` gathered."""
     if reference.get("hooks") or ours.get("hooks"):
@@ -718,6 +796,7 @@ def _aspects(reference: dict[str, Any], ours: dict[str, Any]) -> Iterable[tuple[
         [[t[0], t[3]] for t in r.get("toolset", [])],
         [[t[0], t[3]] for t in o.get("toolset", [])],
     )
+    yield "schemas", _schemas(r.get("schemas", [])), _schemas(o.get("schemas", []))
     yield "instructions", r.get("instructions"), o.get("instructions")
     yield "info", r.get("info"), o.get("info")
 
@@ -746,6 +825,12 @@ def compare(case: Case, reference: dict[str, Any], ours: dict[str, Any]) -> list
         if not item.identical and what == "descriptions":
             same_tools = [k for k, _ in r_val] == [k for k, _ in o_val]
             item.deviation = "own-descriptions" if same_tools else None
+        if (
+            not item.identical
+            and what == "schemas"
+            and _numbers_loosely(r_val) == _numbers_loosely(o_val)
+        ):
+            item.deviation = "stricter-numbers"
         outcomes.append(item)
     on_disk = {d.name for d in DEVIATIONS if d.changes_disk}
     follows = next((o.deviation for o in outcomes if o.deviation in on_disk), None)

@@ -16,6 +16,7 @@ const { createRequire } = require('node:module');
 const [modulesDir, casesFile, baseDir, outFile] = process.argv.slice(2);
 const load = createRequire(path.join(path.resolve(modulesDir), 'package.json'));
 const { Workspace, LocalFilesystem, LocalSandbox, createWorkspaceTools, createSkillTools } = load('@mastra/core/workspace');
+const { toJSONSchema } = load('zod');
 
 const CALL_TIMEOUT_MS = 30000;
 
@@ -150,6 +151,8 @@ async function runCase(c) {
     if (spec.skills && ws.skills) Object.assign(tools, createSkillTools(ws.skills));
     if (c.inspect) {
       inspected.toolset = Object.entries(tools).map(([key, t]) => [key, t.id, Boolean(t.requireApproval), t.description]);
+      // Input schemas as a caller fills them in (defaulted fields are optional).
+      inspected.schemas = Object.entries(tools).map(([key, t]) => [key, toJSONSchema(t.inputSchema, { io: 'input' })]);
       inspected.instructions = ws.getInstructions();
       const info = await ws.getInfo({ includeFileCount: true });
       inspected.info = Object.fromEntries(Object.entries(info).filter(([k]) => !['createdAt', 'lastAccessedAt'].includes(k)));
