@@ -524,14 +524,10 @@ def _escaping_link(call_: dict[str, Any], ref: dict[str, Any], ours: dict[str, A
 
 
 def _non_utf8_edit(call_: dict[str, Any], ref: dict[str, Any], ours: dict[str, Any]) -> bool:
-    # The reference decodes with U+FFFD and writes that back; agentvfs refuses to edit bytes
-    # it cannot decode.
-    refused = ours.get("kind") == "error" or _invalid(ours)
-    return (
-        call_["tool"] == "edit_file"
-        and str(call_["input"].get("path", "")).startswith("latin1")
-        and refused
-    )
+    # The reference decodes with U+FFFD and writes that back (or finds nothing to replace);
+    # agentvfs refuses to edit bytes it cannot decode, and says so.
+    o = _texts(ours)
+    return call_["tool"] == "edit_file" and len(o) == 1 and " is not valid UTF-8 text " in o[0]
 
 
 def _never(call_: dict[str, Any], ref: dict[str, Any], ours: dict[str, Any]) -> bool:
