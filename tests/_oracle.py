@@ -17,6 +17,7 @@ import base64
 import contextlib
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -116,6 +117,87 @@ def call(tool: str, wait_ms: int = 0, **input: Any) -> dict[str, Any]:
     return out
 
 
+# -- a vector store and an embedder, as the driver's ------------------------------------------
+
+
+def embed(text: str) -> list[float]:
+    """Letter counts, weighted by letter: the driver's ``embed``, operation for operation."""
+    v = [0.0] * 27
+    for ch in text.lower():
+        c = ord(_first_unit(ch)) - 97
+        if 0 <= c < 26:
+            v[c] += 1 + c / 100
+        else:
+            v[26] += 0.01
+    v[26] += 0.001
+    return v
+
+
+def _first_unit(ch: str) -> str:
+    # JavaScript's charCodeAt(0) of a character beyond U+FFFF is its high surrogate.
+    code = ord(ch)
+    return chr(0xD800 + ((code - 0x10000) >> 10)) if code > 0xFFFF else ch
+
+
+class PlainVectorStore:
+    """Cosine similarity over every stored vector: the driver's ``PlainVectorStore``."""
+
+    def __init__(self) -> None:
+        self.indexes: dict[str, dict[str, tuple[list[float], dict[str, Any]]]] = {}
+
+    async def create_index(self, index_name: str, dimension: int, metric: str = "cosine") -> None:
+        self.indexes.setdefault(index_name, {})
+
+    async def upsert(
+        self,
+        index_name: str,
+        vectors: list[list[float]],
+        metadata: list[dict[str, Any]],
+        ids: list[str],
+    ) -> list[str]:
+        index = self.indexes[index_name]
+        for id, vector, meta in zip(ids, vectors, metadata, strict=True):
+            index[id] = (vector, meta)
+        return ids
+
+    async def query(
+        self, index_name: str, query_vector: list[float], top_k: int, filter: Any = None
+    ) -> list[dict[str, Any]]:
+        def norm(a: list[float]) -> float:
+            total = 0.0
+            for x in a:
+                total += x * x
+            return math.sqrt(total)
+
+        def dot(a: list[float], b: list[float]) -> float:
+            total = 0.0
+            for x, y in zip(a, b, strict=False):
+                total += x * y
+            return total
+
+        index = self.indexes.get(index_name, {})
+        scored = [
+            (dot(v, query_vector) / (norm(v) * norm(query_vector)), id, meta)
+            for id, (v, meta) in index.items()
+        ]
+        scored.sort(key=lambda hit: -hit[0])  # stable, as JavaScript's sort
+        return [{"id": id, "score": score, "metadata": meta} for score, id, meta in scored[:top_k]]
+
+    async def delete_vector(self, index_name: str, id: str) -> None:
+        self.indexes.get(index_name, {}).pop(id, None)
+
+    async def delete_vectors(self, index_name: str, filter: dict[str, Any]) -> int:
+        index = self.indexes.get(index_name, {})
+        gone = [
+            id
+            for id, (_, meta) in index.items()
+            if all(meta.get(k) == v for k, v in filter.items())
+        ]
+        for id in gone:
+            del index[id]
+        return len(gone)
+
+
 # -- the fixture, on this side ------------------------------------------------------------------
 
 
@@ -212,6 +294,9 @@ async def _run_case_here(case: Case, base: Path) -> dict[str, Any]:
         kwargs["sandbox"] = LocalSandbox(working_directory=str(root))
     if spec.get("bm25"):
         kwargs["bm25"] = True
+    if spec.get("vector"):
+        kwargs["vector_store"] = PlainVectorStore()
+        kwargs["embedder"] = embed
     if spec.get("auto_index_paths"):
         kwargs["auto_index_paths"] = spec["auto_index_paths"]
     if spec.get("skills"):

@@ -284,6 +284,30 @@ def hand_cases() -> list[Case]:
             {"bm25": True, "auto_index_paths": ["docs"]},
         ),
         Case(
+            "search-vector",
+            [
+                *t(),
+                file("docs/alpha.md", "Alpha particles and beta rays.\n" * 3),
+                file("docs/beta.md", "Beta testing notes for the release.\n"),
+                file("docs/gamma.md", "gamma gamma kappa delta\nfinal line\n"),
+            ],
+            [
+                call("search", query="gamma", mode="vector"),
+                call("search", query="kappa delta", mode="vector", topK=2),
+                call("search", query="gamma", mode="hybrid"),
+                call("search", query="beta release", mode="hybrid", topK=2),
+                call("search", query="gamma"),
+                call("search", query="gamma", mode="hybrid", minScore=0.6),
+                call("search", query="gamma", mode="vector", minScore=0.9),
+                call("index", path="mem/new.md", content="zebra zebra gamma\n"),
+                call("search", query="zebra", mode="vector", topK=1),
+                call("write_file", path="docs/beta.md", content="replaced\n"),
+                call("search", query="beta", mode="hybrid"),
+            ],
+            {"bm25": True, "vector": True, "auto_index_paths": ["docs"]},
+            inspect=True,
+        ),
+        Case(
             "search-chunks",
             [
                 file("big.md", "".join(f"line {i} word{i % 7} filler text\n" for i in range(300))),
@@ -712,6 +736,8 @@ def random_case(rng: random.Random, case_id: str) -> Case:
             args = {"query": " ".join(rng.sample(_WORDS, rng.randint(1, 3)))}
             if rng.random() < 0.3:
                 args["topK"] = rng.randint(1, 4)
+            if rng.random() < 0.5:
+                args["mode"] = rng.choice(["bm25", "vector", "hybrid"])
             calls.append(call("search", **args))
         elif tool == "index":
             calls.append(
@@ -724,6 +750,8 @@ def random_case(rng: random.Random, case_id: str) -> Case:
         workspace["sandbox"] = True
     if search:
         workspace["bm25"] = True
+        if rng.random() < 0.5:
+            workspace["vector"] = True
         if rng.random() < 0.7:
             workspace["auto_index_paths"] = ["."]
     return Case(case_id, files, calls, workspace)

@@ -66,6 +66,53 @@ function snapshot(root) {
   return out;
 }
 
+// A deterministic embedder and an in-memory cosine store, written the same way as in
+// tests/_oracle.py so that both sides compute bit-identical scores.
+function embed(text) {
+  const v = new Array(27).fill(0);
+  for (const ch of text.toLowerCase()) {
+    const c = ch.charCodeAt(0) - 97;
+    if (c >= 0 && c < 26) v[c] += 1 + c / 100;
+    else v[26] += 0.01;
+  }
+  v[26] += 0.001;
+  return v;
+}
+
+class PlainVectorStore {
+  indexes = new Map();
+  async createIndex({ indexName }) {
+    if (!this.indexes.has(indexName)) this.indexes.set(indexName, new Map());
+  }
+  async upsert({ indexName, vectors, metadata, ids }) {
+    const index = this.indexes.get(indexName);
+    ids.forEach((id, i) => index.set(id, { vector: vectors[i], metadata: metadata[i] }));
+    return ids;
+  }
+  async query({ indexName, queryVector, topK }) {
+    const index = this.indexes.get(indexName) ?? new Map();
+    const norm = (a) => Math.sqrt(a.reduce((s, x) => s + x * x, 0));
+    const hits = [...index.entries()].map(([id, { vector, metadata }]) => ({
+      id,
+      score: vector.reduce((s, x, i) => s + x * queryVector[i], 0) / (norm(vector) * norm(queryVector)),
+      metadata,
+    }));
+    hits.sort((a, b) => b.score - a.score);
+    return hits.slice(0, topK);
+  }
+  async deleteVector({ indexName, id }) {
+    this.indexes.get(indexName)?.delete(id);
+  }
+  async deleteVectors({ indexName, filter, ids }) {
+    const index = this.indexes.get(indexName);
+    if (!index) return;
+    for (const [id, { metadata }] of [...index]) {
+      const matches = filter && Object.entries(filter).every(([k, v]) => metadata[k] === v);
+      if (ids?.includes(id) || matches) index.delete(id);
+    }
+  }
+}
+
 function sandboxFor(spec, root) {
   if (!spec.sandbox) return undefined;
   return new LocalSandbox({ workingDirectory: root, env: { PATH: process.env.PATH } });
@@ -122,6 +169,10 @@ async function runCase(c) {
   const sandbox = sandboxFor(spec, root);
   if (sandbox) options.sandbox = sandbox;
   if (spec.bm25) options.bm25 = true;
+  if (spec.vector) {
+    options.vectorStore = new PlainVectorStore();
+    options.embedder = async (text) => embed(text);
+  }
   if (spec.auto_index_paths) options.autoIndexPaths = spec.auto_index_paths;
   if (spec.skills) options.skills = spec.skills;
   const hookLog = [];
