@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from regex import error as PatternError
 
-from agentvfs.tools._jsregex import from_units, to_units, translate, unit_length
-from agentvfs.vfs import BoundedPattern
+from agentvfs.tools._jsregex import translate
+from agentvfs.vfs import BoundedPattern, from_units, to_units, unit_length
 
 #: (pattern, ignore case, text, first match as (index in UTF-16 units, matched units) or None,
 #: or "ERROR" where JavaScript refuses the pattern).

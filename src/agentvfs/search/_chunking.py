@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..vfs import from_units, to_units, unit_length
+
 __all__ = ["MAX_CHUNK_CHARS", "OVERLAP_LINES", "Chunk", "split_into_chunks"]
 
 MAX_CHUNK_CHARS = 4000
@@ -33,24 +35,11 @@ class Chunk:
     start_line: int
 
 
-def _units(text: str) -> int:
-    """Length of ``text`` in UTF-16 code units."""
-    if text.isascii():
-        return len(text)
-    return len(text) + sum(1 for ch in text if ch > "\uffff")
-
-
 def _cut(line: str, size: int) -> list[str]:
-    """``line`` in pieces of ``size`` UTF-16 code units.
-
-    A cut that would split a surrogate pair leaves each half as U+FFFD (what a lone half
-    becomes once the text is encoded), keeping the pieces valid text.
-    """
-    if line.isascii():
-        return [line[at : at + size] for at in range(0, len(line), size)]
-    data = line.encode("utf-16-le", "surrogatepass")
-    step = 2 * size
-    return [data[at : at + step].decode("utf-16-le", "replace") for at in range(0, len(data), step)]
+    """``line`` in pieces of ``size`` UTF-16 code units; a cut through a surrogate pair
+    leaves each half as U+FFFD (what a lone half becomes once encoded)."""
+    units = to_units(line)
+    return [from_units(units[at : at + size]) for at in range(0, len(units), size)]
 
 
 def split_into_chunks(
@@ -81,10 +70,10 @@ def split_into_chunks(
         raise ValueError(f"max_chunk_chars must be positive, got {max_chunk_chars}")
     if overlap_lines < 0:
         raise ValueError(f"overlap_lines must not be negative, got {overlap_lines}")
-    if _units(content) <= max_chunk_chars:
+    if unit_length(content) <= max_chunk_chars:
         return [Chunk(content, 1)]
     lines = content.split("\n")
-    sizes = [_units(line) for line in lines]
+    sizes = [unit_length(line) for line in lines]
     chunks: list[Chunk] = []
     start = 0
     while start < len(lines):

@@ -38,7 +38,9 @@ from dataclasses import dataclass, field
 
 from regex import error as PatternError
 
-__all__ = ["PatternError", "from_units", "to_units", "translate", "unit_length"]
+from ..vfs import to_units
+
+__all__ = ["DOT", "PatternError", "translate"]
 
 #: The largest code unit; text searched is made of units (see :func:`to_units`).
 _MAX_UNIT = 0xFFFF
@@ -46,8 +48,6 @@ _MAX_CODE_POINT = 0x10FFFF
 #: A repeat count JavaScript takes as unbounded (it clamps larger ones).
 _UNBOUNDED = 2**31 - 1
 
-_ASTRAL = re.compile("[\U00010000-\U0010ffff]")
-_SURROGATE = re.compile("[\ud800-\udfff]")
 _QUANTIFIER = re.compile(r"\{([0-9]+)(,([0-9]*))?\}")
 _HEX = frozenset("0123456789abcdefABCDEF")
 _OCTAL = "01234567"
@@ -61,6 +61,8 @@ _SPACE: Ranges = [
     (0x09, 0x0D), (0x20, 0x20), (0xA0, 0xA0), (0x1680, 0x1680), (0x2000, 0x200A),
     (0x2028, 0x2029), (0x202F, 0x202F), (0x205F, 0x205F), (0x3000, 0x3000), (0xFEFF, 0xFEFF),
 ]  # fmt: skip
+#: What ``.`` becomes: JavaScript's dot matches any unit but a line terminator.
+DOT = "[^\\n\\r\\u2028\\u2029]"
 _LINE_TERMINATORS: Ranges = [(0x0A, 0x0A), (0x0D, 0x0D), (0x2028, 0x2029)]
 _CONTROL_ESCAPES = {"f": 0x0C, "n": 0x0A, "r": 0x0D, "t": 0x09, "v": 0x0B}
 
@@ -68,29 +70,6 @@ _CONTROL_ESCAPES = {"f": 0x0C, "n": 0x0A, "r": 0x0D, "t": 0x09, "v": 0x0B}
 _W = "[0-9A-Z_a-z]"
 _WORD_BOUNDARY = f"(?:(?<={_W})(?!{_W})|(?<!{_W})(?={_W}))"
 _NOT_WORD_BOUNDARY = f"(?:(?<={_W})(?={_W})|(?<!{_W})(?!{_W}))"
-
-
-def _split_pair(match: re.Match[str]) -> str:
-    code = ord(match.group()) - 0x10000
-    return chr(0xD800 + (code >> 10)) + chr(0xDC00 + (code & 0x3FF))
-
-
-def to_units(text: str) -> str:
-    """``text`` as JavaScript sees it: every astral character as its two surrogates."""
-    return text if text.isascii() else _ASTRAL.sub(_split_pair, text)
-
-
-def from_units(text: str) -> str:
-    """Undo :func:`to_units`: surrogate pairs become characters again, and a surrogate left
-    alone (a cut through a pair) becomes U+FFFD, as JavaScript's UTF-8 encoder writes it."""
-    if text.isascii() or _SURROGATE.search(text) is None:
-        return text
-    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
-
-
-def unit_length(text: str) -> int:
-    """The length of ``text`` in UTF-16 code units (JavaScript's ``length``)."""
-    return len(text) if text.isascii() else len(text) + len(_ASTRAL.findall(text))
 
 
 # -- sets of code units ----------------------------------------------------------------------------
@@ -282,7 +261,7 @@ class _Translator:
                 top.last = "assertion"
                 i += 1
             elif c == ".":
-                top.items.append("[^\\n\\r\\u2028\\u2029]")
+                top.items.append(DOT)
                 top.last = "atom"
                 i += 1
             elif c == "[":

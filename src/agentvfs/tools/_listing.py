@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import pathspec
 
-from ..vfs import FileEntry, WorkspaceFilesystem, create_glob_matcher, read_range, walk
+from ..vfs import FileEntry, WorkspaceFilesystem, create_glob_matcher, read_range, to_units, walk
 from ._core import ToolCall, ToolResult
 from ._output import LIST_FILES_MAX_OUTPUT_TOKENS, apply_token_limit
 
@@ -122,13 +122,6 @@ async def gitignore_for(fs: WorkspaceFilesystem, path: str) -> tuple[pathspec.Gi
     return ignore, base
 
 
-def _code_units(name: str) -> bytes:
-    """A sort key ordering names by UTF-16 code units, as JavaScript compares strings: a
-    character beyond U+FFFF sorts before U+E000..U+FFFF. Big-endian units compare bytewise;
-    lone surrogates (undecodable bytes in a host name) are kept as the units they are."""
-    return name.encode("utf-16-be", "surrogatepass")
-
-
 @dataclass
 class _Node:
     entry: FileEntry
@@ -204,7 +197,8 @@ async def list_files(call: ToolCall) -> ToolResult:
         return matcher is None or matcher(rel)
 
     def render(node: _Node, depth: int, prefix: str) -> None:
-        ordered = sorted(node.children.items(), key=lambda kv: (kv[1].entry.type != "directory", _code_units(kv[0])))
+        # Names in UTF-16 code unit order, as JavaScript compares strings.
+        ordered = sorted(node.children.items(), key=lambda kv: (kv[1].entry.type != "directory", to_units(kv[0])))
         for name, child in ordered:
             rel = f"{prefix}{name}"
             if not keep(child, rel):

@@ -48,14 +48,17 @@ from ..vfs import (
     LineChunker,
     create_glob_matcher,
     extract_glob_base,
+    from_units,
     is_glob_pattern,
     is_text_file,
     read_many,
     read_range,
+    to_units,
+    unit_length,
     walk,
 )
 from ._core import ToolCall, ToolResult
-from ._jsregex import from_units, to_units, translate, unit_length
+from ._jsregex import DOT, translate
 from ._listing import gitignore_for
 from ._output import DEFAULT_MAX_OUTPUT_TOKENS, apply_token_limit, output_char_budget
 
@@ -94,19 +97,19 @@ def _walk_order(item: tuple[str, int | None]) -> list[str]:
     return item[0].split("/")
 
 
-# What translate() writes for "." (JavaScript's dot matches no line terminator).
-_DOT = "[^\\n\\r\\u2028\\u2029]"
 # An escape that may stand for a letter (translate() writes punctuation as \uXXXX).
 _ESCAPE = re.compile(r"\\(?:u([0-9a-fA-F]{4})|[0-9A-Za-z])")
 
 
 def _compile(pattern: str, ignore_case: bool, timeout: float) -> BoundedPattern:
     exact = translate(pattern)
-    if ignore_case and _folds_alike(exact):
+    if not ignore_case:
+        return BoundedPattern(exact, case_sensitive=True, timeout=timeout)
+    if _folds_alike(exact):
         # The engine's own case-insensitive search is much faster than the classes that
         # spell JavaScript's folding out ([Tt][Oo]...), and gives the same answer here.
         return BoundedPattern(exact, case_sensitive=False, timeout=timeout)
-    return BoundedPattern(translate(pattern, ignore_case=ignore_case), case_sensitive=True, timeout=timeout)
+    return BoundedPattern(translate(pattern, ignore_case=True), case_sensitive=True, timeout=timeout)
 
 
 def _folds_alike(translated: str) -> bool:
@@ -118,7 +121,7 @@ def _folds_alike(translated: str) -> bool:
     dotless i (U+0131) ``I``, which JavaScript keeps apart. So: ASCII only, none of those
     letters, no class but the dot's, no escape that stands for a letter.
     """
-    bare = translated.replace(_DOT, "")
+    bare = translated.replace(DOT, "")
     if not bare.isascii() or any(c in bare for c in "sSkKiI["):
         return False
     for escape in _ESCAPE.finditer(bare):

@@ -97,6 +97,9 @@ from ._records import MountInfo as MountInfo
 from ._storage_options import accepted_storage_options as accepted_storage_options
 from ._storage_options import check_storage_options as check_storage_options
 from ._storage_options import filesystem_class as filesystem_class
+from ._units import from_units as from_units
+from ._units import to_units as to_units
+from ._units import unit_length as unit_length
 from ._wrapper import TimeoutFilesystem as TimeoutFilesystem
 from ._wrapper import WrapperFilesystem as WrapperFilesystem
 
@@ -164,6 +167,7 @@ __all__ = [
     "extract_glob_base",
     "filesystem_class",
     "foreign_metadata",
+    "from_units",
     "fsspec_backend",
     "get_mime_type",
     "is_glob_pattern",
@@ -182,9 +186,11 @@ __all__ = [
     "rewrite_file",
     "run_sync",
     "set_attributes",
+    "to_units",
     "translate",
     "translated",
     "translated_reads",
+    "unit_length",
     "upload_file",
     "walk",
 ]
