@@ -40,7 +40,7 @@ from regex import error as PatternError
 
 from ..vfs import to_units
 
-__all__ = ["DOT", "PatternError", "translate"]
+__all__ = ["DOT", "PatternError", "canonical_unit", "translate"]
 
 #: The largest code unit; text searched is made of units (see :func:`to_units`).
 _MAX_UNIT = 0xFFFF
@@ -98,18 +98,20 @@ def _complement(ranges: Ranges) -> Ranges:
     return out
 
 
+def canonical_unit(code: int) -> int:
+    """The unit ``code`` is compared as when case is ignored (``i`` without ``u``): its upper
+    case when that is one unit, except that a non-ASCII unit never maps to ASCII (the Kelvin
+    sign is not ``k``). Two units match ignoring case when their canonical units are equal."""
+    upper = chr(code).upper()
+    return ord(upper) if len(upper) == 1 and not (code >= 128 and ord(upper) < 128) else code
+
+
 @functools.cache
 def _case_table() -> tuple[list[int], dict[int, tuple[int, ...]]]:
-    """The units that have case variants (sorted), and each one's variants (itself included).
-
-    Two units match ignoring case when their canonical forms are equal: the upper case of the
-    unit when that is one unit, except that a non-ASCII unit never maps to ASCII.
-    """
+    """The units that have case variants (sorted), and each one's variants (itself included)."""
     classes: dict[int, list[int]] = {}
     for code in range(_MAX_UNIT + 1):
-        upper = chr(code).upper()
-        canonical = ord(upper) if len(upper) == 1 and not (code >= 128 and ord(upper) < 128) else code
-        classes.setdefault(canonical, []).append(code)
+        classes.setdefault(canonical_unit(code), []).append(code)
     variants: dict[int, tuple[int, ...]] = {}
     for members in classes.values():
         if len(members) > 1:

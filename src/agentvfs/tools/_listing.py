@@ -12,6 +12,7 @@ import pathspec
 
 from ..vfs import FileEntry, WorkspaceFilesystem, create_glob_matcher, read_range, to_units, walk
 from ._core import ToolCall, ToolResult
+from ._jsregex import canonical_unit
 from ._output import LIST_FILES_MAX_OUTPUT_TOKENS, apply_token_limit
 
 __all__ = [
@@ -39,9 +40,7 @@ class _CaseFold(dict[int, str]):
     """
 
     def __missing__(self, code: int) -> str:
-        char = chr(code)
-        upper = char.upper() if code < 0x10000 else char
-        folded = upper if len(upper) == 1 and ord(upper) < 0x10000 and (code < 128 or ord(upper) >= 128) else char
+        folded = chr(canonical_unit(code)) if code <= 0xFFFF else chr(code)
         self[code] = folded
         return folded
 
