@@ -45,6 +45,7 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "agentvfs": BELOW_WORKSPACE | {"workspace"},
     "testing": APPLICATION,
     "bench": APPLICATION | {"testing"},
+    "integrations": APPLICATION,
     "cli": APPLICATION | {"testing", "bench"},
     "__main__": FOUNDATION | {"cli"},
 }
