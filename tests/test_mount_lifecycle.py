@@ -583,3 +583,64 @@ def test_set_id_bits_are_shown_but_not_honoured_unless_asked(mnt: str) -> None:
         assert "nosuid" in mount_flags()
     with Mount(h.fs, mnt, options={"suid": True}):
         assert "nosuid" not in mount_flags()
+
+
+# -- a mount served by a child process --------------------------------------------------------------
+
+
+def test_a_mount_process_outlives_the_thread_that_started_it(tmp_path: Path, mnt: str) -> None:
+    """The thread that starts a child mount is often a short-lived worker (anyio's end with
+    their event loop): the mount must stay while the process that started it lives."""
+    from agentvfs.mounts import ProcessMount
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "f.txt").write_text("kept")
+    started: list[ProcessMount] = []
+    worker = threading.Thread(target=lambda: started.append(ProcessMount(FsspecFilesystem(f"file://{data}"), mnt).start()))
+    worker.start()
+    worker.join()
+    (handle,) = started
+    try:
+        time.sleep(1.5)  # three of the child's parent checks
+        assert handle.mounted
+        assert Path(mnt, "f.txt").read_text() == "kept"
+    finally:
+        handle.close()
+    assert not is_mounted(mnt)
+
+
+PARENT = """
+import sys, time
+from agentvfs import FsspecFilesystem
+from agentvfs.mounts import ProcessMount
+handle = ProcessMount(FsspecFilesystem("file://" + sys.argv[1]), sys.argv[2]).start()
+print(handle.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_mount_process_ends_with_its_parent(tmp_path: Path, mnt: str) -> None:
+    """kill -9 of the process that started a child mount: the child unmounts and ends."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "f.txt").write_text("x")
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, os.fspath(data), mnt], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        assert is_mounted(mnt)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(timeout=30)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+    assert wait_until(lambda: not os.path.exists(f"/proc/{child}") or _zombie(child), timeout=20)
+    assert wait_until(lambda: not is_mounted(mnt), timeout=10)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z")
+    except OSError:
+        return True

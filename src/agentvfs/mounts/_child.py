@@ -20,7 +20,6 @@ its mounts with it (``auto_unmount`` removes the mount if the child itself is ki
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import logging
 import os
@@ -29,6 +28,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Mapping
 from types import TracebackType
 from typing import IO, Any
@@ -46,6 +46,8 @@ _log = logging.getLogger("agentvfs.mounts")
 START_TIMEOUT = 120.0
 #: Seconds an API change may wait for the child to drop its cached state.
 FORGET_TIMEOUT = 30.0
+#: How often the child checks that the process that started it is alive (seconds).
+PARENT_POLL = 0.5
 
 
 def recipe_for(fs: WorkspaceFilesystem) -> dict[str, Any] | None:
@@ -322,12 +324,23 @@ def _listed(path: str) -> bool:
 
 
 def _die_with_parent() -> None:
-    # Linux: SIGTERM when the parent dies, on top of the closed pipe (which covers a
-    # parent that dies while this process is busy serving requests).
-    with contextlib.suppress(Exception):
-        libc = ctypes.CDLL(None, use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+    """End this process (SIGTERM: unmount after uploading) once its parent process is gone.
+
+    The closed request pipe already ends the serving loop when the parent dies; this covers a
+    pipe held open by some other process. Linux's ``PR_SET_PDEATHSIG`` would fire when the
+    parent *thread* exits, and the thread that starts a mount is often a short-lived worker
+    (an anyio worker thread ends with its event loop or when idle), which would take the
+    mount down under a live parent. So the parent process is watched instead: once it dies,
+    this process is re-parented and ``getppid`` changes.
+    """
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="agentvfs-mount-parent-watch", daemon=True).start()
 
 
 def _serve(requests: IO[bytes], replies: IO[bytes]) -> int:
@@ -371,7 +384,6 @@ def _serve(requests: IO[bytes], replies: IO[bytes]) -> int:
 
 def main() -> int:
     """Serve one mount as described on stdin (see the module documentation)."""
-    _die_with_parent()
     logging.basicConfig(level=logging.WARNING, format="agentvfs mount: %(levelname)s %(message)s")
     # The protocol owns stdout; anything a library prints goes to stderr instead.
     replies = os.fdopen(os.dup(1), "wb")
@@ -382,6 +394,7 @@ def main() -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, stop)
+    _die_with_parent()
     try:
         return _serve(requests, replies)
     except KeyboardInterrupt:
