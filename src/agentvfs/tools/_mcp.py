@@ -10,7 +10,7 @@ import io
 import json
 import logging
 import sys
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import quote
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from mcp.server.session import ServerSession
 
 
-__all__ = ["NOT_APPROVED", "create_server", "serve_stdio"]
+__all__ = ["NOT_APPROVED", "Approver", "create_server", "serve_stdio"]
 
 logger = logging.getLogger("agentvfs")
 
@@ -117,8 +117,84 @@ def _require_mcp() -> None:
         raise MissingExtraError("The MCP server (agentvfs mcp)", "mcp", "mcp") from None
 
 
-def create_server(tools: Mapping[str, WorkspaceTool], *, name: str = "agentvfs") -> Server[Any, Any]:
-    """An MCP server (low-level SDK ``Server``) offering ``tools``.
+#: How a server gets a call approved: None when the user approved, else the tool error to
+#: return. The default asks the client with a form elicitation.
+Approver = Callable[[WorkspaceTool, Mapping[str, Any]], Awaitable[str | None]]
+
+
+def _mcp_major() -> int:
+    """The major version of the installed ``mcp`` SDK (1 or 2).
+
+    mcp 2 replaced the ``JSONRPCMessage`` root model with a type adapter in the same release
+    that moved request handlers into ``Server``'s constructor, so that name tells them apart.
+    """
+    import mcp.types
+
+    return 2 if hasattr(mcp.types, "jsonrpc_message_adapter") else 1
+
+
+def _build_server(
+    name: str,
+    instructions: str,
+    listing: list[types.Tool],
+    call: Callable[[str, dict[str, Any], Approver], Awaitable[types.CallToolResult]],
+) -> Server[Any, Any]:
+    """A low-level ``Server`` answering ``tools/list`` with ``listing`` and ``tools/call``
+    through ``call``, on either major of the SDK.
+
+    ``call`` gets the tool's name, its arguments and the way to ask the client for approval
+    of this request (its session and request id differ between the majors).
+    """
+    from mcp import types
+    from mcp.server.lowlevel import Server
+
+    # Only one major is installed at a time, so the other one's calls are erased to Any for
+    # the type checker.
+    server_class: Any = Server
+    if _mcp_major() >= 2:
+
+        async def on_list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
+            return types.ListToolsResult(tools=listing)
+
+        async def on_call_tool(ctx: Any, params: Any) -> types.CallToolResult:
+            async def ask(tool: WorkspaceTool, args: Mapping[str, Any]) -> str | None:
+                return await _approved(ctx.session, ctx.request_id, tool, args)
+
+            return await call(params.name, dict(params.arguments or {}), ask)
+
+        built: Server[Any, Any] = server_class(
+            name,
+            version=_package_version(),
+            instructions=instructions,
+            on_list_tools=on_list_tools,
+            on_call_tool=on_call_tool,
+        )
+        return built
+
+    server: Server[Any, Any] = server_class(
+        name, version=_package_version(), instructions=instructions
+    )
+
+    async def ask_client(tool: WorkspaceTool, args: Mapping[str, Any]) -> str | None:
+        context = server.request_context
+        return await _approved(context.session, context.request_id, tool, args)
+
+    async def list_tools(request: types.ListToolsRequest) -> types.ServerResult:
+        return types.ServerResult(types.ListToolsResult(tools=listing))
+
+    async def call_tool(request: types.CallToolRequest) -> types.ServerResult:
+        args = request.params.arguments or {}
+        return types.ServerResult(await call(request.params.name, args, ask_client))
+
+    server.request_handlers[types.ListToolsRequest] = list_tools
+    server.request_handlers[types.CallToolRequest] = call_tool
+    return server
+
+
+def create_server(
+    tools: Mapping[str, WorkspaceTool], *, name: str = "agentvfs", approve: Approver | None = None
+) -> Server[Any, Any]:
+    """An MCP server (low-level SDK ``Server``, mcp 1.x or 2.x) offering ``tools``.
 
     ``tools/list`` gives each tool's name, description and input schema. ``tools/call`` runs the
     tool: text results come back as text content, media as text plus image (or audio, or an
@@ -126,16 +202,14 @@ def create_server(tools: Mapping[str, WorkspaceTool], *, name: str = "agentvfs")
     read-only workspace...) becomes a tool error (``isError``) with its message, and the server
     goes on serving. A tool that needs approval asks the user with a form elicitation first;
     declined, cancelled, or a client without elicitation: the tool does not run.
+
+    ``approve``, when given, replaces the elicitation: it is awaited with the tool and its
+    arguments and returns None to run the call, or the tool error to answer instead (for hosts
+    that ask the user their own way, such as the Claude Agent SDK's ``can_use_tool``).
     """
     _require_mcp()
     from mcp import types
-    from mcp.server.lowlevel import Server
 
-    server: Server[Any, Any] = Server(
-        name,
-        version=_package_version(),
-        instructions="Tools to read, write, edit, list, search and delete the files of an agentvfs workspace.",
-    )
     listing = [
         types.Tool(
             name=tool.name,
@@ -146,13 +220,9 @@ def create_server(tools: Mapping[str, WorkspaceTool], *, name: str = "agentvfs")
         for tool in tools.values()
     ]
 
-    async def list_tools(request: types.ListToolsRequest) -> types.ServerResult:
-        return types.ServerResult(types.ListToolsResult(tools=listing))
-
-    async def call_tool(request: types.CallToolRequest) -> types.ServerResult:
-        return types.ServerResult(await _call(request.params.name, request.params.arguments or {}))
-
-    async def _call(tool_name: str, args: dict[str, Any]) -> types.CallToolResult:
+    async def call(
+        tool_name: str, args: dict[str, Any], ask_client: Approver
+    ) -> types.CallToolResult:
         tool = tools.get(tool_name)
         if tool is None:
             return _error(f"Unknown tool: {tool_name}")
@@ -160,8 +230,7 @@ def create_server(tools: Mapping[str, WorkspaceTool], *, name: str = "agentvfs")
             # Bad input is reported before the user is asked to approve anything.
             validate_input(tool.name, tool.input_schema, args)
             if await tool.needs_approval(args):
-                context = server.request_context
-                refusal = await _approved(context.session, context.request_id, tool, args)
+                refusal = await (approve or ask_client)(tool, args)
                 if refusal is not None:
                     return _error(refusal)
             result = await tool.execute(args)
@@ -170,9 +239,12 @@ def create_server(tools: Mapping[str, WorkspaceTool], *, name: str = "agentvfs")
             return _error(_message(exc))
         return types.CallToolResult(content=_content(result, args, tool), isError=isinstance(result, ToolFailure))
 
-    server.request_handlers[types.ListToolsRequest] = list_tools
-    server.request_handlers[types.CallToolRequest] = call_tool
-    return server
+    return _build_server(
+        name,
+        "Tools to read, write, edit, list, search and delete the files of an agentvfs workspace.",
+        listing,
+        call,
+    )
 
 
 class ServedWorkspace(ToolHost, Protocol):
@@ -242,21 +314,12 @@ def _failed_server(reason: str) -> Any:
     """A server for a workspace that could not be used: it says why in its instructions, lists
     no tools, and answers every call with the reason as a tool error (the client sees the
     cause, not a closed connection)."""
-    from mcp import types
-    from mcp.server.lowlevel import Server
-
     message = f"agentvfs: {reason}"
-    server: Server[Any, Any] = Server("agentvfs", version=_package_version(), instructions=message)
 
-    async def list_tools(request: types.ListToolsRequest) -> types.ServerResult:
-        return types.ServerResult(types.ListToolsResult(tools=[]))
+    async def call(tool_name: str, args: dict[str, Any], ask_client: Approver) -> Any:
+        return _error(message)
 
-    async def call_tool(request: types.CallToolRequest) -> types.ServerResult:
-        return types.ServerResult(_error(message))
-
-    server.request_handlers[types.ListToolsRequest] = list_tools
-    server.request_handlers[types.CallToolRequest] = call_tool
-    return server
+    return _build_server("agentvfs", message, [], call)
 
 
 async def _answer_unknown_methods(tg: Any, read_stream: Any, write_stream: Any) -> Any:
