@@ -1,0 +1,529 @@
+"""The OpenAI Agents SDK adapter (``agentvfs.integrations.openai_agents``), against the real SDK.
+
+The sandbox tests follow what the SDK's own tests ask of its local backend
+(``tests/sandbox/test_unix_local.py``) and the persist -> hydrate round trip of its
+integration helpers, rewritten here for :class:`AgentVFSSandboxClient` on memory, a local
+directory and S3 (moto); agent runs use the SDK's ``ScriptedModel`` (no model calls).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+from agents import Agent, RunConfig, Runner
+from agents.run_config import SandboxRunConfig
+from agents.run_context import RunContextWrapper
+from agents.sandbox import Manifest, SandboxAgent
+from agents.sandbox.entries import (
+    Dir,
+    File,
+    GitRepo,
+    InContainerMountStrategy,
+    RcloneMountPattern,
+    S3Mount,
+)
+from agents.sandbox.errors import (
+    ExecTimeoutError,
+    InvalidManifestPathError,
+    SnapshotPersistError,
+    WorkspaceArchiveWriteError,
+    WorkspaceReadNotFoundError,
+)
+from agents.sandbox.session import Dependencies, SandboxSession
+from agents.sandbox.snapshot import RemoteSnapshotSpec
+from agents.sandbox.types import User
+from agents.testing import ScriptedModel, function_call
+from agents.testing.model import assistant_message
+from agents.tool_context import ToolContext
+from fsspec.implementations.memory import MemoryFileSystem
+
+from _mounted import fuse_unavailable
+from agentvfs import FsspecFilesystem, LocalFilesystem, LocalSandbox, Workspace, WorkspaceFilesystem
+from agentvfs.integrations.openai_agents import (
+    AgentVFSSandboxClient,
+    AgentVFSSandboxSession,
+    FsspecSnapshotStore,
+    function_tools,
+)
+from agentvfs.testing import MotoServer
+from conftest import S3_BUCKET, unique
+
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.skipif(fuse_unavailable() is not None, reason=str(fuse_unavailable())),
+]
+
+needs_bwrap = pytest.mark.skipif(
+    not LocalSandbox.detect_isolation()["available"], reason="bubblewrap cannot isolate here"
+)
+SANDBOX_BACKENDS = ["memory", "local", pytest.param("s3", marks=pytest.mark.s3)]
+NO_TRACING = RunConfig(tracing_disabled=True)
+
+
+# -- helpers -------------------------------------------------------------------------------------
+
+
+class Storage:
+    """A session's storage plus an independent way to look at it (the raw store)."""
+
+    def __init__(
+        self, name: str, filesystem: WorkspaceFilesystem, read_raw: Callable[[str], bytes]
+    ) -> None:
+        self.name = name
+        self.filesystem = filesystem
+        self.read_raw = read_raw
+
+
+def _storage(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> Storage:
+    if backend == "memory":
+        raw = MemoryFileSystem(global_store=False, skip_instance_cache=True)
+        root = f"/{unique('oa')}"
+        return Storage(
+            "memory", FsspecFilesystem(raw, root=root), lambda p: bytes(raw.cat(f"{root}/{p}"))
+        )
+    if backend == "local":
+        base = tmp_path / "store"
+        base.mkdir()
+        return Storage("local", LocalFilesystem(str(base)), lambda p: (base / p).read_bytes())
+    moto: MotoServer = request.getfixturevalue("moto")
+    raw = moto.s3fs(use_listings_cache=False)
+    prefix = f"{S3_BUCKET}/{unique('oa')}"
+    # The check reads through a second s3fs, so nothing cached by the session can answer it.
+    check = moto.s3fs(use_listings_cache=False, skip_instance_cache=True)
+    return Storage(
+        "s3", FsspecFilesystem(raw, root=prefix), lambda p: bytes(check.cat(f"{prefix}/{p}"))
+    )
+
+
+@pytest.fixture(params=SANDBOX_BACKENDS)
+def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Storage:
+    return _storage(request.param, request, tmp_path)
+
+
+@pytest.fixture
+async def session(storage: Storage) -> AsyncIterator[SandboxSession]:
+    client = AgentVFSSandboxClient(storage.filesystem)
+    manifest = Manifest(
+        entries={
+            "notes.txt": File(content=b"from the manifest\n"),
+            "tree": Dir(children={"leaf.txt": File(content=b"leaf\n")}),
+        }
+    )
+    live = await client.create(manifest=manifest)
+    async with live:
+        yield live
+    await client.delete(live)
+    assert not os.path.exists(_inner(live).state.working_directory), (
+        "delete left the host directory"
+    )
+
+
+def _inner(session: SandboxSession) -> AgentVFSSandboxSession:
+    inner = session._inner
+    assert isinstance(inner, AgentVFSSandboxSession)
+    return inner
+
+
+async def _text(session: SandboxSession, path: str) -> str:
+    stream = await session.read(Path(path))
+    try:
+        data = stream.read()
+    finally:
+        stream.close()
+    return data.decode() if isinstance(data, bytes) else str(data)
+
+
+def _tar(members: Mapping[str, bytes | None]) -> io.BytesIO:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name, content in members.items():
+            info = tarfile.TarInfo(name)
+            if content is None:
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            else:
+                info.size = len(content)
+                tar.addfile(info, io.BytesIO(content))
+    buffer.seek(0)
+    return buffer
+
+
+# -- the sandbox session on every backend --------------------------------------------------------
+
+
+async def test_commands_run_in_the_workspace_root_and_see_the_manifest(
+    session: SandboxSession, storage: Storage
+) -> None:
+    root = session.state.manifest.root
+    result = await session.exec("pwd; cat notes.txt tree/leaf.txt; echo oops >&2; exit 3")
+    assert result.stdout.decode() == f"{root}\nfrom the manifest\nleaf\n"
+    assert result.stderr.decode() == "oops\n"
+    assert result.exit_code == 3
+    plain = await session.exec("printf", "%s|", "a b", "c", shell=False)
+    assert (plain.stdout, plain.exit_code) == (b"a b|c|", 0)
+
+
+async def test_file_api_and_commands_share_the_storage(
+    session: SandboxSession, storage: Storage
+) -> None:
+    await session.write(Path("api/written.txt"), io.BytesIO(b"by the file api\n"))
+    seen = await session.exec(
+        "cat api/written.txt && mkdir -p out && echo by-a-command > out/cmd.txt"
+    )
+    assert seen.stdout == b"by the file api\n"
+    assert await _text(session, "out/cmd.txt") == "by-a-command\n"
+    # Both writes reached the storage itself, not a copy in the sandbox.
+    assert storage.read_raw("api/written.txt") == b"by the file api\n"
+    assert storage.read_raw("out/cmd.txt") == b"by-a-command\n"
+    assert storage.read_raw("notes.txt") == b"from the manifest\n"
+    listed = {Path(e.path).name: e.kind.value for e in await session.ls(".")}
+    assert listed == {
+        "notes.txt": "file",
+        "tree": "directory",
+        "api": "directory",
+        "out": "directory",
+    }
+    await session.rm("api", recursive=True)
+    assert (await session.exec("test -e api")).exit_code == 1
+
+
+async def test_paths_outside_the_workspace_are_refused(session: SandboxSession) -> None:
+    for path in ("../outside.txt", "/tmp/agentvfs-outside.txt"):
+        with pytest.raises(InvalidManifestPathError):
+            await session.read(Path(path))
+        with pytest.raises(InvalidManifestPathError):
+            await session.write(Path(path), io.BytesIO(b"x"))
+    assert not os.path.exists("/tmp/agentvfs-outside.txt")
+    with pytest.raises(WorkspaceReadNotFoundError):
+        await session.read(Path("missing.txt"))
+
+
+async def test_persist_then_hydrate_into_another_session(
+    session: SandboxSession, storage: Storage, tmp_path: Path
+) -> None:
+    await session.write(Path("deep/er/file.bin"), io.BytesIO(bytes(range(256))))
+    await session.mkdir(Path("empty"))
+    archive = await session.persist_workspace()
+    with tarfile.open(fileobj=archive) as tar:
+        names = set(tar.getnames())
+    assert {"notes.txt", "tree", "tree/leaf.txt", "deep/er/file.bin", "empty"} <= names
+    archive.seek(0)
+    target = tmp_path / "target"
+    target.mkdir()
+    # A local directory: pyfuse3 serves one in-process (memory) mount per process at a time.
+    other_client = AgentVFSSandboxClient(LocalFilesystem(str(target)))
+    other = await other_client.create()
+    async with other:
+        await other.hydrate_workspace(archive)
+        assert await _text(other, "tree/leaf.txt") == "leaf\n"
+        assert (await other.read(Path("deep/er/file.bin"))).read() == bytes(range(256))
+        assert (await other.exec("test -d empty && cat notes.txt")).stdout == b"from the manifest\n"
+    assert (target / "deep/er/file.bin").read_bytes() == bytes(range(256))
+    await other_client.delete(other)
+
+
+# -- one backend is enough for these -------------------------------------------------------------
+
+
+@pytest.fixture
+async def memory_session() -> AsyncIterator[SandboxSession]:
+    client = AgentVFSSandboxClient()
+    live = await client.create()
+    async with live:
+        yield live
+    await client.delete(live)
+
+
+async def test_hydrate_refuses_an_escaping_archive_before_writing(
+    memory_session: SandboxSession,
+) -> None:
+    for bad in ({"ok.txt": b"fine", "../evil.txt": b"x"}, {"ok.txt": b"fine", "/abs.txt": b"x"}):
+        with pytest.raises(WorkspaceArchiveWriteError):
+            await memory_session.hydrate_workspace(_tar(bad))
+    link = io.BytesIO()
+    with tarfile.open(fileobj=link, mode="w") as tar:
+        info = tarfile.TarInfo("link")
+        info.type, info.linkname = tarfile.SYMTYPE, "/etc/passwd"
+        tar.addfile(info)
+    link.seek(0)
+    with pytest.raises(WorkspaceArchiveWriteError):
+        await memory_session.hydrate_workspace(link)
+    assert await _inner(memory_session).filesystem.readdir("") == []
+
+
+async def test_a_command_past_its_timeout_is_an_error(memory_session: SandboxSession) -> None:
+    with pytest.raises(ExecTimeoutError):
+        await memory_session.exec("sleep 5", timeout=0.3)
+    assert (await memory_session.exec("echo still alive")).stdout == b"still alive\n"
+
+
+@needs_bwrap
+async def test_commands_are_isolated_by_bubblewrap(
+    memory_session: SandboxSession, tmp_path: Path
+) -> None:
+    outside = tmp_path / "host.txt"
+    result = await memory_session.exec(
+        f"echo x > {outside}; cat /etc/hostname >/dev/null; echo done"
+    )
+    assert b"done" in result.stdout
+    assert not outside.exists()
+    net = await memory_session.exec("cat /proc/net/dev | wc -l")
+    assert int(net.stdout) <= 3, "the sandbox has a network interface besides lo"
+
+
+async def test_users_are_refused_with_a_clear_error(memory_session: SandboxSession) -> None:
+    with pytest.raises(ValueError, match="one user"):
+        await memory_session.exec("id", user=User(name="nobody"))
+    with pytest.raises(ValueError, match="one user"):
+        await memory_session.read(Path("x"), user="nobody")
+
+
+async def test_unsupported_manifests_are_refused_naming_the_entry() -> None:
+    client = AgentVFSSandboxClient()
+    with pytest.raises(ValueError, match="'repo' of type 'git_repo'"):
+        await client.create(
+            manifest=Manifest(entries={"repo": GitRepo(repo="openai/x", ref="main")})
+        )
+    with pytest.raises(ValueError, match="'data' of type 's3_mount'"):
+        await client.create(
+            manifest=Manifest(
+                entries={
+                    "data": S3Mount(
+                        bucket="b",
+                        mount_strategy=InContainerMountStrategy(pattern=RcloneMountPattern()),
+                    )
+                }
+            )
+        )
+    with pytest.raises(ValueError, match=r"leave Manifest\.root at its default"):
+        await client.create(manifest=Manifest(root="/srv/elsewhere"))
+    with pytest.raises(ValueError, match="users or groups"):
+        await client.create(manifest=Manifest(users=[User(name="alice")]))
+
+
+# -- snapshots -----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def snapshot_store(moto: MotoServer) -> tuple[FsspecSnapshotStore, str]:
+    prefix = f"{S3_BUCKET}/{unique('snaps')}"
+    return FsspecSnapshotStore(moto.s3fs(use_listings_cache=False), root=prefix), prefix
+
+
+class _Broken(io.RawIOBase):
+    """A stream that gives some bytes, then fails: an upload cut off half-way."""
+
+    def __init__(self) -> None:
+        self._sent = False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self._sent:
+            raise OSError("connection reset while reading the archive")
+        self._sent = True
+        buffer[:4] = b"half"
+        return 4
+
+
+@pytest.mark.s3
+async def test_snapshot_store_round_trip_and_failed_upload(
+    snapshot_store: tuple[FsspecSnapshotStore, str], moto: MotoServer
+) -> None:
+    store, prefix = snapshot_store
+    raw = moto.s3fs(use_listings_cache=False, skip_instance_cache=True)
+    assert not await store.exists("s1")
+    await store.upload("s1", io.BytesIO(b"tar v1"))
+    assert raw.cat(f"{prefix}/s1.tar") == b"tar v1"
+    assert await store.exists("s1")
+    assert (await store.download("s1")).read() == b"tar v1"
+    # A failed upload raises and leaves the previous snapshot whole.
+    with pytest.raises(OSError, match="connection reset"):
+        await store.upload("s1", io.BufferedReader(_Broken()))
+    assert raw.cat(f"{prefix}/s1.tar") == b"tar v1"
+    with pytest.raises(OSError, match="connection reset"):
+        await store.upload("s2", io.BufferedReader(_Broken()))
+    assert not await store.exists("s2")
+    assert sorted(raw.ls(prefix, detail=False)) == [f"{prefix}/s1.tar"]
+    # Through the SDK: RemoteSnapshot reports the failure as SnapshotPersistError.
+    deps = Dependencies().bind_value("snaps", store)
+    snapshot = RemoteSnapshotSpec(client_dependency_key="snaps").build("s3")
+    with pytest.raises(SnapshotPersistError):
+        await snapshot.persist(io.BufferedReader(_Broken()), dependencies=deps)
+    assert not await snapshot.restorable(dependencies=deps)
+    # A bucket that does not exist is an error, not a silent success.
+    missing = FsspecSnapshotStore(
+        moto.s3fs(use_listings_cache=False), root=f"no-such-bucket-{uuid.uuid4().hex[:8]}/x"
+    )
+    with pytest.raises(Exception) as caught:
+        await missing.upload("s1", io.BytesIO(b"x"))
+    assert "s1.tar" in str(caught.value)
+    for bad in ("", "..", "a/b"):
+        with pytest.raises(ValueError, match="one path segment"):
+            await store.upload(bad, io.BytesIO(b"x"))
+
+
+@pytest.mark.s3
+async def test_stop_persists_and_resume_restores_from_the_remote_snapshot(
+    snapshot_store: tuple[FsspecSnapshotStore, str], moto: MotoServer
+) -> None:
+    store, prefix = snapshot_store
+    client = AgentVFSSandboxClient(dependencies=Dependencies().bind_value("snaps", store))
+    spec = RemoteSnapshotSpec(client_dependency_key="snaps")
+    first = await client.create(
+        snapshot=spec, manifest=Manifest(entries={"m.txt": File(content=b"m\n")})
+    )
+    async with first:
+        await first.exec("mkdir -p work && echo progress > work/state.txt")
+    payload = json.loads(json.dumps(client.serialize_session_state(first.state)))
+    await client.delete(first)
+    snapshot_id = str(first.state.session_id)
+    raw = moto.s3fs(use_listings_cache=False, skip_instance_cache=True)
+    with tarfile.open(fileobj=io.BytesIO(raw.cat(f"{prefix}/{snapshot_id}.tar"))) as tar:
+        assert {"m.txt", "work/state.txt"} <= set(tar.getnames())
+    # Another client (another process, in effect): the default memory storage is empty, so
+    # the files come back from the snapshot in the bucket.
+    other = AgentVFSSandboxClient(dependencies=Dependencies().bind_value("snaps", store))
+    resumed = await other.resume(other.deserialize_session_state(payload))
+    async with resumed:
+        assert (await resumed.exec("cat work/state.txt m.txt")).stdout == b"progress\nm\n"
+    await other.delete(resumed)
+
+
+# -- agent runs ----------------------------------------------------------------------------------
+
+
+@pytest.mark.s3
+async def test_runner_with_a_sandbox_agent_writes_into_the_bucket(moto: MotoServer) -> None:
+    raw = moto.s3fs(use_listings_cache=False)
+    prefix = f"{S3_BUCKET}/{unique('run')}"
+    client = AgentVFSSandboxClient(FsspecFilesystem(raw, root=prefix))
+    tools = await function_tools(Workspace(filesystem=FsspecFilesystem(raw, root=prefix)))
+    model = ScriptedModel(
+        [
+            [
+                function_call(
+                    "exec_command", {"cmd": "echo from-shell > shell.txt && ls"}, call_id="c1"
+                )
+            ],
+            [
+                function_call(
+                    "mastra_workspace_write_file",
+                    {"path": "reports/tool.txt", "content": "from a tool\n", "overwrite": None},
+                    call_id="c2",
+                )
+            ],
+            [function_call("mastra_workspace_read_file", {"path": "shell.txt"}, call_id="c3")],
+            [assistant_message("done")],
+        ]
+    )
+    agent = SandboxAgent(name="writer", model=model, tools=list[Any](tools))
+    config = RunConfig(tracing_disabled=True, sandbox=SandboxRunConfig(client=client))
+    result = await Runner.run(agent, "write two files", run_config=config)
+    assert result.final_output == "done"
+    outputs = [
+        str(getattr(item, "output", ""))
+        for item in result.new_items
+        if type(item).__name__ == "ToolCallOutputItem"
+    ]
+    assert "shell.txt" in outputs[0]
+    assert "from-shell" in outputs[2]
+    check = moto.s3fs(use_listings_cache=False, skip_instance_cache=True)
+    assert check.cat(f"{prefix}/shell.txt") == b"from-shell\n"
+    assert check.cat(f"{prefix}/reports/tool.txt") == b"from a tool\n"
+
+
+@pytest.fixture
+def memory_workspace() -> Workspace:
+    fs = FsspecFilesystem(MemoryFileSystem(global_store=False, skip_instance_cache=True), root="/w")
+    return Workspace(filesystem=fs)
+
+
+async def test_function_tools_dispatch_and_return_errors_as_text(
+    memory_workspace: Workspace,
+) -> None:
+    tools = await function_tools(memory_workspace)
+    by_name = {tool.name: tool for tool in tools}
+    assert set(by_name) == set(await memory_workspace.create_tools())
+    write = by_name["mastra_workspace_write_file"]
+    assert write.strict_json_schema and write.params_json_schema["additionalProperties"] is False
+    model = ScriptedModel(
+        [
+            [
+                function_call(
+                    "mastra_workspace_write_file",
+                    {"path": "a.txt", "content": "A\n", "overwrite": None},
+                    call_id="w",
+                )
+            ],
+            [function_call("mastra_workspace_read_file", {"path": "missing.txt"}, call_id="r")],
+            [assistant_message("ok")],
+        ]
+    )
+    result = await Runner.run(
+        Agent(name="t", model=model, tools=list(tools)), "go", run_config=NO_TRACING
+    )
+    outputs = [
+        str(getattr(item, "output", ""))
+        for item in result.new_items
+        if type(item).__name__ == "ToolCallOutputItem"
+    ]
+    assert outputs[0] == "Wrote 2 bytes to a.txt"
+    assert outputs[1].startswith("Error: ") and "missing.txt" in outputs[1]
+    assert await memory_workspace.filesystem.read_file("a.txt", encoding="utf-8") == "A\n"  # type: ignore[union-attr]
+
+    async def call(name: str, arguments: str) -> Any:
+        context = ToolContext(
+            context=None, tool_name=name, tool_call_id="x", tool_arguments=arguments
+        )
+        return await by_name[name].on_invoke_tool(context, arguments)
+
+    assert "not valid JSON" in await call("mastra_workspace_read_file", "{not json")
+    assert "must be a JSON object" in await call("mastra_workspace_read_file", "[1]")
+    assert (await call("mastra_workspace_read_file", '{"path": 7}')).startswith("Error: ")
+    with pytest.raises(KeyError, match="no such workspace tool: nope"):
+        await function_tools(memory_workspace, names=["nope"])
+
+
+async def test_require_approval_becomes_needs_approval() -> None:
+    fs = FsspecFilesystem(MemoryFileSystem(global_store=False, skip_instance_cache=True), root="/w")
+    config = {
+        "mastra_workspace_write_file": {"require_approval": True},
+        "mastra_workspace_delete": {
+            "require_approval": lambda ctx: ctx["args"]["path"].startswith("important")
+        },
+    }
+    tools = {
+        tool.name: tool for tool in await function_tools(Workspace(filesystem=fs, tools=config))
+    }
+    assert tools["mastra_workspace_read_file"].needs_approval is False
+    policy = tools["mastra_workspace_delete"].needs_approval
+    assert callable(policy)
+    wrapper = RunContextWrapper(context=None)
+    assert await policy(wrapper, {"path": "important.txt", "recursive": None}, "c") is True
+    assert await policy(wrapper, {"path": "scratch.txt", "recursive": None}, "c") is False
+    # In a run, the call waits for approval and nothing is written.
+    model = ScriptedModel(
+        [
+            [
+                function_call(
+                    "mastra_workspace_write_file",
+                    {"path": "x.txt", "content": "x", "overwrite": None},
+                    call_id="w",
+                )
+            ]
+        ]
+    )
+    agent = Agent(name="t", model=model, tools=list(tools.values()))
+    result = await Runner.run(agent, "go", run_config=NO_TRACING)
+    assert [item.name for item in result.interruptions] == ["mastra_workspace_write_file"]
+    assert not await fs.exists("x.txt")
