@@ -1,0 +1,681 @@
+"""A workspace inside the Claude Agent SDK (``pip install 'agentvfs[claude]'``).
+
+Three pieces, each usable alone:
+
+* :func:`claude_mcp_server` serves the workspace's tools to Claude in-process, as an SDK MCP
+  server (``ClaudeAgentOptions(mcp_servers={"agentvfs": config})``);
+  :func:`claude_allowed_tools` names the tools Claude may run without asking, and
+  :func:`claude_can_use_tool` answers Claude's permission prompts so that tools configured
+  with ``require_approval`` run only when the user approved that very call.
+* :func:`mounted_cwd` FUSE-mounts the workspace's filesystem and yields the mount point, for
+  ``ClaudeAgentOptions(cwd=...)``: Claude's own Read, Write, Edit and Bash then work on the
+  bucket.
+* :class:`FsspecSessionStore` is a ``SessionStore`` over any fsspec storage (memory, local
+  disk, S3, GCS, ...), so session transcripts outlive the machine that ran them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import json
+import os
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+import weakref
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import quote, unquote
+
+import anyio
+import anyio.to_thread
+
+from agentvfs.integrations import require
+from agentvfs.tools import NOT_APPROVED, WorkspaceTool, create_server
+from agentvfs.vfs import LocalFilesystem, WorkspaceFilesystem
+
+_sdk = require("claude_agent_sdk", "claude", "agentvfs.integrations.claude")
+
+from claude_agent_sdk import (  # noqa: E402  # imported only once `require` said what is missing
+    PermissionResultAllow,
+    PermissionResultDeny,
+    SessionStore,
+    ToolPermissionContext,
+    fold_session_summary,
+)
+
+if TYPE_CHECKING:
+    import fsspec
+    from claude_agent_sdk import (
+        CanUseTool,
+        McpSdkServerConfig,
+        PermissionResult,
+        SessionKey,
+        SessionListSubkeysKey,
+        SessionStoreEntry,
+        SessionStoreListEntry,
+        SessionSummaryEntry,
+    )
+
+    from agentvfs import Workspace
+
+__all__ = [
+    "FsspecSessionStore",
+    "claude_allowed_tools",
+    "claude_can_use_tool",
+    "claude_mcp_server",
+    "mounted_cwd",
+]
+
+_T = TypeVar("_T")
+
+#: What a tool needing approval answers when Claude did not approve this call through
+#: :func:`claude_can_use_tool` (``allowed_tools`` and ``bypassPermissions`` skip it).
+NOT_APPROVED_HERE = (
+    "Tool {name} requires approval, and this call was not approved through can_use_tool "
+    "(agentvfs.integrations.claude.claude_can_use_tool); it was not run. Tools in "
+    "allowed_tools and the bypassPermissions mode skip the approval, so leave this tool out "
+    "of allowed_tools."
+)
+
+
+# -- the tools, as an in-process MCP server ------------------------------------------------------
+
+
+@dataclass
+class _Served:
+    """What this module knows of a server it built: its name, tools and granted approvals."""
+
+    name: str
+    tools: Mapping[str, WorkspaceTool]
+    # One grant per approved call, keyed by the tool and its canonical arguments; a call
+    # consumes one, so an approval never covers a second call with the same arguments.
+    grants: Counter[tuple[str, str]] = field(default_factory=Counter)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def grant(self, tool: str, args: Mapping[str, Any]) -> None:
+        with self.lock:
+            self.grants[(tool, _canonical(args))] += 1
+
+    def consume(self, tool: str, args: Mapping[str, Any]) -> bool:
+        key = (tool, _canonical(args))
+        with self.lock:
+            if self.grants[key] <= 0:
+                return False
+            self.grants[key] -= 1
+            if not self.grants[key]:
+                del self.grants[key]
+            return True
+
+
+# Servers built by claude_mcp_server, so the other functions can take its config.
+_SERVED: weakref.WeakKeyDictionary[Any, _Served] = weakref.WeakKeyDictionary()
+
+
+def _canonical(args: Mapping[str, Any]) -> str:
+    return json.dumps(args, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _served(server: McpSdkServerConfig | Mapping[str, Any]) -> _Served:
+    instance = server.get("instance") if isinstance(server, Mapping) else None
+    try:
+        served = _SERVED.get(instance) if instance is not None else None
+    except TypeError:  # not weakly referable, so not one of ours
+        served = None
+    if served is None:
+        raise TypeError(
+            "expected the config returned by agentvfs.integrations.claude.claude_mcp_server(), "
+            f"got {type(server).__name__}; build the server with claude_mcp_server(workspace)"
+        )
+    return served
+
+
+async def claude_mcp_server(
+    workspace: Workspace | Mapping[str, WorkspaceTool], *, name: str = "agentvfs"
+) -> McpSdkServerConfig:
+    """The workspace's tools as an in-process MCP server for the Claude Agent SDK.
+
+    Parameters
+    ----------
+    workspace : Workspace or mapping of str to WorkspaceTool
+        The workspace (its tools are built with ``create_tools()``), or tools already built.
+    name : str, optional
+        The server's name: the key to use in ``ClaudeAgentOptions(mcp_servers=...)``, and the
+        middle of the names Claude gives the tools (``mcp__<name>__<tool>``).
+
+    Returns
+    -------
+    McpSdkServerConfig
+        ``{"type": "sdk", "name": name, "instance": <mcp Server>}``.
+
+    Notes
+    -----
+    An in-process server cannot ask the user (the SDK does not forward elicitation), so a
+    tool configured with ``require_approval`` runs only after :func:`claude_can_use_tool`
+    approved that call; otherwise it answers a tool error and does nothing.
+    """
+    if not name or "__" in name or any(ch.isspace() for ch in name):
+        raise ValueError(
+            f"invalid server name {name!r}: Claude names tools mcp__<name>__<tool>, so the "
+            "name must be non-empty, without whitespace or a double underscore"
+        )
+    if isinstance(workspace, Mapping):
+        tools = dict(workspace)
+    elif hasattr(workspace, "create_tools"):
+        tools = await workspace.create_tools()
+    else:
+        raise TypeError(
+            f"expected a Workspace or a mapping of WorkspaceTool, got {type(workspace).__name__}"
+        )
+    served = _Served(name=name, tools=tools)
+
+    async def approve(tool: WorkspaceTool, args: Mapping[str, Any]) -> str | None:
+        return None if served.consume(tool.name, args) else NOT_APPROVED_HERE.format(name=tool.name)
+
+    instance = create_server(tools, name=name, approve=approve)
+    _SERVED[instance] = served
+    return {"type": "sdk", "name": name, "instance": instance}
+
+
+def _tool_id(server: str, tool: str) -> str:
+    return f"mcp__{server}__{tool}"
+
+
+def claude_allowed_tools(
+    server: McpSdkServerConfig, *, include_approval: bool = False
+) -> list[str]:
+    """The names (``mcp__<server>__<tool>``) for ``ClaudeAgentOptions(allowed_tools=...)``.
+
+    Parameters
+    ----------
+    server : McpSdkServerConfig
+        What :func:`claude_mcp_server` returned.
+    include_approval : bool, optional
+        Also list the tools that may need approval. Off by default: a tool in
+        ``allowed_tools`` is never shown to ``can_use_tool``, so it could not be approved and
+        would refuse to run.
+
+    Returns
+    -------
+    list of str
+        In the order the workspace registers its tools.
+    """
+    served = _served(server)
+    return [
+        _tool_id(served.name, tool.name)
+        for tool in served.tools.values()
+        if include_approval or not tool.require_approval
+    ]
+
+
+Approve = Callable[
+    [str, dict[str, Any], ToolPermissionContext],
+    "bool | PermissionResult | Awaitable[bool | PermissionResult]",
+]
+
+
+async def _answer(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
+
+
+def claude_can_use_tool(
+    server: McpSdkServerConfig,
+    approve: Approve,
+    *,
+    otherwise: CanUseTool | None = None,
+) -> CanUseTool:
+    """A ``can_use_tool`` callback that honours the workspace's ``require_approval``.
+
+    For a tool of ``server`` that needs approval for these arguments, ``approve`` is asked
+    (with Claude's tool name, the arguments and the permission context); ``True`` or a
+    ``PermissionResultAllow`` lets that one call run, anything else denies it. A tool of
+    ``server`` that needs no approval is allowed at once.
+
+    Parameters
+    ----------
+    server : McpSdkServerConfig
+        What :func:`claude_mcp_server` returned.
+    approve : callable
+        ``approve(tool_name, input, context) -> bool | PermissionResult`` (may be async):
+        how the user is asked.
+    otherwise : CanUseTool, optional
+        Asked for every other tool (Claude's Bash, Write, other servers...). Without it they
+        are denied, so that installing this callback never widens what Claude may do.
+
+    Returns
+    -------
+    CanUseTool
+        For ``ClaudeAgentOptions(can_use_tool=...)``.
+    """
+    served = _served(server)
+    prefix = _tool_id(served.name, "")
+
+    async def can_use_tool(
+        tool_name: str, tool_input: dict[str, Any], context: ToolPermissionContext
+    ) -> PermissionResult:
+        tool = served.tools.get(tool_name[len(prefix) :]) if tool_name.startswith(prefix) else None
+        if tool is None:
+            if otherwise is not None:
+                return await otherwise(tool_name, tool_input, context)
+            return PermissionResultDeny(
+                message=f"{tool_name} is not an agentvfs tool and no other permission callback "
+                "was given (claude_can_use_tool(..., otherwise=...))"
+            )
+        if not await tool.needs_approval(tool_input):
+            return PermissionResultAllow()
+        answer = await _answer(approve(tool_name, tool_input, context))
+        if answer is True:
+            answer = PermissionResultAllow()
+        if isinstance(answer, PermissionResultAllow):
+            # The call Claude makes next carries the input as the user may have changed it.
+            served.grant(tool.name, answer.updated_input or tool_input)
+            return answer
+        if isinstance(answer, PermissionResultDeny):
+            return answer
+        return PermissionResultDeny(message=NOT_APPROVED)
+
+    return can_use_tool
+
+
+# -- Claude's own tools on the workspace: a FUSE mount as cwd ------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def mounted_cwd(
+    workspace: Workspace | WorkspaceFilesystem,
+    mountpoint: str | os.PathLike[str] | None = None,
+    *,
+    read_only: bool | None = None,
+    separate_process: bool = False,
+) -> AsyncIterator[str]:
+    """Mount the workspace's filesystem and yield the directory, for
+    ``ClaudeAgentOptions(cwd=...)``.
+
+    Claude's built-in tools (Read, Write, Edit, Glob, Grep, Bash) work on ordinary paths; with
+    the mount as their working directory they read and write the bucket. On exit pending
+    writes are uploaded and the mount is removed (and the directory, if this made it).
+
+    Parameters
+    ----------
+    workspace : Workspace or WorkspaceFilesystem
+        A workspace with a static filesystem, or the filesystem itself. A
+        :class:`~agentvfs.LocalFilesystem` is already a directory: its ``base_path`` is
+        yielded without mounting (unless ``read_only`` asks for a read-only view).
+    mountpoint : path, optional
+        An existing empty directory; default a new temporary one.
+    read_only : bool, optional
+        Mount read-only; defaults to the filesystem's own ``read_only``.
+    separate_process : bool, optional
+        Serve the mount from a child process (:class:`~agentvfs.mounts.ProcessMount`) rather
+        than a thread of this one: a process serves only one in-thread mount at a time.
+
+    Yields
+    ------
+    str
+        The absolute path of the mounted directory.
+
+    Raises
+    ------
+    ValueError
+        The workspace has no static filesystem (a resolver, or none).
+    MountError
+        FUSE is not available, or the mount point is busy.
+    """
+    filesystem = workspace if isinstance(workspace, WorkspaceFilesystem) else workspace.filesystem
+    if filesystem is None:
+        raise ValueError(
+            "mounted_cwd needs a workspace with a static filesystem (Workspace(filesystem=...)); "
+            "this one has none or a resolver, which has no single directory to mount"
+        )
+    if isinstance(filesystem, LocalFilesystem) and not read_only:
+        # base_path is already absolute (LocalFilesystem resolves it).
+        yield os.fspath(filesystem.base_path)
+        return
+    from agentvfs.mounts import Mount, ProcessMount
+
+    made = mountpoint is None
+    directory = (
+        tempfile.mkdtemp(prefix="agentvfs-claude-") if mountpoint is None else os.fspath(mountpoint)
+    )
+    try:
+        kind = ProcessMount if separate_process else Mount
+        handle = kind(filesystem, directory, read_only=read_only)
+        await anyio.to_thread.run_sync(handle.start)
+        try:
+            yield handle.mountpoint
+        finally:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(handle.close)
+    finally:
+        if made:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+# -- transcripts in a bucket: a SessionStore over fsspec ----------------------------------------
+
+_STAMP_LOCK = threading.Lock()
+_LAST_STAMP = 0
+
+
+def _next_stamp() -> int:
+    """Nanoseconds since the epoch, strictly increasing across this process.
+
+    Batch objects are named by it, so the order of names is the order of ``append`` calls
+    in this process even when the clock steps back or two calls share a tick.
+    """
+    global _LAST_STAMP
+    with _STAMP_LOCK:
+        _LAST_STAMP = max(time.time_ns(), _LAST_STAMP + 1)
+        return _LAST_STAMP
+
+
+def _component(value: str, what: str) -> str:
+    """One path component for a key part: percent-encoded, so any string is a single safe
+    name (no ``/``, no ``.`` or ``..``) and decodes back exactly."""
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{what} must be a non-empty string, got {value!r}")
+    encoded = quote(value, safe="")
+    return "%2E" + encoded[1:] if encoded.startswith(".") else encoded
+
+
+_MAIN = "transcript"
+_SUBKEYS = "subkeys"
+_SUMMARY = "summary.json"
+_BATCH_SUFFIX = ".jsonl"
+
+
+class FsspecSessionStore(SessionStore):
+    """Claude Agent SDK session transcripts in any fsspec storage.
+
+    Layout under ``root`` (each key part percent-encoded into one path component)::
+
+        <project_key>/<session_id>/transcript/<batch>.jsonl        the main transcript
+        <project_key>/<session_id>/subkeys/<subpath>/<batch>.jsonl a subagent transcript
+        <project_key>/<session_id>/summary.json                    the listing summary
+
+    Object stores cannot append, so every :meth:`append` writes one new object (a batch, JSON
+    Lines) whose name starts with a process-wide strictly increasing nanosecond stamp and
+    ends with a random writer id. No write ever replaces a batch, so concurrent appends, from
+    this process or from others, cannot lose entries; :meth:`load` reads the batches in name
+    order: call order within a process, the writers' clocks across processes. Entries with a
+    ``uuid`` are kept once (the first), so a batch the SDK retried after a write that did land
+    is not doubled. On local disk a batch is written under a hidden name and renamed, so a
+    reader never sees half of one.
+
+    The summary is read, folded (``fold_session_summary``) and rewritten under a per-session
+    lock of this process. Its ``mtime`` is the stamp of the newest batch it has folded, the
+    same clock :meth:`list_sessions` reports, so a fold lost to a concurrent writer in another
+    process shows as stale, and the SDK then rebuilds that session's summary from the
+    transcript.
+
+    Parameters
+    ----------
+    storage : fsspec.AbstractFileSystem or str
+        A filesystem instance, or a URL (``"s3://bucket/sessions"``, ``"memory://sessions"``,
+        ``"/var/lib/transcripts"``) opened with ``fsspec.core.url_to_fs``.
+    root : str, optional
+        The directory (bucket prefix) inside ``storage``; with a URL, appended to its path.
+    storage_options : mapping, optional
+        Passed to fsspec when ``storage`` is a URL.
+    """
+
+    def __init__(
+        self,
+        storage: fsspec.AbstractFileSystem | str,
+        root: str = "",
+        *,
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        import fsspec.core
+        from fsspec.implementations.local import LocalFileSystem
+        from fsspec.implementations.memory import MemoryFileSystem
+
+        if isinstance(storage, str):
+            fs, base = fsspec.core.url_to_fs(storage, **dict(storage_options or {}))
+            root = f"{base.rstrip('/')}/{root.strip('/')}" if root.strip("/") else base
+        elif isinstance(storage, fsspec.AbstractFileSystem):
+            if storage_options:
+                raise ValueError(
+                    "storage_options apply to a URL; configure the filesystem instance instead"
+                )
+            fs = storage
+        else:
+            raise TypeError(
+                f"storage must be an fsspec filesystem or a URL string, got {type(storage).__name__}"
+            )
+        self.fs = fs
+        self.root = fs._strip_protocol(root).rstrip("/") if root.strip("/") else ""
+        if not self.root:
+            raise ValueError(
+                "give a root directory (a bucket, or bucket/prefix) for the transcripts, e.g. "
+                "FsspecSessionStore(fs, 'my-bucket/claude-sessions')"
+            )
+        # A dictionary in memory needs no thread; real I/O is kept off the event loop.
+        self._inline = isinstance(fs, MemoryFileSystem)
+        self._local = isinstance(fs, LocalFileSystem)
+        self._writer = uuid.uuid4().hex[:12]
+        self._made: set[str] = set()
+        self._locks: dict[str, tuple[anyio.Lock, int]] = {}
+
+    def __repr__(self) -> str:
+        return f"FsspecSessionStore({type(self.fs).__name__}, root={self.root!r})"
+
+    # -- paths ------------------------------------------------------------------------------
+
+    def _join(self, *parts: str) -> str:
+        return "/".join((self.root, *parts))
+
+    def _session_dir(self, project_key: str, session_id: str) -> str:
+        return self._join(
+            _component(project_key, "project_key"), _component(session_id, "session_id")
+        )
+
+    def _stream_dir(self, key: SessionKey) -> str:
+        session = self._session_dir(key["project_key"], key["session_id"])
+        if "subpath" not in key:
+            return f"{session}/{_MAIN}"
+        return f"{session}/{_SUBKEYS}/{_component(key['subpath'], 'subpath (omit it for the main transcript)')}"
+
+    # -- storage, off the event loop --------------------------------------------------------
+
+    async def _run(self, func: Callable[..., _T], *args: Any) -> _T:
+        if self._inline:
+            return func(*args)
+        return await anyio.to_thread.run_sync(func, *args)
+
+    def _listing(self, directory: str) -> list[dict[str, Any]]:
+        """Every object under ``directory`` (recursively), newest listing from the store."""
+        self.fs.invalidate_cache(directory)
+        try:
+            found = self.fs.find(directory, detail=True)
+        except FileNotFoundError:
+            return []
+        return list(found.values()) if isinstance(found, dict) else []
+
+    def _relative(self, directory: str, path: str) -> str:
+        path = self.fs._strip_protocol(path)
+        prefix = directory.rstrip("/") + "/"
+        return path[len(prefix) :] if path.startswith(prefix) else ""
+
+    def _batches(self, directory: str) -> list[str]:
+        names = [self._relative(directory, info["name"]) for info in self._listing(directory)]
+        return sorted(
+            f"{directory}/{name}" for name in names if _is_batch(name) and "/" not in name
+        )
+
+    def _write(self, path: str, data: bytes) -> None:
+        parent = path.rsplit("/", 1)[0]
+        if parent not in self._made:
+            self.fs.makedirs(parent, exist_ok=True)
+            self._made.add(parent)
+        if not self._local:
+            # One PUT: an object store never shows a partial object.
+            self.fs.pipe_file(path, data)
+            return
+        staging = f"{parent}/.{uuid.uuid4().hex}.tmp"
+        self.fs.pipe_file(staging, data)
+        try:
+            self.fs.mv(staging, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                self.fs.rm_file(staging)
+            raise
+
+    def _read_many(self, paths: list[str]) -> dict[str, bytes]:
+        if not paths:
+            return {}
+        found = self.fs.cat(paths, on_error="omit")
+        return {self.fs._strip_protocol(p): data for p, data in found.items()}
+
+    # -- the SessionStore protocol ---------------------------------------------------------
+
+    async def append(self, key: SessionKey, entries: list[SessionStoreEntry]) -> None:
+        """Write ``entries`` as one new batch object (nothing when there are none), then fold
+        them into the session's summary (main transcripts only)."""
+        if not entries:
+            return
+        directory = self._stream_dir(key)
+        stamp = _next_stamp()  # before any await: call order is name order
+        body = "".join(
+            json.dumps(entry, ensure_ascii=False, separators=(",", ":")) + "\n" for entry in entries
+        ).encode()
+        name = f"{directory}/{stamp:020d}-{self._writer}{_BATCH_SUFFIX}"
+        if "subpath" in key:
+            await self._run(self._write, name, body)
+            return
+        session = self._session_dir(key["project_key"], key["session_id"])
+        async with self._session_lock(session):
+            await self._run(self._write, name, body)
+            await self._fold(session, key, entries, stamp // 1_000_000)
+
+    async def _fold(
+        self, session: str, key: SessionKey, entries: list[SessionStoreEntry], mtime: int
+    ) -> None:
+        path = f"{session}/{_SUMMARY}"
+        previous = (await self._run(self._read_many, [path])).get(path)
+        prev: SessionSummaryEntry | None = json.loads(previous) if previous else None
+        folded = fold_session_summary(prev, key, entries)
+        folded["mtime"] = max(mtime, prev["mtime"] if prev else 0)
+        await self._run(self._write, path, json.dumps(folded, ensure_ascii=False).encode())
+
+    @contextlib.asynccontextmanager
+    async def _session_lock(self, session: str) -> AsyncIterator[None]:
+        lock, users = self._locks.get(session, (None, 0))
+        if lock is None:
+            lock = anyio.Lock()
+        self._locks[session] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[session]
+            if users <= 1:
+                del self._locks[session]
+            else:
+                self._locks[session] = (lock, users - 1)
+
+    async def load(self, key: SessionKey) -> list[SessionStoreEntry] | None:
+        """Every entry of ``key`` in append order, or None if it was never written."""
+        directory = self._stream_dir(key)
+        batches = await self._run(self._batches, directory)
+        if not batches:
+            return None
+        contents = await self._run(self._read_many, batches)
+        entries: list[SessionStoreEntry] = []
+        seen: set[str] = set()
+        for path in batches:
+            data = contents.get(path)
+            if data is None:
+                # Listed a moment ago, gone now: the session is being deleted.
+                continue
+            for number, line in enumerate(data.decode("utf-8").splitlines(), 1):
+                if not line:
+                    continue
+                try:
+                    entry = json.loads(line)
+                except ValueError as exc:
+                    raise ValueError(
+                        f"transcript batch {path} line {number} is not JSON ({exc}); it was not "
+                        "written by FsspecSessionStore, or was damaged: repair or remove it"
+                    ) from None
+                marker = entry.get("uuid") if isinstance(entry, dict) else None
+                if isinstance(marker, str):
+                    if marker in seen:
+                        continue
+                    seen.add(marker)
+                entries.append(entry)
+        return entries
+
+    def _project(self, project_key: str) -> tuple[str, list[tuple[str, str, int]]]:
+        """The project's directory and, for every object under it, (session component, path
+        below the session, stamp in ms or 0)."""
+        directory = self._join(_component(project_key, "project_key"))
+        rows = []
+        for info in self._listing(directory):
+            relative = self._relative(directory, info["name"])
+            session, _, rest = relative.partition("/")
+            if not rest:
+                continue
+            leaf = rest.rsplit("/", 1)[-1]
+            stamp = int(leaf[:20]) // 1_000_000 if _is_batch(leaf) else 0
+            rows.append((session, rest, stamp))
+        return directory, rows
+
+    async def list_sessions(self, project_key: str) -> list[SessionStoreListEntry]:
+        """The sessions of ``project_key`` with a main transcript; ``mtime`` is the stamp (ms)
+        of its newest batch."""
+        _, rows = await self._run(self._project, project_key)
+        newest: dict[str, int] = {}
+        for session, rest, stamp in rows:
+            if rest.startswith(f"{_MAIN}/") and stamp:
+                newest[session] = max(newest.get(session, 0), stamp)
+        return [{"session_id": unquote(s), "mtime": m} for s, m in newest.items()]
+
+    async def list_session_summaries(self, project_key: str) -> list[SessionSummaryEntry]:
+        """The summaries kept by :meth:`append` for the sessions of ``project_key``."""
+        directory, rows = await self._run(self._project, project_key)
+        paths = [f"{directory}/{session}/{rest}" for session, rest, _ in rows if rest == _SUMMARY]
+        contents = await self._run(self._read_many, paths)
+        return [json.loads(contents[p]) for p in paths if p in contents]
+
+    async def delete(self, key: SessionKey) -> None:
+        """Remove a session with its subagent transcripts and summary, or (with ``subpath``)
+        that one subagent transcript. A key never written is not an error."""
+        if "subpath" in key:
+            target = self._stream_dir(key)
+        else:
+            target = self._session_dir(key["project_key"], key["session_id"])
+        await self._run(self._remove, target)
+
+    def _remove(self, target: str) -> None:
+        self.fs.invalidate_cache(target)
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm(target, recursive=True)
+        self.fs.invalidate_cache(target)
+        self._made = {d for d in self._made if d != target and not d.startswith(target + "/")}
+
+    async def list_subkeys(self, key: SessionListSubkeysKey) -> list[str]:
+        """The subpaths (subagent transcripts) written under a session."""
+        directory = f"{self._session_dir(key['project_key'], key['session_id'])}/{_SUBKEYS}"
+        listing = await self._run(self._listing, directory)
+        found: set[str] = set()
+        for info in listing:
+            relative = self._relative(directory, info["name"])
+            component, _, leaf = relative.partition("/")
+            if _is_batch(leaf):
+                found.add(unquote(component))
+        return sorted(found)
+
+
+def _is_batch(name: str) -> bool:
+    return (
+        name.endswith(_BATCH_SUFFIX)
+        and not name.startswith(".")
+        and len(name) > 20
+        and name[:20].isdigit()
+    )
