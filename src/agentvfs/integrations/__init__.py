@@ -21,6 +21,8 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
+from ..errors import MissingExtraError
+
 __all__ = ["require"]
 
 
@@ -43,13 +45,11 @@ def require(module: str, extra: str, adapter: str) -> ModuleType:
 
     Raises
     ------
-    ImportError
-        When the framework is not installed; the message names the extra to install.
+    MissingExtraError
+        When the framework, or a module it needs, is not installed; the message names the
+        extra to install. Also a :class:`ModuleNotFoundError`.
     """
     try:
         return importlib.import_module(module)
-    except ImportError as exc:
-        raise ImportError(
-            f"{adapter} needs the {module!r} package, which is not installed: "
-            f"pip install 'agentvfs[{extra}]'"
-        ) from exc
+    except ModuleNotFoundError as exc:
+        raise MissingExtraError(adapter, extra, exc.name or module) from None
