@@ -69,6 +69,7 @@ def test_build_makes_a_wheel_and_an_sdist(dist: Path) -> None:
         assert not any(line.split()[1].startswith(heavy) for line in core), (heavy, core)
     extras = {line.split("== ")[1].strip("'\"") for line in metadata.splitlines() if "extra ==" in line}
     assert {"fuse", "search", "mcp", "s3", "gcs", "azure", "embed", "all", "bench"} <= extras
+    assert {"pydantic-ai", "deepagents", "openai-agents", "claude"} <= extras
 
 
 CORE = """

@@ -168,7 +168,9 @@ class ProcessMount:
         options = {name: getattr(self.options, name) for name in self.options.__dataclass_fields__}
         request = {"recipe": self._recipe, "mountpoint": self.mountpoint, "read_only": self.read_only, "options": options}
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "agentvfs.mounts._child"],
+            # Not ``-m agentvfs.mounts._child``: the package imports this module, and runpy
+            # warns on stderr about running a module that is already imported.
+            [sys.executable, "-c", "import sys; from agentvfs.mounts._child import main; sys.exit(main())"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             close_fds=True,
