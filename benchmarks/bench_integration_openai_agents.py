@@ -1,0 +1,105 @@
+#!/usr/bin/env python
+"""Overhead of the OpenAI Agents adapter (function_tools) on memory storage, against agentvfs.
+
+Each round writes ``--files`` small files and reads them back through the SDK's
+``FunctionTool.on_invoke_tool`` (JSON arguments in, output string back), and makes the same
+calls directly with ``WorkspaceTool.execute``, on one ``MemoryFileSystem``. The SDK builds the
+``ToolContext`` of a call whatever the tool is, so the contexts are made up front: the timing
+is of the adapter (JSON decoding, dispatch, output), not of the SDK. After one warm-up round
+of each, the two alternate in interleaved rounds (which runs first swaps round by round), and
+the median of ``--rounds`` rounds of each is reported with the ratio adapter/direct.
+
+Usage::
+
+    python benchmarks/bench_integration_openai_agents.py --files 1000 --rounds 7
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+
+from agents.tool_context import ToolContext
+from fsspec.implementations.memory import MemoryFileSystem
+
+from agentvfs import FsspecFilesystem, Workspace
+from agentvfs.integrations.openai_agents import function_tools
+
+Calls = list[tuple[ToolContext[None], str]]
+
+
+async def run(files: int, rounds: int) -> None:
+    fs = FsspecFilesystem(MemoryFileSystem(global_store=False, skip_instance_cache=True), root="/b")
+    ws = Workspace(filesystem=fs)
+    direct = await ws.create_tools()
+    adapted = {t.name: t for t in await function_tools(direct)}
+    write, read = "mastra_workspace_write_file", "mastra_workspace_read_file"
+
+    async def via_direct(r: int) -> None:
+        for i in range(files):
+            await direct[write].execute(
+                {"path": f"d{r}/{i}.txt", "content": f"file {i}\n", "overwrite": None}
+            )
+        for i in range(files):
+            await direct[read].execute({"path": f"d{r}/{i}.txt"})
+
+    def calls(r: int) -> tuple[Calls, Calls]:
+        writes: Calls = []
+        reads: Calls = []
+        for i in range(files):
+            args = json.dumps(
+                {"path": f"a{r}/{i}.txt", "content": f"file {i}\n", "overwrite": None}
+            )
+            ctx = ToolContext(
+                context=None, tool_name=write, tool_call_id=str(i), tool_arguments=args
+            )
+            writes.append((ctx, args))
+            args = json.dumps({"path": f"a{r}/{i}.txt"})
+            ctx = ToolContext(
+                context=None, tool_name=read, tool_call_id=str(i), tool_arguments=args
+            )
+            reads.append((ctx, args))
+        return writes, reads
+
+    prepared = {r: calls(r) for r in range(-1, rounds)}
+
+    async def via_adapter(r: int) -> None:
+        writes, reads = prepared[r]
+        for ctx, args in writes:
+            await adapted[write].on_invoke_tool(ctx, args)
+        for ctx, args in reads:
+            await adapted[read].on_invoke_tool(ctx, args)
+
+    runners: list[tuple[str, Callable[[int], Awaitable[None]]]] = [
+        ("direct", via_direct),
+        ("adapter", via_adapter),
+    ]
+    times: dict[str, list[float]] = {"direct": [], "adapter": []}
+    await via_direct(-1)
+    await via_adapter(-1)  # warm-up
+    for r in range(rounds):
+        for name, fn in runners if r % 2 else runners[::-1]:
+            start = time.perf_counter()
+            await fn(r)
+            times[name].append(time.perf_counter() - start)
+    d = statistics.median(times["direct"]) * 1000
+    a = statistics.median(times["adapter"]) * 1000
+    print(f"{files} writes + {files} reads, median of {rounds} interleaved rounds")
+    print(f"{'operation':<16}{'direct ms':>11}{'adapter ms':>12}{'ratio':>8}")
+    print(f"{'write, read':<16}{d:>11.1f}{a:>12.1f}{a / d:>7.2f}x")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--files", type=int, default=1000, help="files written and read a round")
+    parser.add_argument("--rounds", type=int, default=7, help="timed rounds of each")
+    args = parser.parse_args()
+    asyncio.run(run(args.files, args.rounds))
+
+
+if __name__ == "__main__":
+    main()
