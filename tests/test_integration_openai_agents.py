@@ -25,8 +25,10 @@ from agents.sandbox import Manifest, SandboxAgent
 from agents.sandbox.entries import (
     Dir,
     File,
+    GCSMount,
     GitRepo,
     InContainerMountStrategy,
+    R2Mount,
     RcloneMountPattern,
     S3Mount,
 )
@@ -53,8 +55,8 @@ from agentvfs.integrations.openai_agents import (
     FsspecSnapshotStore,
     function_tools,
 )
-from agentvfs.testing import MotoServer
-from conftest import S3_BUCKET, unique
+from agentvfs.testing import FakeGcsServer, MotoServer
+from conftest import GCS_BUCKET, S3_BUCKET, unique
 
 pytestmark = [
     pytest.mark.anyio,
@@ -292,12 +294,13 @@ async def test_unsupported_manifests_are_refused_naming_the_entry() -> None:
         await client.create(
             manifest=Manifest(entries={"repo": GitRepo(repo="openai/x", ref="main")})
         )
-    with pytest.raises(ValueError, match="'data' of type 's3_mount'"):
+    with pytest.raises(ValueError, match="'data' of type 'r2_mount'"):
         await client.create(
             manifest=Manifest(
                 entries={
-                    "data": S3Mount(
+                    "data": R2Mount(
                         bucket="b",
+                        account_id="a",
                         mount_strategy=InContainerMountStrategy(pattern=RcloneMountPattern()),
                     )
                 }
@@ -307,6 +310,94 @@ async def test_unsupported_manifests_are_refused_naming_the_entry() -> None:
         await client.create(manifest=Manifest(root="/srv/elsewhere"))
     with pytest.raises(ValueError, match="users or groups"):
         await client.create(manifest=Manifest(users=[User(name="alice")]))
+
+
+@pytest.mark.s3
+async def test_an_s3_mount_entry_is_served_by_an_agentvfs_mount(moto: MotoServer) -> None:
+    raw = moto.s3fs(use_listings_cache=False, skip_instance_cache=True)
+    prefix = unique("oa-mount")
+    raw.pipe(f"{S3_BUCKET}/{prefix}/in/seed.txt", b"from the bucket\n")
+    # No credentials on the entry (moto's come from the environment), so the SDK asks for no
+    # exposure acknowledgement; the strategy is what the SDK requires, and is not used.
+    mount = S3Mount(
+        bucket=S3_BUCKET,
+        prefix=f"{prefix}/",
+        endpoint_url=moto.endpoint_url,
+        region="us-east-1",
+        read_only=False,
+        mount_strategy=InContainerMountStrategy(pattern=RcloneMountPattern()),
+    )
+    client = AgentVFSSandboxClient()
+    live = await client.create(
+        manifest=Manifest(entries={"notes.txt": File(content=b"n\n"), "data": mount})
+    )
+    try:
+        async with live:
+            result = await live.exec(
+                "cat data/in/seed.txt && printf 'from the sandbox\\n' > data/out.txt && cat notes.txt"
+            )
+            assert result.exit_code == 0, result.stderr
+            assert result.stdout == b"from the bucket\nn\n"
+            # The file API names the same objects through the mount point.
+            assert await _text(live, "data/out.txt") == "from the sandbox\n"
+            # The bucket is not part of the workspace's snapshot.
+            with tarfile.open(fileobj=await live.persist_workspace()) as snapshot:
+                assert not any(name.startswith("data/") for name in snapshot.getnames())
+    finally:
+        await client.delete(live)
+    assert not os.path.exists(_inner(live).state.working_directory), (
+        "delete left the host directory"
+    )
+    check = moto.s3fs(use_listings_cache=False, skip_instance_cache=True)
+    assert check.cat(f"{S3_BUCKET}/{prefix}/out.txt") == b"from the sandbox\n"
+    assert check.cat(f"{S3_BUCKET}/{prefix}/in/seed.txt") == b"from the bucket\n"
+
+
+@pytest.mark.gcs
+async def test_a_gcs_mount_entry_is_served_by_an_agentvfs_mount(fake_gcs: FakeGcsServer) -> None:
+    raw = fake_gcs.gcsfs()
+    prefix = unique("oa-mount")
+    raw.pipe(f"{GCS_BUCKET}/{prefix}/seed.txt", b"from gcs\n")
+    mount = GCSMount(
+        bucket=GCS_BUCKET,
+        prefix=prefix,
+        endpoint_url=fake_gcs.endpoint_url,
+        read_only=False,
+        mount_strategy=InContainerMountStrategy(pattern=RcloneMountPattern()),
+    )
+    client = AgentVFSSandboxClient()
+    live = await client.create(manifest=Manifest(entries={"gcs": mount}))
+    try:
+        async with live:
+            result = await live.exec("cat gcs/seed.txt && echo back > gcs/back.txt")
+            assert result.exit_code == 0, result.stderr
+            assert result.stdout == b"from gcs\n"
+    finally:
+        await client.delete(live)
+    assert fake_gcs.gcsfs().cat(f"{GCS_BUCKET}/{prefix}/back.txt") == b"back\n"
+
+
+@pytest.mark.s3
+async def test_a_read_only_s3_mount_refuses_writes(moto: MotoServer) -> None:
+    raw = moto.s3fs(use_listings_cache=False, skip_instance_cache=True)
+    prefix = unique("oa-ro")
+    raw.pipe(f"{S3_BUCKET}/{prefix}/seed.txt", b"seed\n")
+    mount = S3Mount(
+        bucket=S3_BUCKET,
+        prefix=prefix,
+        endpoint_url=moto.endpoint_url,
+        mount_strategy=InContainerMountStrategy(pattern=RcloneMountPattern()),
+    )
+    client = AgentVFSSandboxClient()
+    live = await client.create(manifest=Manifest(entries={"ro": mount}))
+    try:
+        async with live:
+            result = await live.exec("cat ro/seed.txt; echo x > ro/new.txt")
+            assert result.stdout == b"seed\n"
+            assert result.exit_code != 0
+    finally:
+        await client.delete(live)
+    assert not raw.exists(f"{S3_BUCKET}/{prefix}/new.txt")
 
 
 # -- snapshots -----------------------------------------------------------------------------------

@@ -10,7 +10,9 @@ Three pieces, each usable alone:
 - :class:`AgentVFSSandboxClient`: a sandbox backend for ``SandboxAgent``. Each session is an
   agentvfs :class:`~agentvfs.Workspace` on any storage, FUSE-mounted into a
   :class:`~agentvfs.LocalSandbox` (bubblewrap isolation by default), so the SDK's shell
-  commands and its file API see the same files.
+  commands and its file API see the same files. The manifest's ``S3Mount`` and ``GCSMount``
+  entries are served the same way (an agentvfs mount of the bucket, no rclone or
+  mountpoint-s3); git checkouts and other mount kinds are refused.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ from agents import (  # noqa: E402  (the framework is imported only after requir
     ToolOutputText,
 )
 from agents.sandbox import Manifest  # noqa: E402
+from agents.sandbox.entries import BaseEntry, Dir, GCSMount, Mount, S3Mount  # noqa: E402
 from agents.sandbox.errors import (  # noqa: E402
     ExecNonZeroError,
     ExecTimeoutError,
@@ -74,6 +77,7 @@ from agents.sandbox.session import (  # noqa: E402
     Instrumentation,
     SandboxSession,
     SandboxSessionState,
+    manifest_ops,
 )
 from agents.sandbox.snapshot import SnapshotBase, SnapshotSpec, resolve_snapshot  # noqa: E402
 from agents.sandbox.types import ExecResult, Permissions, User  # noqa: E402
@@ -81,6 +85,7 @@ from agents.tool_context import ToolContext  # noqa: E402
 
 __all__ = [
     "SUPPORTED_ENTRY_TYPES",
+    "SUPPORTED_MOUNT_TYPES",
     "AgentVFSSandboxClient",
     "AgentVFSSandboxClientOptions",
     "AgentVFSSandboxSession",
@@ -90,9 +95,15 @@ __all__ = [
 ]
 
 #: Manifest entry kinds a session materialises (through its filesystem). Git checkouts need
-#: the network the sandbox does not have, and bucket mounts in a manifest would run rclone
-#: or mountpoint-s3 on the host: both are refused before anything is written.
+#: the network the sandbox does not have: they are refused before anything is written, as
+#: are mount kinds other than those in :data:`SUPPORTED_MOUNT_TYPES`.
 SUPPORTED_ENTRY_TYPES = frozenset({"file", "dir", "local_file", "local_dir"})
+
+#: Manifest mount kinds a session serves itself: each such entry becomes an agentvfs mount
+#: of the bucket (s3fs / gcsfs on the host, never rclone or mountpoint-s3) at the entry's
+#: path, read-only when the entry is. The entry's ``mount_strategy`` is not used. Other mount
+#: kinds (Azure Blob, R2, Box, S3 Files) are refused before anything is written.
+SUPPORTED_MOUNT_TYPES = frozenset({"s3_mount", "gcs_mount"})
 
 _DEFAULT_ROOT = str(Manifest.model_fields["root"].default)
 _MOUNT_NAME = "workspace"
@@ -314,6 +325,79 @@ def _memory_filesystem(_session_id: str) -> WorkspaceFilesystem:
     )
 
 
+def _bucket_root(bucket: str, prefix: str | None) -> str:
+    prefix = (prefix or "").strip("/")
+    return f"{bucket}/{prefix}" if prefix else bucket
+
+
+def _bucket_filesystem(entry: Mount) -> WorkspaceFilesystem:
+    """An agentvfs filesystem over the bucket (and prefix) a manifest mount entry names.
+
+    The credentials are passed to the s3fs / gcsfs instance only (a fresh one, never taken
+    from or put in fsspec's instance cache); without them the library's default chain
+    (environment, config files, instance metadata) applies.
+    """
+    if isinstance(entry, S3Mount):
+        import s3fs
+
+        s3_options: dict[str, Any] = {"skip_instance_cache": True}
+        if entry.access_key_id is not None:
+            s3_options["key"] = entry.access_key_id
+        if entry.secret_access_key is not None:
+            s3_options["secret"] = entry.secret_access_key
+        if entry.session_token is not None:
+            s3_options["token"] = entry.session_token
+        if entry.endpoint_url is not None:
+            s3_options["endpoint_url"] = entry.endpoint_url
+        if entry.region is not None:
+            s3_options["client_kwargs"] = {"region_name": entry.region}
+        raw: Any = s3fs.S3FileSystem(**s3_options)
+    elif isinstance(entry, GCSMount):
+        if entry.access_id is not None and entry.secret_access_key is not None:
+            # HMAC keys: GCS's S3-compatible XML API, as the SDK's rclone pattern does.
+            import s3fs
+
+            raw = s3fs.S3FileSystem(
+                key=entry.access_id,
+                secret=entry.secret_access_key,
+                endpoint_url=entry.endpoint_url or "https://storage.googleapis.com",
+                client_kwargs={"region_name": entry.region} if entry.region else None,
+                skip_instance_cache=True,
+            )
+        else:
+            import gcsfs
+
+            gcs_options: dict[str, Any] = {"skip_instance_cache": True}
+            if entry.service_account_credentials is not None:
+                gcs_options["token"] = json.loads(entry.service_account_credentials)
+            elif entry.service_account_file is not None:
+                gcs_options["token"] = entry.service_account_file
+            elif entry.access_token is not None:
+                from google.oauth2.credentials import Credentials
+
+                gcs_options["token"] = Credentials(token=entry.access_token)  # type: ignore[no-untyped-call]
+            if entry.endpoint_url is not None:
+                gcs_options["endpoint_url"] = entry.endpoint_url
+            raw = gcsfs.GCSFileSystem(**gcs_options)
+    else:  # _check_manifest refuses these first
+        raise ValueError(f"AgentVFSSandboxClient cannot mount a {entry.type!r} entry")
+    return FsspecFilesystem(
+        raw, root=_bucket_root(entry.bucket, entry.prefix), read_only=entry.read_only
+    )
+
+
+def _without_served_mounts(entries: Mapping[Any, BaseEntry]) -> dict[Any, BaseEntry]:
+    """Manifest entries minus the bucket mounts the session serves itself (at any depth)."""
+    kept: dict[Any, BaseEntry] = {}
+    for key, entry in entries.items():
+        if isinstance(entry, Mount) and entry.type in SUPPORTED_MOUNT_TYPES:
+            continue
+        if isinstance(entry, Dir):
+            entry = entry.model_copy(update={"children": _without_served_mounts(entry.children)})
+        kept[key] = entry
+    return kept
+
+
 def _tar_member_path(name: str) -> str | None:
     """The relative path a tar member names, '' for the root, None when it escapes."""
     path = posixpath.normpath(name.replace("\\", "/"))
@@ -359,6 +443,9 @@ class AgentVFSSandboxSession(BaseSandboxSession):
         self._isolation = isolation
         self._env = dict(env or {})
         self._running = False
+        # (workspace-relative path, filesystem) of each bucket mount, deepest first; held in
+        # memory only, so their credentials never reach the serialized state.
+        self._bucket_mounts: list[tuple[str, WorkspaceFilesystem]] = []
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -376,22 +463,40 @@ class AgentVFSSandboxSession(BaseSandboxSession):
         sandbox = LocalSandbox(
             working_directory=working_directory, isolation=self._isolation, env=self._env
         )
-        workspace = Workspace(sandbox=sandbox, mounts={f"/{_MOUNT_NAME}": self.filesystem})
+        root_mount = f"/{_MOUNT_NAME}"
+        workspace = Workspace(sandbox=sandbox, mounts={root_mount: self.filesystem})
+        bucket_mounts: list[tuple[str, WorkspaceFilesystem]] = []
         try:
             await workspace.init()
-            entry = sandbox.mounts.entries.get(f"/{_MOUNT_NAME}")
-            if entry is None or entry.state != "mounted":
-                reason = getattr(entry, "error", None) or "the mount did not start"
-                raise WorkspaceStartError(
-                    path=self._root(),
-                    message=f"cannot mount the session's storage at {self._root()}: {reason}",
-                )
+            self._check_mounted(sandbox, root_mount, "the session's storage")
+            # The workspace's own mounts cannot nest, so each bucket is mounted on the sandbox
+            # directly, below the storage's mount (outermost first; the mount point is a
+            # directory of the storage).
+            for relative, entry in _bucket_mount_targets(self.state.manifest):
+                bucket = _bucket_filesystem(entry)
+                outcome = await sandbox.mount(bucket, f"{root_mount}/{relative}")
+                if not outcome.get("success"):
+                    reason = outcome.get("error") or "the mount did not start"
+                    raise WorkspaceStartError(
+                        path=self._root(),
+                        message=f"cannot mount a bucket at {self._root() / relative}: {reason}",
+                    )
+                bucket_mounts.append((relative, bucket))
         except BaseException:
             with contextlib.suppress(Exception):
                 await workspace.destroy()
             raise
         self.workspace = workspace
         self._sandbox = sandbox
+        self._bucket_mounts = sorted(bucket_mounts, key=lambda item: -len(item[0].split("/")))
+
+    def _check_mounted(self, sandbox: LocalSandbox, mount_path: str, what: str) -> None:
+        entry = sandbox.mounts.entries.get(mount_path)
+        if entry is None or entry.state != "mounted":
+            reason = getattr(entry, "error", None) or "the mount did not start"
+            raise WorkspaceStartError(
+                path=self._root(), message=f"cannot mount {what} at {self._root()}: {reason}"
+            )
 
     async def _validate_manifest_application(
         self,
@@ -409,8 +514,16 @@ class AgentVFSSandboxSession(BaseSandboxSession):
         self, *, only_ephemeral: bool = False, provision_accounts: bool = True
     ) -> Any:
         _check_manifest(self.state.manifest)
-        return await super()._apply_manifest(
-            only_ephemeral=only_ephemeral, provision_accounts=provision_accounts
+        # The bucket mounts are live since the backend started: the SDK's own mount entry
+        # would run its strategy (rclone, mountpoint-s3), so it is left out here.
+        manifest = self.state.manifest.model_copy(
+            update={"entries": _without_served_mounts(self.state.manifest.entries)}
+        )
+        return await manifest_ops.apply_manifest(
+            self,
+            manifest=manifest,
+            only_ephemeral=only_ephemeral,
+            provision_accounts=provision_accounts,
         )
 
     async def provision_manifest_accounts(self) -> None:
@@ -424,6 +537,7 @@ class AgentVFSSandboxSession(BaseSandboxSession):
 
     async def _shutdown_backend(self) -> None:
         workspace, self.workspace, self._sandbox = self.workspace, None, None
+        self._bucket_mounts = []
         self._running = False
         if workspace is not None:
             # Kills the commands and unmounts; stored files are never deleted.
@@ -474,7 +588,8 @@ class AgentVFSSandboxSession(BaseSandboxSession):
         )
 
     # -- files -----------------------------------------------------------------------------------
-    # The file API goes straight to the storage through the filesystem object that is mounted,
+    # The file API goes straight to the storage through the filesystem object that is mounted
+    # (a bucket mount's own filesystem below its mount point, see _storage),
     # and commands see it through the mount: the mount drops what it cached about a path
     # before such a write returns, in this process or in a mount process (S3, GCS).
 
@@ -484,6 +599,16 @@ class AgentVFSSandboxSession(BaseSandboxSession):
         normalized = self.normalize_path(path, for_write=for_write)
         relative = normalized.relative_to(self._root()).as_posix()
         return normalized, "" if relative == "." else relative
+
+    def _storage(self, relative: str) -> tuple[WorkspaceFilesystem, str]:
+        """The filesystem serving a workspace-relative path (a bucket mount's below its mount
+        point, else the session's storage) and the path inside it."""
+        for mount_relative, filesystem in self._bucket_mounts:
+            if relative == mount_relative:
+                return filesystem, ""
+            if relative.startswith(f"{mount_relative}/"):
+                return filesystem, relative[len(mount_relative) + 1 :]
+        return self.filesystem, relative
 
     @staticmethod
     def _refuse_user(user: str | User | None, operation: str) -> None:
@@ -496,7 +621,8 @@ class AgentVFSSandboxSession(BaseSandboxSession):
         self._refuse_user(user, "read")
         normalized, relative = self._relative(path)
         try:
-            content = await self.filesystem.read_file(relative)
+            filesystem, inner = self._storage(relative)
+            content = await filesystem.read_file(inner)
         except FileNotFound as exc:
             raise WorkspaceReadNotFoundError(path=normalized, cause=exc) from exc
         except (FilesystemError, OSError) as exc:
@@ -510,7 +636,8 @@ class AgentVFSSandboxSession(BaseSandboxSession):
         if isinstance(payload, str):
             payload = payload.encode("utf-8")
         try:
-            await self.filesystem.write_file(relative, bytes(payload), recursive=True)
+            filesystem, inner = self._storage(relative)
+            await filesystem.write_file(inner, bytes(payload), recursive=True)
         except (FilesystemError, OSError) as exc:
             raise WorkspaceArchiveWriteError(path=normalized, cause=exc) from exc
 
@@ -518,7 +645,8 @@ class AgentVFSSandboxSession(BaseSandboxSession):
         self._refuse_user(user, "ls")
         normalized, relative = self._relative(path)
         try:
-            entries = await self.filesystem.readdir(relative)
+            filesystem, inner = self._storage(relative)
+            entries = await filesystem.readdir(inner)
         except (FilesystemError, OSError) as exc:
             result = ExecResult(stdout=b"", stderr=str(exc).encode("utf-8"), exit_code=1)
             raise ExecNonZeroError(
@@ -550,7 +678,9 @@ class AgentVFSSandboxSession(BaseSandboxSession):
         if not relative:
             return
         try:
-            await self.filesystem.mkdir(relative, recursive=parents)
+            filesystem, inner = self._storage(relative)
+            if inner:
+                await filesystem.mkdir(inner, recursive=parents)
         except (FilesystemError, OSError) as exc:
             raise WorkspaceArchiveWriteError(path=normalized, cause=exc) from exc
 
@@ -573,10 +703,13 @@ class AgentVFSSandboxSession(BaseSandboxSession):
             raise WorkspaceArchiveWriteError(path=normalized, cause=exc) from exc
 
     async def _remove(self, relative: str, *, recursive: bool) -> None:
+        filesystem, inner = self._storage(relative)
+        if not inner:
+            raise FilesystemError(f"{relative} is a bucket mount point; it cannot be removed")
         try:
-            await self.filesystem.delete_file(relative)
+            await filesystem.delete_file(inner)
         except IsDirectory:
-            await self.filesystem.rmdir(relative, recursive=recursive)
+            await filesystem.rmdir(inner, recursive=recursive)
 
     async def _clear_workspace_root_on_resume(self) -> None:
         # Straight through the storage rather than one ``ls`` and ``rm`` command per entry.
@@ -689,6 +822,28 @@ def _remove_working_directory(working_directory: str, root: str) -> None:
         os.rmdir(working_directory)
 
 
+def _bucket_mount_targets(manifest: Manifest) -> list[tuple[str, Mount]]:
+    """(workspace-relative mount point, entry) of each bucket mount the session serves,
+    outermost first."""
+    root = Path(manifest.root)
+    targets: list[tuple[str, Mount]] = []
+    for entry, mount_path in manifest.mount_targets():
+        if entry.type not in SUPPORTED_MOUNT_TYPES:
+            continue
+        try:
+            relative = Path(mount_path).relative_to(root).as_posix()
+        except ValueError:
+            relative = ""
+        if relative in ("", "."):
+            raise ValueError(
+                f"AgentVFSSandboxClient mounts a bucket only below the workspace root, not at "
+                f"{Path(mount_path).as_posix()!r}; leave mount_path unset or name a directory inside the workspace"
+            )
+        targets.append((relative, entry))
+    targets.sort(key=lambda item: len(item[0].split("/")))
+    return targets
+
+
 def _check_manifest(manifest: Manifest) -> None:
     """Refuse what a session cannot materialise, naming it, before anything is written."""
     if manifest.users or manifest.groups:
@@ -703,12 +858,16 @@ def _check_manifest(manifest: Manifest) -> None:
                 "omit host_path"
             )
     for path, entry in manifest.iter_entries():
+        if entry.type in SUPPORTED_MOUNT_TYPES and isinstance(entry, (S3Mount, GCSMount)):
+            continue
         if entry.type not in SUPPORTED_ENTRY_TYPES:
+            supported = sorted(SUPPORTED_ENTRY_TYPES | SUPPORTED_MOUNT_TYPES)
             raise ValueError(
                 f"AgentVFSSandboxClient cannot materialise the manifest entry {path.as_posix()!r} of type "
-                f"{entry.type!r}; it supports {', '.join(sorted(SUPPORTED_ENTRY_TYPES))}. Give the session's "
-                "storage to the client (filesystem=) instead of mounting a bucket in the manifest"
+                f"{entry.type!r}; it supports {', '.join(supported)}. Give other storage to the client "
+                "(filesystem=) or mount it as an agentvfs FsspecFilesystem instead"
             )
+    _bucket_mount_targets(manifest)
 
 
 class AgentVFSSandboxClient(BaseSandboxClient[AgentVFSSandboxClientOptions | None]):
@@ -737,7 +896,13 @@ class AgentVFSSandboxClient(BaseSandboxClient[AgentVFSSandboxClientOptions | Non
     -----
     The manifest's ``root`` is chosen by the client (a directory it creates, where the
     storage is mounted); a manifest with another root is refused. Entries of the types in
-    :data:`SUPPORTED_ENTRY_TYPES` are written through the storage; others are refused.
+    :data:`SUPPORTED_ENTRY_TYPES` are written through the storage; ``S3Mount`` and
+    ``GCSMount`` entries (:data:`SUPPORTED_MOUNT_TYPES`) become agentvfs mounts of their
+    bucket at their path (s3fs / gcsfs on the host, whatever the entry's
+    ``mount_strategy``; read-only when the entry is, which is the SDK's default). Their
+    credentials stay on the host, out of the sandbox; the SDK still asks for its
+    credential-exposure acknowledgement when the entry carries credentials. Other entries
+    are refused.
     """
 
     backend_id = _BACKEND_ID
