@@ -9,6 +9,7 @@ use Pydantic AI's ``FunctionModel``: the scripted model calls the tools, no mode
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -23,6 +24,7 @@ from pydantic_ai import Agent
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.workspaces import (
+    FileEntry,
     SupportsCommands,
     WorkspaceBackend,
     WorkspaceRef,
@@ -370,6 +372,62 @@ async def test_agent_searches_with_the_search_toolset() -> None:
         result = await agent.run("how do I mount a bucket?")
     assert "docs/mount.md" in result.output
     assert "pasta" not in result.output.split("docs/mount.md")[0]
+
+
+async def test_writes_through_the_backend_keep_the_search_index_current() -> None:
+    """With ``tools={"auto_reindex": True}`` a file the backend rewrites is found by the search
+    tool right after, its old words are gone, and a removed file leaves the index; as with
+    agentvfs's own write tools, a file the index does not hold stays out of it."""
+    fs = FsspecFilesystem(f"memory:///pyd-reindex-{uuid.uuid4().hex[:10]}")
+    await fs.write_file("docs/mount.md", "Cooking pasta takes ten minutes.\n")
+    ws = Workspace(
+        filesystem=fs, bm25=True, auto_index_paths=["docs"], tools={"auto_reindex": True}
+    )
+    async with ws:
+        backend = AgentVFSWorkspace(ws)
+        wd = await backend.working_dir()
+        toolset = await search_toolset(ws)
+        await backend.write_bytes(
+            f"{wd}/docs/mount.md", b"Mounting a bucket: agentvfs mount s3://bucket /mnt\n"
+        )
+        agent = Agent(
+            _script(("mastra_workspace_search", {"query": "mount bucket"})), toolsets=[toolset]
+        )
+        assert "docs/mount.md" in (await agent.run("how do I mount a bucket?")).output
+        assert await ws.search("pasta") == []
+        await backend.write_bytes(f"{wd}/docs/new.md", b"a brand new page about buckets\n")
+        assert await ws.search("brand") == []  # not indexed before: left alone
+        await backend.remove(f"{wd}/docs/mount.md")
+        assert await ws.search("mount bucket") == []
+
+
+async def test_without_auto_reindex_backend_writes_leave_the_index_alone() -> None:
+    fs = FsspecFilesystem(f"memory:///pyd-reindex-{uuid.uuid4().hex[:10]}")
+    await fs.write_file("docs/a.md", "old words\n")
+    async with Workspace(filesystem=fs, bm25=True, auto_index_paths=["docs"]) as ws:
+        backend = AgentVFSWorkspace(ws)
+        await backend.write_bytes(f"{await backend.working_dir()}/docs/a.md", b"fresh words\n")
+        assert [r.id for r in await ws.search("old")] == ["docs/a.md"]
+        assert await ws.search("fresh") == []
+
+
+async def test_listing_entries_equal_those_the_constructor_makes() -> None:
+    """A listing's entries are built without FileEntry's __init__ (for speed): they must be
+    the very objects the constructor makes, equal, hashable and frozen."""
+    fs = FsspecFilesystem(f"memory:///pyd-list-{uuid.uuid4().hex[:10]}")
+    await fs.write_file("d/f.txt", b"abc")
+    backend = AgentVFSWorkspace(Workspace(filesystem=fs))
+    wd = await backend.working_dir()
+    entries = await backend.list_dir(f"{wd}/d/")
+    assert entries == [FileEntry(name="f.txt", path=f"{wd}/d/f.txt", is_dir=False, size=3)]
+    assert entries[0] == await backend.stat(f"{wd}/d/f.txt")
+    assert hash(entries[0]) == hash(await backend.stat(f"{wd}/d/f.txt"))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        entries[0].size = 4
+    assert await backend.list_dir(wd) == [
+        FileEntry(name="d", path=f"{wd}/d", is_dir=True, size=None)
+    ]
+    await backend.aclose()
 
 
 async def test_search_tool_errors_reach_the_model_as_text() -> None:

@@ -389,6 +389,31 @@ async def test_auto_reindex_keeps_indexed_paths_fresh(tmp_path: Path) -> None:
         assert await ws.search("edited") == []
 
 
+async def test_refresh_index_after_a_write_outside_the_tools(tmp_path: Path) -> None:
+    """An adapter writes through the filesystem, then asks the workspace to keep search
+    current: the indexed path is read again, a removed one dropped, others left out."""
+    fs = LocalFilesystem(tmp_path)
+    await fs.write_file("n.txt", "old words")
+    ws = Workspace(filesystem=fs, bm25=True, auto_index_paths=["n.txt"], tools={"auto_reindex": True})
+    async with ws:
+        await fs.write_file("n.txt", "fresh words")
+        assert [r.id for r in await ws.search("old")] == ["n.txt"]  # not yet told
+        await ws.refresh_index("n.txt")
+        assert [r.id for r in await ws.search("fresh")] == ["n.txt"]
+        assert await ws.search("old") == []
+        await fs.write_file("new.txt", "fresh too")
+        await ws.refresh_index("new.txt")
+        assert [r.id for r in await ws.search("fresh")] == ["n.txt"]
+        await fs.delete_file("n.txt")
+        await ws.refresh_index("n.txt", removed=True)
+        assert await ws.search("fresh") == []
+    plain = Workspace(filesystem=fs, bm25=True, auto_index_paths=["new.txt"])
+    async with plain:
+        await fs.write_file("new.txt", "changed")
+        await plain.refresh_index("new.txt")  # no auto_reindex: the index is left alone
+        assert [r.id for r in await plain.search("fresh")] == ["new.txt"]
+
+
 async def test_without_auto_reindex_writes_leave_the_index_alone(tmp_path: Path) -> None:
     fs = LocalFilesystem(tmp_path)
     await fs.write_file("n.txt", "old words")

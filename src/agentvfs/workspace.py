@@ -631,6 +631,24 @@ class Workspace:
         with anyio.fail_after(self._operation_timeout / 1000):
             return await awaitable
 
+    async def refresh_index(self, path: str, *, removed: bool = False) -> None:
+        """Keep search current after ``path`` changed other than through the workspace tools.
+
+        For code that writes through :attr:`filesystem` on an agent's behalf (the framework
+        adapters of :mod:`agentvfs.integrations`): with ``tools={"auto_reindex": True}``, an
+        indexed path is read again, or dropped when ``removed``, as the tools do after their
+        own writes. Without ``auto_reindex`` or search, nothing happens. A failure to
+        re-index is logged, never raised: the change itself has happened.
+
+        Parameters
+        ----------
+        path : str
+            The changed path, as the filesystem names it.
+        removed : bool, optional
+            The path was deleted.
+        """
+        await self._after_tool_write("delete" if removed else "write_file", path, self._filesystem)
+
     async def _after_tool_write(self, operation: str, path: str, fs: WorkspaceFilesystem) -> None:
         """Keep indexed paths fresh after a tool changed them (``tools={"auto_reindex": True}``)."""
         search = self._search
