@@ -1,9 +1,34 @@
 """The OpenAI Agents SDK adapter (``agentvfs.integrations.openai_agents``), against the real SDK.
 
-The sandbox tests follow what the SDK's own tests ask of its local backend
-(``tests/sandbox/test_unix_local.py``) and the persist -> hydrate round trip of its
-integration helpers, rewritten here for :class:`AgentVFSSandboxClient` on memory, a local
-directory and S3 (moto); agent runs use the SDK's ``ScriptedModel`` (no model calls).
+The sandbox tests are adapted (rewritten, not copied) from the SDK's own tests, as read in
+openai/openai-agents-python at commit 7f7a44f, for :class:`AgentVFSSandboxClient` on memory,
+a local directory, S3 (moto) and GCS (fake-gcs-server); agent runs use the SDK's
+``ScriptedModel`` (no model calls).
+
+``tests/sandbox/test_unix_local.py``, case by case:
+
+- ``test_unix_local_rejects_host_path_before_creating_workspace``: covered by
+  ``test_host_path_grants_are_refused_before_the_workspace_exists``.
+- ``TestUnixLocalUserScopedFilesystem.test_mkdir_as_user_...`` and ``test_rm_as_user_...``:
+  covered by ``test_user_scoped_file_operations_are_refused_and_change_nothing``. UnixLocal
+  runs a ``sudo -u`` permission probe; a session here has one user, so the general
+  contract kept is "an operation for a user is never silently done as someone else".
+- ``TestUnixLocalPty`` (five PTY cases: start / write / poll, Ctrl-C, terminal signals,
+  non-tty stdin, stop ends PTYs): not covered. The session offers no PTY
+  (``supports_pty()`` is False), so the SDK's shell tool runs each command to completion;
+  ``test_pty_is_not_offered_so_the_shell_tool_runs_commands_whole`` checks that fallback.
+- ``TestUnixLocalPty.test_tty_fd_close_is_owned_without_blocking_termination``: not
+  covered, UnixLocal internals (its bookkeeping of PTY descriptor close tasks).
+
+``tests/sandbox/integration_tests/_helpers.py`` with ``test_runner_pause_resume.py`` (the
+persist -> hydrate round trip through a paused and resumed run): covered by
+``test_a_paused_run_resumes_with_the_workspace_restored_from_the_snapshot``, with the
+manifest entry kinds a session materialises (file, dir, ephemeral file, local file and
+local dir under a path grant), the runtime write, the patch, the archive extraction, the
+escape checks (read / write / patch outside, a symlink out of the workspace) and the
+restored tree. Left out: the git checkout and the R2 / Azure mounts (refused, see
+``test_unsupported_manifests_are_refused_naming_the_entry``), the S3 / GCS mounts (served
+live, never snapshotted: see the mount tests) and the PTY probe (no PTY, above).
 """
 
 from __future__ import annotations
@@ -12,38 +37,48 @@ import io
 import json
 import os
 import tarfile
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
-from agents import Agent, RunConfig, Runner
+from agents import Agent, RunConfig, Runner, function_tool
+from agents.editor import ApplyPatchOperation
+from agents.items import ToolCallOutputItem
 from agents.run_config import SandboxRunConfig
 from agents.run_context import RunContextWrapper
-from agents.sandbox import Manifest, SandboxAgent
+from agents.run_state import RunState
+from agents.sandbox import Manifest, SandboxAgent, SandboxPathGrant
+from agents.sandbox.capabilities import Capability, Shell
 from agents.sandbox.entries import (
     Dir,
     File,
     GCSMount,
     GitRepo,
     InContainerMountStrategy,
+    LocalDir,
+    LocalFile,
     R2Mount,
     RcloneMountPattern,
     S3Mount,
 )
 from agents.sandbox.errors import (
+    ApplyPatchPathError,
     ExecTimeoutError,
     InvalidManifestPathError,
     SnapshotPersistError,
     WorkspaceArchiveWriteError,
     WorkspaceReadNotFoundError,
 )
-from agents.sandbox.session import Dependencies, SandboxSession
+from agents.sandbox.files import EntryKind
+from agents.sandbox.session import BaseSandboxSession, Dependencies, SandboxSession
 from agents.sandbox.snapshot import RemoteSnapshotSpec
 from agents.sandbox.types import User
 from agents.testing import ScriptedModel, function_call
 from agents.testing.model import assistant_message
+from agents.tool import Tool
 from agents.tool_context import ToolContext
 from fsspec.implementations.memory import MemoryFileSystem
 
@@ -66,7 +101,12 @@ pytestmark = [
 needs_bwrap = pytest.mark.skipif(
     not LocalSandbox.detect_isolation()["available"], reason="bubblewrap cannot isolate here"
 )
-SANDBOX_BACKENDS = ["memory", "local", pytest.param("s3", marks=pytest.mark.s3)]
+SANDBOX_BACKENDS = [
+    "memory",
+    "local",
+    pytest.param("s3", marks=pytest.mark.s3),
+    pytest.param("gcs", marks=pytest.mark.gcs),
+]
 NO_TRACING = RunConfig(tracing_disabled=True)
 
 
@@ -95,6 +135,17 @@ def _storage(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> St
         base = tmp_path / "store"
         base.mkdir()
         return Storage("local", LocalFilesystem(str(base)), lambda p: (base / p).read_bytes())
+    if backend == "gcs":
+        fake_gcs: FakeGcsServer = request.getfixturevalue("fake_gcs")
+        gcs = fake_gcs.gcsfs()
+        gcs_prefix = f"{GCS_BUCKET}/{unique('oa')}"
+        # As for S3, the check reads through a second, fresh gcsfs.
+        gcs_check = fake_gcs.gcsfs()
+        return Storage(
+            "gcs",
+            FsspecFilesystem(gcs, root=gcs_prefix),
+            lambda p: bytes(gcs_check.cat(f"{gcs_prefix}/{p}")),
+        )
     moto: MotoServer = request.getfixturevalue("moto")
     raw = moto.s3fs(use_listings_cache=False)
     prefix = f"{S3_BUCKET}/{unique('oa')}"
@@ -618,3 +669,318 @@ async def test_require_approval_becomes_needs_approval() -> None:
     result = await Runner.run(agent, "go", run_config=NO_TRACING)
     assert [item.name for item in result.interruptions] == ["mastra_workspace_write_file"]
     assert not await fs.exists("x.txt")
+
+
+# -- adapted from the SDK's tests/sandbox/test_unix_local.py -------------------------------------
+
+
+async def test_host_path_grants_are_refused_before_the_workspace_exists(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    made: list[str] = []
+    real_mkdtemp = tempfile.mkdtemp
+
+    def recording_mkdtemp(*args: Any, **kwargs: Any) -> str:
+        made.append(real_mkdtemp(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(tempfile, "mkdtemp", recording_mkdtemp)
+    client = AgentVFSSandboxClient()
+    grant = SandboxPathGrant(path="/mnt/shared-data", host_path=str(tmp_path))
+    with pytest.raises(ValueError, match="host_path"):
+        await client.create(manifest=Manifest(extra_path_grants=(grant,)))
+    assert made == [], "a refused manifest still created a host directory"
+    # The same manifest without host_path is accepted (the grant alone is not the problem).
+    live = await client.create(manifest=Manifest(extra_path_grants=(SandboxPathGrant(path="/mnt"),)))
+    assert len(made) == 1
+    await client.delete(live)
+    assert not os.path.exists(made[0])
+
+
+async def test_user_scoped_file_operations_are_refused_and_change_nothing(
+    memory_session: SandboxSession,
+) -> None:
+    await memory_session.write(Path("stale.txt"), io.BytesIO(b"stale"))
+    for user in ("sandbox-user", User(name="sandbox-user")):
+        with pytest.raises(ValueError, match="one user"):
+            await memory_session.mkdir("nested", user=user)
+        with pytest.raises(ValueError, match="one user"):
+            await memory_session.rm("stale.txt", user=user)
+        with pytest.raises(ValueError, match="one user"):
+            await memory_session.ls(".", user=user)
+    names = {entry.name for entry in await _inner(memory_session).filesystem.readdir("")}
+    assert names == {"stale.txt"}
+    assert await _text(memory_session, "stale.txt") == "stale"
+
+
+async def test_pty_is_not_offered_so_the_shell_tool_runs_commands_whole(
+    memory_session: SandboxSession,
+) -> None:
+    assert memory_session.supports_pty() is False
+    with pytest.raises(NotImplementedError):
+        await memory_session.pty_exec_start("sleep", "1", shell=False, tty=True)
+    shell = Shell()
+    shell.bind(_inner(memory_session))
+    shell_tools = {tool.name for tool in shell.tools()}
+    assert "write_stdin" not in shell_tools
+    # Without a PTY a command still runs to the end and returns its output.
+    result = await memory_session.exec("printf ready; sleep 0.2; printf ' done'")
+    assert (result.stdout, result.exit_code) == (b"ready done", 0)
+
+
+# -- adapted from the SDK's integration_tests (_helpers.py, test_runner_pause_resume.py) ---------
+
+
+_DURABLE = {
+    "inline.txt": "inline file v1\n",
+    "delete_me.txt": "delete me v1\n",
+    "tree/nested.txt": "nested file v1\n",
+    "copied_file.txt": "local file source v1\n",
+    "copied_dir/child.txt": "local dir child v1\n",
+    "copied_dir/nested/grandchild.txt": "local dir grandchild v1\n",
+}
+_EPHEMERAL = {"tree/ephemeral.txt": "ephemeral file v1\n"}
+_RUNTIME = {"runtime_note.txt": "runtime note v1\n"}
+_PATCHED = {"inline.txt": "inline file v2\n", "created_by_patch.txt": "created by patch"}
+_ARCHIVED = {"archive_dir/hello.txt": "hello from tar archive\n"}
+_RESTORED_DIRS = {"archive_dir", "copied_dir", "copied_dir/nested", "tree"}
+_RESTORED_FILES = {
+    "archive_dir/hello.txt",
+    "bundle.tar",
+    "copied_dir/child.txt",
+    "copied_dir/nested/grandchild.txt",
+    "copied_file.txt",
+    "created_by_patch.txt",
+    "inline.txt",
+    "runtime_note.txt",
+    "tree/ephemeral.txt",
+    "tree/nested.txt",
+}
+
+
+def _lifecycle_manifest(sources: Path) -> Manifest:
+    (sources / "local-dir/nested").mkdir(parents=True)
+    (sources / "local-file.txt").write_text(_DURABLE["copied_file.txt"])
+    (sources / "local-dir/child.txt").write_text(_DURABLE["copied_dir/child.txt"])
+    (sources / "local-dir/nested/grandchild.txt").write_text(
+        _DURABLE["copied_dir/nested/grandchild.txt"]
+    )
+    return Manifest(
+        extra_path_grants=(SandboxPathGrant(path=str(sources)),),
+        entries={
+            "inline.txt": File(content=_DURABLE["inline.txt"].encode()),
+            "delete_me.txt": File(content=_DURABLE["delete_me.txt"].encode()),
+            "tree": Dir(
+                children={
+                    "nested.txt": File(content=_DURABLE["tree/nested.txt"].encode()),
+                    "ephemeral.txt": File(
+                        content=_EPHEMERAL["tree/ephemeral.txt"].encode(), ephemeral=True
+                    ),
+                }
+            ),
+            "copied_file.txt": LocalFile(src=sources / "local-file.txt"),
+            "copied_dir": LocalDir(src=sources / "local-dir"),
+        },
+    )
+
+
+async def _expect_texts(session: BaseSandboxSession, expected: Mapping[str, str]) -> None:
+    assert {path: await _text(session, path) for path in expected} == dict(expected)  # type: ignore[arg-type]
+
+
+async def _expect_missing(session: BaseSandboxSession, path: str) -> None:
+    with pytest.raises(WorkspaceReadNotFoundError):
+        await session.read(Path(path))
+
+
+async def _tree(session: BaseSandboxSession) -> tuple[set[str], set[str]]:
+    root = Path(session.state.manifest.root)
+    dirs: set[str] = set()
+    files: set[str] = set()
+
+    async def walk(path: Path) -> None:
+        for entry in await session.ls(path):
+            relative = Path(entry.path).relative_to(root).as_posix()
+            if entry.kind == EntryKind.DIRECTORY:
+                dirs.add(relative)
+                await walk(Path(relative))
+            else:
+                assert entry.kind == EntryKind.FILE, (relative, entry.kind)
+                files.add(relative)
+
+    await walk(Path("."))
+    return dirs, files
+
+
+async def _expect_escapes_blocked(session: BaseSandboxSession) -> None:
+    for path in ("../outside.txt", "/tmp/agentvfs-sandbox-outside.txt"):
+        with pytest.raises(InvalidManifestPathError):
+            await session.read(Path(path))
+        with pytest.raises(InvalidManifestPathError):
+            await session.write(Path(path), io.BytesIO(b"outside write\n"))
+        with pytest.raises((ApplyPatchPathError, InvalidManifestPathError)):
+            await session.apply_patch(
+                ApplyPatchOperation(type="create_file", path=path, diff="+outside patch\n")
+            )
+    assert not os.path.exists("/tmp/agentvfs-sandbox-outside.txt")
+    # A symlink out of the workspace, made by a command: the file API must not follow it.
+    root = Path(session.state.manifest.root)
+    outside = root.parent / "symlink-outside.txt"
+    outside.write_text("outside symlink target\n")
+    try:
+        made = await session.exec(f"ln -s {outside} symlink_escape.txt")
+        if made.exit_code == 0:
+            with pytest.raises((InvalidManifestPathError, WorkspaceReadNotFoundError)):
+                await session.read(Path("symlink_escape.txt"))
+            with pytest.raises((InvalidManifestPathError, WorkspaceArchiveWriteError)):
+                await session.write(Path("symlink_escape.txt"), io.BytesIO(b"through the link\n"))
+            await session.exec("rm -f symlink_escape.txt")
+        assert outside.read_text() == "outside symlink target\n"
+    finally:
+        outside.unlink(missing_ok=True)
+
+
+class _LifecycleProbe(Capability):
+    """Tools that run the lifecycle steps against the bound session and report each one."""
+
+    type: str = "agentvfs-lifecycle-probe"
+
+    def _live(self) -> BaseSandboxSession:
+        assert self.session is not None, "the probe is not bound to a session"
+        return self.session
+
+    def tools(self) -> list[Tool]:
+        @function_tool(name_override="check_manifest", failure_error_function=None)
+        async def check_manifest() -> str:
+            await _expect_texts(self._live(), {**_DURABLE, **_EPHEMERAL})
+            return "manifest materialized"
+
+        @function_tool(name_override="write_note", failure_error_function=None)
+        async def write_note() -> str:
+            await self._live().write(
+                Path("runtime_note.txt"), io.BytesIO(_RUNTIME["runtime_note.txt"].encode())
+            )
+            return "note written"
+
+        @function_tool(name_override="patch", failure_error_function=None)
+        async def patch() -> str:
+            live = self._live()
+            outcome = await live.apply_patch(
+                [
+                    ApplyPatchOperation(
+                        type="update_file",
+                        path="inline.txt",
+                        diff="@@\n-inline file v1\n+inline file v2\n",
+                    ),
+                    ApplyPatchOperation(
+                        type="create_file", path="created_by_patch.txt", diff="+created by patch\n"
+                    ),
+                    ApplyPatchOperation(type="delete_file", path="delete_me.txt"),
+                ]
+            )
+            assert outcome == "Done!"
+            await _expect_texts(live, _PATCHED)
+            await _expect_missing(live, "delete_me.txt")
+            return "patched"
+
+        @function_tool(name_override="check_escapes", failure_error_function=None)
+        async def check_escapes() -> str:
+            await _expect_escapes_blocked(self._live())
+            return "escapes blocked"
+
+        @function_tool(name_override="extract", failure_error_function=None)
+        async def extract() -> str:
+            live = self._live()
+            await live.extract("bundle.tar", _tar({k: v.encode() for k, v in _ARCHIVED.items()}))
+            await _expect_texts(live, _ARCHIVED)
+            return "extracted"
+
+        @function_tool(name_override="check_restored", failure_error_function=None)
+        async def check_restored() -> str:
+            live = self._live()
+            kept = {k: v for k, v in _DURABLE.items() if k != "delete_me.txt"}
+            await _expect_texts(live, {**kept, **_RUNTIME, **_PATCHED, **_ARCHIVED, **_EPHEMERAL})
+            await _expect_missing(live, "delete_me.txt")
+            assert await _tree(live) == (_RESTORED_DIRS, _RESTORED_FILES)
+            return "restored"
+
+        return [check_manifest, write_note, patch, check_escapes, extract, check_restored]
+
+
+def _outputs(result: Any) -> list[str]:
+    return [
+        str(item.output) for item in result.new_items if isinstance(item, ToolCallOutputItem)
+    ]
+
+
+async def test_a_paused_run_resumes_with_the_workspace_restored_from_the_snapshot(
+    storage: Storage, tmp_path: Path
+) -> None:
+    # Each session gets a fresh in-memory workspace (the client's default), so after the
+    # pause nothing survives but the snapshot, kept in the backend under test.
+    store = FsspecSnapshotStore(storage.filesystem)
+    client = AgentVFSSandboxClient(dependencies=Dependencies().bind_value("snaps", store))
+    sources = tmp_path / "sources"
+    manifest = _lifecycle_manifest(sources)
+    config = RunConfig(
+        tracing_disabled=True,
+        sandbox=SandboxRunConfig(
+            client=client, snapshot=RemoteSnapshotSpec(client_dependency_key="snaps")
+        ),
+    )
+
+    @function_tool(name_override="approval_tool", needs_approval=True)
+    def approval_tool() -> str:
+        return "approved"
+
+    def agent(model: ScriptedModel) -> SandboxAgent:
+        return SandboxAgent(
+            name="sandbox",
+            model=model,
+            default_manifest=manifest,
+            tools=[approval_tool],
+            capabilities=[_LifecycleProbe()],
+        )
+
+    steps = ["check_manifest", "write_note", "patch", "check_escapes", "extract"]
+    first_agent = agent(
+        ScriptedModel(
+            [[function_call(name, {}, call_id=f"c-{name}")] for name in steps]
+            + [[function_call("approval_tool", {}, call_id="c-approval")]]
+        )
+    )
+    first = await Runner.run(first_agent, "run the lifecycle", run_config=config)
+    assert _outputs(first) == [
+        "manifest materialized",
+        "note written",
+        "patched",
+        "escapes blocked",
+        "extracted",
+    ]
+    assert len(first.interruptions) == 1
+    state = first.to_state()
+    assert state._sandbox is not None and state._sandbox["backend_id"] == "agentvfs"
+    session_state = state._sandbox["session_state"]
+    assert isinstance(session_state, dict)
+    snapshot_id = session_state["snapshot"]["id"]
+    # The pause stopped the session: its snapshot is in the backend, its host directory gone.
+    with tarfile.open(fileobj=io.BytesIO(storage.read_raw(f"{snapshot_id}.tar"))) as tar:
+        assert {"runtime_note.txt", "created_by_patch.txt", "archive_dir/hello.txt"} <= set(
+            tar.getnames()
+        )
+    assert not os.path.exists(session_state["working_directory"])
+
+    second_agent = agent(
+        ScriptedModel(
+            [
+                [function_call("check_restored", {}, call_id="c-restored")],
+                [assistant_message("done")],
+            ]
+        )
+    )
+    restored = await RunState.from_json(second_agent, state.to_json())
+    restored.approve(restored.get_interruptions()[0])
+    second = await Runner.run(second_agent, restored, run_config=config)
+    assert second.final_output == "done"
+    assert _outputs(second)[-2:] == ["approved", "restored"]
+    assert not os.path.exists(session_state["working_directory"])

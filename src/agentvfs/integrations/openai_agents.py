@@ -63,6 +63,7 @@ from agents.sandbox.errors import (  # noqa: E402
     ExecNonZeroError,
     ExecTimeoutError,
     ExecTransportError,
+    InvalidManifestPathError,
     WorkspaceArchiveReadError,
     WorkspaceArchiveWriteError,
     WorkspaceReadNotFoundError,
@@ -593,12 +594,36 @@ class AgentVFSSandboxSession(BaseSandboxSession):
     # and commands see it through the mount: the mount drops what it cached about a path
     # before such a write returns, in this process or in a mount process (S3, GCS).
 
-    def _relative(self, path: Path | str, *, for_write: bool = False) -> tuple[Path, str]:
+    async def _relative(self, path: Path | str, *, for_write: bool = False) -> tuple[Path, str]:
         """The SDK's path checked against the workspace (escapes raise the SDK's
-        ``InvalidManifestPathError``) and the storage path it names."""
+        ``InvalidManifestPathError``) and the storage path it names.
+
+        While the session runs, symlinks on the way are followed as a command would follow
+        them, through the mount: a link a command left pointing out of the workspace
+        (``ln -s /etc/passwd x``) is refused like ``../x``, rather than the storage reading
+        or replacing the link itself while commands see the outside file.
+        """
         normalized = self.normalize_path(path, for_write=for_write)
-        relative = normalized.relative_to(self._root()).as_posix()
+        root = self._root()
+        if self.workspace is not None:
+            # In a worker thread: the mount's server may call back into this event loop.
+            normalized, root = await anyio.to_thread.run_sync(
+                self._resolve_links, normalized, for_write
+            )
+        try:
+            relative = normalized.relative_to(root).as_posix()
+        except ValueError as exc:
+            # A path grant outside the workspace: the storage does not hold it.
+            raise InvalidManifestPathError(rel=str(path), reason="escape_root", cause=exc) from exc
         return normalized, "" if relative == "." else relative
+
+    def _resolve_links(self, normalized: Path, for_write: bool) -> tuple[Path, Path]:
+        """``normalized`` with its symlinks followed on the host (escapes raise), and the
+        workspace root likewise resolved (its host directory may sit below a link)."""
+        resolved = self._workspace_path_policy().normalize_path(
+            normalized, for_write=for_write, resolve_symlinks=True
+        )
+        return resolved, self._root().resolve()
 
     def _storage(self, relative: str) -> tuple[WorkspaceFilesystem, str]:
         """The filesystem serving a workspace-relative path (a bucket mount's below its mount
@@ -619,7 +644,7 @@ class AgentVFSSandboxSession(BaseSandboxSession):
 
     async def read(self, path: Path, *, user: str | User | None = None) -> io.IOBase:
         self._refuse_user(user, "read")
-        normalized, relative = self._relative(path)
+        normalized, relative = await self._relative(path)
         try:
             filesystem, inner = self._storage(relative)
             content = await filesystem.read_file(inner)
@@ -631,7 +656,7 @@ class AgentVFSSandboxSession(BaseSandboxSession):
 
     async def write(self, path: Path, data: io.IOBase, *, user: str | User | None = None) -> None:
         self._refuse_user(user, "write")
-        normalized, relative = self._relative(path, for_write=True)
+        normalized, relative = await self._relative(path, for_write=True)
         payload = data.read()
         if isinstance(payload, str):
             payload = payload.encode("utf-8")
@@ -643,7 +668,7 @@ class AgentVFSSandboxSession(BaseSandboxSession):
 
     async def ls(self, path: Path | str, *, user: str | User | None = None) -> list[FileEntry]:
         self._refuse_user(user, "ls")
-        normalized, relative = self._relative(path)
+        normalized, relative = await self._relative(path)
         try:
             filesystem, inner = self._storage(relative)
             entries = await filesystem.readdir(inner)
@@ -674,7 +699,7 @@ class AgentVFSSandboxSession(BaseSandboxSession):
         self, path: Path | str, *, parents: bool = False, user: str | User | None = None
     ) -> None:
         self._refuse_user(user, "mkdir")
-        normalized, relative = self._relative(path, for_write=True)
+        normalized, relative = await self._relative(path, for_write=True)
         if not relative:
             return
         try:
@@ -688,7 +713,7 @@ class AgentVFSSandboxSession(BaseSandboxSession):
         self, path: Path | str, *, recursive: bool = False, user: str | User | None = None
     ) -> None:
         self._refuse_user(user, "rm")
-        normalized, relative = self._relative(path, for_write=True)
+        normalized, relative = await self._relative(path, for_write=True)
         if not relative:
             raise WorkspaceArchiveWriteError(path=normalized, context={"reason": "workspace_root"})
         try:
