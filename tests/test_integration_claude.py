@@ -21,14 +21,16 @@ import anyio
 import pytest
 from claude_agent_sdk import (
     ClaudeAgentOptions,
+    ClaudeSDKClient,
     PermissionResultAllow,
     PermissionResultDeny,
     ToolPermissionContext,
+    Transport,
+    fold_session_summary,
     get_session_messages_from_store,
     list_sessions_from_store,
     project_key_for_directory,
 )
-from claude_agent_sdk._internal.sdk_mcp_bridge import SdkMcpBridge
 from claude_agent_sdk.testing import run_session_store_conformance
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
@@ -55,25 +57,78 @@ MCP2_PYTHON = REPO / ".venv" / "opt" / "mcp2" / "bin" / "python"
 # -- the SDK's in-process transport ------------------------------------------------------------
 
 
-class Bridge:
-    """JSON-RPC through the SDK's own bridge (what the Claude CLI's control channel drives)."""
+class FakeCli(Transport):
+    """The Claude CLI's end of the SDK's control channel, through the SDK's public
+    ``Transport`` interface: it answers the SDK's own requests (``initialize``) and sends the
+    requests the CLI sends (``mcp_message`` for an SDK MCP server, ``can_use_tool``), so every
+    call goes through the SDK's real dispatch (its ``Query`` and in-process MCP bridge)."""
 
-    def __init__(self, config: Any) -> None:
-        self.bridge = SdkMcpBridge(config["name"], config["instance"])
+    def __init__(self) -> None:
+        self.to_sdk, self.from_cli = anyio.create_memory_object_stream[dict[str, Any]](100)
+        self.waiting: dict[str, anyio.Event] = {}
+        self.answers: dict[str, dict[str, Any]] = {}
         self.next_id = 0
 
-    async def request(self, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
-        self.next_id += 1
-        message: dict[str, Any] = {"jsonrpc": "2.0", "id": self.next_id, "method": method}
-        if params is not None:
-            message["params"] = params
-        with anyio.fail_after(20):
-            answer = await self.bridge.handle(message)
-        assert answer is not None and "error" not in answer, answer
-        result: dict[str, Any] = answer["result"]
-        return result
+    async def connect(self) -> None:
+        pass
 
-    async def start(self) -> None:
+    async def write(self, data: str) -> None:
+        for line in data.splitlines():
+            message = json.loads(line)
+            if message.get("type") == "control_request":  # the SDK's initialize and the like
+                answer = {"subtype": "success", "request_id": message["request_id"], "response": {}}
+                await self.to_sdk.send({"type": "control_response", "response": answer})
+            elif message.get("type") == "control_response":
+                request_id = message["response"]["request_id"]
+                self.answers[request_id] = message["response"]
+                self.waiting.pop(request_id).set()
+
+    async def _messages(self) -> AsyncIterator[dict[str, Any]]:
+        async with self.from_cli:
+            async for message in self.from_cli:
+                yield message
+
+    def read_messages(self) -> AsyncIterator[dict[str, Any]]:
+        return self._messages()
+
+    async def close(self) -> None:
+        await self.to_sdk.aclose()
+
+    def is_ready(self) -> bool:
+        return True
+
+    async def end_input(self) -> None:
+        pass
+
+    async def control(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Send a control request as the CLI does, and the SDK's answer."""
+        self.next_id += 1
+        request_id = f"cli_{self.next_id}"
+        self.waiting[request_id] = done = anyio.Event()
+        await self.to_sdk.send(
+            {"type": "control_request", "request_id": request_id, "request": request}
+        )
+        with anyio.fail_after(20):
+            await done.wait()
+        answer = self.answers.pop(request_id)
+        assert answer["subtype"] == "success", answer
+        response: dict[str, Any] = answer["response"]
+        return response
+
+
+class Bridge:
+    """JSON-RPC to an SDK MCP server the way the Claude CLI sends it: ``mcp_message``
+    control requests into a connected ``ClaudeSDKClient``."""
+
+    def __init__(self, config: Any, can_use_tool: Any = None) -> None:
+        self.name = config["name"]
+        self.cli = FakeCli()
+        options = ClaudeAgentOptions(mcp_servers={self.name: config}, can_use_tool=can_use_tool)
+        self.client = ClaudeSDKClient(options, transport=self.cli)
+        self.next_id = 0
+
+    async def __aenter__(self) -> Bridge:
+        await self.client.connect()
         await self.request(
             "initialize",
             {
@@ -82,12 +137,41 @@ class Bridge:
                 "clientInfo": {"name": "claude-code", "version": "test"},
             },
         )
-        await self.bridge.handle({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        await self.cli.control(
+            {
+                "subtype": "mcp_message",
+                "server_name": self.name,
+                "message": {"jsonrpc": "2.0", "method": "notifications/initialized"},
+            }
+        )
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.client.disconnect()
+
+    async def request(self, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+        self.next_id += 1
+        message: dict[str, Any] = {"jsonrpc": "2.0", "id": self.next_id, "method": method}
+        if params is not None:
+            message["params"] = params
+        answer = await self.cli.control(
+            {"subtype": "mcp_message", "server_name": self.name, "message": message}
+        )
+        response = answer["mcp_response"]
+        assert "error" not in response, response
+        result: dict[str, Any] = response["result"]
+        return result
 
     async def call(self, tool: str, **args: Any) -> tuple[bool, str]:
         result = await self.request("tools/call", {"name": tool, "arguments": args})
         text = "\n".join(block["text"] for block in result["content"] if block["type"] == "text")
         return bool(result.get("isError")), text
+
+    async def permission(self, tool: str, args: dict[str, Any]) -> dict[str, Any]:
+        """Ask the SDK's ``can_use_tool`` as the CLI does before running a tool."""
+        return await self.cli.control(
+            {"subtype": "can_use_tool", "tool_name": tool, "input": args, "tool_use_id": "toolu_9"}
+        )
 
 
 @pytest.fixture
@@ -120,9 +204,7 @@ async def test_sdk_bridge_lists_and_calls_tools_on_s3(
     )
     assert options.mcp_servers == {"files": config}
 
-    bridge = Bridge(config)
-    try:
-        await bridge.start()
+    async with Bridge(config) as bridge:
         listed = await bridge.request("tools/list")
         names = [tool["name"] for tool in listed["tools"]]
         assert names == list((await workspace.create_tools()).keys())
@@ -143,8 +225,6 @@ async def test_sdk_bridge_lists_and_calls_tools_on_s3(
         assert failed and "missing.txt" in text
         failed, text = await bridge.call(FS.LIST_FILES, path="/")
         assert not failed and "notes" in text
-    finally:
-        await bridge.bridge.aclose()
 
 
 async def test_allowed_tools_leave_out_tools_needing_approval(
@@ -187,9 +267,7 @@ async def test_approval_through_can_use_tool(s3_workspace: tuple[Workspace, Any,
     context = ToolPermissionContext(tool_use_id="toolu_1")
     write = f"mcp__agentvfs__{FS.WRITE_FILE}"
     args = {"path": "out.txt", "content": "approved"}
-    bridge = Bridge(config)
-    try:
-        await bridge.start()
+    async with Bridge(config, can_use_tool=can_use) as bridge:
         # No approval at all (the tool was in allowed_tools, say): refused, nothing written.
         failed, text = await bridge.call(FS.WRITE_FILE, **args)
         assert failed and "not approved" in text
@@ -225,8 +303,15 @@ async def test_approval_through_can_use_tool(s3_workspace: tuple[Workspace, Any,
             await delegating("Bash", {"command": "ls"}, context), PermissionResultAllow
         )
         assert other_calls == ["Bash"]
-    finally:
-        await bridge.bridge.aclose()
+
+        # The same through the SDK's control channel, as the CLI asks before a tool call.
+        assert (await bridge.permission(write, args))["behavior"] == "allow"
+        failed, text = await bridge.call(FS.WRITE_FILE, **args)
+        assert not failed, text
+        verdict["ok"] = False
+        assert (await bridge.permission(write, args))["behavior"] == "deny"
+        failed, _ = await bridge.call(FS.WRITE_FILE, **args)
+        assert failed
 
 
 def mcp2_ready() -> str | None:
@@ -419,6 +504,42 @@ async def test_concurrent_appends_lose_nothing(
     # A retried batch (same uuids) is not doubled.
     await store.append(key, [entry(0, "b")])
     assert len(await store.load(key) or []) == 3 * batches
+
+
+async def test_summary_written_only_when_changed_and_rebuilt_when_unsure() -> None:
+    fs = MemoryFileSystem(skip_instance_cache=True)
+    root = f"/{unique('summaries')}"
+    store = FsspecSessionStore(fs, root)
+    key: Any = {"project_key": "p", "session_id": "s"}
+    path = f"{root}/p/s/summary.json"
+
+    async def listed() -> Any:
+        [summary] = await store.list_session_summaries("p")
+        [session] = await store.list_sessions("p")
+        assert summary["mtime"] == session["mtime"], "a summary listed is always fresh"
+        whole = fold_session_summary(None, key, await store.load(key) or [])
+        assert summary["data"] == whole["data"], "and is the fold of the whole transcript"
+        return summary
+
+    await store.append(key, [entry(0, cwd="/work")])
+    first = fs.cat_file(path)
+    for n in range(1, 5):
+        await store.append(key, [entry(n)])
+    assert fs.cat_file(path) == first, "a batch that changes nothing leaves the summary alone"
+    await listed()
+    assert fs.cat_file(path) == first, "a summary that covers every batch is not rebuilt"
+
+    # Another writer (another process, say) changes the summary behind this store's back;
+    # this store's next batches are folded onto what it last knew.
+    other = FsspecSessionStore(fs, root)
+    await other.append(key, [entry(5, customTitle="renamed")])
+    await store.append(key, [entry(6)])
+    assert (await listed())["data"]["custom_title"] == "renamed"
+    rebuilt = fs.cat_file(path)
+    await listed()
+    assert fs.cat_file(path) == rebuilt, "the rebuilt summary was stored"
+    await store.append(key, [entry(7, customTitle="mine")])
+    assert (await listed())["data"]["custom_title"] == "mine"
 
 
 WRITER = textwrap.dedent(

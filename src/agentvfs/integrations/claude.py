@@ -17,6 +17,8 @@ Three pieces, each usable alone:
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import inspect
 import json
 import os
@@ -26,7 +28,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -374,6 +376,7 @@ def _next_stamp() -> int:
         return _LAST_STAMP
 
 
+@functools.lru_cache(maxsize=1024)
 def _component(value: str, what: str) -> str:
     """One path component for a key part: percent-encoded, so any string is a single safe
     name (no ``/``, no ``.`` or ``..``) and decodes back exactly."""
@@ -382,6 +385,9 @@ def _component(value: str, what: str) -> str:
     encoded = quote(value, safe="")
     return "%2E" + encoded[1:] if encoded.startswith(".") else encoded
 
+
+#: One JSON Lines entry; built once, as ``json.dumps`` would build one a call.
+_LINE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 
 _MAIN = "transcript"
 _SUBKEYS = "subkeys"
@@ -407,11 +413,17 @@ class FsspecSessionStore(SessionStore):
     is not doubled. On local disk a batch is written under a hidden name and renamed, so a
     reader never sees half of one.
 
-    The summary is read, folded (``fold_session_summary``) and rewritten under a per-session
-    lock of this process. Its ``mtime`` is the stamp of the newest batch it has folded, the
-    same clock :meth:`list_sessions` reports, so a fold lost to a concurrent writer in another
-    process shows as stale, and the SDK then rebuilds that session's summary from the
-    transcript.
+    The summary (``fold_session_summary``) is kept in memory per session by each store
+    instance, read from storage only the first time the instance appends to that session. It
+    is written only when a batch changes it; a batch that leaves it as it was is written
+    alone, and its name carries a short hash of the summary data it left unchanged. The
+    summary object records the newest batch it folded and how many batches it folded, so
+    :meth:`list_session_summaries` can tell, from the listing alone, that it covers every
+    batch: all batches up to that newest one were folded, and every later one left exactly
+    this data unchanged. Then its ``mtime`` is the newest batch's stamp, the clock
+    :meth:`list_sessions` reports. A summary that cannot be vouched for that way (concurrent
+    writers in other instances or processes, a crash between the two writes) is rebuilt from
+    the transcript when listed and written back.
 
     Parameters
     ----------
@@ -461,6 +473,9 @@ class FsspecSessionStore(SessionStore):
         self._writer = uuid.uuid4().hex[:12]
         self._made: set[str] = set()
         self._locks: dict[str, tuple[anyio.Lock, int]] = {}
+        # The summary of each session this instance appended to, so an append neither reads
+        # nor (unless the summary changes) writes it; bounded, an evicted one is read again.
+        self._summaries: OrderedDict[str, _Summary] = OrderedDict()
 
     def __repr__(self) -> str:
         return f"FsspecSessionStore({type(self.fs).__name__}, root={self.root!r})"
@@ -488,14 +503,15 @@ class FsspecSessionStore(SessionStore):
             return func(*args)
         return await anyio.to_thread.run_sync(func, *args)
 
-    def _listing(self, directory: str) -> list[dict[str, Any]]:
-        """Every object under ``directory`` (recursively), newest listing from the store."""
+    def _listing(self, directory: str) -> list[str]:
+        """Every object under ``directory`` (recursively), as paths relative to it, newest
+        listing from the store."""
         self.fs.invalidate_cache(directory)
         try:
-            found = self.fs.find(directory, detail=True)
+            found = self.fs.find(directory)
         except FileNotFoundError:
             return []
-        return list(found.values()) if isinstance(found, dict) else []
+        return [self._relative(directory, name) for name in found]
 
     def _relative(self, directory: str, path: str) -> str:
         path = self.fs._strip_protocol(path)
@@ -503,7 +519,7 @@ class FsspecSessionStore(SessionStore):
         return path[len(prefix) :] if path.startswith(prefix) else ""
 
     def _batches(self, directory: str) -> list[str]:
-        names = [self._relative(directory, info["name"]) for info in self._listing(directory)]
+        names = self._listing(directory)
         return sorted(
             f"{directory}/{name}" for name in names if _is_batch(name) and "/" not in name
         )
@@ -535,33 +551,91 @@ class FsspecSessionStore(SessionStore):
     # -- the SessionStore protocol ---------------------------------------------------------
 
     async def append(self, key: SessionKey, entries: list[SessionStoreEntry]) -> None:
-        """Write ``entries`` as one new batch object (nothing when there are none), then fold
-        them into the session's summary (main transcripts only)."""
+        """Write ``entries`` as one new batch object (nothing when there are none); for a main
+        transcript, fold them into the session's summary and write it if they changed it."""
         if not entries:
             return
         directory = self._stream_dir(key)
         stamp = _next_stamp()  # before any await: call order is name order
-        body = "".join(
-            json.dumps(entry, ensure_ascii=False, separators=(",", ":")) + "\n" for entry in entries
-        ).encode()
-        name = f"{directory}/{stamp:020d}-{self._writer}{_BATCH_SUFFIX}"
+        body = "".join(_LINE.encode(entry) + "\n" for entry in entries).encode()
+        order = f"{stamp:020d}-{self._writer}"
         if "subpath" in key:
-            await self._run(self._write, name, body)
+            await self._run(self._write, f"{directory}/{order}{_BATCH_SUFFIX}", body)
             return
-        session = self._session_dir(key["project_key"], key["session_id"])
+        session = directory[: -len(_MAIN) - 1]
+        if self._inline:
+            # Memory storage runs inline: nothing below suspends, so appends cannot
+            # interleave, and a lock would only cost a pass through the event loop.
+            await self._append_main(session, directory, order, stamp, key, entries, body)
+            return
         async with self._session_lock(session):
-            await self._run(self._write, name, body)
-            await self._fold(session, key, entries, stamp // 1_000_000)
+            await self._append_main(session, directory, order, stamp, key, entries, body)
 
-    async def _fold(
-        self, session: str, key: SessionKey, entries: list[SessionStoreEntry], mtime: int
+    async def _append_main(
+        self,
+        session: str,
+        directory: str,
+        order: str,
+        stamp: int,
+        key: SessionKey,
+        entries: list[SessionStoreEntry],
+        body: bytes,
     ) -> None:
-        path = f"{session}/{_SUMMARY}"
-        previous = (await self._run(self._read_many, [path])).get(path)
-        prev: SessionSummaryEntry | None = json.loads(previous) if previous else None
-        folded = fold_session_summary(prev, key, entries)
-        folded["mtime"] = max(mtime, prev["mtime"] if prev else 0)
-        await self._run(self._write, path, json.dumps(folded, ensure_ascii=False).encode())
+        """Write a main transcript's batch, and its summary if the batch changes it."""
+        # Taken out while in use: if a write fails, what landed is unknown, and the next
+        # append reads the summary again.
+        state = self._summaries.pop(session, None)
+        if state is None:
+            state = await self._run(self._summary_state, session, key)
+        folded = fold_session_summary(state.entry(key), key, entries)
+        if folded["data"] == state.data:
+            # Unchanged: the batch alone, its name saying which data it left as it was.
+            name = f"{directory}/{order}-{state.digest}{_BATCH_SUFFIX}"
+            await self._run(self._write, name, body)
+            state = state.counted(1)
+        else:
+            # Batch first: a summary must never claim a batch that is not there.
+            await self._run(self._write, f"{directory}/{order}{_BATCH_SUFFIX}", body)
+            state = _Summary(folded["data"], state.folded + 1, order)
+            await self._run(self._write_summary, session, key, state, stamp)
+        self._summaries[session] = state
+        while len(self._summaries) > _CACHED_SUMMARIES:
+            self._summaries.popitem(last=False)
+
+    def _write_summary(self, session: str, key: SessionKey, state: _Summary, stamp: int) -> None:
+        record = {
+            "session_id": key["session_id"],
+            "mtime": stamp // 1_000_000,
+            "data": state.data,
+            "version": state.version,
+            "folded": state.folded,
+        }
+        self._write(f"{session}/{_SUMMARY}", json.dumps(record, ensure_ascii=False).encode())
+
+    def _summary_state(self, session: str, key: SessionKey) -> _Summary:
+        """The session's summary as stored, checked against its batches; rebuilt from them
+        (and written back) when it does not cover them all."""
+        directory = f"{session}/{_MAIN}"
+        leaves = [name.rsplit("/", 1)[-1] for name in self._batches(directory)]
+        stored = self._read_many([f"{session}/{_SUMMARY}"]).get(f"{session}/{_SUMMARY}")
+        state = _Summary.parse(stored)
+        if state is not None and state.covers(leaves):
+            return state.counted(len(leaves) - state.folded)
+        return self._rebuild(session, key, leaves)
+
+    def _rebuild(self, session: str, key: SessionKey, leaves: list[str]) -> _Summary:
+        """Fold the batches ``leaves`` of the session's main transcript afresh and store the
+        result (best effort: a reader without write access still gets it)."""
+        if not leaves:
+            return _Summary({}, 0, "")
+        directory = f"{session}/{_MAIN}"
+        paths = [f"{directory}/{leaf}" for leaf in leaves]
+        entries = _entries(paths, self._read_many(paths))
+        folded = fold_session_summary(None, key, entries)
+        state = _Summary(folded["data"], len(leaves), _order(leaves[-1]))
+        with contextlib.suppress(OSError):
+            self._write_summary(session, key, state, int(_order(leaves[-1])[:20]))
+        return state
 
     @contextlib.asynccontextmanager
     async def _session_lock(self, session: str) -> AsyncIterator[None]:
@@ -586,38 +660,14 @@ class FsspecSessionStore(SessionStore):
         if not batches:
             return None
         contents = await self._run(self._read_many, batches)
-        entries: list[SessionStoreEntry] = []
-        seen: set[str] = set()
-        for path in batches:
-            data = contents.get(path)
-            if data is None:
-                # Listed a moment ago, gone now: the session is being deleted.
-                continue
-            for number, line in enumerate(data.decode("utf-8").splitlines(), 1):
-                if not line:
-                    continue
-                try:
-                    entry = json.loads(line)
-                except ValueError as exc:
-                    raise ValueError(
-                        f"transcript batch {path} line {number} is not JSON ({exc}); it was not "
-                        "written by FsspecSessionStore, or was damaged: repair or remove it"
-                    ) from None
-                marker = entry.get("uuid") if isinstance(entry, dict) else None
-                if isinstance(marker, str):
-                    if marker in seen:
-                        continue
-                    seen.add(marker)
-                entries.append(entry)
-        return entries
+        return _entries(batches, contents)
 
     def _project(self, project_key: str) -> tuple[str, list[tuple[str, str, int]]]:
         """The project's directory and, for every object under it, (session component, path
         below the session, stamp in ms or 0)."""
         directory = self._join(_component(project_key, "project_key"))
         rows = []
-        for info in self._listing(directory):
-            relative = self._relative(directory, info["name"])
+        for relative in self._listing(directory):
             session, _, rest = relative.partition("/")
             if not rest:
                 continue
@@ -637,11 +687,29 @@ class FsspecSessionStore(SessionStore):
         return [{"session_id": unquote(s), "mtime": m} for s, m in newest.items()]
 
     async def list_session_summaries(self, project_key: str) -> list[SessionSummaryEntry]:
-        """The summaries kept by :meth:`append` for the sessions of ``project_key``."""
+        """The summaries of the sessions of ``project_key`` with a main transcript; one that
+        does not cover every batch is rebuilt from the transcript (and stored again)."""
         directory, rows = await self._run(self._project, project_key)
-        paths = [f"{directory}/{session}/{rest}" for session, rest, _ in rows if rest == _SUMMARY]
-        contents = await self._run(self._read_many, paths)
-        return [json.loads(contents[p]) for p in paths if p in contents]
+        leaves: dict[str, list[str]] = {}
+        for session, rest, _ in rows:
+            stream, _, leaf = rest.partition("/")
+            if stream == _MAIN and _is_batch(leaf):
+                leaves.setdefault(session, []).append(leaf)
+        paths = {s: f"{directory}/{s}/{_SUMMARY}" for s in leaves}
+        contents = await self._run(self._read_many, list(paths.values()))
+        found: list[SessionSummaryEntry] = []
+        for session, names in leaves.items():
+            names.sort()
+            key: SessionKey = {"project_key": project_key, "session_id": unquote(session)}
+            state = _Summary.parse(contents.get(paths[session]))
+            if state is None or not state.covers(names):
+                state = await self._run(self._rebuild, f"{directory}/{session}", key, names)
+                self._summaries.pop(f"{directory}/{session}", None)
+            mtime = int(names[-1][:20]) // 1_000_000
+            found.append(
+                {"session_id": key["session_id"], "mtime": mtime, "data": dict(state.data)}
+            )
+        return found
 
     async def delete(self, key: SessionKey) -> None:
         """Remove a session with its subagent transcripts and summary, or (with ``subpath``)
@@ -650,6 +718,7 @@ class FsspecSessionStore(SessionStore):
             target = self._stream_dir(key)
         else:
             target = self._session_dir(key["project_key"], key["session_id"])
+            self._summaries.pop(target, None)
         await self._run(self._remove, target)
 
     def _remove(self, target: str) -> None:
@@ -664,8 +733,7 @@ class FsspecSessionStore(SessionStore):
         directory = f"{self._session_dir(key['project_key'], key['session_id'])}/{_SUBKEYS}"
         listing = await self._run(self._listing, directory)
         found: set[str] = set()
-        for info in listing:
-            relative = self._relative(directory, info["name"])
+        for relative in listing:
             component, _, leaf = relative.partition("/")
             if _is_batch(leaf):
                 found.add(unquote(component))
@@ -679,3 +747,91 @@ def _is_batch(name: str) -> bool:
         and len(name) > 20
         and name[:20].isdigit()
     )
+
+
+def _order(leaf: str) -> str:
+    """``<stamp>-<writer>`` of a batch name: what orders it, without the summary hash."""
+    return "-".join(leaf[: -len(_BATCH_SUFFIX)].split("-")[:2])
+
+
+def _digest(data: Mapping[str, Any]) -> str:
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.blake2b(canonical.encode(), digest_size=8).hexdigest()
+
+
+#: Sessions whose summary one store instance keeps in memory.
+_CACHED_SUMMARIES = 256
+
+
+class _Summary:
+    """A session's folded summary data, how many batches it covers, and the newest of them
+    (``<stamp>-<writer>``; empty before any)."""
+
+    __slots__ = ("data", "digest", "folded", "version")
+
+    def __init__(
+        self, data: dict[str, Any], folded: int, version: str, digest: str | None = None
+    ) -> None:
+        self.data = data
+        self.folded = folded
+        self.version = version
+        self.digest = _digest(data) if digest is None else digest
+
+    @classmethod
+    def parse(cls, stored: bytes | None) -> _Summary | None:
+        """The summary object as written by this store; None if absent or of another form."""
+        if not stored:
+            return None
+        try:
+            record = json.loads(stored)
+            return cls(dict(record["data"]), int(record["folded"]), str(record["version"]))
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    def counted(self, more: int) -> _Summary:
+        """The same data, covering ``more`` further batches that left it unchanged."""
+        return _Summary(self.data, self.folded + more, self.version, self.digest)
+
+    def covers(self, leaves: list[str]) -> bool:
+        """Whether this summary is the fold of exactly the batches ``leaves`` (sorted): it
+        folded as many as there are up to its version, and every later one left its data
+        unchanged. A batch it never saw (a concurrent writer's) breaks the count or the hash."""
+        upto = sum(1 for leaf in leaves if _order(leaf) <= self.version)
+        if upto != self.folded:
+            return False
+        later = leaves[upto:]
+        return all(leaf[: -len(_BATCH_SUFFIX)].endswith(f"-{self.digest}") for leaf in later)
+
+    def entry(self, key: SessionKey) -> SessionSummaryEntry | None:
+        """What ``fold_session_summary`` takes as the previous summary of ``key``."""
+        if not self.folded:
+            return None
+        return {"session_id": key["session_id"], "mtime": 0, "data": self.data}
+
+
+def _entries(paths: list[str], contents: Mapping[str, bytes]) -> list[SessionStoreEntry]:
+    """The entries of the batches ``paths`` in that order; an entry with a ``uuid`` once."""
+    entries: list[SessionStoreEntry] = []
+    seen: set[str] = set()
+    for path in paths:
+        data = contents.get(path)
+        if data is None:
+            # Listed a moment ago, gone now: the session is being deleted.
+            continue
+        for number, line in enumerate(data.decode("utf-8").splitlines(), 1):
+            if not line:
+                continue
+            try:
+                entry = json.loads(line)
+            except ValueError as exc:
+                raise ValueError(
+                    f"transcript batch {path} line {number} is not JSON ({exc}); it was not "
+                    "written by FsspecSessionStore, or was damaged: repair or remove it"
+                ) from None
+            marker = entry.get("uuid") if isinstance(entry, dict) else None
+            if isinstance(marker, str):
+                if marker in seen:
+                    continue
+                seen.add(marker)
+            entries.append(entry)
+    return entries
