@@ -227,8 +227,10 @@ def create_server(
         if tool is None:
             return _error(f"Unknown tool: {tool_name}")
         try:
-            # Bad input is reported before the user is asked to approve anything.
-            validate_input(tool.name, tool.input_schema, args)
+            if tool.require_approval:
+                # Bad input is reported before the user is asked to approve anything (execute
+                # validates again; a tool that never asks relies on that one check).
+                validate_input(tool.name, tool.input_schema, args)
             if await tool.needs_approval(args):
                 refusal = await (approve or ask_client)(tool, args)
                 if refusal is not None:
