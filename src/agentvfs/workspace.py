@@ -647,7 +647,8 @@ class Workspace:
         removed : bool, optional
             The path was deleted.
         """
-        await self._after_tool_write("delete" if removed else "write_file", path, self._filesystem)
+        if self._filesystem is not None:
+            await self._after_tool_write("delete" if removed else "write_file", path, self._filesystem)
 
     async def _after_tool_write(self, operation: str, path: str, fs: WorkspaceFilesystem) -> None:
         """Keep indexed paths fresh after a tool changed them (``tools={"auto_reindex": True}``)."""
