@@ -23,8 +23,17 @@ from deepagents import create_deep_agent
 from deepagents.backends import CompositeBackend, FilesystemBackend, StateBackend, StoreBackend
 from deepagents.backends.protocol import (
     BackendProtocol,
+    FileData,
     FileDownloadResponse,
     SandboxBackendProtocol,
+)
+from deepagents.backends.utils import (
+    _EXTENSION_TO_FILE_TYPE,
+    _VIDEO_EXTRA_EXTENSIONS,
+    InvalidGlobPatternError,
+    _get_backend_read_file_type,
+    compile_grep_include_glob,
+    slice_read_response,
 )
 from fsspec.implementations.memory import MemoryFileSystem
 from langchain_core.tools import BaseTool
@@ -35,11 +44,15 @@ from agentvfs import FsspecFilesystem, LocalFilesystem, LocalSandbox, Workspace
 from agentvfs.integrations.deepagents import (
     AgentVFSBackend,
     AgentVFSSandbox,
+    _BadGlob,
     _blocking,
+    _glob_matcher,
+    _reads_as_text,
+    _text_window,
     search_tools,
 )
-from agentvfs.testing import MotoServer
-from conftest import S3_BUCKET, unique
+from agentvfs.testing import FakeGcsServer, MotoServer
+from conftest import GCS_BUCKET, S3_BUCKET, unique
 
 
 def _sandbox_kit() -> Any:
@@ -80,6 +93,10 @@ def _memory_fs() -> FsspecFilesystem:
 
 def _s3_fs(moto: MotoServer, prefix: str) -> FsspecFilesystem:
     return FsspecFilesystem(moto.s3fs(use_listings_cache=False), root=f"{S3_BUCKET}/{prefix}")
+
+
+def _gcs_fs(fake_gcs: FakeGcsServer, prefix: str) -> FsspecFilesystem:
+    return FsspecFilesystem(fake_gcs.gcsfs(use_listings_cache=False), root=f"{GCS_BUCKET}/{prefix}")
 
 
 # -- deepagents' sandbox test kit ---------------------------------------------------------------
@@ -209,6 +226,24 @@ class TestS3SandboxKit(_DeepagentsSemantics):
         mounts = {"/s3": _s3_fs(moto, unique("kit"))}
         ws = Workspace(mounts=mounts, sandbox=_bwrap_sandbox(work))
         yield from _sandbox_fixture(request, ws, f"{work}/s3")
+
+
+@pytest.mark.gcs
+class TestGcsSandboxKit(_DeepagentsSemantics):
+    """A fake-gcs-server prefix mounted (FUSE) into the sandbox's working directory at ``gcs``."""
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def sandbox(
+        cls,
+        request: pytest.FixtureRequest,
+        tmp_path_factory: pytest.TempPathFactory,
+        fake_gcs: FakeGcsServer,
+    ) -> Iterator[AgentVFSSandbox]:
+        work = str(tmp_path_factory.mktemp("deepagents-gcs"))
+        mounts = {"/gcs": _gcs_fs(fake_gcs, unique("kit"))}
+        ws = Workspace(mounts=mounts, sandbox=_bwrap_sandbox(work))
+        yield from _sandbox_fixture(request, ws, f"{work}/gcs")
 
 
 # -- deepagents' glob contract, one column per backend ---------------------------------------
@@ -353,6 +388,117 @@ def test_grep_include_glob_matrix_matches_store_backend(
     assert [m["path"] for m in literal.matches or []] == ["/data/image.png"]
     capped = ours.grep("needle", max_count=2)
     assert len(capped.matches or []) == 2 and capped.truncated
+
+
+# -- the adapter's own read and glob rules, against deepagents' helpers -------------------------
+#
+# The adapter implements these rules itself (deepagents' helpers are private and slow); these
+# tests hold them to deepagents' helpers, so a change in a deepagents release shows up here.
+
+
+def test_read_types_match_deepagents() -> None:
+    """Text or binary: the same answer as deepagents for each suffix it knows, in any case,
+    and for the names where pathlib sees no suffix (dot files, trailing dots, directories)."""
+    suffixes = [*_EXTENSION_TO_FILE_TYPE, *_VIDEO_EXTRA_EXTENSIONS, ".txt", ".md", ".py", ""]
+    paths = [
+        form.format(ext=ext)
+        for suffix in suffixes
+        for ext in (suffix, suffix.upper(), suffix.title())
+        for form in (
+            "/a{ext}",
+            "/dir/b.tar{ext}",
+            "/x{ext}.txt",
+            "/{ext}",
+            "/d/{ext}",
+            "/a{ext}/",
+            "/a{ext}/.",
+            "/a{ext}//./",
+            "/a{ext}.",
+            "/.{ext}",
+            "a{ext}",
+        )
+    ]
+    assert len([p for p in paths if not _reads_as_text(p)]) > 100  # binary cases are covered
+    assert [
+        p for p in paths if _reads_as_text(p) != (_get_backend_read_file_type(p) == "text")
+    ] == []
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "one\ntwo\nthree\n",
+        "one\ntwo\nthree",
+        "crlf\r\nlines\r\n",
+        "old\rmac\rends",
+        "mixed\r\nends\nand\rmore\n\n",
+        "form\x0cfeed\x0bvtab\x1cfs\x85nel\u2028ls\u2029ps\n",
+        "x",
+        "  \nlead blank\n",
+    ],
+)
+def test_read_windows_match_deepagents(text: str) -> None:
+    """Each window of a text, bounds degenerate or past the end included, is deepagents'."""
+    bounds = [-3, -1, 0, 1, 2, 3, 4, 7]
+    for offset in bounds:
+        for limit in [*bounds, 2000]:
+            expected = slice_read_response(FileData(content=text, encoding="utf-8"), offset, limit)
+            got = _text_window(text, offset, limit, keep_last_newline=True)
+            assert got == expected, (offset, limit)
+
+
+#: Paths relative to a search root, for the glob rules: nested, dotted, odd characters.
+_RELATIVE_PATHS = [
+    *(path.lstrip("/") for path in _TREE),
+    "a.py",
+    "b.ts",
+    "x/y/z.py",
+    ".a/b.py",
+    "a/.b/c.py",
+    "a/b/.c.py",
+    "dir.py/inner.txt",
+    "a b/c d.md",
+    "we\u00efrd/\u00e9t\u00e9.py",
+    "new\nline.py",
+    "trailing.",
+    "!bang.py",
+]
+
+_MORE_GLOBS = [
+    "**/*",
+    "*/*.py",
+    "/src/**",
+    "x/**/z.py",
+    "**/.b/*.py",
+    "a/**/.c.py",
+    "{a,b}.{py,ts}",
+    "{src,docs}/**/*.md",
+    "*.{py",
+    "[a-",
+    "[!a]*",
+    "!bang.py",
+    "*\\.py",
+    "dir.py",
+    "*.",
+    "",
+    "/",
+    "//a.py",
+]
+
+
+def test_glob_rules_match_deepagents() -> None:
+    """Every pattern selects the paths deepagents' shared include-glob matcher selects, and
+    the patterns it refuses are refused."""
+    patterns = sorted({pattern for pattern, _ in _GLOBS} | set(_MORE_GLOBS))
+    for pattern in patterns:
+        reference = compile_grep_include_glob(pattern)
+        expected = [path for path in _RELATIVE_PATHS if reference(path)]
+        assert _glob_matcher(pattern)(_RELATIVE_PATHS) == expected, pattern
+    for refused in ["../*.py", "a/../b", "..\\x", "*.{" + ",".join(map(str, range(1100))) + "}"]:
+        with pytest.raises(InvalidGlobPatternError):
+            compile_grep_include_glob(refused)
+        with pytest.raises(_BadGlob):
+            _glob_matcher(refused)
 
 
 # -- in a deep agent ----------------------------------------------------------------------------

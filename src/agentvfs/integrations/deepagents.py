@@ -35,9 +35,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
+import operator
 import posixpath
+import re
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
+from itertools import compress, repeat
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from agentvfs.integrations import require
@@ -69,12 +73,9 @@ from deepagents.backends.protocol import (  # noqa: E402  (after the check that 
 from deepagents.backends.sandbox import MAX_BINARY_BYTES  # noqa: E402
 from deepagents.backends.utils import (  # noqa: E402
     EMPTY_CONTENT_WARNING,
-    InvalidGlobPatternError,
-    _get_backend_read_file_type,
-    compile_grep_include_glob,
     perform_string_replacement,
-    slice_read_response,
 )
+from wcmatch import glob as wcglob  # noqa: E402
 
 from agentvfs.errors import StaleFileError, WorkspaceReadOnlyError  # noqa: E402
 from agentvfs.vfs import WorkspaceFilesystem, list_stats, read_many, walk  # noqa: E402
@@ -193,7 +194,128 @@ def _iso(stat: Any) -> str | None:
     return modified.isoformat() if modified is not None else None
 
 
-# -- the backend -------------------------------------------------------------------------------
+# -- deepagents' read and glob rules -----------------------------------------------------------
+#
+# Implemented here rather than taken from deepagents' private helpers: those are no part of its
+# API (they may change in any release), and they build a ``PurePosixPath`` per file, which cost
+# more than the read or the match itself. The tests check both against deepagents' own.
+
+#: Suffixes (lower case) that deepagents reads as binary, returned whole as base64: its
+#: multimodal types (images, video, audio, documents) and ``.mkv``, a video container it never
+#: decodes as text. Every other file is read as text.
+_BINARY_SUFFIXES = frozenset(
+    {
+        *(".png", ".jpeg", ".jpg", ".webp", ".gif", ".heic", ".heif"),
+        *(".mp4", ".mpeg", ".mov", ".avi", ".flv", ".mpg", ".webm", ".wmv", ".3gpp", ".mkv"),
+        *(".wav", ".mp3", ".aiff", ".aac", ".ogg", ".flac"),
+        *(".pdf", ".ppt", ".pptx"),
+    }
+)
+
+
+def _reads_as_text(path: str) -> bool:
+    """Whether deepagents reads ``path`` as text: unless its name's last suffix (as
+    ``pathlib`` takes it: a leading or trailing dot is none) is a binary one, in any case."""
+    dot = path.rfind(".")
+    if path[dot:].lower() in _BINARY_SUFFIXES:
+        # The suffix ends the name; a name that is only the suffix ('.png') is a dot file.
+        return dot == 0 or path[dot - 1] == "/"
+    if not path.endswith(("/", "/.")):
+        return True
+    # '/dir.png/' or '/dir.png/.': pathlib takes the last real segment for the name.
+    name = next((part for part in reversed(path.split("/")) if part not in ("", ".")), "")
+    return _reads_as_text(name) if name else True
+
+
+def _text_window(text: str, offset: int, limit: int, *, keep_last_newline: bool) -> ReadResult:
+    """``limit`` lines of a non-blank ``text`` from line ``offset`` (0-based), with
+    deepagents' paging: negative bounds count as 0, a zero ``limit`` reads nothing
+    (``no_lines_requested``), lines end at any of ``str.splitlines``' breaks and come back
+    with ``\n`` ends, and an offset past the last line is an error."""
+    if type(offset) is not int or offset < 0:
+        offset = max(int(offset), 0)
+    if type(limit) is not int or limit < 0:
+        limit = max(int(limit), 0)
+    if limit == 0:
+        return ReadResult(file_data=FileData(content="", encoding="utf-8"), no_lines_requested=True)
+    lines = text.splitlines(keepends=True)
+    total = len(lines)
+    if offset >= total:
+        return ReadResult(error=f"Line offset {offset} exceeds file length ({total} lines)")
+    end = min(offset + limit, total)
+    # The usual read is of the whole file: its text is the window, with no copy.
+    window = text if offset == 0 and end == total else "".join(lines[offset:end])
+    if "\r" in window:
+        window = window.replace("\r\n", "\n").replace("\r", "\n")
+    if not keep_last_newline:
+        window = window.removesuffix("\n")
+    file_data: FileData = {"content": window, "encoding": "utf-8"}
+    return ReadResult(
+        file_data=file_data,
+        total_lines=total,
+        start_line=offset + 1,
+        end_line=end,
+        next_offset=end if end < total else None,
+    )
+
+
+class _BadGlob(ValueError):
+    """A glob pattern deepagents refuses (a ``..`` segment, or one too large to expand)."""
+
+
+def _no_match(_path: str) -> re.Match[str] | None:
+    return None
+
+
+#: The last part of a ``str.rpartition`` triple.
+_NAME_OF = operator.itemgetter(2)
+
+
+@functools.lru_cache(maxsize=256)
+def _glob_matcher(pattern: str) -> Callable[[Iterable[str]], list[str]]:
+    """deepagents' include-glob rules for ``pattern``, compiled once into one regular
+    expression: a filter of paths relative to the search root, keeping their order.
+
+    Brace expansion and ``**`` (which never enters dot directories); a name starting with
+    ``.`` matches only a pattern segment starting with ``.``. A pattern with a ``/`` (a
+    leading one anchors it, and is dropped) matches the whole relative path, one without
+    it the file's name at any depth.
+
+    Raises
+    ------
+    _BadGlob
+        ``pattern`` has a ``..`` segment, or expands past wcmatch's limit.
+    """
+    if ".." in pattern.replace("\\", "/").split("/"):
+        raise _BadGlob(
+            f"Invalid glob pattern {pattern!r}: '..' segments are not allowed (a glob "
+            "selects files below the search path)"
+        )
+    try:
+        include, exclude = wcglob.translate(
+            pattern.lstrip("/"), flags=wcglob.BRACE | wcglob.GLOBSTAR
+        )
+    except Exception as exc:  # wcmatch raises only private types (its pattern limit)
+        raise _BadGlob(f"Invalid glob pattern {pattern!r}: {exc}") from exc
+    # wcmatch's own matcher builds an object per path; one regex match per path is all it
+    # does without REALPATH, so the comprehensions below run it with no call of ours.
+    wanted = re.compile("|".join(include)).fullmatch if include else _no_match
+    unwanted = re.compile("|".join(exclude)).fullmatch if exclude else _no_match
+    if "/" in pattern:
+        if not exclude:
+            return lambda paths: [p for p in paths if wanted(p)]
+        return lambda paths: [p for p in paths if wanted(p) and not unwanted(p)]
+
+    def select_by_name(paths: Iterable[str]) -> list[str]:
+        # map and compress keep the per-path work in C: a path's name is its last part.
+        listed = list(paths)
+        names = list(map(_NAME_OF, map(str.rpartition, listed, repeat("/"))))
+        if not exclude:
+            return list(compress(listed, map(wanted, names)))
+        pairs = zip(listed, names, strict=True)
+        return [path for path, name in pairs if wanted(name) and not unwanted(name)]
+
+    return select_by_name
 
 
 class AgentVFSBackend(BackendProtocol):
@@ -283,6 +405,23 @@ class AgentVFSBackend(BackendProtocol):
         _BadPath
             Not a string, not absolute, with ``..`` or ``~``, or outside the root.
         """
+        if (
+            isinstance(path, str)
+            and path.startswith("/")
+            and "/." not in path
+            and "//" not in path
+            and "\\" not in path
+            and "\x00" not in path
+            and not path.endswith("/")
+        ):
+            # The common, already clean path (no '.', '..' or empty segment is possible
+            # without '/.' or '//'): only its place under the root to check.
+            if self._root == "/":
+                return path[1:]
+            if path == self._root:
+                return ""
+            if path.startswith(self._root + "/"):
+                return path[len(self._root) + 1 :]
         if not isinstance(path, str) or not path:
             raise _BadPath(
                 f"Invalid path {path!r}: expected an absolute path such as '/notes/todo.md'"
@@ -365,7 +504,7 @@ class AgentVFSBackend(BackendProtocol):
         """
         try:
             rel = self._relative(file_path)
-            is_text = _get_backend_read_file_type(file_path) == "text"
+            is_text = _reads_as_text(file_path)
             if not is_text:
                 # Only non-text files may be refused for size: check before reading them whole.
                 size = (await self._fs.stat(rel)).size
@@ -387,16 +526,11 @@ class AgentVFSBackend(BackendProtocol):
             except UnicodeDecodeError:
                 pass  # bytes that are not text: returned as base64 below, as the sandboxes do
             else:
-                if not text or not text.strip():
+                if not text or text.isspace():
                     return ReadResult(
                         file_data=FileData(content=EMPTY_CONTENT_WARNING, encoding="utf-8")
                     )
-                window = slice_read_response(
-                    FileData(content=text, encoding="utf-8"), offset, limit
-                )
-                if not self._page_line_ends and window.file_data is not None:
-                    window.file_data["content"] = window.file_data["content"].removesuffix("\n")
-                return window
+                return _text_window(text, offset, limit, keep_last_newline=self._page_line_ends)
         if len(data) > self._max_binary:
             return self._too_large(file_path)
         return ReadResult(
@@ -566,11 +700,11 @@ class AgentVFSBackend(BackendProtocol):
             return GrepResult(error="Error: grep needs a non-empty literal pattern to search for")
         if max_count is not None and max_count < 0:
             return GrepResult(error=f"Error: max_count must be non-negative, got {max_count}")
-        matcher: Callable[[str], bool] | None = None
+        matcher: Callable[[Iterable[str]], list[str]] | None = None
         if glob:
             try:
-                matcher = compile_grep_include_glob(glob)
-            except InvalidGlobPatternError as exc:
+                matcher = _glob_matcher(glob)
+            except _BadGlob as exc:
                 return GrepResult(error=str(exc), matches=[])
         try:
             rel = self._relative(path or self._root)
@@ -582,7 +716,11 @@ class AgentVFSBackend(BackendProtocol):
         if found is None:
             return GrepResult(matches=[])
         files, base = found
-        selected = sorted(p for p, _ in files if matcher is None or matcher(_below(p, base)))
+        if matcher is None:
+            selected = sorted(p for p, _ in files)
+        else:
+            below = {_below(p, base): p for p, _ in files}
+            selected = sorted(below[name] for name in matcher(below))
         contents = await read_many(self._fs, selected)
         matches: list[GrepMatch] = []
         unreadable: list[str] = []
@@ -626,8 +764,8 @@ class AgentVFSBackend(BackendProtocol):
         directories); a leading ``/`` anchors it. Paths returned are absolute, sorted.
         """
         try:
-            matcher = compile_grep_include_glob(pattern)
-        except InvalidGlobPatternError as exc:
+            matcher = _glob_matcher(pattern)
+        except _BadGlob as exc:
             return GlobResult(error=str(exc), matches=None)
         try:
             rel = self._relative(path or self._root)
@@ -641,17 +779,17 @@ class AgentVFSBackend(BackendProtocol):
             return GlobResult(matches=[])
         except OSError as exc:
             return GlobResult(error=f"Error globbing path '{path}': {_describe(exc)}", matches=[])
+        # Entry names are relative to ``rel``: matched as they are, and shown below one
+        # prefix, so sorting the names sorts the paths.
+        sizes = {entry.name: entry.size for entry in entries if entry.type == "file"}
+        prefix = self._absolute(rel).rstrip("/") + "/"
         out: list[FileInfo] = []
-        for entry in entries:
-            if entry.type == "file" and matcher(entry.name):
-                info: FileInfo = {
-                    "path": self._absolute(posixpath.join(rel, entry.name)),
-                    "is_dir": False,
-                }
-                if entry.size is not None:
-                    info["size"] = int(entry.size)
-                out.append(info)
-        out.sort(key=lambda item: item["path"])
+        for name in sorted(matcher(sizes)):
+            info: FileInfo = {"path": prefix + name, "is_dir": False}
+            size = sizes[name]
+            if size is not None:
+                info["size"] = int(size)
+            out.append(info)
         return GlobResult(matches=out)
 
     def glob(self, pattern: str, path: str | None = None) -> GlobResult:
