@@ -6,6 +6,7 @@ storage finds what the killed one had staged, reports it and aborts its multipar
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -331,3 +332,34 @@ def test_a_second_sigterm_stops_at_once_and_the_next_mount_recovers(mnt: str, tm
         stop_mount(second, log)
     (kept,) = list_recovered(os.fspath(state), storage.recovery_url)
     assert kept.path == "f.bin" and open(kept.data, "rb").read() == new
+
+
+def test_the_recovery_area_holds_to_its_budget(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Conflicts can be made on purpose (a command and the API writing one file in turn): the
+    copies they leave are bounded per path, in files and in bytes, oldest dropped first."""
+    from agentvfs.mounts._recovery import RecoveryArea
+
+    area = RecoveryArea(os.fspath(tmp_path / "state"), "memory://budget", "/mnt", max_bytes=1000, max_files=6, max_versions=3)
+
+    def keep(path: str, size: int, tag: str) -> str:
+        source = tmp_path / f"stage-{tag}"
+        source.write_bytes(tag.encode().ljust(size, b"."))
+        return area.keep(os.fspath(source), path=path, base=None, reason="conflict").id
+
+    with caplog.at_level(logging.ERROR, logger="agentvfs"):
+        ids = [keep("same.txt", 10, f"v{i}") for i in range(5)]
+        kept = list_recovered(os.fspath(tmp_path / "state"), "memory://budget")
+        assert [entry.id for entry in kept if entry.path == "same.txt"] == ids[-3:]  # the newest 3
+        others = [keep(f"f{i}.txt", 10, f"o{i}") for i in range(5)]
+        kept = list_recovered(os.fspath(tmp_path / "state"), "memory://budget")
+        assert len(kept) == 6 and others[-1] in {entry.id for entry in kept}
+        big = keep("big.bin", 900, "big")
+        kept = list_recovered(os.fspath(tmp_path / "state"), "memory://budget")
+        assert sum(entry.size for entry in kept) <= 1000
+        assert big in {entry.id for entry in kept}  # the newest is never the one dropped
+        huge = keep("huge.bin", 5000, "huge")  # alone over the budget: kept, all else dropped
+        kept = list_recovered(os.fspath(tmp_path / "state"), "memory://budget")
+        assert [entry.id for entry in kept] == [huge]
+    assert "over its budget" in caplog.text and "dropped" in caplog.text
+    # What remains is whole: each kept copy holds the bytes it was kept with.
+    assert Path(kept[0].data).read_bytes().startswith(b"huge")

@@ -8,11 +8,13 @@ the next mount of the same storage finds it (its lock is free): every file that 
 unpublished goes to the recovery area, ``<state>/recovery/<storage key>/<id>/`` (the bytes as
 ``data``, the facts as ``entry.json``), is reported, and the multipart uploads the journal
 names are aborted. Nothing here uploads what it finds, or deletes data that never reached
-storage: ``agentvfs recover`` lists, restores or discards it.
+storage beyond the area's budget: ``agentvfs recover`` lists, restores or discards it.
 
 The live mount puts files into the recovery area too: a file still open for writing when the
 mount stops, an upload that failed (and was reported to its writer), a write refused because
-storage changed since the mount last saw the file.
+storage changed since the mount last saw the file. The area has a budget (bytes, files, and
+versions of one path; ``RecoveryArea``): past it the oldest copies are dropped, each logged as
+an error, so conflicts made on purpose cannot fill the disk.
 """
 
 from __future__ import annotations
@@ -144,6 +146,12 @@ def _move_into(source: str, dest: str) -> int:
     return os.stat(dest).st_size
 
 
+#: The budget of one storage location's recovery area (see :meth:`RecoveryArea._prune`).
+RECOVERY_MAX_BYTES = 1 << 30
+RECOVERY_MAX_FILES = 1000
+RECOVERY_MAX_VERSIONS = 16
+
+
 class RecoveryArea:
     """The recovery area of one storage location.
 
@@ -155,12 +163,27 @@ class RecoveryArea:
         The storage URL.
     mountpoint : str
         The mount whose files are kept (recorded with each).
+    max_bytes, max_files, max_versions : int, optional
+        The area's budget: bytes and files in all, and kept versions of one path. Past it,
+        the oldest copies are dropped (each logged as an error).
     """
 
-    def __init__(self, root: str, url: str, mountpoint: str) -> None:
+    def __init__(
+        self,
+        root: str,
+        url: str,
+        mountpoint: str,
+        *,
+        max_bytes: int = RECOVERY_MAX_BYTES,
+        max_files: int = RECOVERY_MAX_FILES,
+        max_versions: int = RECOVERY_MAX_VERSIONS,
+    ) -> None:
         self.url = url
         self.mountpoint = mountpoint
         self.path = os.path.join(root, "recovery", storage_key(url))
+        self.max_bytes = max_bytes
+        self.max_files = max_files
+        self.max_versions = max_versions
         self._names = itertools.count()
 
     def keep(self, source: str, *, path: str, base: str | None, reason: str) -> RecoveredFile:
@@ -186,7 +209,57 @@ class RecoveryArea:
             "/%s was not published (%s); its %d bytes are kept as %s (agentvfs recover --list)",
             path, reason, size, data,
         )
+        self._prune(kept)
         return kept
+
+    def _prune(self, newest: RecoveredFile) -> None:
+        """Hold the area to its budget: the newest ``max_versions`` of a path, ``max_files``
+        files and ``max_bytes`` bytes, dropping the oldest first (never ``newest``).
+
+        Whoever can write through a mount can make conflicts (a command and the API writing
+        one file in turn, or another writer): unbounded, the copies they leave would fill the
+        host's disk. Each dropped copy is logged as an error.
+        """
+        entries: list[RecoveredFile] = []
+        with contextlib.suppress(FileNotFoundError):
+            for ident in os.listdir(self.path):
+                try:
+                    with open(os.path.join(self.path, ident, _ENTRY), encoding="utf-8") as f:
+                        entries.append(RecoveredFile(**json.load(f)))
+                except (OSError, ValueError, TypeError):
+                    continue
+        entries.sort(key=_age)
+        drop: dict[str, RecoveredFile] = {}
+        versions = [entry for entry in entries if entry.path == newest.path]
+        for entry in versions[: max(0, len(versions) - self.max_versions)]:
+            drop[entry.id] = entry
+        left = [entry for entry in entries if entry.id not in drop]
+        total = sum(entry.size for entry in left)
+        count = len(left)
+        for entry in left:
+            if total <= self.max_bytes and count <= self.max_files:
+                break
+            if entry.id == newest.id:
+                continue
+            drop[entry.id] = entry
+            total -= entry.size
+            count -= 1
+        for entry in drop.values():
+            with contextlib.suppress(FileNotFoundError):
+                shutil.rmtree(os.path.dirname(entry.data))
+            _log.error(
+                "recovery area of %s over its budget (%d versions of a path, %d files, %d bytes): "
+                "dropped %s, the copy of /%s kept at %s (%d bytes)",
+                self.url, self.max_versions, self.max_files, self.max_bytes,
+                entry.id, entry.path, entry.kept_at, entry.size,
+            )  # fmt: skip
+
+
+def _age(entry: RecoveredFile) -> tuple[str, str, int]:
+    """Order of keeping: the time, then the keeping process's counter (``stamp-pid-n``)."""
+    stamp, _, rest = entry.id.partition("-")
+    pid, _, number = rest.partition("-")
+    return (entry.kept_at, f"{stamp}-{pid}", int(number) if number.isdigit() else 0)
 
 
 class Session:
