@@ -8,6 +8,7 @@ through the SDK's own code (its MCP bridge, its session helpers, its conformance
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
@@ -35,7 +36,7 @@ from claude_agent_sdk.testing import run_session_store_conformance
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
-from agentvfs import FsspecFilesystem, LocalFilesystem, Workspace
+from agentvfs import FsspecFilesystem, LocalFilesystem, MountError, Workspace
 from agentvfs.integrations.claude import (
     FsspecSessionStore,
     claude_allowed_tools,
@@ -162,15 +163,28 @@ class Bridge:
         result: dict[str, Any] = response["result"]
         return result
 
-    async def call(self, tool: str, **args: Any) -> tuple[bool, str]:
-        result = await self.request("tools/call", {"name": tool, "arguments": args})
+    async def call(
+        self, tool: str, tool_use_id: str | None = None, **args: Any
+    ) -> tuple[bool, str]:
+        """Call ``tool``; with ``tool_use_id``, in the ``_meta`` key the Claude CLI uses."""
+        params: dict[str, Any] = {"name": tool, "arguments": args}
+        if tool_use_id is not None:
+            params["_meta"] = {"claudecode/toolUseId": tool_use_id}
+        result = await self.request("tools/call", params)
         text = "\n".join(block["text"] for block in result["content"] if block["type"] == "text")
         return bool(result.get("isError")), text
 
-    async def permission(self, tool: str, args: dict[str, Any]) -> dict[str, Any]:
+    async def permission(
+        self, tool: str, args: dict[str, Any], tool_use_id: str = "toolu_9"
+    ) -> dict[str, Any]:
         """Ask the SDK's ``can_use_tool`` as the CLI does before running a tool."""
         return await self.cli.control(
-            {"subtype": "can_use_tool", "tool_name": tool, "input": args, "tool_use_id": "toolu_9"}
+            {
+                "subtype": "can_use_tool",
+                "tool_name": tool,
+                "input": args,
+                "tool_use_id": tool_use_id,
+            }
         )
 
 
@@ -314,6 +328,73 @@ async def test_approval_through_can_use_tool(s3_workspace: tuple[Workspace, Any,
         assert failed
 
 
+async def test_an_approval_covers_its_own_tool_use_only(tmp_path: Path) -> None:
+    workspace = Workspace(
+        filesystem=LocalFilesystem(base_path=str(tmp_path)),
+        tools={FS.WRITE_FILE: {"require_approval": True}},
+    )
+    config = await claude_mcp_server(workspace)
+    asked: list[str | None] = []
+
+    def approve(name: str, args: dict[str, Any], context: ToolPermissionContext) -> bool:
+        asked.append(context.tool_use_id)
+        return True
+
+    can_use = claude_can_use_tool(config, approve)
+    write = f"mcp__agentvfs__{FS.WRITE_FILE}"
+    args = {"path": "deploy.sh", "content": "approved\n"}
+    target = tmp_path / "deploy.sh"
+    async with workspace:
+        async with Bridge(config, can_use_tool=can_use) as bridge:
+            assert (await bridge.permission(write, args, "toolu_A"))["behavior"] == "allow"
+            assert asked == ["toolu_A"], "the SDK hands the CLI's tool use id to the callback"
+            # Another tool use with the very same arguments is not the approved one.
+            failed, text = await bridge.call(FS.WRITE_FILE, tool_use_id="toolu_B", **args)
+            assert failed and "not approved" in text and not target.exists()
+            failed, text = await bridge.call(FS.WRITE_FILE, tool_use_id="toolu_A", **args)
+            assert not failed, text
+            assert target.read_text() == "approved\n"
+            failed, _ = await bridge.call(FS.WRITE_FILE, tool_use_id="toolu_A", **args)
+            assert failed, "the approval was used up by its call"
+
+            # Approved, then the run is interrupted before the call is made...
+            target.unlink()
+            assert (await bridge.permission(write, args, "toolu_C"))["behavior"] == "allow"
+        # ... so the grant goes with the session: a later one (tool in allowed_tools, say,
+        # so nobody is asked) cannot use it, with or without an id.
+        async with Bridge(config) as bridge:
+            failed, text = await bridge.call(FS.WRITE_FILE, **args)
+            assert failed and "not approved" in text
+            failed, _ = await bridge.call(FS.WRITE_FILE, tool_use_id="toolu_C", **args)
+            assert failed
+        assert not target.exists()
+
+
+async def test_an_approval_expires(tmp_path: Path) -> None:
+    workspace = Workspace(
+        filesystem=LocalFilesystem(base_path=str(tmp_path)),
+        tools={FS.WRITE_FILE: {"require_approval": True}},
+    )
+    config = await claude_mcp_server(workspace)
+    lifetime = 0.05
+    can_use = claude_can_use_tool(config, lambda *_: True, grant_lifetime=lifetime)
+    write = f"mcp__agentvfs__{FS.WRITE_FILE}"
+    args = {"path": "late.txt", "content": "late"}
+    async with workspace, Bridge(config, can_use_tool=can_use) as bridge:
+        assert (await bridge.permission(write, args, "toolu_late"))["behavior"] == "allow"
+        await anyio.sleep(lifetime * 3)
+        failed, text = await bridge.call(FS.WRITE_FILE, tool_use_id="toolu_late", **args)
+        assert failed and "not approved" in text
+        assert not (tmp_path / "late.txt").exists()
+        # In time, the same approval works (no id sent: matched on the arguments).
+        assert (await bridge.permission(write, args, "toolu_soon"))["behavior"] == "allow"
+        failed, text = await bridge.call(FS.WRITE_FILE, **args)
+        assert not failed, text
+    assert (tmp_path / "late.txt").read_text() == "late"
+    with pytest.raises(ValueError, match="grant_lifetime"):
+        claude_can_use_tool(config, lambda *_: True, grant_lifetime=0)
+
+
 def mcp2_ready() -> str | None:
     if not MCP2_PYTHON.exists():
         return f"{MCP2_PYTHON} is missing (scripts/setup.sh --extras test installs it)"
@@ -419,6 +500,34 @@ async def test_mounted_cwd_of_local_and_resolved_workspaces(tmp_path: Path) -> N
     resolved = Workspace(filesystem=lambda ctx: LocalFilesystem(base_path=str(tmp_path)))
     with pytest.raises(ValueError, match="static filesystem"):
         async with mounted_cwd(resolved):
+            pass
+
+
+async def test_mounted_cwd_of_a_read_only_local_directory(tmp_path: Path) -> None:
+    reason = fuse_available()
+    if reason is not None:
+        pytest.skip(f"FUSE is not available here: {reason}")
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "keep.txt").write_text("original\n")
+    filesystem = LocalFilesystem(base_path=str(base), read_only=True)
+    for workspace in (filesystem, Workspace(filesystem=filesystem)):
+        async with mounted_cwd(workspace) as cwd:
+            assert cwd != str(base) and os.path.ismount(cwd), "mounted, not the directory itself"
+            assert Path(cwd, "keep.txt").read_text() == "original\n"
+            # What Claude's Write, Edit and Bash would do in their working directory.
+            with pytest.raises(OSError) as refused:
+                Path(cwd, "keep.txt").write_text("overwritten\n")
+            assert refused.value.errno == errno.EROFS
+            with pytest.raises(OSError):
+                Path(cwd, "new.txt").write_text("created\n")
+            done = await anyio.run_process(["sh", "-c", "echo x > made.txt"], cwd=cwd, check=False)
+            assert done.returncode != 0
+    assert (base / "keep.txt").read_text() == "original\n"
+    assert sorted(p.name for p in base.iterdir()) == ["keep.txt"]
+    # Asking for a writable view of a read-only filesystem is refused, not granted.
+    with pytest.raises(MountError, match="read-only"):
+        async with mounted_cwd(filesystem, read_only=False):
             pass
 
 

@@ -28,7 +28,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -89,30 +89,87 @@ NOT_APPROVED_HERE = (
 # -- the tools, as an in-process MCP server ------------------------------------------------------
 
 
+#: How long an approval given through :func:`claude_can_use_tool` waits for its call, in
+#: seconds. Claude makes the call right after the answer; a grant still unused later belongs
+#: to a call that never happened (an interrupted run), and must not cover another one.
+GRANT_LIFETIME = 60.0
+
+#: The ``_meta`` key under which the Claude CLI sends an MCP ``tools/call`` its tool use id,
+#: the same id ``can_use_tool`` was given in ``ToolPermissionContext.tool_use_id``.
+_TOOL_USE_ID = "claudecode/toolUseId"
+
+
+@dataclass
+class _Grant:
+    """One approved call: the tool, its canonical arguments, the tool use id it was approved
+    for (None if the context had none) and the ``time.monotonic()`` deadline."""
+
+    tool: str
+    args: str
+    tool_use_id: str | None
+    expires: float
+
+
 @dataclass
 class _Served:
     """What this module knows of a server it built: its name, tools and granted approvals."""
 
     name: str
     tools: Mapping[str, WorkspaceTool]
-    # One grant per approved call, keyed by the tool and its canonical arguments; a call
-    # consumes one, so an approval never covers a second call with the same arguments.
-    grants: Counter[tuple[str, str]] = field(default_factory=Counter)
+    # One grant per approved call; a call consumes one, so an approval never covers a second
+    # call, nor one made after the grant's lifetime or after the last session ended.
+    grants: list[_Grant] = field(default_factory=list)
+    sessions: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def grant(self, tool: str, args: Mapping[str, Any]) -> None:
+    def grant(
+        self, tool: str, args: Mapping[str, Any], tool_use_id: str | None, lifetime: float
+    ) -> None:
+        now = time.monotonic()
         with self.lock:
-            self.grants[(tool, _canonical(args))] += 1
+            self._expire(now)
+            self.grants.append(_Grant(tool, _canonical(args), tool_use_id, now + lifetime))
 
-    def consume(self, tool: str, args: Mapping[str, Any]) -> bool:
+    def consume(self, tool: str, args: Mapping[str, Any], tool_use_id: str | None) -> bool:
+        """Whether a live grant covers this call (and use it up).
+
+        A call that carries a tool use id is covered only by the grant given for that id (or
+        by one given without an id, matched on its arguments): an approval for another call
+        of the same tool with the same arguments does not carry over. A call without an id
+        (a client other than the Claude CLI) is matched on its arguments alone.
+        """
         key = (tool, _canonical(args))
         with self.lock:
-            if self.grants[key] <= 0:
-                return False
-            self.grants[key] -= 1
-            if not self.grants[key]:
-                del self.grants[key]
-            return True
+            self._expire(time.monotonic())
+            if tool_use_id is not None:
+                for grant in self.grants:
+                    if grant.tool_use_id == tool_use_id:
+                        # That call's one grant: used up even if the call differs from what
+                        # was approved, since its id cannot come again legitimately.
+                        self.grants.remove(grant)
+                        return (grant.tool, grant.args) == key
+            for grant in self.grants:
+                if (grant.tool, grant.args) == key and (
+                    tool_use_id is None or grant.tool_use_id is None
+                ):
+                    self.grants.remove(grant)
+                    return True
+            return False
+
+    def _expire(self, now: float) -> None:
+        self.grants[:] = [grant for grant in self.grants if grant.expires > now]
+
+    def opened(self) -> None:
+        with self.lock:
+            self.sessions += 1
+
+    def closed(self) -> None:
+        with self.lock:
+            self.sessions -= 1
+            if self.sessions <= 0:
+                # No session left to make the approved calls: whatever was not used is stale.
+                self.sessions = 0
+                self.grants.clear()
 
 
 # Servers built by claude_mcp_server, so the other functions can take its config.
@@ -177,11 +234,49 @@ async def claude_mcp_server(
     served = _Served(name=name, tools=tools)
 
     async def approve(tool: WorkspaceTool, args: Mapping[str, Any]) -> str | None:
-        return None if served.consume(tool.name, args) else NOT_APPROVED_HERE.format(name=tool.name)
+        if served.consume(tool.name, args, _calling_tool_use_id(instance)):
+            return None
+        return NOT_APPROVED_HERE.format(name=tool.name)
 
     instance = create_server(tools, name=name, approve=approve)
+    _track_sessions(instance, served)
     _SERVED[instance] = served
     return {"type": "sdk", "name": name, "instance": instance}
+
+
+def _calling_tool_use_id(instance: Any) -> str | None:
+    """The tool use id the Claude CLI sent with the MCP call being served, if any.
+
+    The CLI puts it in the request's ``_meta``; the low-level server of ``mcp`` 1.x exposes
+    that as ``request_context.meta`` (extra keys kept). Where it cannot be read (another
+    ``mcp`` major, a client that sends none) this is None and grants match on arguments.
+    """
+    try:
+        meta = instance.request_context.meta
+    except (AttributeError, LookupError):
+        return None
+    extra = meta if isinstance(meta, Mapping) else getattr(meta, "model_extra", None)
+    value = extra.get(_TOOL_USE_ID) if isinstance(extra, Mapping) else None
+    return value if isinstance(value, str) and value else None
+
+
+def _track_sessions(instance: Any, served: _Served) -> None:
+    """Count the server's sessions through its lifespan, so grants left unused are dropped
+    when the last one ends (the SDK runs one session per connected client)."""
+    inner = getattr(instance, "lifespan", None)
+    if inner is None:
+        return
+
+    @contextlib.asynccontextmanager
+    async def lifespan(server: Any) -> AsyncIterator[Any]:
+        served.opened()
+        try:
+            async with inner(server) as state:
+                yield state
+        finally:
+            served.closed()
+
+    instance.lifespan = lifespan
 
 
 def _tool_id(server: str, tool: str) -> str:
@@ -230,6 +325,7 @@ def claude_can_use_tool(
     approve: Approve,
     *,
     otherwise: CanUseTool | None = None,
+    grant_lifetime: float = GRANT_LIFETIME,
 ) -> CanUseTool:
     """A ``can_use_tool`` callback that honours the workspace's ``require_approval``.
 
@@ -248,12 +344,25 @@ def claude_can_use_tool(
     otherwise : CanUseTool, optional
         Asked for every other tool (Claude's Bash, Write, other servers...). Without it they
         are denied, so that installing this callback never widens what Claude may do.
+    grant_lifetime : float, optional
+        Seconds an approval waits for its call (default :data:`GRANT_LIFETIME`, 60).
 
     Returns
     -------
     CanUseTool
         For ``ClaudeAgentOptions(can_use_tool=...)``.
+
+    Notes
+    -----
+    An approval covers one call, with the approved arguments, made within
+    ``grant_lifetime`` while a session of the server is open. The Claude CLI sends each MCP
+    call its tool use id, so the approval of ``context.tool_use_id`` covers that call only;
+    a call without an id (another client) is matched on its arguments.
     """
+    if not grant_lifetime > 0:
+        raise ValueError(
+            f"grant_lifetime must be a positive number of seconds, got {grant_lifetime!r}"
+        )
     served = _served(server)
     prefix = _tool_id(served.name, "")
 
@@ -275,7 +384,9 @@ def claude_can_use_tool(
             answer = PermissionResultAllow()
         if isinstance(answer, PermissionResultAllow):
             # The call Claude makes next carries the input as the user may have changed it.
-            served.grant(tool.name, answer.updated_input or tool_input)
+            served.grant(
+                tool.name, answer.updated_input or tool_input, context.tool_use_id, grant_lifetime
+            )
             return answer
         if isinstance(answer, PermissionResultDeny):
             return answer
@@ -305,13 +416,15 @@ async def mounted_cwd(
     Parameters
     ----------
     workspace : Workspace or WorkspaceFilesystem
-        A workspace with a static filesystem, or the filesystem itself. A
+        A workspace with a static filesystem, or the filesystem itself. A writable
         :class:`~agentvfs.LocalFilesystem` is already a directory: its ``base_path`` is
-        yielded without mounting (unless ``read_only`` asks for a read-only view).
+        yielded without mounting. A read-only one (or ``read_only=True``) is mounted
+        read-only, so that writes through the directory fail with ``EROFS``.
     mountpoint : path, optional
         An existing empty directory; default a new temporary one.
     read_only : bool, optional
-        Mount read-only; defaults to the filesystem's own ``read_only``.
+        Mount read-only; defaults to the filesystem's own ``read_only``. ``False`` on a
+        read-only filesystem is refused (``MountError``) rather than widening it.
     separate_process : bool, optional
         Serve the mount from a child process (:class:`~agentvfs.mounts.ProcessMount`) rather
         than a thread of this one: a process serves only one in-thread mount at a time.
@@ -326,7 +439,8 @@ async def mounted_cwd(
     ValueError
         The workspace has no static filesystem (a resolver, or none).
     MountError
-        FUSE is not available, or the mount point is busy.
+        FUSE is not available, the mount point is busy, or ``read_only=False`` was asked of
+        a read-only filesystem.
     """
     filesystem = workspace if isinstance(workspace, WorkspaceFilesystem) else workspace.filesystem
     if filesystem is None:
@@ -334,7 +448,10 @@ async def mounted_cwd(
             "mounted_cwd needs a workspace with a static filesystem (Workspace(filesystem=...)); "
             "this one has none or a resolver, which has no single directory to mount"
         )
-    if isinstance(filesystem, LocalFilesystem) and not read_only:
+    # The filesystem's own read_only is the default and the floor: a read-only directory is
+    # never handed out as itself, since Claude's tools would write straight through it.
+    read_only = filesystem.read_only if read_only is None else read_only
+    if isinstance(filesystem, LocalFilesystem) and not read_only and not filesystem.read_only:
         # base_path is already absolute (LocalFilesystem resolves it).
         yield os.fspath(filesystem.base_path)
         return

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import logging
 import os
 import posixpath
 import shlex
@@ -28,7 +29,7 @@ import tempfile
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import IO, Any, Literal, cast
 
 import anyio
 import anyio.to_thread
@@ -39,6 +40,7 @@ from agentvfs import (
     FsspecFilesystem,
     IsDirectory,
     LocalSandbox,
+    NotRegularFile,
     ToolMedia,
     Workspace,
     WorkspaceFilesystem,
@@ -47,6 +49,13 @@ from agentvfs import (
 from agentvfs.integrations import require
 from agentvfs.mounts import is_mounted
 from agentvfs.tools import openai_tools
+from agentvfs.vfs import (
+    SupportsRangedRead,
+    SupportsReadInto,
+    download_file,
+    read_range_into,
+    upload_file,
+)
 
 require("agents", "openai-agents", __name__)
 
@@ -57,7 +66,7 @@ from agents import (  # noqa: E402  (the framework is imported only after requir
     ToolOutputImage,
     ToolOutputText,
 )
-from agents.sandbox import Manifest  # noqa: E402
+from agents.sandbox import Manifest, SandboxArchiveLimits  # noqa: E402
 from agents.sandbox.entries import BaseEntry, Dir, GCSMount, Mount, S3Mount  # noqa: E402
 from agents.sandbox.errors import (  # noqa: E402
     ExecNonZeroError,
@@ -80,6 +89,7 @@ from agents.sandbox.session import (  # noqa: E402
     SandboxSessionState,
     manifest_ops,
 )
+from agents.sandbox.session.archive_extraction import ArchiveResourceLimitError  # noqa: E402
 from agents.sandbox.snapshot import SnapshotBase, SnapshotSpec, resolve_snapshot  # noqa: E402
 from agents.sandbox.types import ExecResult, Permissions, User  # noqa: E402
 from agents.tool_context import ToolContext  # noqa: E402
@@ -271,14 +281,17 @@ class FsspecSnapshotStore:
     async def upload(self, snapshot_id: str, data: io.IOBase) -> None:
         """Store ``data`` (the workspace tar) as snapshot ``snapshot_id``, replacing it whole."""
         key = self.key(snapshot_id)
-        # The whole payload is read before the write begins: a stream that fails half-way
-        # raises here, before any byte reaches the storage.
-        payload = data.read()
-        if isinstance(payload, str):
-            payload = payload.encode("utf-8")
-        await self.filesystem.write_file(
-            key, bytes(payload), recursive=True, mime_type="application/x-tar"
-        )
+        # The whole payload is copied to a local file before the upload begins: a stream that
+        # fails half-way raises here, before any byte reaches the storage; and a large tar is
+        # uploaded from disk (in parts where the storage can), never held whole in memory.
+        descriptor, local_path = tempfile.mkstemp(prefix="agentvfs-snapshot-")
+        os.close(descriptor)
+        try:
+            await anyio.to_thread.run_sync(_copy_stream, data, local_path)
+            await upload_file(self.filesystem, local_path, key)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(local_path)
 
     async def download(self, snapshot_id: str) -> io.IOBase:
         """The stored tar of snapshot ``snapshot_id``, as a binary stream.
@@ -288,8 +301,18 @@ class FsspecSnapshotStore:
         FileNotFound
             There is no such snapshot.
         """
-        content = await self.filesystem.read_file(self.key(snapshot_id))
-        return io.BytesIO(content if isinstance(content, bytes) else content.encode("utf-8"))
+        key = self.key(snapshot_id)
+        # Into an unnamed local file (the name is unlinked at once): a large snapshot streams
+        # to disk rather than into memory, and nothing is left behind once it is closed.
+        descriptor, local_path = tempfile.mkstemp(prefix="agentvfs-snapshot-")
+        os.close(descriptor)
+        try:
+            await download_file(self.filesystem, key, local_path)
+            stream = open(local_path, "rb")  # noqa: ASYNC230, SIM115  (returned open, local disk)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(local_path)
+        return cast(io.IOBase, stream)
 
     async def exists(self, snapshot_id: str) -> bool:
         """Whether snapshot ``snapshot_id`` is stored."""
@@ -409,6 +432,133 @@ def _tar_member_path(name: str) -> str | None:
     return path
 
 
+_log = logging.getLogger(__name__)
+
+#: The largest read from the storage while a file is copied (into a snapshot, for ``read``):
+#: copying a file of any size holds at most this much of it in memory at a time.
+_CHUNK_BYTES = 8 * 1024 * 1024
+#: The first read of a file is this small, so the many small files of a workspace do not
+#: each cost a large buffer.
+_FIRST_CHUNK_BYTES = 64 * 1024
+#: What a spooled archive or file keeps in memory before it moves to a temporary file.
+_SPOOL_BYTES = 16 * 1024 * 1024
+
+# The reasons the SDK's own archive extraction gives (agents.sandbox.session.archive_ops and
+# archive_extraction), so callers match one set of strings whichever backend refused.
+_MEMBERS_REASON = "archive member count exceeds limit"
+_EXTRACTED_REASON = "archive extracted size exceeds limit"
+_INPUT_REASON = "archive input size exceeds limit"
+_FILE_REASON = "file size exceeds limit"
+
+
+class _TooLarge(Exception):
+    """A file holds more bytes than the copy was allowed (``actual``: those seen so far)."""
+
+    def __init__(self, actual: int) -> None:
+        super().__init__(actual)
+        self.actual = actual
+
+
+def _spooled() -> tempfile.SpooledTemporaryFile[bytes]:
+    return tempfile.SpooledTemporaryFile(max_size=_SPOOL_BYTES, mode="w+b")
+
+
+def _limit_error(
+    error: type[WorkspaceArchiveReadError] | type[WorkspaceArchiveWriteError],
+    path: Path,
+    *,
+    reason: str,
+    limit: int,
+    actual: int,
+    member: str | None = None,
+) -> WorkspaceArchiveReadError | WorkspaceArchiveWriteError:
+    """The SDK's error for an archive past one of its ``SandboxArchiveLimits``: the context
+    its own extraction reports, the SDK's ``ArchiveResourceLimitError`` as the cause."""
+    cause = ArchiveResourceLimitError(reason=reason, limit=limit, actual=actual, member=member)
+    context: dict[str, object] = {"reason": reason, "limit": limit, "actual": actual}
+    if member is not None:
+        context["member"] = member
+    return error(path=path, context=context, cause=cause)
+
+
+async def _copy_file(
+    filesystem: WorkspaceFilesystem, path: str, sink: IO[bytes], *, budget: int | None
+) -> int:
+    """Copy a stored file into ``sink`` a chunk at a time and return its size.
+
+    Raises
+    ------
+    _TooLarge
+        The file holds more than ``budget`` bytes (found within one chunk of the budget,
+        so a file that grows while it is read is stopped too).
+    NotRegularFile
+        A FIFO, socket or device (never opened).
+    """
+    if not isinstance(filesystem, (SupportsReadInto, SupportsRangedRead)):
+        # Without ranged reads each chunk would fetch the whole file: read it once instead.
+        content = await filesystem.read_file(path)
+        data = content if isinstance(content, bytes) else content.encode("utf-8")
+        if budget is not None and len(data) > budget:
+            raise _TooLarge(len(data))
+        sink.write(data)
+        return len(data)
+    buffer = memoryview(bytearray(_FIRST_CHUNK_BYTES))
+    offset = 0
+    while True:
+        count = await read_range_into(filesystem, path, offset, buffer)
+        offset += count
+        if budget is not None and offset > budget:
+            raise _TooLarge(offset)
+        if count < len(buffer):
+            sink.write(buffer[:count])
+            return offset
+        # A full chunk: a large file, whose spooled copy may be on disk by now.
+        await anyio.to_thread.run_sync(sink.write, buffer)
+        if len(buffer) < _CHUNK_BYTES:
+            buffer = memoryview(bytearray(_CHUNK_BYTES))
+
+
+def _spool_input(
+    data: io.IOBase, limits: SandboxArchiveLimits, path: Path
+) -> tempfile.SpooledTemporaryFile[bytes]:
+    """A seekable copy of an archive stream, refused past ``limits.max_input_bytes``."""
+    spool = _spooled()
+    total = 0
+    try:
+        while True:
+            chunk = data.read(_CHUNK_BYTES)
+            if not chunk:
+                break
+            payload = chunk.encode("utf-8") if isinstance(chunk, str) else bytes(chunk)
+            total += len(payload)
+            if limits.max_input_bytes is not None and total > limits.max_input_bytes:
+                raise _limit_error(
+                    WorkspaceArchiveWriteError,
+                    path,
+                    reason=_INPUT_REASON,
+                    limit=limits.max_input_bytes,
+                    actual=total,
+                )
+            spool.write(payload)
+    except BaseException:
+        spool.close()
+        raise
+    spool.seek(0)
+    return spool
+
+
+def _copy_stream(source: io.IOBase, local_path: str) -> None:
+    with open(local_path, "wb") as target:
+        while chunk := source.read(_CHUNK_BYTES):
+            target.write(chunk.encode("utf-8") if isinstance(chunk, str) else chunk)
+
+
+def _copy_member(source: IO[bytes], local_path: str) -> None:
+    with open(local_path, "wb") as target:
+        while chunk := source.read(_CHUNK_BYTES):
+            target.write(chunk)
+
+
 class AgentVFSSandboxSession(BaseSandboxSession):
     """A sandbox session over an agentvfs workspace (see :class:`AgentVFSSandboxClient`).
 
@@ -436,9 +586,13 @@ class AgentVFSSandboxSession(BaseSandboxSession):
         filesystem: WorkspaceFilesystem,
         isolation: str = "bwrap",
         env: Mapping[str, str] | None = None,
+        archive_limits: SandboxArchiveLimits | None = None,
     ) -> None:
         self.state = state
         self.filesystem = filesystem
+        self._default_archive_limits = (
+            archive_limits if archive_limits is not None else SandboxArchiveLimits()
+        )
         self.workspace: Workspace | None = None
         self._sandbox: LocalSandbox | None = None
         self._isolation = isolation
@@ -452,6 +606,11 @@ class AgentVFSSandboxSession(BaseSandboxSession):
 
     def _root(self) -> Path:
         return Path(self.state.manifest.root)
+
+    def _limits(self) -> SandboxArchiveLimits:
+        """The archive limits in force: the run's (``SandboxRunConfig.archive_limits``, which
+        the runner sets on the session), else the client's."""
+        return self._archive_limits if self._archive_limits is not None else self._default_archive_limits
 
     async def _ensure_backend_started(self) -> None:
         if self.workspace is not None:
@@ -645,14 +804,30 @@ class AgentVFSSandboxSession(BaseSandboxSession):
     async def read(self, path: Path, *, user: str | User | None = None) -> io.IOBase:
         self._refuse_user(user, "read")
         normalized, relative = await self._relative(path)
+        # Spooled a chunk at a time (on disk past a few MiB) and capped: a large or sparse
+        # file made in the sandbox never lands whole in the host process's memory.
+        limit = self._limits().max_extracted_bytes
+        content = _spooled()
         try:
             filesystem, inner = self._storage(relative)
-            content = await filesystem.read_file(inner)
-        except FileNotFound as exc:
-            raise WorkspaceReadNotFoundError(path=normalized, cause=exc) from exc
-        except (FilesystemError, OSError) as exc:
-            raise WorkspaceArchiveReadError(path=normalized, cause=exc) from exc
-        return io.BytesIO(content if isinstance(content, bytes) else content.encode("utf-8"))
+            await _copy_file(filesystem, inner, content, budget=limit)
+        except BaseException as exc:
+            content.close()
+            if isinstance(exc, FileNotFound):
+                raise WorkspaceReadNotFoundError(path=normalized, cause=exc) from exc
+            if isinstance(exc, _TooLarge) and limit is not None:
+                raise _limit_error(
+                    WorkspaceArchiveReadError,
+                    normalized,
+                    reason=_FILE_REASON,
+                    limit=limit,
+                    actual=exc.actual,
+                ) from exc
+            if isinstance(exc, (FilesystemError, OSError)):
+                raise WorkspaceArchiveReadError(path=normalized, cause=exc) from exc
+            raise
+        content.seek(0)
+        return cast(io.IOBase, content)
 
     async def write(self, path: Path, data: io.IOBase, *, user: str | User | None = None) -> None:
         self._refuse_user(user, "write")
@@ -746,75 +921,223 @@ class AgentVFSSandboxSession(BaseSandboxSession):
     # -- snapshots -------------------------------------------------------------------------------
 
     async def persist_workspace(self) -> io.IOBase:
-        """The workspace as a tar of its files and directories, read from the storage."""
+        """The workspace as a tar of its files and directories, read from the storage.
+
+        The tar is spooled (on disk past a few MiB) and each file is copied into it a chunk
+        at a time, within the archive limits (:meth:`_limits`): a snapshot past
+        ``max_members``, ``max_extracted_bytes`` or ``max_input_bytes`` (the size of the tar,
+        so that every snapshot written can be hydrated under the same limits) is refused
+        with the SDK's ``WorkspaceArchiveReadError``, its context naming the limit. Links are
+        left out, and so are FIFOs, sockets and devices (with a warning): reading one could
+        block or never end.
+        """
+        archive = _spooled()
+        try:
+            await self._write_archive(archive)
+        except BaseException:
+            archive.close()
+            raise
+        archive.seek(0)
+        return cast(io.IOBase, archive)
+
+    async def _write_archive(self, archive: IO[bytes]) -> None:
+        root = self._root()
+        limits = self._limits()
         skip = {p.as_posix() for p in self._persist_workspace_skip_relpaths()}
-        buffer = io.BytesIO()
+        members = extracted = 0
         try:
             entries = await self.filesystem.readdir("", recursive=True, max_depth=10_000)
-            with tarfile.open(fileobj=buffer, mode="w") as tar:
+            with tarfile.open(fileobj=archive, mode="w") as tar:
                 for entry in entries:
                     if entry.is_symlink or any(
                         entry.name == s or entry.name.startswith(f"{s}/") for s in skip
                     ):
                         continue
+                    members += 1
+                    if limits.max_members is not None and members > limits.max_members:
+                        raise _limit_error(
+                            WorkspaceArchiveReadError,
+                            root,
+                            reason=_MEMBERS_REASON,
+                            limit=limits.max_members,
+                            actual=members,
+                            member=entry.name,
+                        )
                     info = tarfile.TarInfo(entry.name)
                     if entry.type == "directory":
                         info.type, info.mode = tarfile.DIRTYPE, 0o755
                         tar.addfile(info)
                         continue
-                    content = await self.filesystem.read_file(entry.name)
-                    data = content if isinstance(content, bytes) else content.encode("utf-8")
-                    info.size, info.mode = len(data), 0o644
-                    tar.addfile(info, io.BytesIO(data))
+                    size = await self._archive_file(tar, info, limits, extracted)
+                    if size is None:
+                        members -= 1
+                        continue
+                    extracted += size
+                    if limits.max_input_bytes is not None and archive.tell() > limits.max_input_bytes:
+                        raise _limit_error(
+                            WorkspaceArchiveReadError,
+                            root,
+                            reason=_INPUT_REASON,
+                            limit=limits.max_input_bytes,
+                            actual=archive.tell(),
+                            member=entry.name,
+                        )
+            if limits.max_input_bytes is not None and archive.tell() > limits.max_input_bytes:
+                raise _limit_error(
+                    WorkspaceArchiveReadError,
+                    root,
+                    reason=_INPUT_REASON,
+                    limit=limits.max_input_bytes,
+                    actual=archive.tell(),
+                )
         except (FilesystemError, OSError, tarfile.TarError) as exc:
-            raise WorkspaceArchiveReadError(path=self._root(), cause=exc) from exc
-        buffer.seek(0)
-        return buffer
+            raise WorkspaceArchiveReadError(path=root, cause=exc) from exc
+
+    async def _archive_file(
+        self, tar: tarfile.TarFile, info: tarfile.TarInfo, limits: SandboxArchiveLimits, extracted: int
+    ) -> int | None:
+        """Add one stored file to the tar; its size, or None when it is not a regular file."""
+        root = self._root()
+        maximum = limits.max_extracted_bytes
+        budget = None if maximum is None else maximum - extracted
+        with _spooled() as content:
+            try:
+                size = await _copy_file(self.filesystem, info.name, content, budget=budget)
+            except NotRegularFile:
+                # Skipped like links: one FIFO made by a command must not make every later
+                # snapshot of the session fail.
+                _log.warning(
+                    "the snapshot of %s leaves out %s: not a regular file or directory "
+                    "(a FIFO, socket or device)",
+                    root,
+                    info.name,
+                )
+                return None
+            except _TooLarge as exc:
+                assert maximum is not None  # no budget, no _TooLarge
+                raise _limit_error(
+                    WorkspaceArchiveReadError,
+                    root,
+                    reason=_EXTRACTED_REASON,
+                    limit=maximum,
+                    actual=extracted + exc.actual,
+                    member=info.name,
+                ) from exc
+            content.seek(0)
+            info.size, info.mode = size, 0o644
+            await anyio.to_thread.run_sync(tar.addfile, info, content)
+        return size
 
     async def hydrate_workspace(self, data: io.IOBase) -> None:
         """Write a tar's files and directories into the storage.
 
         Every member is checked before the first write, so an archive with a member that
-        leaves the workspace, a link or a device changes nothing.
+        leaves the workspace, a link or a device, or one past the archive limits
+        (``max_input_bytes`` of the stream, ``max_members``, ``max_extracted_bytes`` declared
+        by its members; see :meth:`_limits`) changes nothing. The stream is spooled (on disk
+        past a few MiB) and each file is written a chunk at a time, never whole in memory.
         """
-        raw = data.read()
-        await self._extract(self._plan(raw if isinstance(raw, bytes) else str(raw).encode("utf-8")))
+        await self._restore(data, clear_first=False)
 
-    async def _extract(self, plan: list[tuple[str, bytes | None]]) -> None:
+    async def _restore(self, data: io.IOBase, *, clear_first: bool) -> None:
+        root = self._root()
+        limits = self._limits()
+        spool = await anyio.to_thread.run_sync(_spool_input, data, limits, root)
+        with spool:
+            try:
+                tar = await anyio.to_thread.run_sync(
+                    lambda: tarfile.open(fileobj=spool, mode="r:*")
+                )
+            except tarfile.TarError as exc:
+                raise WorkspaceArchiveWriteError(path=root, cause=exc) from exc
+            with tar:
+                plan = await anyio.to_thread.run_sync(self._plan, tar, limits)
+                if clear_first:
+                    await self._clear_workspace_root_on_resume()
+                await self._extract(tar, plan)
+
+    async def _extract(
+        self, tar: tarfile.TarFile, plan: list[tuple[str, tarfile.TarInfo | None]]
+    ) -> None:
         try:
-            for relative, content in plan:
-                if content is None:
+            for relative, member in plan:
+                if member is None:
                     await self.filesystem.mkdir(relative, recursive=True)
-                else:
-                    await self.filesystem.write_file(relative, content, recursive=True)
-        except (FilesystemError, OSError) as exc:
+                    continue
+                source = tar.extractfile(member)
+                if source is None or member.size <= _CHUNK_BYTES:
+                    data = b"" if source is None else await anyio.to_thread.run_sync(source.read)
+                    await self.filesystem.write_file(relative, data, recursive=True)
+                    continue
+                # A large member goes through a local file, which the storage uploads in
+                # parts where it can (S3 multipart), rather than whole through memory.
+                descriptor, local_path = tempfile.mkstemp(prefix="agentvfs-hydrate-")
+                os.close(descriptor)
+                try:
+                    await anyio.to_thread.run_sync(_copy_member, source, local_path)
+                    parent = posixpath.dirname(relative)
+                    if parent:
+                        await self.filesystem.mkdir(parent, recursive=True)
+                    await upload_file(self.filesystem, local_path, relative)
+                finally:
+                    with contextlib.suppress(OSError):
+                        os.unlink(local_path)
+        except (FilesystemError, OSError, tarfile.TarError) as exc:
             raise WorkspaceArchiveWriteError(path=self._root(), cause=exc) from exc
 
-    def _plan(self, payload: bytes) -> list[tuple[str, bytes | None]]:
-        """The checked members of a tar: (relative path, content, None for a directory)."""
+    def _plan(
+        self, tar: tarfile.TarFile, limits: SandboxArchiveLimits
+    ) -> list[tuple[str, tarfile.TarInfo | None]]:
+        """The checked members of a tar: (relative path, the file's member or None for a
+        directory). Only headers are read: sizes are those the members declare."""
         root = self._root()
-        plan: list[tuple[str, bytes | None]] = []
+        plan: list[tuple[str, tarfile.TarInfo | None]] = []
+        members = extracted = 0
         try:
-            with tarfile.open(fileobj=io.BytesIO(payload), mode="r:*") as tar:
-                for member in tar.getmembers():
-                    relative = _tar_member_path(member.name)
-                    if relative is None:
-                        raise WorkspaceArchiveWriteError(
-                            path=root,
-                            context={"reason": "path_escapes_workspace", "member": member.name},
-                        )
+            for member in tar:
+                relative = _tar_member_path(member.name)
+                if relative is None:
+                    raise WorkspaceArchiveWriteError(
+                        path=root,
+                        context={"reason": "path_escapes_workspace", "member": member.name},
+                    )
+                if not (member.isdir() or member.isfile()):
+                    raise WorkspaceArchiveWriteError(
+                        path=root,
+                        context={"reason": "unsupported_member_type", "member": member.name},
+                    )
+                if not relative:
                     if member.isdir():
-                        if relative:
-                            plan.append((relative, None))
-                    elif member.isfile() and relative:
-                        extracted = tar.extractfile(member)
-                        plan.append((relative, extracted.read() if extracted is not None else b""))
-                    else:
-                        raise WorkspaceArchiveWriteError(
-                            path=root,
-                            context={"reason": "unsupported_member_type", "member": member.name},
-                        )
-        except tarfile.TarError as exc:
+                        continue
+                    raise WorkspaceArchiveWriteError(
+                        path=root,
+                        context={"reason": "unsupported_member_type", "member": member.name},
+                    )
+                members += 1
+                if limits.max_members is not None and members > limits.max_members:
+                    raise _limit_error(
+                        WorkspaceArchiveWriteError,
+                        root,
+                        reason=_MEMBERS_REASON,
+                        limit=limits.max_members,
+                        actual=members,
+                        member=member.name,
+                    )
+                if member.isdir():
+                    plan.append((relative, None))
+                    continue
+                extracted += max(member.size, 0)
+                if limits.max_extracted_bytes is not None and extracted > limits.max_extracted_bytes:
+                    raise _limit_error(
+                        WorkspaceArchiveWriteError,
+                        root,
+                        reason=_EXTRACTED_REASON,
+                        limit=limits.max_extracted_bytes,
+                        actual=extracted,
+                        member=member.name,
+                    )
+                plan.append((relative, member))
+        except (tarfile.TarError, OSError, EOFError) as exc:
             raise WorkspaceArchiveWriteError(path=root, cause=exc) from exc
         return plan
 
@@ -823,14 +1146,10 @@ class AgentVFSSandboxSession(BaseSandboxSession):
         # a snapshot that cannot be read or restored leaves the live files alone.
         archive = await self.state.snapshot.restore(dependencies=self.dependencies)
         try:
-            raw = archive.read()
+            await self._restore(archive, clear_first=True)
         finally:
             with contextlib.suppress(Exception):
                 archive.close()
-        payload = raw if isinstance(raw, bytes) else str(raw).encode("utf-8")
-        plan = self._plan(payload)
-        await self._clear_workspace_root_on_resume()
-        await self._extract(plan)
 
 
 def _remove_working_directory(working_directory: str, root: str) -> None:
@@ -916,6 +1235,10 @@ class AgentVFSSandboxClient(BaseSandboxClient[AgentVFSSandboxClientOptions | Non
         ``RemoteSnapshotSpec``).
     instrumentation : Instrumentation, optional
         The SDK's session event instrumentation.
+    archive_limits : SandboxArchiveLimits, optional
+        The limits of snapshots (``persist_workspace``, ``hydrate_workspace``, resume) and of
+        ``read`` (one file up to ``max_extracted_bytes``) when the run sets none
+        (``SandboxRunConfig.archive_limits`` wins). Default: the SDK's defaults.
 
     Notes
     -----
@@ -941,6 +1264,7 @@ class AgentVFSSandboxClient(BaseSandboxClient[AgentVFSSandboxClientOptions | Non
         env: Mapping[str, str] | None = None,
         dependencies: Dependencies | None = None,
         instrumentation: Instrumentation | None = None,
+        archive_limits: SandboxArchiveLimits | None = None,
     ) -> None:
         if isinstance(filesystem, type):
             raise TypeError(
@@ -952,6 +1276,9 @@ class AgentVFSSandboxClient(BaseSandboxClient[AgentVFSSandboxClientOptions | Non
         ).isolation
         self._env = dict(env or {})
         self._dependencies = dependencies
+        if archive_limits is not None:
+            archive_limits.validate()
+        self._archive_limits = archive_limits
         self._instrumentation = (
             instrumentation if instrumentation is not None else Instrumentation()
         )
@@ -975,6 +1302,7 @@ class AgentVFSSandboxClient(BaseSandboxClient[AgentVFSSandboxClientOptions | Non
             filesystem=self._filesystem_for(str(state.session_id)),
             isolation=self._isolation,
             env=self._env,
+            archive_limits=self._archive_limits,
         )
         return self._wrap_session(inner, instrumentation=self._instrumentation)
 
