@@ -75,6 +75,21 @@ def test_shell_quote() -> None:
     assert shell_quote("it's") == "'it'\\''s'"
     assert shell_quote("$HOME") == "'$HOME'"
     assert shell_quote("") == "''"
+    # A trailing newline is not a safe character: unquoted, it would start a second command.
+    assert shell_quote("notes.txt\n") == "'notes.txt\n'"
+    assert shell_quote("a\nb") == "'a\nb'"
+
+
+async def test_arguments_cannot_smuggle_a_command(wd: str) -> None:
+    sandbox = LocalSandbox(working_directory=wd)
+    os.makedirs(wd, exist_ok=True)
+    with open(os.path.join(wd, "evil.sh"), "w") as f:
+        f.write("echo INJECTED\n")
+    os.chmod(os.path.join(wd, "evil.sh"), 0o755)
+    result = await sandbox.execute_command("printf", ["[%s]", "x\n", "./evil.sh"])
+    assert "INJECTED" not in result.stdout
+    assert result.stdout == "[x\n][./evil.sh]"
+    await sandbox.destroy()
 
 
 # -- lifecycle ----------------------------------------------------------------------------------

@@ -40,7 +40,9 @@ _log = logging.getLogger("agentvfs.sandbox")
 #: Output :meth:`LocalSandbox.execute_command` keeps per stream unless told otherwise.
 COMMAND_RETAINED_BYTES = 8 << 20
 
-_SAFE_ARG = re.compile(r"^[A-Za-z0-9._\-/=:@]+$")
+#: Arguments that need no quotes (matched whole: ``$`` alone would let a trailing newline,
+#: and the command after it, through unquoted).
+_SAFE_ARG = re.compile(r"[A-Za-z0-9._\-/=:@]+")
 
 #: A lifecycle hook: ``fn(ctx)``, sync or async; ``ctx`` has ``"sandbox"`` (and ``"outcome"``
 #: for ``on_start``: ``"connected"`` or ``"created"``).
@@ -54,7 +56,7 @@ def shell_quote(arg: str) -> str:
     >>> shell_quote("it's")
     "'it'\\\\''s'"
     """
-    if _SAFE_ARG.match(arg):
+    if _SAFE_ARG.fullmatch(arg):
         return arg
     return "'" + arg.replace("'", "'\\''") + "'"
 
