@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -453,3 +455,44 @@ async def test_info_reports_isolation(wd: str) -> None:
     assert metadata["isolation"] == "bwrap"
     assert metadata["isolation_config"]["allow_network"] is False
     assert metadata["isolation_config"]["read_write_paths"] == ["/tmp"]
+
+
+PRELOAD_SOURCE = r"""
+#include <fcntl.h>
+#include <stdlib.h>
+#include <unistd.h>
+__attribute__((constructor)) static void mark(void) {
+    const char *where = getenv("AGENTVFS_TEST_MARK");
+    if (where) { int fd = open(where, O_WRONLY | O_CREAT | O_APPEND, 0644); if (fd >= 0) { write(fd, "loaded\n", 7); close(fd); } }
+}
+"""
+
+
+def _build_preload(wd: str) -> None:
+    """``evil.so`` in ``wd``, built from :data:`PRELOAD_SOURCE` (as an agent could)."""
+    source = os.path.join(wd, "evil.c")
+    with open(source, "w") as f:
+        f.write(PRELOAD_SOURCE)
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", os.path.join(wd, "evil.so"), source], check=True)
+
+
+@needs_bwrap
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler to build the library")
+async def test_loader_variables_act_inside_the_sandbox_only(wd: str, tmp_path: Any) -> None:
+    """A command's ``LD_PRELOAD`` naming a library the agent wrote must not load into
+    bubblewrap, which runs on the host as this user (root here): the command still gets it."""
+    _build_preload(wd)
+    outside = os.path.join(str(tmp_path), "outside")
+    os.makedirs(outside)
+    host_mark = os.path.join(outside, "mark")  # not bound into the sandbox
+    sandbox = LocalSandbox(working_directory=wd, isolation="bwrap")
+    try:
+        env = {"LD_PRELOAD": os.path.join(wd, "evil.so"), "LD_LIBRARY_PATH": ".", "AGENTVFS_TEST_MARK": host_mark, "PLAIN": "x"}
+        result = await sandbox.execute_command('echo "$LD_PRELOAD|$LD_LIBRARY_PATH|$PLAIN"', env=env)
+        assert result.exit_code == 0, result.stderr
+        assert result.stdout == f"{os.path.join(wd, 'evil.so')}|.|x\n"  # the command has them all
+        assert not os.path.exists(host_mark), "the library ran on the host"
+        inside = await sandbox.execute_command("cat mark", env={**env, "AGENTVFS_TEST_MARK": os.path.join(wd, "mark")})
+        assert "loaded" in inside.stdout  # and it does act inside, where it was meant to
+    finally:
+        await sandbox.destroy()

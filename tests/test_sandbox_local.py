@@ -80,12 +80,16 @@ def test_shell_quote() -> None:
     assert shell_quote("a\nb") == "'a\nb'"
 
 
+def _script(path: str, text: str) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+    os.chmod(path, 0o755)
+
+
 async def test_arguments_cannot_smuggle_a_command(wd: str) -> None:
     sandbox = LocalSandbox(working_directory=wd)
-    os.makedirs(wd, exist_ok=True)
-    with open(os.path.join(wd, "evil.sh"), "w") as f:
-        f.write("echo INJECTED\n")
-    os.chmod(os.path.join(wd, "evil.sh"), 0o755)
+    _script(os.path.join(wd, "evil.sh"), "echo INJECTED\n")
     result = await sandbox.execute_command("printf", ["[%s]", "x\n", "./evil.sh"])
     assert "INJECTED" not in result.stdout
     assert result.stdout == "[x\n][./evil.sh]"

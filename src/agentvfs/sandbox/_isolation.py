@@ -582,6 +582,30 @@ def _python_paths() -> list[str]:
 _FORWARD_THEN_RUN = '"$0" -I -S -c "$1" "$2" "$3" || exit 125; exec sh -c "$4"'
 
 
+#: Variables that change how a program on the host loads and runs (glibc's list of those it
+#: drops for set-user-ID programs, and every ``LD_*``): a command's environment may point them
+#: at files the command can write, and bubblewrap runs on the host, as this process's user.
+_HOST_UNSAFE = frozenset({
+    "GCONV_PATH", "GETCONF_DIR", "GLIBC_TUNABLES", "HOSTALIASES", "LOCALDOMAIN", "LOCPATH",
+    "MALLOC_ARENA_MAX", "MALLOC_ARENA_TEST", "MALLOC_PERTURB_", "MALLOC_TRACE", "NIS_PATH",
+    "NLSPATH", "RESOLV_HOST_CONF", "RES_OPTIONS", "TMPDIR", "TZDIR",
+})  # fmt: skip
+
+
+def host_unsafe_variable(name: str) -> bool:
+    """Whether the variable ``name`` must not reach bubblewrap's own process on the host.
+
+    A command's variables reach it as bubblewrap's environment, which bubblewrap hands on to
+    the command; ``LD_PRELOAD`` and its kind would act on bubblewrap first, outside the
+    sandbox. Such variables go in as ``--setenv`` instead (:func:`build_bwrap_args`).
+    """
+    return name.startswith("LD_") or name in _HOST_UNSAFE
+
+
+def _setenv_args(setenv: Mapping[str, str] | None) -> list[str]:
+    return [part for name, value in (setenv or {}).items() for part in ("--setenv", name, value)]
+
+
 def build_bwrap_args(
     command: str,
     *,
@@ -597,6 +621,7 @@ def build_bwrap_args(
     proxy_directory: str | None = None,
     protect: Sequence[str] = (),
     devices: Mapping[str, str] | None = None,
+    setenv: Mapping[str, str] | None = None,
 ) -> list[str]:
     """The argument vector that runs ``command`` under bubblewrap.
 
@@ -632,6 +657,9 @@ def build_bwrap_args(
     devices : mapping, optional
         Device nodes of the sandbox's own (``{"null": path, ...}``), bound over bubblewrap's
         binds of the host's nodes in ``/dev`` (see :func:`device_args`).
+    setenv : mapping, optional
+        Variables set inside the sandbox only (``--setenv``): those bubblewrap itself, a
+        process of the host, must not get (:func:`host_unsafe_variable`).
 
     Returns
     -------
@@ -657,7 +685,7 @@ def build_bwrap_args(
                 covers += proc_args(destination)
             elif flag == "--dev":
                 covers += device_args(devices, destination)
-        return [*args, *custom, *covers, *tail]
+        return [*args, *_setenv_args(setenv), *custom, *covers, *tail]
     args += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
     if not config.get("allow_network"):
         args.append("--unshare-net")
@@ -700,4 +728,4 @@ def build_bwrap_args(
     # outside the bound paths fail instead of landing in a throwaway directory.
     args += ["--remount-ro", "/"]
     args += ["--chdir", cwd or working_directory]
-    return [*args, *tail]
+    return [*args, *_setenv_args(setenv), *tail]

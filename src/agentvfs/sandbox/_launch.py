@@ -44,7 +44,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ._egress import EgressProxy, proxy_environment
-from ._isolation import PROXY_PORT, BwrapSupport, build_bwrap_args, bwrap_support
+from ._isolation import (
+    PROXY_PORT,
+    BwrapSupport,
+    build_bwrap_args,
+    bwrap_support,
+    host_unsafe_variable,
+)
 from ._limits import (
     CommandCgroup,
     ResourceLimits,
@@ -196,8 +202,10 @@ class Launcher:
         working_directory: str,
         binds: Sequence[tuple[str, bool]] = (),
         protect: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
     ) -> LaunchPlan:
-        """The plan that runs ``command`` in ``cwd``.
+        """The plan that runs ``command`` in ``cwd`` (with ``env``, the command's variables:
+        see :func:`~._isolation.host_unsafe_variable`).
 
         Raises
         ------
@@ -207,7 +215,7 @@ class Launcher:
         group = self.cgroup.command(self.limits) if self.cgroup is not None else None
         try:
             if self.isolation == "bwrap":
-                return self._bwrap(command, cwd, working_directory, binds, protect, group)
+                return self._bwrap(command, cwd, working_directory, binds, protect, group, env or {})
             return self._plain(command, group)
         except BaseException:
             if group is not None:
@@ -257,6 +265,7 @@ class Launcher:
         binds: Sequence[tuple[str, bool]],
         protect: Sequence[str],
         group: CommandCgroup | None,
+        env: Mapping[str, str],
     ) -> LaunchPlan:
         support = self.support
         assert support is not None
@@ -292,6 +301,7 @@ class Launcher:
                     os.close(fd)
             raise
         proxy = self.proxy
+        unsafe = {name: value for name, value in env.items() if host_unsafe_variable(name)}
         shielded = list(protect) + self.protected_paths()
         writable = [working_directory] if not self.config.get("read_only") else []
         writable += list(self.config.get("read_write_paths", ()))
@@ -310,6 +320,7 @@ class Launcher:
             proxy_directory=proxy.directory if proxy is not None else None,
             protect=[p for p in shielded if _covered(p, writable)],
             devices=self.devices,
+            setenv=unsafe,
         )
 
         def gate(pid: int) -> None:
@@ -333,6 +344,7 @@ class Launcher:
             env=proxy_environment(PROXY_PORT) if proxy is not None else {},
             pass_fds=(seccomp_r, info_w, block_r),
             gate=gate,
+            withheld=frozenset(unsafe),
             cgroup=group,
             cleanup=group.remove if group is not None else None,
         )

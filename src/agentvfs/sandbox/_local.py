@@ -234,11 +234,16 @@ class LocalSandbox:
             else:
                 self._env[key] = str(value)
 
-    def launch(self, command: str, *, cwd: str | None = None) -> LaunchPlan:
+    def launch(
+        self, command: str, *, cwd: str | None = None, env: Mapping[str, str] | None = None
+    ) -> LaunchPlan:
         """How to start ``command`` here: the argument vector (``bwrap ... -- sh -c`` with
         isolation; a shim or supervisor that applies the limits without), the descriptors
         and environment it needs, and its cgroup. Used by the process manager; every plan
-        must be started or given up with :meth:`~._processes.LaunchPlan.abandon`.
+        must be started or given up with :meth:`~._processes.LaunchPlan.abandon`. ``env``
+        is the command's environment: with isolation, the variables that would act on
+        bubblewrap itself on the host (``LD_PRELOAD``, ...) go in through its arguments and
+        are withheld from its own environment.
 
         Raises
         ------
@@ -252,6 +257,7 @@ class LocalSandbox:
             working_directory=workdir,
             binds=self.mounts.isolation_binds(),
             protect=[*self.mounts.protected_paths(), *self._protected],
+            env=env,
         )
 
     def protect_path(self, path: str | os.PathLike[str]) -> None:

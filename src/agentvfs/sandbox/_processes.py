@@ -35,6 +35,7 @@ import atexit
 import concurrent.futures
 import contextlib
 import fcntl
+import inspect
 import itertools
 import logging
 import math
@@ -730,6 +731,9 @@ class LaunchPlan:
     supervised : bool
         The first process is a supervisor (:mod:`._supervisor`): it is never sent
         ``SIGKILL`` (its orphans would go to init) but :data:`~._supervisor.KILL_SIGNAL`.
+    withheld : frozenset of str
+        Variables of the command's environment the first process must not get: it runs on
+        the host (bubblewrap), and the plan hands them to the command another way.
     cleanup : callable, optional
         Called once the command and its output have ended (removes an empty cgroup).
     """
@@ -740,6 +744,7 @@ class LaunchPlan:
     gate: Callable[[int], None] | None = None
     cgroup: CommandCgroup | None = None
     supervised: bool = False
+    withheld: frozenset[str] = frozenset()
     cleanup: Callable[[], None] | None = None
 
     def close_fds(self) -> None:
@@ -787,7 +792,7 @@ def _popen(
         proc = subprocess.Popen(
             plan.argv,
             cwd=cwd,
-            env={**env, **plan.env},
+            env={key: value for key, value in {**env, **plan.env}.items() if key not in plan.withheld},
             stdin=subprocess.PIPE if stdin_mode == "pipe" else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -1082,7 +1087,9 @@ class LocalProcessManager(SandboxProcessManager):
         failure: str | None = None
         if callable(launch):
             try:
-                plan = launch(command, cwd=workdir)
+                # A launcher that takes the environment can keep what must not reach a
+                # process on the host (bubblewrap) out of it.
+                plan = launch(command, cwd=workdir, env=full_env) if _takes_env(launch) else launch(command, cwd=workdir)
             except OSError as exc:
                 failure = f"Cannot run command: {exc.strerror or exc}"
         if plan is None:
@@ -1142,3 +1149,10 @@ class LocalProcessManager(SandboxProcessManager):
         for pgid, leader_start in groups.items():
             if group_is_ours(pgid, leader_start):
                 signal_group(pgid, signal.SIGKILL)
+
+
+def _takes_env(launch: Callable[..., Any]) -> bool:
+    try:
+        return "env" in inspect.signature(launch).parameters
+    except (TypeError, ValueError):
+        return False
