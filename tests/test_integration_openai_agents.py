@@ -50,7 +50,7 @@ from agents.items import ToolCallOutputItem
 from agents.run_config import SandboxRunConfig
 from agents.run_context import RunContextWrapper
 from agents.run_state import RunState
-from agents.sandbox import Manifest, SandboxAgent, SandboxPathGrant
+from agents.sandbox import Manifest, SandboxAgent, SandboxArchiveLimits, SandboxPathGrant
 from agents.sandbox.capabilities import Capability, Shell
 from agents.sandbox.entries import (
     Dir,
@@ -69,6 +69,7 @@ from agents.sandbox.errors import (
     ExecTimeoutError,
     InvalidManifestPathError,
     SnapshotPersistError,
+    WorkspaceArchiveReadError,
     WorkspaceArchiveWriteError,
     WorkspaceReadNotFoundError,
 )
@@ -310,6 +311,106 @@ async def test_hydrate_refuses_an_escaping_archive_before_writing(
     with pytest.raises(WorkspaceArchiveWriteError):
         await memory_session.hydrate_workspace(link)
     assert await _inner(memory_session).filesystem.readdir("") == []
+
+
+def _peak_rss() -> int:
+    """The process's peak resident memory so far, in bytes (VmHWM)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM in /proc/self/status")
+
+
+async def test_a_sparse_file_past_the_limits_is_refused_without_reading_it_into_memory(
+    tmp_path: Path,
+) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "notes.txt").write_bytes(b"n\n")
+    # Made as a command in the sandbox would (truncate -s 2G): 2 GiB that cost no disk.
+    (store / "big").touch()
+    os.truncate(store / "big", 2 << 30)
+    limits = SandboxArchiveLimits(max_input_bytes=4 << 30, max_extracted_bytes=1 << 30)
+    client = AgentVFSSandboxClient(LocalFilesystem(str(store)), archive_limits=limits)
+    live = await client.create()
+    try:
+        async with live:
+            before = _peak_rss()
+            with pytest.raises(WorkspaceArchiveReadError) as persisted:
+                await live.persist_workspace()
+            assert persisted.value.context["reason"] == "archive extracted size exceeds limit"
+            assert persisted.value.context["member"] == "big"
+            assert persisted.value.context["limit"] == 1 << 30
+            with pytest.raises(WorkspaceArchiveReadError) as read:
+                await live.read(Path("big"))
+            assert read.value.context["reason"] == "file size exceeds limit"
+            assert _peak_rss() - before < 200 * 1024 * 1024
+            # The run's limits (SandboxRunConfig.archive_limits, set on the session by the
+            # runner) win over the client's: here the tar's size is what refuses it.
+            live._set_archive_limits(SandboxArchiveLimits(max_input_bytes=1 << 20))
+            with pytest.raises(WorkspaceArchiveReadError) as tar_size:
+                await live.persist_workspace()
+            assert tar_size.value.context["reason"] == "archive input size exceeds limit"
+            os.unlink(store / "big")
+            (store / "medium").touch()
+            os.truncate(store / "medium", 20 << 20)  # past the chunk and the in-memory spool
+            live._set_archive_limits(None)
+            archive = await live.persist_workspace()
+            with tarfile.open(fileobj=archive) as tar:
+                assert {m.name: m.size for m in tar.getmembers()} == {
+                    "notes.txt": 2,
+                    "medium": 20 << 20,
+                }
+            assert (await live.read(Path("medium"))).read() == bytes(20 << 20)
+    finally:
+        await client.delete(live)
+
+
+async def test_a_fifo_is_left_out_of_the_snapshot_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    client = AgentVFSSandboxClient(LocalFilesystem(str(store)))
+    live = await client.create(manifest=Manifest(entries={"notes.txt": File(content=b"n\n")}))
+    try:
+        async with live:
+            assert (await live.exec("mkfifo fifo")).exit_code == 0
+            with caplog.at_level("WARNING", logger="agentvfs.integrations.openai_agents"):
+                archive = await live.persist_workspace()
+            with tarfile.open(fileobj=archive) as tar:
+                assert tar.getnames() == ["notes.txt"]
+            assert "leaves out fifo" in caplog.text
+    finally:
+        await client.delete(live)
+
+
+async def test_hydrate_refuses_an_archive_past_the_limits_before_writing() -> None:
+    limits = SandboxArchiveLimits(max_input_bytes=64 * 1024, max_extracted_bytes=4096, max_members=3)
+    client = AgentVFSSandboxClient(archive_limits=limits)
+    live = await client.create()
+    bomb = io.BytesIO()  # 1 MiB of zeros: a few KiB compressed, past the extracted limit
+    with tarfile.open(fileobj=bomb, mode="w:gz") as tar:
+        info = tarfile.TarInfo("zeros.bin")
+        info.size = 1 << 20
+        tar.addfile(info, io.BytesIO(bytes(info.size)))
+    bomb.seek(0)
+    cases = {
+        "archive member count exceeds limit": _tar({f"f{i}.txt": b"x" for i in range(4)}),
+        "archive extracted size exceeds limit": bomb,
+        "archive input size exceeds limit": _tar({"big.bin": bytes(100 * 1024)}),
+    }
+    try:
+        async with live:
+            for reason, archive in cases.items():
+                with pytest.raises(WorkspaceArchiveWriteError) as caught:
+                    await live.hydrate_workspace(archive)
+                assert caught.value.context["reason"] == reason
+                assert await _inner(live).filesystem.readdir("") == []
+            await live.hydrate_workspace(_tar({"d": None, "d/a.txt": b"a", "b.txt": b"b"}))
+            assert await _text(live, "d/a.txt") == "a"
+    finally:
+        await client.delete(live)
 
 
 async def test_a_command_past_its_timeout_is_an_error(memory_session: SandboxSession) -> None:

@@ -547,6 +547,11 @@ def _spool_input(
     return spool
 
 
+def _open_tar(spool: IO[bytes]) -> tarfile.TarFile:
+    """A tar (compressed or not) to read; the caller closes it."""
+    return tarfile.open(fileobj=spool, mode="r:*")
+
+
 def _copy_stream(source: io.IOBase, local_path: str) -> None:
     with open(local_path, "wb") as target:
         while chunk := source.read(_CHUNK_BYTES):
@@ -816,13 +821,14 @@ class AgentVFSSandboxSession(BaseSandboxSession):
             if isinstance(exc, FileNotFound):
                 raise WorkspaceReadNotFoundError(path=normalized, cause=exc) from exc
             if isinstance(exc, _TooLarge) and limit is not None:
-                raise _limit_error(
+                error = _limit_error(
                     WorkspaceArchiveReadError,
                     normalized,
                     reason=_FILE_REASON,
                     limit=limit,
                     actual=exc.actual,
-                ) from exc
+                )
+                raise error from error.cause
             if isinstance(exc, (FilesystemError, OSError)):
                 raise WorkspaceArchiveReadError(path=normalized, cause=exc) from exc
             raise
@@ -968,7 +974,9 @@ class AgentVFSSandboxSession(BaseSandboxSession):
                         info.type, info.mode = tarfile.DIRTYPE, 0o755
                         tar.addfile(info)
                         continue
-                    size = await self._archive_file(tar, info, limits, extracted)
+                    size = await self._archive_file(
+                        tar, info, limits, extracted, archive.tell(), entry.size or 0
+                    )
                     if size is None:
                         members -= 1
                         continue
@@ -994,15 +1002,50 @@ class AgentVFSSandboxSession(BaseSandboxSession):
             raise WorkspaceArchiveReadError(path=root, cause=exc) from exc
 
     async def _archive_file(
-        self, tar: tarfile.TarFile, info: tarfile.TarInfo, limits: SandboxArchiveLimits, extracted: int
+        self,
+        tar: tarfile.TarFile,
+        info: tarfile.TarInfo,
+        limits: SandboxArchiveLimits,
+        extracted: int,
+        written: int,
+        listed_size: int,
     ) -> int | None:
-        """Add one stored file to the tar; its size, or None when it is not a regular file."""
+        """Add one stored file to the tar (``extracted`` file bytes and ``written`` tar bytes
+        so far); its size, or None when it is not a regular file."""
         root = self._root()
-        maximum = limits.max_extracted_bytes
-        budget = None if maximum is None else maximum - extracted
+        # The binding limit for this file: what is left of the snapshot's file bytes, or of
+        # the tar's size (less this member's header block).
+        budgets: list[tuple[int, int, str, int]] = []
+        if limits.max_extracted_bytes is not None:
+            budgets.append(
+                (limits.max_extracted_bytes - extracted, limits.max_extracted_bytes, _EXTRACTED_REASON, extracted)
+            )
+        if limits.max_input_bytes is not None:
+            budgets.append(
+                (limits.max_input_bytes - written - tarfile.BLOCKSIZE, limits.max_input_bytes, _INPUT_REASON, written + tarfile.BLOCKSIZE)
+            )
+        binding = min(budgets) if budgets else None
+
+        def refused(size: int) -> WorkspaceArchiveReadError | WorkspaceArchiveWriteError:
+            assert binding is not None  # no budget, nothing refused
+            _, limit, reason, before = binding
+            return _limit_error(
+                WorkspaceArchiveReadError,
+                root,
+                reason=reason,
+                limit=limit,
+                actual=before + size,
+                member=info.name,
+            )
+
+        # The listed size refuses a file too large before any byte of it is read.
+        if binding is not None and listed_size > binding[0]:
+            raise refused(listed_size)
         with _spooled() as content:
             try:
-                size = await _copy_file(self.filesystem, info.name, content, budget=budget)
+                size = await _copy_file(
+                    self.filesystem, info.name, content, budget=None if binding is None else binding[0]
+                )
             except NotRegularFile:
                 # Skipped like links: one FIFO made by a command must not make every later
                 # snapshot of the session fail.
@@ -1014,15 +1057,8 @@ class AgentVFSSandboxSession(BaseSandboxSession):
                 )
                 return None
             except _TooLarge as exc:
-                assert maximum is not None  # no budget, no _TooLarge
-                raise _limit_error(
-                    WorkspaceArchiveReadError,
-                    root,
-                    reason=_EXTRACTED_REASON,
-                    limit=maximum,
-                    actual=extracted + exc.actual,
-                    member=info.name,
-                ) from exc
+                error = refused(exc.actual)
+                raise error from error.cause
             content.seek(0)
             info.size, info.mode = size, 0o644
             await anyio.to_thread.run_sync(tar.addfile, info, content)
@@ -1045,9 +1081,7 @@ class AgentVFSSandboxSession(BaseSandboxSession):
         spool = await anyio.to_thread.run_sync(_spool_input, data, limits, root)
         with spool:
             try:
-                tar = await anyio.to_thread.run_sync(
-                    lambda: tarfile.open(fileobj=spool, mode="r:*")
-                )
+                tar = await anyio.to_thread.run_sync(_open_tar, spool)
             except tarfile.TarError as exc:
                 raise WorkspaceArchiveWriteError(path=root, cause=exc) from exc
             with tar:
