@@ -290,6 +290,20 @@ async def test_reads_with_max_bytes_never_read_past_the_limit(tree: Path) -> Non
     disk = Disk([str(tree / "ws")])
     with pytest.raises(_disk.TooLargeError):
         disk.read(str(big), max_bytes=1000)
+    # A file whose size is already over the limit is refused before a byte is read (it
+    # would otherwise cost the limit in memory on each call).
+    read = os.pread
+    calls: list[int] = []
+
+    def counting_pread(fd: int, n: int, offset: int) -> bytes:
+        calls.append(n)
+        return read(fd, n, offset)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(os, "pread", counting_pread)
+        with pytest.raises(_disk.TooLargeError):
+            disk.read(str(big), max_bytes=64 << 20)
+    assert calls == []
     assert disk.read(str(tree / "ws" / "small.txt"), max_bytes=100) == b"x" * 100
     with pytest.raises(_disk.TooLargeError):
         disk.read(str(tree / "ws" / "small.txt"), max_bytes=99)

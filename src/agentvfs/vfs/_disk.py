@@ -962,6 +962,10 @@ def _read_fd(fd: int, target: str, start: int | None, end: int | None, max_bytes
     first = max(0, start or 0)
     if end is None:
         size = os.fstat(fd).st_size
+        if max_bytes is not None and size - first > max_bytes:
+            # Too large already: refuse before reading up to the limit (a sparse file made to
+            # be just over a cap would otherwise cost the cap in memory on every call).
+            raise TooLargeError(target, max_bytes)
         wanted = max(size - first, 0) + 1  # one more than the size: a file still growing shows
         if max_bytes is not None:
             wanted = min(wanted, max_bytes + 1)
