@@ -14,6 +14,9 @@ import functools
 import json
 import os
 import posixpath
+import subprocess
+import sys
+import textwrap
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -27,6 +30,7 @@ from pydantic_ai.workspaces import (
     FileEntry,
     SupportsCommands,
     WorkspaceBackend,
+    WorkspaceError,
     WorkspaceRef,
     WorkspaceUnavailableError,
 )
@@ -35,7 +39,12 @@ from pydantic_ai.workspaces.conformance import WorkspaceBackendSuite
 from pydantic_ai_harness import FileSystem
 
 from agentvfs import FsspecFilesystem, LocalFilesystem, LocalSandbox, Workspace
-from agentvfs.integrations.pydantic_ai import AgentVFSWorkspace, search_toolset
+from agentvfs.integrations.pydantic_ai import (
+    DEFAULT_MAX_READ_BYTES,
+    AgentVFSWorkspace,
+    FileTooLargeError,
+    search_toolset,
+)
 from agentvfs.testing import FakeGcsServer, MotoServer
 from conftest import GCS_BUCKET, S3_BUCKET
 
@@ -528,3 +537,198 @@ async def test_attaching_to_missing_storage_is_unavailable() -> None:
     backend = AgentVFSWorkspace.from_ref(WorkspaceRef(provider="agentvfs", id=body))
     with pytest.raises(WorkspaceUnavailableError, match="no longer exists"):
         await backend.working_dir()
+
+
+# -- bounded reads, contained symlinks ------------------------------------------------------------------
+
+GIB = 1 << 30
+
+
+def _sparse(path: Any) -> None:
+    """A 1 GiB file of no blocks, as ``truncate -s 1G`` in a command makes it."""
+    path.write_bytes(b"")
+    os.truncate(path, GIB)
+
+
+# Run in a fresh interpreter, so its peak memory (ru_maxrss) is that of the reads alone.
+_BIG_READ = textwrap.dedent(
+    """
+    import os, resource, sys, time
+    import anyio
+    from agentvfs import LocalFilesystem, Workspace
+    from agentvfs.integrations.pydantic_ai import AgentVFSWorkspace, FileTooLargeError
+
+    def peak_mib():
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+
+    async def main(directory, cap):
+        backend = AgentVFSWorkspace(Workspace(filesystem=LocalFilesystem(directory)), max_read_bytes=cap)
+        wd = await backend.working_dir()
+        await backend.read_bytes(wd + "/small.txt")  # everything imported and warm
+        before, start = peak_mib(), time.monotonic()
+        try:
+            await backend.read_bytes(wd + "/big.bin")
+        except FileTooLargeError as exc:
+            print(exc.limit, peak_mib() - before, round(time.monotonic() - start, 3))
+        await backend.aclose()
+
+    anyio.run(main, sys.argv[1], int(sys.argv[2]))
+    """
+)
+
+
+@pytest.mark.parametrize("cap", [1 << 20, DEFAULT_MAX_READ_BYTES])
+async def test_a_huge_sparse_file_is_refused_having_read_no_more_than_the_limit(
+    tmp_path: Any, cap: int
+) -> None:
+    """A 1 GiB sparse file (made in no time, as a command can) is refused by read_bytes, and
+    the host's peak memory grows by about the limit, not the file."""
+    (tmp_path / "small.txt").write_bytes(b"x")
+    _sparse(tmp_path / "big.bin")
+    done = await anyio.to_thread.run_sync(
+        functools.partial(
+            subprocess.run,
+            [sys.executable, "-c", _BIG_READ, str(tmp_path), str(cap)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    )
+    assert done.returncode == 0, done.stderr
+    limit, grown_mib, seconds = done.stdout.split()
+    assert int(limit) == cap
+    # The limit, once or twice over (read buffer and joined bytes), never the 1 GiB file.
+    assert int(grown_mib) <= 2 * cap // (1 << 20) + 16
+    assert float(seconds) < 10
+
+
+@pytest.mark.parametrize("kind", ["memory", "local", pytest.param("s3", marks=pytest.mark.s3)])
+async def test_read_bytes_honours_max_read_bytes_on_each_storage(
+    kind: str, request: pytest.FixtureRequest, module_tmp: str
+) -> None:
+    storage = _Storage(kind, request, module_tmp)
+    ws = storage.workspace(sandbox=False)
+    assert ws.filesystem is not None
+    await ws.filesystem.write_file("d/limit.bin", b"a" * 1024)
+    await ws.filesystem.write_file("d/over.bin", b"a" * 1025)
+    backend = AgentVFSWorkspace(ws, max_read_bytes=1024)
+    try:
+        wd = await backend.working_dir()
+        assert await backend.read_bytes(f"{wd}/d/limit.bin") == b"a" * 1024
+        with pytest.raises(FileTooLargeError, match="larger than 1024 bytes") as caught:
+            await backend.read_bytes(f"{wd}/d/over.bin")
+        assert isinstance(caught.value, WorkspaceError) and isinstance(
+            caught.value, PermissionError
+        )
+        assert caught.value.path == f"{wd}/d/over.bin" and wd not in str(caught.value)
+        # The other errors are those of an unbounded read.
+        with pytest.raises(FileNotFoundError):
+            await backend.read_bytes(f"{wd}/d/missing.bin")
+        with pytest.raises(IsADirectoryError):
+            await backend.read_bytes(f"{wd}/d")
+        unbounded = AgentVFSWorkspace(ws, max_read_bytes=None)
+        assert await unbounded.read_bytes(f"{wd}/d/over.bin") == b"a" * 1025
+    finally:
+        await backend.aclose()
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 1.5, "64M"])
+def test_a_bad_max_read_bytes_is_refused(bad: Any) -> None:
+    ws = Workspace(filesystem=FsspecFilesystem("memory:///pyd-cap"))
+    with pytest.raises(ValueError, match="max_read_bytes must be a positive number"):
+        AgentVFSWorkspace(ws, max_read_bytes=bad)
+
+
+async def test_agent_edit_of_a_huge_file_is_reported_to_the_model_and_write_replaces_it(
+    tmp_path: Any,
+) -> None:
+    """The harness's edit_file reads the file whole: on a 1 GiB sparse file the model gets the
+    refusal as the tool's result and the run goes on; write_file still replaces the file."""
+    directory = tmp_path / "ws"
+    directory.mkdir()
+    _sparse(directory / "big.txt")
+    backend = AgentVFSWorkspace(Workspace(filesystem=LocalFilesystem(str(directory))))
+    try:
+        edit = Agent(
+            _script(("edit_file", {"path": "big.txt", "old_text": "a", "new_text": "b"})),
+            capabilities=[FileSystem()],
+        )
+        result = await edit.run("edit it", workspace=backend)
+        assert f"larger than {DEFAULT_MAX_READ_BYTES} bytes" in result.output
+        assert str(directory) not in result.output
+        assert (directory / "big.txt").stat().st_size == GIB
+        write = Agent(
+            _script(("write_file", {"path": "big.txt", "content": "small now\n"})),
+            capabilities=[FileSystem()],
+        )
+        await write.run("replace it", workspace=backend)
+        assert (directory / "big.txt").read_bytes() == b"small now\n"
+    finally:
+        await backend.aclose()
+
+
+async def test_realpath_refuses_links_out_of_the_root_made_by_a_command(tmp_path: Any) -> None:
+    """Links a sandbox command makes to /proc/self/{cwd,exe,fd/0}, /etc, / and ../outside are
+    refused (PermissionError), never resolved on the host; links inside resolve, also one
+    that leaves the root and comes back."""
+    directory = tmp_path / "ws"
+    directory.mkdir()
+    (tmp_path / "outside.txt").write_text("secret")
+    sandbox = LocalSandbox(working_directory=str(directory), isolation="bwrap")
+    backend = AgentVFSWorkspace(
+        Workspace(filesystem=LocalFilesystem(str(directory)), sandbox=sandbox)
+    )
+    try:
+        assert isinstance(backend, SupportsCommands)
+        wd = await backend.working_dir()
+        made = await backend.run(
+            "mkdir -p d/e && ln -s /proc/self/cwd cwd && ln -s /proc/self/exe exe && "
+            "ln -s /proc/self/fd/0 fd0 && ln -s /etc etc && ln -s / slash && "
+            "ln -s ../outside.txt out && ln -s d/e inner && ln -s ../ws/d back && "
+            f"ln -s {wd}/d absolute && ln -s ../../d/e d/e/up",
+            shell=True,
+        )
+        assert made.exit_code == 0, made.stderr
+        for name in ("cwd", "exe", "fd0", "etc", "slash", "out", "etc/passwd", "cwd/x", "etc/.."):
+            with pytest.raises(PermissionError, match="outside the workspace storage"):
+                await backend.realpath(f"{wd}/{name}")
+        assert await backend.realpath(f"{wd}/inner/missing") == f"{wd}/d/e/missing"
+        assert await backend.realpath(f"{wd}/back") == f"{wd}/d"
+        assert await backend.realpath(f"{wd}/absolute/e") == f"{wd}/d/e"
+        assert await backend.realpath(f"{wd}/d/e/up/..") == f"{wd}/d"
+    finally:
+        await backend.aclose()
+
+
+async def test_realpath_reports_a_long_link_chain_as_a_loop(tmp_path: Any) -> None:
+    for i in range(50):
+        os.symlink(f"l{i + 1}", tmp_path / f"l{i}")
+    os.symlink("l0", tmp_path / "l50")
+    backend = AgentVFSWorkspace(Workspace(filesystem=LocalFilesystem(str(tmp_path))))
+    wd = await backend.working_dir()
+    with pytest.raises(OSError, match="Too many levels of symbolic links"):
+        await backend.realpath(f"{wd}/l0")
+
+
+async def test_a_symlink_leading_out_of_the_root_is_removed_itself(tmp_path: Any) -> None:
+    """remove takes away the link, never its target, also when the link leads outside."""
+    directory = tmp_path / "ws"
+    (directory / "d").mkdir(parents=True)
+    outside = tmp_path / "outside"
+    (outside / "keep").mkdir(parents=True)
+    (tmp_path / "outside.txt").write_text("keep")
+    os.symlink("../outside.txt", directory / "file-link")
+    os.symlink(str(outside), directory / "dir-link")
+    os.symlink("/etc", directory / "d" / "etc")
+    os.symlink("../missing", directory / "dangling")
+    backend = AgentVFSWorkspace(Workspace(filesystem=LocalFilesystem(str(directory))))
+    wd = await backend.working_dir()
+    for name in ("file-link", "dir-link", "d/etc", "dangling"):
+        await backend.remove(f"{wd}/{name}")
+        assert not os.path.lexists(directory / name)
+    assert (tmp_path / "outside.txt").read_text() == "keep"
+    assert (outside / "keep").is_dir() and os.path.isdir("/etc")
+    os.symlink(str(outside), directory / "dir-link")
+    with pytest.raises(PermissionError):  # through a link out: refused, nothing removed
+        await backend.remove(f"{wd}/dir-link/keep")
+    assert (outside / "keep").is_dir()

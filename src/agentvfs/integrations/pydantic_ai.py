@@ -23,13 +23,23 @@ root. The root of the agentvfs filesystem appears at one absolute directory, the
 
 The working directory is ``working_dir`` below the root (by default the root itself, or the one
 mount of a workspace built from ``mounts``). A path outside the root is refused with
-``PermissionError``.
+``PermissionError``; so is a symlink that :meth:`AgentVFSWorkspace.realpath` would resolve to
+a place outside it.
+
+Reads
+-----
+``read_bytes`` reads at most ``max_read_bytes`` (64 MiB by default, the harness's own limit for
+``read_file``) and refuses a larger file with :class:`FileTooLargeError`, having read no more
+than one byte past the limit on local disk and object stores: the harness's ``edit_file`` and
+``write_file`` read a file whole, and a sparse file a command makes in seconds can be far larger
+than the host's memory.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import math
 import operator
@@ -52,6 +62,7 @@ from pydantic_ai.workspaces import (  # noqa: E402
     CommandResult,
     FileEntry,
     WorkspaceCommand,
+    WorkspaceError,
     WorkspaceOutputLimitError,
     WorkspaceReadOnlyError,
     WorkspaceRef,
@@ -59,16 +70,30 @@ from pydantic_ai.workspaces import (  # noqa: E402
     WorkspaceUnavailableError,
 )
 
-from ..errors import SandboxNotReadyError, WorkspaceNotReadyError  # noqa: E402
+from ..errors import FileTooLarge, SandboxNotReadyError, WorkspaceNotReadyError  # noqa: E402
 from ..errors import WorkspaceReadOnlyError as _VfsReadOnlyError  # noqa: E402
 from ..sandbox import LocalSandbox, shell_quote  # noqa: E402
-from ..vfs import CompositeFilesystem, FsspecFilesystem, LocalFilesystem, WorkspaceFilesystem  # noqa: E402
+from ..vfs import (  # noqa: E402
+    CompositeFilesystem,
+    FsspecFilesystem,
+    LocalFilesystem,
+    SupportsReadBeneath,
+    WorkspaceFilesystem,
+    read_file_beneath,
+    read_many,
+)
 from ..workspace import Workspace  # noqa: E402
 
 if TYPE_CHECKING:
     from ..tools import WorkspaceTool
 
-__all__ = ["PROVIDER", "AgentVFSWorkspace", "search_toolset"]
+__all__ = [
+    "DEFAULT_MAX_READ_BYTES",
+    "PROVIDER",
+    "AgentVFSWorkspace",
+    "FileTooLargeError",
+    "search_toolset",
+]
 
 #: ``WorkspaceRef.provider`` of every ref this adapter makes.
 PROVIDER = "agentvfs"
@@ -78,6 +103,42 @@ DEFAULT_VIRTUAL_ROOT = "/workspace"
 
 #: Seconds between checks that a command's workspace directory still exists.
 _WATCH_INTERVAL = 0.25
+
+#: The largest file ``read_bytes`` reads by default: the limit of the harness's ``read_file``
+#: (``pydantic_ai_harness.filesystem``), so what that tool shows the other tools can read too.
+DEFAULT_MAX_READ_BYTES = 64 << 20
+
+#: Symlinks ``realpath`` follows before it reports a loop (Linux's own limit, MAXSYMLINKS).
+_MAX_LINK_HOPS = 40
+
+
+class FileTooLargeError(WorkspaceError, PermissionError):
+    """A file larger than the backend's ``max_read_bytes`` was refused; nothing past the limit
+    was read.
+
+    A ``WorkspaceError``, so the harness's file tools report the message to the model as a
+    failed call instead of ending the run; a ``PermissionError`` (as ``WorkspaceReadOnlyError``
+    is), since it is a refusal: the harness then still lets ``write_file`` replace such a file,
+    only without showing a diff of the old content.
+
+    Parameters
+    ----------
+    path : str
+        The path as given to ``read_bytes``.
+    limit : int
+        The ``max_read_bytes`` of the backend.
+    """
+
+    def __init__(self, path: str, limit: int) -> None:
+        # The message names no path: the harness shows it to the model as it is, and the
+        # absolute path would spell out the host directory of the workspace.
+        super().__init__(
+            f"the file is larger than {limit} bytes, the most this workspace reads whole; "
+            "read a part of it with a shell command (head, tail, sed -n) or find lines with a search tool"
+        )
+        self.path = path
+        self.limit = limit
+
 
 _by_name = operator.attrgetter("name")
 
@@ -140,6 +201,19 @@ def _storage_url(fs: WorkspaceFilesystem, sub: str) -> str | None:
     return None
 
 
+def _in_memory(fs: WorkspaceFilesystem) -> bool:
+    """Whether all of ``fs`` is fsspec memory storage, held in this process."""
+    inner = getattr(fs, "inner", None)
+    if isinstance(inner, WorkspaceFilesystem):
+        return _in_memory(inner)
+    if isinstance(fs, FsspecFilesystem):
+        protocol = fs.fs.protocol
+        return "memory" in ((protocol,) if isinstance(protocol, str) else protocol)
+    if isinstance(fs, CompositeFilesystem):
+        return bool(fs.mounts) and all(_in_memory(mount) for mount in fs.mounts.values())
+    return False
+
+
 def _storage_exists(fs: WorkspaceFilesystem, sub: str) -> bool:
     """Whether the storage below ``fs``'s root at ``sub`` exists (blocking: run in a thread).
 
@@ -187,6 +261,9 @@ class AgentVFSWorkspace:
         The absolute directory the filesystem root appears at, without a sandbox (default
         a ``LocalFilesystem``'s own directory, else ``/workspace``). With a sandbox the root is
         always its working directory, where commands see the files.
+    max_read_bytes : int or None, optional
+        The largest file :meth:`read_bytes` reads (default :data:`DEFAULT_MAX_READ_BYTES`,
+        64 MiB); None reads any size.
 
     Raises
     ------
@@ -194,7 +271,8 @@ class AgentVFSWorkspace:
         ``workspace`` is not an agentvfs ``Workspace``.
     ValueError
         The workspace has no static filesystem; a sandbox and a filesystem that commands
-        would not see (pass ``mounts=`` instead); ``working_dir`` or ``root`` malformed.
+        would not see (pass ``mounts=`` instead); ``working_dir`` or ``root`` malformed;
+        ``max_read_bytes`` not a positive integer or None.
     """
 
     _attach: bool = False
@@ -211,8 +289,21 @@ class AgentVFSWorkspace:
         return super().__new__(cls)
 
     def __init__(
-        self, workspace: Workspace, *, working_dir: str | None = None, root: str | None = None
+        self,
+        workspace: Workspace,
+        *,
+        working_dir: str | None = None,
+        root: str | None = None,
+        max_read_bytes: int | None = DEFAULT_MAX_READ_BYTES,
     ) -> None:
+        if max_read_bytes is not None and (
+            isinstance(max_read_bytes, bool)
+            or not isinstance(max_read_bytes, int)
+            or max_read_bytes <= 0
+        ):
+            raise ValueError(
+                f"max_read_bytes must be a positive number of bytes or None, not {max_read_bytes!r}"
+            )
         if not isinstance(workspace, Workspace):
             raise TypeError(
                 f"AgentVFSWorkspace takes an agentvfs.Workspace, not {type(workspace).__name__}; "
@@ -279,6 +370,15 @@ class AgentVFSWorkspace:
         self._sub = posixpath.normpath("/" + working_dir).lstrip("/")
         # The root is a host directory shown at its own path: the host can resolve links.
         self._host_paths = isinstance(inner, LocalFilesystem) and root is None
+        self._max_read_bytes = max_read_bytes
+        # Local disk reads a file beneath the root with a bound and its own precise errors;
+        # object stores bound the read with read_many (a ranged GET). Memory storage already
+        # holds the file in this process, so its plain read (a tenth of the cost) is only
+        # measured afterwards.
+        self._reads_beneath = isinstance(inner, SupportsReadBeneath) and not isinstance(
+            inner, CompositeFilesystem
+        )
+        self._in_memory = _in_memory(fs)
         self._root: str | None = None
         # The root with a trailing slash (just "/" for the root "/"): what a path inside it
         # starts with, kept so mapping a path costs one startswith and one slice.
@@ -319,6 +419,7 @@ class AgentVFSWorkspace:
         *,
         storage_options: Mapping[str, Any] | None = None,
         sandbox: bool | None = None,
+        max_read_bytes: int | None = DEFAULT_MAX_READ_BYTES,
     ) -> AgentVFSWorkspace:
         """A backend attached to the storage ``ref`` names (no I/O until its first operation).
 
@@ -331,6 +432,8 @@ class AgentVFSWorkspace:
         sandbox : bool, optional
             Run commands in a :class:`~agentvfs.LocalSandbox` with the isolation the ref
             records; default: when the ref records one.
+        max_read_bytes : int or None, optional
+            As for the constructor.
 
         Raises
         ------
@@ -370,9 +473,9 @@ class AgentVFSWorkspace:
                 parent, name = posixpath.split(working_dir)
                 sbx = LocalSandbox(working_directory=parent, isolation=isolation or "none")
                 ws = Workspace(sandbox=sbx, mounts={"/" + name: fs})
-            backend = cls(ws)
+            backend = cls(ws, max_read_bytes=max_read_bytes)
         else:
-            backend = cls(Workspace(filesystem=fs), root=working_dir)
+            backend = cls(Workspace(filesystem=fs), root=working_dir, max_read_bytes=max_read_bytes)
         backend._attach = True
         backend._ref = ref
         return backend
@@ -493,15 +596,50 @@ class AgentVFSWorkspace:
     # -- SupportsFilesystem ---------------------------------------------------------------------------
 
     async def read_bytes(self, path: str) -> bytes:
-        """Read a file's bytes."""
+        """Read a file's bytes.
+
+        Raises
+        ------
+        FileTooLargeError
+            The file is larger than ``max_read_bytes``.
+        """
         rel = self._rel_now(path)
         if rel is None:
             rel = await self._rel(path)
+        limit = self._max_read_bytes
         try:
-            data = await self._fs.read_file(rel)
+            if limit is None:
+                data = await self._fs.read_file(rel)
+            elif self._reads_beneath:
+                if not rel:
+                    raise IsADirectoryError(21, "Is a directory", path)
+                data = await read_file_beneath(self._fs, "", rel, max_bytes=limit)
+            elif self._in_memory:
+                data = await self._fs.read_file(rel)
+                if len(data) > limit:
+                    raise FileTooLarge(rel, limit)
+            else:
+                data = await self._read_bounded(rel, limit)
+        except FileTooLarge as exc:
+            raise FileTooLargeError(path, limit or exc.limit) from None
         except _TRANSLATED as exc:
             raise _translate(exc) from exc
         return data if isinstance(data, bytes) else data.encode()
+
+    async def _read_bounded(self, rel: str, limit: int) -> str | bytes:
+        """``rel``'s content, no more than ``limit`` bytes of it read (``FileTooLarge`` past)."""
+        got = (await read_many(self._fs, [rel], max_bytes=limit))[rel]
+        if isinstance(got, bytes):
+            return got
+        if isinstance(got, FileTooLarge):
+            raise got
+        # read_many reports some failures (a directory, a special file) only as missing: a
+        # plain read raises the precise error. Should the file have appeared meanwhile, its
+        # length is still checked.
+        data = await self._fs.read_file(rel)
+        if len(data) > limit:
+            raise FileTooLarge(rel, limit)
+        return data
 
     async def write_bytes(self, path: str, data: bytes) -> None:
         """Write a file whole, creating missing parents."""
@@ -579,7 +717,7 @@ class AgentVFSWorkspace:
         candidates = [target]
         # Through links too: removing `link/..` must not reach the working directory. Outside
         # the storage the lexical check decides, and _rel refuses the path below.
-        with contextlib.suppress(PermissionError):
+        with contextlib.suppress(OSError):  # outside the root, or a link loop
             candidates.append(
                 posixpath.join(
                     await self.realpath(posixpath.dirname(target)), posixpath.basename(target)
@@ -593,7 +731,7 @@ class AgentVFSWorkspace:
         rel = await self._rel(path)
         try:
             if await self._is_symlink(rel):
-                await self._fs.delete_file(rel)
+                await self._unlink(rel, path)
             elif (await self._fs.stat(rel)).type == "directory":
                 await self._fs.rmdir(rel, recursive=True)
             else:
@@ -613,6 +751,29 @@ class AgentVFSWorkspace:
             return False  # storage mounted into the sandbox: the workspace indexes its own
         config = self._workspace.get_tools_config()
         return bool(config and config.get("auto_reindex"))
+
+    async def _unlink(self, rel: str, path: str) -> None:
+        """Remove the symlink ``rel`` itself."""
+        inner = getattr(self._fs, "inner", self._fs)
+        if not isinstance(inner, LocalFilesystem):
+            await self._fs.delete_file(rel)
+            return
+        # delete_file looks through the link first and refuses one that leads out of the root;
+        # the disk's unlink removes the name beneath its (contained) parent, never the target.
+        if self._fs.read_only or inner.read_only:
+            raise WorkspaceReadOnlyError(f"the workspace is read-only: cannot remove {path!r}")
+        host = inner.resolve_absolute_path(rel)
+        if host is None:
+            raise PermissionError(13, "outside the workspace storage", path)
+        backend = inner.backend
+
+        def unlink() -> None:
+            try:
+                backend.disk.unlink(host)
+            except Exception as exc:
+                raise backend.refuse(exc, host.lstrip("/"), path, "delete_file") from exc
+
+        await anyio.to_thread.run_sync(unlink)
 
     async def _is_symlink(self, rel: str) -> bool:
         # stat follows links; the parent's listing tells a link from what it points at, so a
@@ -641,16 +802,25 @@ class AgentVFSWorkspace:
     # -- SupportsRealpath -----------------------------------------------------------------------------
 
     async def realpath(self, path: str) -> str:
-        """Resolve symlinks like ``os.path.realpath(path, strict=False)``.
+        """Resolve symlinks like ``os.path.realpath(path, strict=False)``, within the root.
 
-        On a local directory shown at its own path the host resolves them (missing components
-        kept, loops ended); object stores and memory hold no links, so there the path is only
-        normalised. A path outside the storage is refused (``PermissionError``).
+        On a local directory shown at its own path the links on disk are followed (missing
+        components kept as written) while they stay inside the root; object stores and memory
+        hold no links, so there the path is only normalised.
+
+        Raises
+        ------
+        PermissionError
+            ``path``, or what its links resolve to, is outside the storage: a link to ``/etc``,
+            ``/proc/self/cwd`` or ``..`` of the root is refused, never followed on the host.
+        OSError
+            ``ELOOP``: more than 40 links on the way (a loop).
         """
         await self._rel(path)
         if self._host_paths:
+            assert self._root is not None
             # Not normalised first: `link/..` climbs from the link's target, as for commands.
-            return await anyio.to_thread.run_sync(os.path.realpath, path)
+            return await anyio.to_thread.run_sync(_resolve_within, self._root, path)
         return self._public(await self._rel(path))
 
 
@@ -825,6 +995,85 @@ async def search_toolset(
             "or skills=[...] on the Workspace"
         )
     return FunctionToolset([_as_pydantic_tool(tool) for tool in chosen])
+
+
+def _resolve_within(root: str, path: str) -> str:
+    """``path`` with its links resolved, like ``os.path.realpath(path, strict=False)``, where only
+    links inside the directory ``root`` (a real path) are read (blocking: run in a thread).
+
+    Each directory is opened beneath a descriptor of ``root`` without following links, so no
+    lookup reaches the host outside it, not even when a command swaps a directory for a link
+    during the call. Outside ``root`` (after ``..`` above it, or an absolute link target) the
+    components are taken as written until they come back inside.
+
+    Raises
+    ------
+    PermissionError
+        The result is outside ``root``.
+    OSError
+        ``ELOOP``: more than ``_MAX_LINK_HOPS`` links.
+    """
+    top = [part for part in root.split("/") if part]
+    parts: list[str] = []  # the resolved path so far, as components
+    fds = [os.open(root, os.O_PATH | os.O_DIRECTORY)]  # fds[i]: parts[: len(top) + i], no links
+    todo = path.split("/")[::-1]
+    hops = 0
+
+    def truncate(depth: int) -> None:
+        while len(fds) > depth + 1:
+            os.close(fds.pop())
+
+    def current_dir() -> int | None:
+        """A descriptor of the directory ``parts`` names below the root, or None (not one)."""
+        for name in parts[len(top) + len(fds) - 1 :]:
+            try:
+                fds.append(
+                    os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fds[-1])
+                )
+            except OSError:
+                return None  # missing, a file, or a link swapped in: the rest as written
+        return fds[-1]
+
+    try:
+        while todo:
+            name = todo.pop()
+            if name in ("", "."):
+                continue
+            if name == "..":
+                if parts:
+                    parts.pop()
+                truncate(max(0, len(parts) - len(top)))
+                continue
+            if len(parts) < len(top) or parts[: len(top)] != top:
+                parts.append(name)  # outside the root: no lookup on the host
+                continue
+            truncate(len(parts) - len(top))
+            directory = current_dir()
+            try:
+                if directory is None:
+                    raise FileNotFoundError
+                target = os.readlink(name, dir_fd=directory)
+            except OSError:  # not a link, or nothing there: kept as written
+                parts.append(name)
+                continue
+            hops += 1
+            if hops > _MAX_LINK_HOPS:
+                raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
+            if target.startswith("/"):
+                parts.clear()
+                truncate(0)
+            todo.extend(target.split("/")[::-1])
+    finally:
+        truncate(-1)
+    resolved = "/" + "/".join(parts)
+    if parts[: len(top)] != top:
+        raise PermissionError(
+            errno.EACCES,
+            f"{path!r} resolves through a symlink to a place outside the workspace storage, which "
+            f"appears at {root!r}",
+            path,
+        )
+    return resolved
 
 
 def _removed(path: str) -> bool:
