@@ -651,3 +651,141 @@ def test_binary_reads_are_base64_and_capped() -> None:
     )
     raw = backend.read("/raw.txt").file_data
     assert raw == {"content": base64.b64encode(b"\xff\xfe").decode(), "encoding": "base64"}
+
+
+# -- files too large to load ----------------------------------------------------------------------
+
+#: Run in a fresh interpreter, whose peak memory (VmHWM) is a meaningful before and after:
+#: the four file operations on a 1 GiB sparse file, each timed, the peak growth in KiB.
+_HUGE_FILE_PROBE = """
+import json, os, sys, time
+from agentvfs import LocalFilesystem, LocalSandbox, Workspace
+from agentvfs.integrations.deepagents import AgentVFSSandbox
+
+def peak_kib():
+    with open("/proc/self/status") as status:
+        return int(next(line for line in status if line.startswith("VmHWM:")).split()[1])
+
+work = sys.argv[1]
+with open(os.path.join(work, "huge.txt"), "wb") as f:
+    f.truncate(1 << 30)  # sparse: no disk used, but 1 GiB to whoever reads it whole
+with open(os.path.join(work, "small.txt"), "w") as f:
+    f.write("a needle here\\n")
+ws = Workspace(filesystem=LocalFilesystem(work), sandbox=LocalSandbox(working_directory=work))
+backend = AgentVFSSandbox(ws)
+path = backend.root.rstrip("/") + "/huge.txt"
+backend.read(backend.root.rstrip("/") + "/small.txt")  # warm up: imports, the loop thread
+before = peak_kib()
+out = {}
+for name, call in [
+    ("read", lambda: backend.read(path, offset=0, limit=1).error),
+    ("edit", lambda: backend.edit(path, "x", "y").error),
+    ("grep", lambda: [m["path"] for m in backend.grep("needle", backend.root).matches]),
+    ("download", lambda: backend.download_files([path])[0].error),
+]:
+    start = time.perf_counter()
+    out[name] = call()
+    out[name + "_seconds"] = time.perf_counter() - start
+out["growth_kib"] = peak_kib() - before
+print(json.dumps(out))
+"""
+
+
+def test_huge_file_is_refused_without_loading_it(tmp_path: Path) -> None:
+    """A 1 GiB (sparse) file, as a sandboxed ``truncate -s 1G`` makes: ``read`` with
+    ``limit=1``, ``edit``, ``grep`` and ``download_files`` each answer at once with the size
+    and the limit (grep skips the file), and the host's peak memory barely moves."""
+    import json
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, "-c", _HUGE_FILE_PROBE, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    size, limit = f"{1 << 30} bytes", f"{16 * 1024 * 1024} bytes"
+    for op in ("read", "edit"):
+        error = out[op]
+        assert f"too large to {op}" in error and size in error and limit in error, error
+        assert "offset and limit cannot help" in error and "execute" in error, error
+    assert out["grep"] == [f"{tmp_path}/small.txt"]
+    assert size in out["download"] and limit in out["download"]
+    assert max(out[f"{op}_seconds"] for op in ("read", "edit", "grep", "download")) < 5, out
+    # Before the limit, the read alone took the peak up by gigabytes.
+    assert out["growth_kib"] < 96 * 1024, out
+
+
+def test_file_limit_on_object_storage_and_edits() -> None:
+    """The limit on storage without local files (memory, as S3 and GCS): each operation is
+    refused or skipped past it, an edit that would grow a file past it writes nothing, and
+    ``max_file_bytes`` is checked."""
+    backend = AgentVFSBackend(_memory_fs(), max_file_bytes=64)
+    assert backend.write("/big.md", "needle\n" * 20).error is None  # 140 bytes
+    assert backend.write("/ok.md", "x\r\nneedle one\nneedle\n two\nlast needle").error is None
+    read = backend.read("/big.md", limit=1)
+    assert read.error == (
+        "Error: File '/big.md' is too large to read: it is 140 bytes, over the limit of 64 "
+        "bytes; offset and limit cannot help, since the whole file is loaded before a page of "
+        "it is cut; ask for it to be split into smaller files, or for the backend's "
+        "max_file_bytes to be raised"
+    )
+    assert "too large to edit: it is 140 bytes" in str(backend.edit("/big.md", "n", "m").error)
+    found = backend.grep("needle", "/").matches or []
+    assert [(m["path"], m["line"], m["text"]) for m in found] == [
+        ("/ok.md", 2, "needle one"),
+        ("/ok.md", 3, "needle"),
+        ("/ok.md", 5, "last needle"),
+    ]
+    assert backend.grep("needle\n", "/").matches == []  # no line holds a newline
+    [download] = backend.download_files(["/big.md"])
+    assert download.content is None and "140 bytes" in str(download.error)
+    grown = backend.edit("/ok.md", "needle", "n" * 20, replace_all=True)
+    assert grown.error is not None and "would make it 79 bytes" in grown.error  # 37 + 3 * 14
+    assert backend.edit("/ok.md", "needle one", "needle 1").occurrences == 1
+    assert backend.read("/ok.md").file_data == {
+        "content": "x\nneedle 1\nneedle\n two\nlast needle",
+        "encoding": "utf-8",
+    }
+    with pytest.raises(ValueError, match="max_file_bytes must be a non-negative int"):
+        AgentVFSBackend(_memory_fs(), max_file_bytes=-1)
+
+
+def test_paging_many_lines_builds_no_list_of_them() -> None:
+    """A page of a file of millions of short lines is found in place: the memory a page
+    takes is its own size, where splitting the file took hundreds of megabytes."""
+    import tracemalloc
+
+    text = "ab\n" * 3_000_000
+    tracemalloc.start()
+    try:
+        first = _text_window(text, 0, 1, keep_last_newline=False)
+        last = _text_window(text, 2_999_999, 2000, keep_last_newline=True)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert first.file_data == {"content": "ab", "encoding": "utf-8"}
+    assert (first.total_lines, first.next_offset) == (3_000_000, 1)
+    assert last.file_data == {"content": "ab\n", "encoding": "utf-8"}
+    assert (last.start_line, last.end_line, last.next_offset) == (3_000_000, 3_000_000, None)
+    assert peak < 1024 * 1024, peak
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 5])
+def test_read_windows_match_deepagents_across_chunks(
+    chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lines are skipped a chunk of text at a time: with tiny chunks, so every break (a
+    ``\\r\\n`` at a chunk's edge too) falls on a boundary, each window is still deepagents'."""
+    monkeypatch.setattr("agentvfs.integrations.deepagents._SKIP_CHUNK", chunk)
+    texts = ["a\r\nb\r\n\r\nc\rd\n\ne\x0bf\u2028g", "one\ntwo\n\nthree", "\r\n\r\n\rx\r"]
+    for text in texts:
+        for offset in range(8):
+            for limit in (1, 2, 3, 7):
+                expected = slice_read_response(
+                    FileData(content=text, encoding="utf-8"), offset, limit
+                )
+                got = _text_window(text, offset, limit, keep_last_newline=True)
+                assert got == expected, (text, offset, limit)

@@ -40,7 +40,7 @@ import operator
 import posixpath
 import re
 import threading
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable, Iterator
 from itertools import compress, repeat
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -77,19 +77,44 @@ from deepagents.backends.utils import (  # noqa: E402
 )
 from wcmatch import glob as wcglob  # noqa: E402
 
-from agentvfs.errors import StaleFileError, WorkspaceReadOnlyError  # noqa: E402
-from agentvfs.vfs import WorkspaceFilesystem, list_stats, read_many, walk  # noqa: E402
+from agentvfs.errors import (  # noqa: E402
+    FileTooLarge,
+    StaleFileError,
+    WorkspaceReadOnlyError,
+)
+from agentvfs.vfs import (  # noqa: E402
+    SupportsRangedRead,
+    WorkspaceFilesystem,
+    list_stats,
+    read_many,
+    read_range,
+    walk,
+)
 from agentvfs.workspace import Workspace  # noqa: E402
 
 if TYPE_CHECKING:
     from langchain_core.tools import BaseTool
 
-__all__ = ["AgentVFSBackend", "AgentVFSSandbox", "search_tools"]
+__all__ = ["DEFAULT_MAX_FILE_BYTES", "AgentVFSBackend", "AgentVFSSandbox", "search_tools"]
 
 T = TypeVar("T")
 
 #: Seconds a command may run when ``execute`` is given no timeout (deepagents' own default).
 DEFAULT_EXECUTE_TIMEOUT = 120
+
+#: The largest file ``read`` pages as text, ``edit`` changes, ``grep`` searches and
+#: ``download_files`` returns: 16 MiB. Every read stops just past it, so a huge file (a
+#: sandboxed command makes a sparse terabyte in no time) never reaches the host's memory.
+#: deepagents' ``FilesystemBackend`` greps files up to 10 MiB, and its sandbox test kit reads
+#: and downloads text files of a little over 10 MiB whole: this limit leaves room for both.
+DEFAULT_MAX_FILE_BYTES = 16 * 1024 * 1024
+
+#: What one ``grep`` reads at a time: batches of at most this many listed bytes and files,
+#: so the memory a search holds stays bounded however many files it selects (a file grown
+#: since the listing still costs no more than ``max_file_bytes``). Fewer files a batch cost
+#: a thread pool each on object stores: 256 keeps a search of many small files fast.
+_GREP_BATCH_BYTES = 32 * 1024 * 1024
+_GREP_BATCH_FILES = 256
 
 
 # -- sync over async ---------------------------------------------------------------------------
@@ -227,25 +252,74 @@ def _reads_as_text(path: str) -> bool:
     return _reads_as_text(name) if name else True
 
 
+#: The line breaks of ``str.splitlines`` besides ``\n`` (``\r\n`` counts as one break).
+_OTHER_BREAKS = "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+_ANY_BREAK = re.compile("\r\n|[\n" + _OTHER_BREAKS + "]")
+
+#: Characters of text counted at a time when skipping lines: large enough that the loop
+#: runs in C, small enough that the break-by-break step through one chunk stays short.
+_SKIP_CHUNK = 1 << 16
+
+
+def _breaks(text: str, start: int, stop: int, only_lf: bool) -> int:
+    """The number of line breaks in ``text[start:stop]`` (no copy of it is made)."""
+    count = text.count("\n", start, stop)
+    if only_lf:
+        return count
+    count += sum(text.count(char, start, stop) for char in _OTHER_BREAKS)
+    return count - text.count("\r\n", start, stop)
+
+
+def _skip_lines(text: str, pos: int, lines: int, only_lf: bool) -> int:
+    """The index just past the ``lines``-th line break at or after ``pos`` (the text's end
+    if it has fewer): counted a chunk at a time, so no list of lines is ever built."""
+    size = len(text)
+    while lines > 0 and pos < size:
+        stop = min(pos + _SKIP_CHUNK, size)
+        if text[stop - 1] == "\r" and text[stop : stop + 1] == "\n":
+            stop += 1  # a chunk never splits a \r\n, which is one break
+        found = _breaks(text, pos, stop, only_lf)
+        if found < lines:
+            lines, pos = lines - found, stop
+            continue
+        for _ in range(lines):  # the wanted break is in this chunk: step to it
+            if only_lf:
+                pos = text.index("\n", pos, stop) + 1
+            else:
+                match = _ANY_BREAK.search(text, pos, stop)
+                assert match is not None
+                pos = match.end()
+        return pos
+    return size if lines > 0 else pos
+
+
 def _text_window(text: str, offset: int, limit: int, *, keep_last_newline: bool) -> ReadResult:
     """``limit`` lines of a non-blank ``text`` from line ``offset`` (0-based), with
     deepagents' paging: negative bounds count as 0, a zero ``limit`` reads nothing
     (``no_lines_requested``), lines end at any of ``str.splitlines``' breaks and come back
-    with ``\n`` ends, and an offset past the last line is an error."""
+    with ``\n`` ends, and an offset past the last line is an error.
+
+    The lines are counted and found in place, never split into a list: a page of a file of
+    millions of short lines costs a scan of it, not a string object per line.
+    """
     if type(offset) is not int or offset < 0:
         offset = max(int(offset), 0)
     if type(limit) is not int or limit < 0:
         limit = max(int(limit), 0)
     if limit == 0:
         return ReadResult(file_data=FileData(content="", encoding="utf-8"), no_lines_requested=True)
-    lines = text.splitlines(keepends=True)
-    total = len(lines)
+    only_lf = not any(char in text for char in _OTHER_BREAKS)
+    breaks = _breaks(text, 0, len(text), only_lf)
+    # The last line counts unless the text ends with a break (a final "\r\n" ends in "\n").
+    total = breaks + int(text[-1] != "\n" and text[-1] not in _OTHER_BREAKS)
     if offset >= total:
         return ReadResult(error=f"Line offset {offset} exceeds file length ({total} lines)")
     end = min(offset + limit, total)
+    start_at = _skip_lines(text, 0, offset, only_lf)
+    stop_at = len(text) if end == total else _skip_lines(text, start_at, end - offset, only_lf)
     # The usual read is of the whole file: its text is the window, with no copy.
-    window = text if offset == 0 and end == total else "".join(lines[offset:end])
-    if "\r" in window:
+    window = text if start_at == 0 and stop_at == len(text) else text[start_at:stop_at]
+    if not only_lf and "\r" in window:
         window = window.replace("\r\n", "\n").replace("\r", "\n")
     if not keep_last_newline:
         window = window.removesuffix("\n")
@@ -257,6 +331,25 @@ def _text_window(text: str, offset: int, limit: int, *, keep_last_newline: bool)
         end_line=end,
         next_offset=end if end < total else None,
     )
+
+
+def _matching_lines(text: str, pattern: str) -> Iterator[tuple[int, str]]:
+    """The 1-based number and text of each ``\n``-separated line of ``text`` containing
+    ``pattern`` (a trailing ``\r`` dropped), found with ``str.find``: only the matching
+    lines are ever copied out of the text."""
+    if "\n" in pattern:
+        return  # a line holds no newline, so no line contains this pattern
+    number, counted = 1, 0
+    found = text.find(pattern)
+    while found != -1:
+        line_start = text.rfind("\n", 0, found) + 1
+        number += text.count("\n", counted, line_start)
+        counted = line_start
+        line_end = text.find("\n", found)
+        if line_end == -1:
+            line_end = len(text)
+        yield number, text[line_start:line_end].removesuffix("\r")
+        found = text.find(pattern, line_end + 1)
 
 
 class _BadGlob(ValueError):
@@ -336,6 +429,12 @@ class AgentVFSBackend(BackendProtocol):
     max_binary_bytes : int
         The largest non-text file ``read`` returns (as base64); a larger one is an error
         naming the limit, as in deepagents' sandboxes (500 KiB).
+    max_file_bytes : int
+        The largest file ``read`` pages as text, ``edit`` changes (before and after the
+        edit), ``grep`` searches and ``download_files`` returns (default
+        :data:`DEFAULT_MAX_FILE_BYTES`, 16 MiB). No read goes past it: a larger file is an
+        error naming its size and the limit, and ``grep`` skips it, as deepagents'
+        ``FilesystemBackend`` skips files past its own limit.
 
     Raises
     ------
@@ -355,6 +454,7 @@ class AgentVFSBackend(BackendProtocol):
         *,
         root: str = "/",
         max_binary_bytes: int = MAX_BINARY_BYTES,
+        max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
     ) -> None:
         if isinstance(workspace, Workspace):
             filesystem = workspace.filesystem
@@ -373,17 +473,16 @@ class AgentVFSBackend(BackendProtocol):
                 f"{type(self).__name__} takes an agentvfs Workspace or WorkspaceFilesystem, "
                 f"not {type(workspace).__name__}"
             )
-        if (
-            isinstance(max_binary_bytes, bool)
-            or not isinstance(max_binary_bytes, int)
-            or max_binary_bytes < 0
+        for name, value in (
+            ("max_binary_bytes", max_binary_bytes),
+            ("max_file_bytes", max_file_bytes),
         ):
-            raise ValueError(
-                f"max_binary_bytes must be a non-negative int, got {max_binary_bytes!r}"
-            )
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be a non-negative int, got {value!r}")
         self._fs: WorkspaceFilesystem = filesystem
         self._root = _check_root(root)
         self._max_binary = max_binary_bytes
+        self._max_file = max_file_bytes
 
     @property
     def filesystem(self) -> WorkspaceFilesystem:
@@ -505,12 +604,11 @@ class AgentVFSBackend(BackendProtocol):
         try:
             rel = self._relative(file_path)
             is_text = _reads_as_text(file_path)
+            data = await self._read_bounded(rel, self._max_file if is_text else self._max_binary)
+        except FileTooLarge:
             if not is_text:
-                # Only non-text files may be refused for size: check before reading them whole.
-                size = (await self._fs.stat(rel)).size
-                if size > self._max_binary:
-                    return self._too_large(file_path)
-            data = await self._fs.read_file(rel)
+                return self._too_large(file_path)
+            return ReadResult(error=await self._too_large_text(file_path, rel, "read"))
         except _BadPath as exc:
             return ReadResult(error=str(exc))
         except FileNotFoundError:
@@ -519,7 +617,6 @@ class AgentVFSBackend(BackendProtocol):
             return ReadResult(error=f"File '{file_path}' is a directory; use ls to list it")
         except OSError as exc:
             return ReadResult(error=f"Error reading file '{file_path}': {_describe(exc)}")
-        assert isinstance(data, bytes)
         if is_text:
             try:
                 text = data.decode("utf-8")
@@ -537,6 +634,57 @@ class AgentVFSBackend(BackendProtocol):
             file_data=FileData(
                 content=base64.standard_b64encode(data).decode("ascii"), encoding="base64"
             )
+        )
+
+    async def _read_bounded(self, rel: str, max_bytes: int) -> bytes:
+        """The bytes of the file ``rel``, read no further than one byte past ``max_bytes``.
+
+        Raises
+        ------
+        FileTooLarge
+            The file holds more than ``max_bytes`` bytes.
+        OSError
+            Any other failure to read it (``FileNotFoundError`` if nothing is there,
+            ``IsADirectoryError`` for a directory).
+        """
+        if isinstance(self._fs, SupportsRangedRead):
+            # One ranged request (a seek and read on disk) of a byte more than the limit: a
+            # file of any size, or grown since it was listed, costs at most that much.
+            data = await read_range(self._fs, rel, 0, max_bytes + 1)
+        else:
+            # Without ranges a file is read whole: refuse what its size already shows to be
+            # too large first (read_many's length check comes only after the read).
+            if (await self._fs.stat(rel)).size > max_bytes:
+                raise FileTooLarge(rel, max_bytes)
+            got = (await read_many(self._fs, [rel], max_bytes=max_bytes)).get(rel)
+            if not isinstance(got, bytes):
+                raise got if got is not None else FileNotFoundError(rel)
+            data = got
+        if len(data) > max_bytes:
+            raise FileTooLarge(rel, max_bytes)
+        return data
+
+    async def _size_of(self, rel: str) -> str:
+        """The size of the file ``rel`` in words, for an error: "N bytes", or "more than
+        the limit" if it cannot be found out."""
+        try:
+            return f"{(await self._fs.stat(rel)).size} bytes"
+        except OSError:
+            return "larger than the limit"
+
+    def _large_file_hint(self) -> str:
+        """How the agent can look into a file too large for the file tools."""
+        return (
+            "offset and limit cannot help, since the whole file is loaded before a page of it "
+            "is cut; ask for it to be split into smaller files, or for the backend's "
+            "max_file_bytes to be raised"
+        )
+
+    async def _too_large_text(self, file_path: str, rel: str, action: str) -> str:
+        size = await self._size_of(rel)
+        return (
+            f"Error: File '{file_path}' is too large to {action}: it is {size}, over the limit "
+            f"of {self._max_file} bytes; {self._large_file_hint()}"
         )
 
     def _too_large(self, file_path: str) -> ReadResult:
@@ -591,7 +739,9 @@ class AgentVFSBackend(BackendProtocol):
             before = await self._fs.stat(rel)
             if before.type == "directory":
                 raise IsADirectoryError(file_path)
-            data = await self._fs.read_file(rel)
+            data = await self._read_bounded(rel, self._max_file)
+        except FileTooLarge:
+            return EditResult(error=await self._too_large_text(file_path, rel, "edit"))
         except _BadPath as exc:
             return EditResult(error=str(exc))
         except FileNotFoundError:
@@ -600,20 +750,29 @@ class AgentVFSBackend(BackendProtocol):
             return EditResult(error=f"Error: '{file_path}' is a directory, not a file")
         except OSError as exc:
             return EditResult(error=f"Error editing file '{file_path}': {_describe(exc)}")
-        assert isinstance(data, bytes)
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError:
             return EditResult(
                 error=f"Error: File '{file_path}' is not a UTF-8 text file and cannot be edited"
             )
-        if old_string and not replace_all:
+        if old_string and isinstance(old_string, str) and isinstance(new_string, str):
             count = text.count(old_string)
-            if count > 1:
+            if count > 1 and not replace_all:
                 return EditResult(
                     error=f"Error: String '{old_string}' appears multiple times ({count} occurrences) in "
                     f"'{file_path}'. Use replace_all=True to replace all of them, or include more "
                     "surrounding text so the string is unique."
+                )
+            # The edited size, known before it is built: replace_all of a short string by a
+            # long one could otherwise make a text many times the limit in memory.
+            growth = len(new_string.encode("utf-8")) - len(old_string.encode("utf-8"))
+            edited = len(data) + (count if replace_all else min(count, 1)) * growth
+            if edited > self._max_file:
+                return EditResult(
+                    error=f"Error: Editing '{file_path}' would make it {edited} bytes, over the "
+                    f"limit of {self._max_file} bytes for a file the file tools handle; nothing "
+                    "was written. Replace fewer occurrences or a shorter string."
                 )
         outcome = perform_string_replacement(text, old_string, new_string, replace_all)
         if isinstance(outcome, str):
@@ -716,29 +875,33 @@ class AgentVFSBackend(BackendProtocol):
         if found is None:
             return GrepResult(matches=[])
         files, base = found
+        sizes = dict(files)
         if matcher is None:
-            selected = sorted(p for p, _ in files)
+            selected = sorted(sizes)
         else:
-            below = {_below(p, base): p for p, _ in files}
+            below = {_below(p, base): p for p in sizes}
             selected = sorted(below[name] for name in matcher(below))
-        contents = await read_many(self._fs, selected)
         matches: list[GrepMatch] = []
         unreadable: list[str] = []
-        for file in selected:
-            data = contents.get(file)
-            if isinstance(data, BaseException) or data is None:
-                unreadable.append(self._absolute(file))
-                continue
-            try:
-                text = data.decode("utf-8")
-            except UnicodeDecodeError:
-                continue  # binary: skipped, as ripgrep does
-            shown = self._absolute(file)
-            for number, line in enumerate(text.split("\n"), 1):
-                if pattern in line:
+        for batch in _batches(selected, sizes, self._max_file):
+            contents = await read_many(self._fs, batch, max_bytes=self._max_file)
+            for file in batch:
+                data = contents.pop(file, None)
+                if isinstance(data, FileTooLarge):
+                    continue  # past max_file_bytes: skipped, as FilesystemBackend does
+                if isinstance(data, BaseException) or data is None:
+                    unreadable.append(self._absolute(file))
+                    continue
+                try:
+                    text = data.decode("utf-8")
+                except UnicodeDecodeError:
+                    continue  # binary: skipped, as ripgrep does
+                del data
+                shown = self._absolute(file)
+                for number, line in _matching_lines(text, pattern):
                     if max_count is not None and len(matches) >= max_count:
                         return GrepResult(matches=matches, truncated=True)
-                    matches.append({"path": shown, "line": number, "text": line.removesuffix("\r")})
+                    matches.append({"path": shown, "line": number, "text": line})
         error = (
             f"Error: could not read {len(unreadable)} file(s): {', '.join(unreadable)}"
             if unreadable
@@ -828,12 +991,22 @@ class AgentVFSBackend(BackendProtocol):
 
     async def adownload_files(self, paths: list[str]) -> list[FileDownloadResponse]:
         """Read each path whole; one response per path, in order, with a
-        ``FileOperationError`` code where one failed (a directory is ``is_directory``)."""
+        ``FileOperationError`` code where one failed (a directory is ``is_directory``), or a
+        message (a file larger than ``max_file_bytes`` is refused without reading it)."""
         responses: list[FileDownloadResponse] = []
         for path in paths:
             try:
                 rel = self._relative(path)
-                data = await self._fs.read_file(rel)
+                data = await self._read_bounded(rel, self._max_file)
+            except FileTooLarge:
+                size = await self._size_of(rel)
+                message = (
+                    f"File '{path}' is too large to download: it is {size}, over the limit of "
+                    f"{self._max_file} bytes (max_file_bytes)"
+                )
+                # A message, not one of deepagents' codes (none means "too large"), as for
+                # the OSErrors below that no code fits.
+                responses.append(FileDownloadResponse(path=path, error=message))
             except OSError as exc:
                 responses.append(
                     FileDownloadResponse(path=path, error=_error_code(exc) or _describe(exc))
@@ -841,7 +1014,6 @@ class AgentVFSBackend(BackendProtocol):
             except _BadPath as exc:
                 responses.append(FileDownloadResponse(path=path, error=exc.code))
             else:
-                assert isinstance(data, bytes)
                 responses.append(FileDownloadResponse(path=path, content=data))
         return responses
 
@@ -851,6 +1023,26 @@ class AgentVFSBackend(BackendProtocol):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._fs!r}, root={self._root!r})"
+
+
+def _batches(paths: list[str], sizes: dict[str, int | None], max_file: int) -> Iterator[list[str]]:
+    """``paths`` in order, in batches of at most ``_GREP_BATCH_FILES`` files and
+    ``_GREP_BATCH_BYTES`` listed bytes (a file listed past ``max_file`` is left out: it
+    would be refused unread; one of unknown size counts as ``max_file``)."""
+    batch: list[str] = []
+    held = 0
+    for path in paths:
+        size = sizes.get(path)
+        cost = max_file if size is None else int(size)
+        if cost > max_file:
+            continue
+        if batch and (len(batch) >= _GREP_BATCH_FILES or held + cost > _GREP_BATCH_BYTES):
+            yield batch
+            batch, held = [], 0
+        batch.append(path)
+        held += cost
+    if batch:
+        yield batch
 
 
 def _below(path: str, base: str) -> str:
@@ -882,7 +1074,7 @@ class AgentVFSSandbox(AgentVFSBackend, SandboxBackendProtocol):
         sandbox's working directory.
     timeout : int
         Seconds a command may run when ``execute`` is given none (0: no limit).
-    max_binary_bytes : int
+    max_binary_bytes, max_file_bytes : int
         As for :class:`AgentVFSBackend`.
 
     Raises
@@ -900,6 +1092,7 @@ class AgentVFSSandbox(AgentVFSBackend, SandboxBackendProtocol):
         root: str | None = None,
         timeout: int = DEFAULT_EXECUTE_TIMEOUT,
         max_binary_bytes: int = MAX_BINARY_BYTES,
+        max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
     ) -> None:
         if not isinstance(workspace, Workspace):
             raise TypeError(
@@ -923,12 +1116,22 @@ class AgentVFSSandbox(AgentVFSBackend, SandboxBackendProtocol):
             root = posixpath.abspath(str(working))
         if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 0:
             raise ValueError(f"timeout must be a non-negative number of seconds, got {timeout!r}")
-        super().__init__(workspace, root=root, max_binary_bytes=max_binary_bytes)
+        super().__init__(
+            workspace, root=root, max_binary_bytes=max_binary_bytes, max_file_bytes=max_file_bytes
+        )
         self._sandbox: Any = sandbox
         self._timeout = timeout
 
     # A page is its lines joined by newlines, as deepagents' BaseSandbox returns it.
     _page_line_ends = False
+
+    def _large_file_hint(self) -> str:
+        # Commands stream a file, so they reach into one of any size.
+        return (
+            "offset and limit cannot help, since the whole file is loaded before a page of it "
+            "is cut; look into it with execute instead (head -n, tail -n, sed -n '100,200p', "
+            "grep -n)"
+        )
 
     @property
     def id(self) -> str:
