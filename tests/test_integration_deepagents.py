@@ -718,11 +718,20 @@ def test_huge_file_is_refused_without_loading_it(tmp_path: Path) -> None:
     assert out["growth_kib"] < 96 * 1024, out
 
 
-def test_file_limit_on_object_storage_and_edits() -> None:
-    """The limit on storage without local files (memory, as S3 and GCS): each operation is
-    refused or skipped past it, an edit that would grow a file past it writes nothing, and
+@pytest.mark.parametrize("storage", ["memory", pytest.param("s3", marks=pytest.mark.s3)])
+def test_file_limit_on_object_storage_and_edits(
+    storage: str, request: pytest.FixtureRequest
+) -> None:
+    """The limit on storage without local files (memory, whose grep reads file by file in
+    this process, and S3, read in batches of ranged requests): each operation is refused
+    or skipped past it, an edit that would grow a file past it writes nothing, and
     ``max_file_bytes`` is checked."""
-    backend = AgentVFSBackend(_memory_fs(), max_file_bytes=64)
+    fs = (
+        _memory_fs()
+        if storage == "memory"
+        else _s3_fs(request.getfixturevalue("moto"), unique("cap"))
+    )
+    backend = AgentVFSBackend(fs, max_file_bytes=64)
     assert backend.write("/big.md", "needle\n" * 20).error is None  # 140 bytes
     assert backend.write("/ok.md", "x\r\nneedle one\nneedle\n two\nlast needle").error is None
     read = backend.read("/big.md", limit=1)
@@ -740,6 +749,8 @@ def test_file_limit_on_object_storage_and_edits() -> None:
         ("/ok.md", 5, "last needle"),
     ]
     assert backend.grep("needle\n", "/").matches == []  # no line holds a newline
+    first = backend.grep("needle", "/", max_count=2)
+    assert first.truncated and [m["line"] for m in first.matches or []] == [2, 3]
     [download] = backend.download_files(["/big.md"])
     assert download.content is None and "140 bytes" in str(download.error)
     grown = backend.edit("/ok.md", "needle", "n" * 20, replace_all=True)

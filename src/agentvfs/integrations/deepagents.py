@@ -40,7 +40,8 @@ import operator
 import posixpath
 import re
 import threading
-from collections.abc import Callable, Coroutine, Iterable, Iterator
+from collections.abc import AsyncGenerator, Callable, Coroutine, Iterable, Iterator
+from contextlib import aclosing
 from itertools import compress, repeat
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -87,7 +88,6 @@ from agentvfs.vfs import (  # noqa: E402
     WorkspaceFilesystem,
     list_stats,
     read_many,
-    read_range,
     walk,
 )
 from agentvfs.workspace import Workspace  # noqa: E402
@@ -109,7 +109,8 @@ DEFAULT_EXECUTE_TIMEOUT = 120
 #: and downloads text files of a little over 10 MiB whole: this limit leaves room for both.
 DEFAULT_MAX_FILE_BYTES = 16 * 1024 * 1024
 
-#: What one ``grep`` reads at a time: batches of at most this many listed bytes and files,
+#: What one ``grep`` reads at a time from storage read through threads (disk, object
+#: stores; memory is read file by file): batches of at most this many listed bytes and files,
 #: so the memory a search holds stays bounded however many files it selects (a file grown
 #: since the listing still costs no more than ``max_file_bytes``). Fewer files a batch cost
 #: a thread pool each on object stores: 256 keeps a search of many small files fast.
@@ -255,6 +256,8 @@ def _reads_as_text(path: str) -> bool:
 #: The line breaks of ``str.splitlines`` besides ``\n`` (``\r\n`` counts as one break).
 _OTHER_BREAKS = "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
 _ANY_BREAK = re.compile("\r\n|[\n" + _OTHER_BREAKS + "]")
+#: Finds any break but ``\n``: one search in C, where a test per character is a loop.
+_OTHER_BREAK = re.compile("[" + _OTHER_BREAKS + "]")
 
 #: Characters of text counted at a time when skipping lines: large enough that the loop
 #: runs in C, small enough that the break-by-break step through one chunk stays short.
@@ -308,14 +311,14 @@ def _text_window(text: str, offset: int, limit: int, *, keep_last_newline: bool)
         limit = max(int(limit), 0)
     if limit == 0:
         return ReadResult(file_data=FileData(content="", encoding="utf-8"), no_lines_requested=True)
-    only_lf = not any(char in text for char in _OTHER_BREAKS)
-    breaks = _breaks(text, 0, len(text), only_lf)
+    only_lf = _OTHER_BREAK.search(text) is None
+    breaks = text.count("\n") if only_lf else _breaks(text, 0, len(text), only_lf)
     # The last line counts unless the text ends with a break (a final "\r\n" ends in "\n").
     total = breaks + int(text[-1] != "\n" and text[-1] not in _OTHER_BREAKS)
     if offset >= total:
         return ReadResult(error=f"Line offset {offset} exceeds file length ({total} lines)")
     end = min(offset + limit, total)
-    start_at = _skip_lines(text, 0, offset, only_lf)
+    start_at = _skip_lines(text, 0, offset, only_lf) if offset else 0
     stop_at = len(text) if end == total else _skip_lines(text, start_at, end - offset, only_lf)
     # The usual read is of the whole file: its text is the window, with no copy.
     window = text if start_at == 0 and stop_at == len(text) else text[start_at:stop_at]
@@ -480,6 +483,14 @@ class AgentVFSBackend(BackendProtocol):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be a non-negative int, got {value!r}")
         self._fs: WorkspaceFilesystem = filesystem
+        # Checked once here: a runtime protocol check walks the protocol's members, which
+        # costs more than a small read from memory storage itself.
+        self._ranged: SupportsRangedRead | None = (
+            filesystem if isinstance(filesystem, SupportsRangedRead) else None
+        )
+        # Storage held in this process (memory) answers inline, with no thread: grep reads
+        # its files one by one there, where a batch would start a thread pool per call.
+        self._inline = not filesystem.capabilities.blocking
         self._root = _check_root(root)
         self._max_binary = max_binary_bytes
         self._max_file = max_file_bytes
@@ -647,10 +658,10 @@ class AgentVFSBackend(BackendProtocol):
             Any other failure to read it (``FileNotFoundError`` if nothing is there,
             ``IsADirectoryError`` for a directory).
         """
-        if isinstance(self._fs, SupportsRangedRead):
+        if self._ranged is not None:
             # One ranged request (a seek and read on disk) of a byte more than the limit: a
             # file of any size, or grown since it was listed, costs at most that much.
-            data = await read_range(self._fs, rel, 0, max_bytes + 1)
+            data = await self._ranged.read_range(rel, 0, max_bytes + 1)
         else:
             # Without ranges a file is read whole: refuse what its size already shows to be
             # too large first (read_many's length check comes only after the read).
@@ -883,13 +894,13 @@ class AgentVFSBackend(BackendProtocol):
             selected = sorted(below[name] for name in matcher(below))
         matches: list[GrepMatch] = []
         unreadable: list[str] = []
-        for batch in _batches(selected, sizes, self._max_file):
-            contents = await read_many(self._fs, batch, max_bytes=self._max_file)
-            for file in batch:
-                data = contents.pop(file, None)
+        # Closed on the way out, also when max_count ends the search early: the reads stop
+        # there, not whenever the garbage collector gets to the generator.
+        async with aclosing(self._contents(selected, sizes)) as contents:
+            async for file, data in contents:
                 if isinstance(data, FileTooLarge):
                     continue  # past max_file_bytes: skipped, as FilesystemBackend does
-                if isinstance(data, BaseException) or data is None:
+                if isinstance(data, BaseException):
                     unreadable.append(self._absolute(file))
                     continue
                 try:
@@ -908,6 +919,30 @@ class AgentVFSBackend(BackendProtocol):
             else None
         )
         return GrepResult(error=error, matches=matches)
+
+    async def _contents(
+        self, paths: list[str], sizes: dict[str, int | None]
+    ) -> AsyncGenerator[tuple[str, bytes | OSError], None]:
+        """Each of ``paths`` (in order) with its bytes, capped at ``max_file_bytes``, or the
+        error reading it raised (``FileTooLarge`` past the cap). A file listed past the cap
+        is left out, as it would be refused unread."""
+        if self._inline:
+            # In-process storage: the bytes are in memory already, and each capped read is a
+            # call with no thread, so one file at a time costs least and holds least.
+            for path in paths:
+                size = sizes.get(path)
+                if size is not None and size > self._max_file:
+                    continue
+                try:
+                    yield path, await self._read_bounded(path, self._max_file)
+                except OSError as exc:
+                    yield path, exc
+            return
+        for batch in _batches(paths, sizes, self._max_file):
+            contents = await read_many(self._fs, batch, max_bytes=self._max_file)
+            for path in batch:
+                data = contents.pop(path, None)
+                yield path, FileNotFoundError(path) if data is None else data
 
     def grep(
         self,
