@@ -685,7 +685,10 @@ class FsspecFilesystem(WorkspaceFilesystem):
             return b""
         if self._is_root(rel):
             raise IsDirectory(path)
-        return await self._call(self._backend.read_range_sync, rel, path, start, end)
+        backend = self._backend
+        if isinstance(backend, MemoryStoreBackend):
+            return backend.read_range_now(rel, path, start, end)  # no thread, no await
+        return await self._call(backend.read_range_sync, rel, path, start, end)
 
     async def read_range_into(self, path: str, start: int, buffer: memoryview) -> int:
         """Read bytes from ``start`` into ``buffer``; see :func:`agentvfs.vfs._base.read_range_into`.

@@ -1011,6 +1011,14 @@ class MemoryStoreBackend(FsspecBackend):
         item = self._fs.store.get(self._prefix + rel) if rel else None
         return bytes(item.getbuffer()) if item is not None else self.read_sync(rel, display)
 
+    def read_range_now(self, rel: str, display: str, start: int, end: int) -> bytes:
+        """Bytes ``start`` to ``end`` of ``rel``, copying only those (see :meth:`read_now`)."""
+        item = self._fs.store.get(self._prefix + rel) if rel else None
+        if item is None:
+            return self.read_range_sync(rel, display, start, end)
+        with item.getbuffer() as view:
+            return bytes(view[start:end])
+
     def info(self, rel: str) -> dict[str, Any] | None:
         bpath = self.bpath(rel)
         item = self._fs.store.get(bpath)
