@@ -106,3 +106,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=150,
         help="random cases per seed in tests/test_mastra_oracle.py (default 150; thousands for a deep run)",
     )
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the packaging tests' slow preparation (a wheel, an environment with every extra)
+    at once when they are selected, so it overlaps the rest of the suite."""
+    if session.config.option.collectonly:
+        return
+    if any(item.nodeid.startswith("tests/test_packaging.py::") for item in session.items):
+        import test_packaging
+
+        test_packaging.prepare_in_background()

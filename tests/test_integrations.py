@@ -41,26 +41,33 @@ def test_no_framework_loads_before_its_adapter() -> None:
     assert done.stdout.strip() == "[]"
 
 
-@pytest.mark.parametrize("adapter", sorted(ADAPTERS))
-def test_each_adapter_loads_its_framework(adapter: str) -> None:
-    framework, _ = ADAPTERS[adapter]
-    done = _python(f"import sys, {adapter}\nprint({framework!r} in sys.modules)")
+def test_each_adapter_loads_its_framework() -> None:
+    """One process imports every adapter in turn: each brings its own framework, and no
+    other adapter's."""
+    code = "import importlib, sys\n"
+    for adapter, (framework, _) in sorted(ADAPTERS.items()):
+        code += f"importlib.import_module({adapter!r}); print({adapter!r}, {framework!r} in sys.modules)\n"
+    done = _python(code)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "True"
+    assert done.stdout.split() == [word for adapter in sorted(ADAPTERS) for word in (adapter, "True")]
 
 
-@pytest.mark.parametrize("adapter", sorted(ADAPTERS))
-def test_a_missing_framework_names_the_extra(adapter: str) -> None:
-    """With the framework hidden (a ``sys.modules`` entry of None makes its import fail),
-    importing the adapter says which extra to install."""
-    framework, extra = ADAPTERS[adapter]
-    done = _python(
-        f"import sys\nsys.modules[{framework!r}] = None\n"
-        "from agentvfs.errors import MissingExtraError\n"
-        f"try:\n    import {adapter}\nexcept MissingExtraError as exc:\n    print(exc)\n"
-    )
+def test_a_missing_framework_names_the_extra() -> None:
+    """With the frameworks hidden (a ``sys.modules`` entry of None makes an import fail),
+    importing each adapter says which extra to install."""
+    hidden = sorted({framework for framework, _ in ADAPTERS.values()})
+    code = f"import importlib, sys\nfor name in {hidden!r}:\n    sys.modules[name] = None\n"
+    code += "from agentvfs.errors import MissingExtraError\n"
+    code += f"for adapter in {sorted(ADAPTERS)!r}:\n"
+    code += "    try:\n        importlib.import_module(adapter)\n    except MissingExtraError as exc:\n"
+    code += "        print(exc)\n    else:\n        print(adapter, 'imported')\n"
+    done = _python(code)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip().endswith(f"pip install 'agentvfs[{extra}]'"), done.stdout
+    lines = done.stdout.strip().splitlines()
+    assert len(lines) == len(ADAPTERS), lines
+    for line, adapter in zip(lines, sorted(ADAPTERS), strict=True):
+        assert line.startswith(adapter + ":"), line
+        assert line.endswith(f"pip install 'agentvfs[{ADAPTERS[adapter][1]}]'"), line
 
 
 def test_require_names_the_missing_module_and_extra() -> None:

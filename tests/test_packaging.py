@@ -5,10 +5,14 @@ parts. Real ``pip install``s from the configured package index into new environm
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
+import threading
 import zipfile
 from pathlib import Path
 
@@ -20,15 +24,70 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("dist")
+def _build(out: Path) -> Path:
     done = subprocess.run(
         [sys.executable, "-m", "build", "--outdir", os.fspath(out), os.fspath(ROOT)],
         capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return out
+
+
+class _Prepared:
+    """The wheel, an environment with it alone and one with every extra, made in a thread from the start of the
+    session (:func:`prepare_in_background`, called by ``conftest.py`` when these tests are
+    selected): ``pip install`` mostly waits on the package index and unpacks, and the rest of
+    the suite runs meanwhile. A failure is raised to the test that needs the result."""
+
+    def __init__(self) -> None:
+        self.base = Path(tempfile.mkdtemp(prefix="agentvfs-packaging-"))
+        atexit.register(shutil.rmtree, self.base, True)
+        self._done = threading.Event()
+        self._dist: Path | None = None
+        self._extras: Path | None = None
+        self._core: Path | None = None
+        self._error: BaseException | None = None
+        threading.Thread(target=self._run, name="agentvfs-packaging-prepare", daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            self._dist = _build(self.base / "dist")
+            self._core = _venv(self.base / "core", os.fspath(_wheel(self._dist)))
+            self._extras = _venv(self.base / "extras", f"{_wheel(self._dist)}[all]")
+        except BaseException as exc:  # handed to the test that waits for it
+            self._error = exc
+        finally:
+            self._done.set()
+
+    def result(self) -> tuple[Path, Path]:
+        self._done.wait(timeout=1800)
+        if self._error is not None:
+            raise self._error
+        assert self._dist is not None and self._extras is not None, "preparing timed out"
+        return self._dist, self._extras
+
+    def core(self) -> Path:
+        """The environment with the wheel alone (the core)."""
+        self.result()
+        assert self._core is not None
+        return self._core
+
+
+_prepared: _Prepared | None = None
+
+
+def prepare_in_background() -> None:
+    """Start making the wheel and the environment with every extra (once per session)."""
+    global _prepared
+    if _prepared is None:
+        _prepared = _Prepared()
+
+
+@pytest.fixture(scope="module")
+def dist() -> Path:
+    prepare_in_background()  # a no-op when conftest started it already
+    assert _prepared is not None
+    return _prepared.result()[0]
 
 
 def _wheel(dist: Path) -> Path:
@@ -103,7 +162,8 @@ asyncio.run(main())
 
 
 def test_the_core_installs_alone_and_works(dist: Path, tmp_path: Path) -> None:
-    python = _venv(tmp_path / "venv", os.fspath(_wheel(dist)))
+    assert _prepared is not None
+    python = _prepared.core()
     done = _run(python, CORE, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     out = done.stdout
@@ -112,7 +172,7 @@ def test_the_core_installs_alone_and_works(dist: Path, tmp_path: Path) -> None:
     assert "missing: FUSE mounts (agentvfs.mounts): the module 'pyfuse3' is not installed; pip install 'agentvfs[fuse]'" in out
     assert "missing: Search (agentvfs.search): the module 'duckdb' is not installed; pip install 'agentvfs[search]'" in out
     assert "pip install 'agentvfs[search]'" in out.split("missing:")[-1]
-    agentvfs = tmp_path / "venv/bin/agentvfs"
+    agentvfs = python.parent / "agentvfs"
     version = subprocess.run([agentvfs, "--version"], capture_output=True, text=True, check=True)
     assert version.stdout.startswith("agentvfs ")
     for command, extra in ((["mount", "memory://x", os.fspath(tmp_path)], "fuse"), (["mcp", "--root", os.fspath(tmp_path)], "mcp")):
@@ -149,10 +209,11 @@ if sys.argv[1] == "fuse":
 
 
 @pytest.fixture(scope="module")
-def with_extras(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def with_extras(dist: Path) -> Path:
     """A fresh environment with the wheel and all its extras (fuse, search, mcp, s3, gcs, azure,
     embed)."""
-    return _venv(tmp_path_factory.mktemp("extras") / "venv", f"{_wheel(dist)}[all]")
+    assert _prepared is not None
+    return _prepared.result()[1]
 
 
 def test_the_extras_bring_their_parts(with_extras: Path, tmp_path: Path) -> None:
