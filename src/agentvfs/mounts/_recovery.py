@@ -149,7 +149,7 @@ def _move_into(source: str, dest: str) -> int:
 #: The budget of one storage location's recovery area (see :meth:`RecoveryArea._prune`).
 RECOVERY_MAX_BYTES = 1 << 30
 RECOVERY_MAX_FILES = 1000
-RECOVERY_MAX_VERSIONS = 16
+RECOVERY_MAX_VERSIONS = 256
 
 
 class RecoveryArea:
