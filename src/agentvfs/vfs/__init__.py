@@ -61,6 +61,10 @@ from ._base import run_sync as run_sync
 from ._base import set_attributes as set_attributes
 from ._base import upload_file as upload_file
 from ._base import walk as walk
+from ._cache import DEFAULT_CACHE_BYTES as DEFAULT_CACHE_BYTES
+from ._cache import CacheInfo as CacheInfo
+from ._cache import ContentCache as ContentCache
+from ._cache import default_cache_dir as default_cache_dir
 from ._composite import CompositeFilesystem as CompositeFilesystem
 from ._disk import Disk as Disk
 from ._disk import DiskEntry as DiskEntry
@@ -104,15 +108,18 @@ from ._wrapper import TimeoutFilesystem as TimeoutFilesystem
 from ._wrapper import WrapperFilesystem as WrapperFilesystem
 
 __all__ = [
+    "DEFAULT_CACHE_BYTES",
     "MATCH_LINE_LIMIT",
     "TEXT_EXTENSIONS",
     "Backend",
     "BackendFilesystem",
     "BoundedPattern",
     "ByteRange",
+    "CacheInfo",
     "Capabilities",
     "ChangeListener",
     "CompositeFilesystem",
+    "ContentCache",
     "Disk",
     "DiskBackend",
     "DiskEntry",
@@ -163,6 +170,7 @@ __all__ = [
     "check_storage_options",
     "check_version",
     "create_glob_matcher",
+    "default_cache_dir",
     "download_file",
     "extract_glob_base",
     "filesystem_class",

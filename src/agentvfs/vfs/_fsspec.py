@@ -10,6 +10,7 @@ of its blocking steps in a worker thread (inline for memory).
 from __future__ import annotations
 
 import functools
+import os
 import posixpath
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -42,6 +43,8 @@ from ._base import (
     new_id,
     run_sync,
 )
+from ._cache import ContentCache
+from ._cached_reads import _CachedReads
 from ._fsspec_backends import NEVER, FsspecBackend, MemoryStoreBackend, names_local_disk
 from ._grep import compile_pattern, grep_lines
 from ._mime import is_text_file
@@ -109,6 +112,16 @@ class FsspecFilesystem(WorkspaceFilesystem):
         See :class:`WorkspaceFilesystem`.
     listing_ttl : float
         Seconds an object-store directory listing is trusted for write conflict checks.
+    cache : ContentCache, bool, str or path-like, optional
+        Keep the files read from remote storage (object stores) in a persistent local cache:
+        ``True`` for the default directory (:func:`~agentvfs.vfs.default_cache_dir`), a
+        directory, or a :class:`~agentvfs.vfs.ContentCache` to share. See :meth:`use_cache`.
+    cache_bytes : int, optional
+        The budget of a cache made from ``True`` or a directory.
+    metadata_ttl : float
+        With a cache: seconds a file's version seen in a listing or stat is trusted before a
+        read asks storage again (close-to-open). Changes made through this object are seen
+        at once; a change made directly in storage is served after at most this long.
 
     Notes
     -----
@@ -145,6 +158,9 @@ class FsspecFilesystem(WorkspaceFilesystem):
         instructions: str | Callable[[dict[str, Any]], str] | None = None,
         text_extensions: Iterable[str] = (),
         listing_ttl: float = 2.0,
+        cache: ContentCache | bool | str | os.PathLike[str] | None = None,
+        cache_bytes: int | None = None,
+        metadata_ttl: float = 5.0,
     ) -> None:
         super().__init__(
             id=id or new_id("fsspec-fs"),
@@ -177,6 +193,11 @@ class FsspecFilesystem(WorkspaceFilesystem):
         self._protocol = self._backend.protocol
         self.provider = self._backend.provider
         self.capabilities = self._backend.capabilities
+        self._cached: _CachedReads | None = None
+        if cache is not None and cache is not False:
+            self.use_cache(cache, cache_bytes=cache_bytes, metadata_ttl=metadata_ttl)
+        elif cache_bytes is not None:
+            raise TypeError("cache_bytes applies only with a cache: pass cache=True or a cache directory too")
 
     def _make_backend(self, fs: fsspec.AbstractFileSystem, root: str, listing_ttl: float) -> FsspecBackend:
         """The backend of the kind of ``fs`` (the local-disk class builds its own)."""
@@ -239,6 +260,16 @@ class FsspecFilesystem(WorkspaceFilesystem):
         return fn(*args)
 
     async def _call_write(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._cached is not None:
+            # Versions seen before a change here are not trusted after it (nor while it runs).
+            self._cached.forget(*(a for a in args[:3:2] if isinstance(a, str)))
+            try:
+                return await self._call_write_now(fn, *args)
+            finally:
+                self._cached.forget(*(a for a in args[:3:2] if isinstance(a, str)))
+        return await self._call_write_now(fn, *args)
+
+    async def _call_write_now(self, fn: Callable[..., T], *args: Any) -> T:
         # A write abandoned by a timeout keeps running in its thread; the event tells it not
         # to commit, so the operation lands whole before the deadline or not at all. Inline
         # (memory) writes cannot be abandoned midway and share one event that is never set.
@@ -264,7 +295,8 @@ class FsspecFilesystem(WorkspaceFilesystem):
         if isinstance(backend, MemoryStoreBackend):
             data = backend.read_now(rel, path)  # no thread, no await
         else:
-            data = await self._call(backend.read_sync, rel, path)
+            cached = await self._cached.read(rel, path) if self._cached is not None else None
+            data = cached if cached is not None else await self._call(backend.read_sync, rel, path)
         return decoded(data, encoding, path)
 
     async def stat(self, path: str) -> FileStat:
@@ -640,7 +672,7 @@ class FsspecFilesystem(WorkspaceFilesystem):
             ]
         else:
             files = [rel]
-        contents = await self._call(self._backend.cat_many, files, None)
+        contents = await self._call(self._cat_many, files, None)
 
         def match() -> list[GrepFileResult]:
             # In a worker thread: the regex engine releases the GIL, so the event loop runs
@@ -688,6 +720,11 @@ class FsspecFilesystem(WorkspaceFilesystem):
         backend = self._backend
         if isinstance(backend, MemoryStoreBackend):
             return backend.read_range_now(rel, path, start, end)  # no thread, no await
+        if self._cached is not None:
+            buffer = bytearray(end - start)
+            count = await self._cached.read_into(rel, start, memoryview(buffer))
+            if count is not None:
+                return bytes(buffer[:count])
         return await self._call(backend.read_range_sync, rel, path, start, end)
 
     async def read_range_into(self, path: str, start: int, buffer: memoryview) -> int:
@@ -703,6 +740,10 @@ class FsspecFilesystem(WorkspaceFilesystem):
             return 0
         if self._is_root(rel):
             raise IsDirectory(path)
+        if self._cached is not None:
+            count = await self._cached.read_into(rel, start, buffer)
+            if count is not None:
+                return count
         return await self._call(self._backend.read_into_sync, rel, path, start, buffer)
 
     async def read_range_pinned(self, path: str, start: int, buffer: memoryview, version: str) -> int:
@@ -715,6 +756,10 @@ class FsspecFilesystem(WorkspaceFilesystem):
             return 0
         if self._is_root(rel):
             raise IsDirectory(path)
+        if self._cached is not None:
+            count = await self._cached.read_version_into(rel, path, start, buffer, version)
+            if count is not None:
+                return count
         return await self._call(self._backend.read_version_into_sync, rel, path, start, buffer, version)
 
     async def read_many(
@@ -735,7 +780,7 @@ class FsspecFilesystem(WorkspaceFilesystem):
                 rels[path] = self._rel(path)
             except OSError as exc:
                 out[path] = exc
-        got = await self._call(self._backend.cat_many, list(set(rels.values())), max_bytes)
+        got = await self._call(self._cat_many, list(set(rels.values())), max_bytes)
         for path, rel in rels.items():
             data = got.get(rel)
             if isinstance(data, FileTooLarge):
@@ -745,6 +790,88 @@ class FsspecFilesystem(WorkspaceFilesystem):
             else:
                 out[path] = data if isinstance(data, bytes) else FileNotFound(path)
         return out
+
+    def _cat_many(self, rels: list[str], max_bytes: int | None) -> dict[str, bytes | OSError]:
+        if self._cached is not None:
+            return self._cached.cat_many(rels, max_bytes)
+        return self._backend.cat_many(rels, max_bytes)
+
+    # -- the content cache ---------------------------------------------------------------------------
+
+    def use_cache(
+        self,
+        cache: ContentCache | bool | str | os.PathLike[str] = True,
+        *,
+        cache_bytes: int | None = None,
+        metadata_ttl: float = 5.0,
+    ) -> ContentCache | None:
+        """Keep what is read of remote storage in a persistent local cache from now on.
+
+        Whole files are kept under their storage, path and version, so a file changed in
+        storage is never served from the cache: every read knows the file's version first,
+        from a listing or stat at most ``metadata_ttl`` seconds old, else by asking storage
+        (close-to-open). ``read_file``, ``read_many``, ``grep`` and ranged reads use it, and a
+        FUSE mount of this filesystem serves cached files from local disk. Only stores whose
+        reads can name a version (S3, GCS) are cached; on others this does nothing.
+
+        Parameters
+        ----------
+        cache : ContentCache, bool, str or path-like
+            ``True`` for :func:`~agentvfs.vfs.default_cache_dir`, a directory, or a cache.
+        cache_bytes : int, optional
+            The budget of a cache made here (default
+            :data:`~agentvfs.vfs.DEFAULT_CACHE_BYTES`).
+        metadata_ttl : float
+            Seconds a version seen in a listing or stat is trusted.
+
+        Returns
+        -------
+        ContentCache or None
+            The cache in use; None where this store is not cached.
+        """
+        if isinstance(cache, ContentCache):
+            if cache_bytes is not None:
+                raise TypeError("cache_bytes applies to a cache made here, not to a ContentCache given")
+            made = cache
+        elif cache is True or isinstance(cache, (str, os.PathLike)):
+            directory = None if cache is True else cache
+            made = ContentCache(directory, **({} if cache_bytes is None else {"max_bytes": cache_bytes}))
+        else:
+            raise TypeError(f"cache must be True, a directory or a ContentCache, not {cache!r}")
+        if metadata_ttl < 0:
+            raise ValueError(f"metadata_ttl must be at least 0 seconds, not {metadata_ttl!r}")
+        backend = self._backend
+        if not isinstance(backend, ObjectStoreBackend):
+            return None  # local files and memory need no cache; other stores cannot pin versions
+        if self._cached is not None:
+            self._cached.close()
+        self._cached = _CachedReads(self, made, metadata_ttl)
+        return made
+
+    @property
+    def cache(self) -> ContentCache | None:
+        """The content cache in use (see :meth:`use_cache`), or None."""
+        return self._cached.cache if self._cached is not None else None
+
+    async def open_cached(self, path: str, version: str, size: int, *, fetch_below: int = 0) -> int | None:
+        """A read-only descriptor of the cached bytes of ``version`` of ``path`` (``size``
+        bytes), fetching it first when it is missing and smaller than ``fetch_below``; None
+        where it is not cached (or there is no cache). The caller closes the descriptor."""
+        if self._cached is None:
+            return None
+        return await self._cached.open(self._rel(path), path, version, size, fetch_below)
+
+    def prefetch(self, files: Sequence[tuple[str, str, int]]) -> None:
+        """Fetch the ``(path, version, size)`` files into the cache in the background (a
+        bounded number at a time); returns at once. Nothing without a cache."""
+        if self._cached is not None:
+            self._cached.prefetch([(self._rel(p), v, n) for p, v, n in files])
+
+    async def close_cache(self) -> None:
+        """Stop using the cache: background fetches are abandoned, descriptors closed."""
+        if self._cached is not None:
+            cached, self._cached = self._cached, None
+            await run_sync(cached.close)
 
     # -- description ---------------------------------------------------------------------------------
 

@@ -136,6 +136,9 @@ class FsspecBackend(Backend):
         # one step (a lock per path stripe); a kind whose store checks the version itself in
         # the write (S3's If-Match) needs none.
         self._guard_locks = tuple(threading.Lock() for _ in range(64))
+        #: Called with ``(rel, version, size)`` of every file a stat or listing shows (a
+        #: filesystem with a content cache keeps them: a listing is a close-to-open check).
+        self.seen: Callable[[str, str | None, int], None] | None = None
 
     @property
     def fs(self) -> fsspec.AbstractFileSystem:
@@ -232,7 +235,17 @@ class FsspecBackend(Backend):
         if self.metadata_style is not None and stat.metadata:
             stat = with_posix_attributes(stat, attributes_from_metadata(stat.metadata))
         self.known.remember(stat)
+        if self.seen is not None and kind == "file":
+            self.seen(rel, stat.etag, stat.size)
         return stat
+
+    def _saw(self, rel: str, info: dict[str, Any]) -> None:
+        """Tell :attr:`seen` of a file a listing showed (only stores with versions of their own)."""
+        if self.seen is None or info.get("type") == "directory":
+            return
+        etag = _first(info, ("generation", "ETag", "etag", "md5Hash", "VersionId"))
+        if etag is not None:
+            self.seen(rel, str(etag).strip('"'), int(info.get("size") or 0))
 
     def stat_sync(self, rel: str, display: str) -> FileStat:
         """Metadata of ``rel``; the root always exists."""
@@ -289,6 +302,11 @@ class FsspecBackend(Backend):
         """:meth:`read_into_sync` of the version ``version`` of ``rel`` only, where the store
         can name a version in a read (object stores); elsewhere of what is there."""
         return self.read_into_sync(rel, display, start, buffer)
+
+    def read_exact_version_sync(self, rel: str, display: str, start: int, buffer: memoryview, version: str) -> int | None:
+        """:meth:`read_version_into_sync`, but None (nothing read) where this store cannot
+        pin a read to a version: what a cache keeps under a version must be that version."""
+        return None
 
     def read_into_sync(self, rel: str, display: str, start: int, buffer: memoryview) -> int:
         """Read from ``start`` into ``buffer``; how many bytes were read."""
@@ -456,6 +474,9 @@ class FsspecBackend(Backend):
     def list_sync(self, rel: str, display: str) -> list[FileEntry]:
         """The entries of the directory ``rel``, by name."""
         children = self.listed(rel, display)
+        if self.seen is not None:
+            for name, info in children.items():
+                self._saw(_paths.join(rel, name) if rel else name, info)
         return [self.entry(name, children[name]) for name in sorted(children)]
 
     def list_stats_sync(self, rel: str, display: str) -> list[FileStat]:
@@ -502,6 +523,8 @@ class FsspecBackend(Backend):
             if sub in entries and entries[sub].type == "directory":
                 continue
             entries[sub] = self.entry(sub, info)
+            if self.seen is not None:
+                self._saw(_paths.join(rel, sub) if rel else sub, info)
             # Object stores list keys; make sure every implied directory has its entry.
             parent = _paths.dirname(sub)
             while parent and parent not in entries:

@@ -380,6 +380,14 @@ class ObjectStoreBackend(FsspecBackend):
                 return count
         return super().read_into_sync(rel, display, start, buffer)
 
+    def read_exact_version_sync(self, rel: str, display: str, start: int, buffer: memoryview, version: str) -> int | None:
+        if self.ranged is None or not rel:
+            return None
+        try:
+            return self.ranged.read_into(self.bpath(rel), start, buffer, version=version)
+        except StaleFileError:
+            raise StaleFileError(display, None, None) from None
+
     def read_into_sync(self, rel: str, display: str, start: int, buffer: memoryview) -> int:
         # The response lands in the buffer straight from the socket: a reader that reuses its
         # buffers touches no fresh memory per range.

@@ -1,0 +1,585 @@
+"""A persistent cache of remote file contents on local disk, shared by the processes of a machine.
+
+A :class:`ContentCache` keeps whole files of remote storage, each under the key of its storage,
+path and *version* (the ETag or generation the store gave it). A version is never changed in
+place, so an entry never goes stale: a file changed in storage has a new version, and readers
+that check the version before they use the cache (close-to-open, see :class:`VersionMemo`)
+never see old bytes. The cache survives mounts and processes; several processes of one machine
+may share a directory.
+
+Layout of ``directory`` (format 1)::
+
+    v1/lock                    flock: budget accounting and eviction, one process at a time
+    v1/used                    bytes held or reserved (a decimal number, rewritten under lock)
+    v1/entries/<kk>/<key>      the bytes of one version of one file
+    v1/entries/<kk>/<key>.m    its record (JSON): size, the data file's identity, blake2b
+    v1/tmp/<pid>.<rand>.<n>    an entry being written (``n`` bytes reserved for it)
+
+How it stays correct:
+
+- **No half entry is served.** An entry is written under ``tmp/``, renamed into place, and
+  only then its record is renamed beside it: the record is the commit. A reader needs the
+  record and a data file of exactly the recorded size, inode and modification time; anything
+  else (a crash between the renames, a data file replaced or written to in place, a truncated
+  file) is a miss, and the entry is removed and fetched again. Entries read whole through the
+  Python API are also checked against their blake2b hash.
+- **The budget holds across processes.** Bytes are reserved under the lock before an entry is
+  written (``used`` counts them at once) and eviction (least recently used first, by the time
+  of the record, which each hit touches) makes room before the reservation is granted. A
+  process killed mid-write leaves a ``tmp`` file named by its pid and reservation; the next
+  eviction counts it while that pid lives and removes it after, and recounts ``used`` from
+  what is on disk.
+- **Deleting is safe while others read**: a reader holds a descriptor, which outlives the name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import secrets
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+__all__ = ["DEFAULT_CACHE_BYTES", "CacheFill", "CacheInfo", "ContentCache", "VersionMemo", "default_cache_dir"]
+
+_log = logging.getLogger("agentvfs.cache")
+
+#: The budget of a cache made without one.
+DEFAULT_CACHE_BYTES = 4 * 1024**3
+_FORMAT = "v1"
+#: Disk taken beyond its bytes by each entry (the record, and a block of slack), counted so
+#: that the budget bounds what the directory really takes.
+_ENTRY_OVERHEAD = 8192
+#: Eviction frees this share of the budget beyond what a reservation needs, so that a full
+#: cache does not scan its directory for every new entry.
+_HEADROOM = 0.1
+_HASH_BYTES = 16
+
+
+def default_cache_dir() -> str:
+    """``$AGENTVFS_CACHE_DIR``, else ``$XDG_CACHE_HOME/agentvfs``, else ``~/.cache/agentvfs``."""
+    explicit = os.environ.get("AGENTVFS_CACHE_DIR")
+    if explicit:
+        return os.path.abspath(explicit)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if xdg:
+        return os.path.join(os.path.abspath(xdg), "agentvfs")
+    return os.path.join(os.path.expanduser("~"), ".cache", "agentvfs")
+
+
+def _digest(data: bytes | bytearray | memoryview) -> str:
+    return hashlib.blake2b(data, digest_size=_HASH_BYTES).hexdigest()
+
+
+def _footprint(size: int) -> int:
+    return -(-size // 4096) * 4096 + _ENTRY_OVERHEAD
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class CacheInfo:
+    """What a cache directory holds."""
+
+    directory: str
+    entries: int
+    bytes: int
+    max_bytes: int
+    #: Bytes reserved for entries being written (by this or another live process).
+    pending: int = 0
+
+
+class ContentCache:
+    """Whole files of remote storage on local disk, by storage, path and version.
+
+    Parameters
+    ----------
+    directory : str or path-like, optional
+        Where entries live (created if missing; default :func:`default_cache_dir`). Share it
+        between processes freely; give each user a directory of their own.
+    max_bytes : int
+        The budget: the most bytes of local disk the entries may take together (their records
+        and block slack included). A file larger than the budget is never cached.
+
+    Raises
+    ------
+    ValueError
+        ``max_bytes`` is not positive.
+    NotADirectoryError, PermissionError
+        ``directory`` cannot be made or written.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str] | None = None, *, max_bytes: int = DEFAULT_CACHE_BYTES) -> None:
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes <= 0:
+            raise ValueError(f"max_bytes must be a positive number of bytes, not {max_bytes!r}")
+        self.directory = os.path.abspath(os.fspath(directory) if directory is not None else default_cache_dir())
+        self.max_bytes = max_bytes
+        self._base = os.path.join(self.directory, _FORMAT)
+        self._entries = os.path.join(self._base, "entries")
+        self._tmp = os.path.join(self._base, "tmp")
+        for path in (self._entries, self._tmp):
+            os.makedirs(path, mode=0o700, exist_ok=True)
+        self._lock_path = os.path.join(self._base, "lock")
+        self._used_path = os.path.join(self._base, "used")
+        #: Serialises this process's threads around the file lock (flock is per open file).
+        self._thread_lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    # -- keys ------------------------------------------------------------------------------------
+
+    @staticmethod
+    def key(storage: str, path: str, version: str) -> str:
+        """The key of ``version`` of the file ``path`` of ``storage`` (a URL naming the store)."""
+        raw = "\0".join((storage, path, version)).encode("utf-8", "surrogatepass")
+        return hashlib.sha256(raw).hexdigest()
+
+    def _paths(self, key: str) -> tuple[str, str]:
+        data = os.path.join(self._entries, key[:2], key)
+        return data, data + ".m"
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def _record(self, key: str, size: int) -> tuple[dict[str, object], str] | None:
+        data_path, record_path = self._paths(key)
+        try:
+            with open(record_path, "rb") as f:
+                record = json.loads(f.read())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            self._drop(key, "its record cannot be read")
+            return None
+        if not isinstance(record, dict) or record.get("size") != size:
+            self._drop(key, f"it records {record.get('size') if isinstance(record, dict) else '?'} bytes, not {size}")
+            return None
+        return record, data_path
+
+    def _check(self, key: str, record: dict[str, object], st: os.stat_result) -> bool:
+        if st.st_size != record.get("size") or st.st_ino != record.get("ino") or st.st_mtime_ns != record.get("mtime_ns"):
+            self._drop(key, "its data file is not the one recorded (replaced, truncated or written to)")
+            return False
+        return True
+
+    def open(self, key: str, size: int) -> int | None:
+        """A read-only descriptor of the complete entry ``key`` of ``size`` bytes, or None.
+
+        The entry is checked by its size and the identity of its data file (not its hash:
+        a reader of a descriptor may read only part of it); a mismatch removes it.
+        """
+        found = self._record(key, size)
+        if found is None:
+            self.misses += 1
+            return None
+        record, data_path = found
+        try:
+            fd = os.open(data_path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:
+            self._drop(key, "its data file is missing")
+            self.misses += 1
+            return None
+        if not self._check(key, record, os.fstat(fd)):
+            os.close(fd)
+            self.misses += 1
+            return None
+        self._touch(key)
+        self.hits += 1
+        return fd
+
+    def get(self, key: str, size: int) -> bytes | None:
+        """The bytes of the entry ``key`` of ``size`` bytes, checked against its hash, or None."""
+        if size == 0:
+            return b""
+        found = self._record(key, size)
+        if found is None:
+            self.misses += 1
+            return None
+        record, data_path = found
+        try:
+            with open(data_path, "rb", buffering=0) as f:
+                if not self._check(key, record, os.fstat(f.fileno())):
+                    self.misses += 1
+                    return None
+                data = f.read()
+        except OSError:
+            self._drop(key, "its data file is missing")
+            self.misses += 1
+            return None
+        expected = record.get("blake2b")
+        if len(data) != size or (expected is not None and _digest(data) != expected):
+            self._drop(key, "its content does not match its hash")
+            self.misses += 1
+            return None
+        self._touch(key)
+        self.hits += 1
+        return data
+
+    def contains(self, key: str, size: int) -> bool:
+        """Whether a complete entry ``key`` of ``size`` bytes is there (nothing is touched)."""
+        data_path, record_path = self._paths(key)
+        try:
+            st = os.stat(data_path)
+            return os.path.exists(record_path) and st.st_size == size
+        except OSError:
+            return False
+
+    def _touch(self, key: str) -> None:
+        # The record's time orders eviction: touched at most once a minute per entry.
+        record_path = self._paths(key)[1]
+        try:
+            if time.time() - os.stat(record_path).st_mtime > 60:
+                os.utime(record_path)
+        except OSError:
+            pass
+
+    # -- writing ---------------------------------------------------------------------------------
+
+    def put(self, key: str, data: bytes | bytearray | memoryview, *, describe: dict[str, str] | None = None) -> bool:
+        """Keep ``data`` as the entry ``key``; False when it does not fit the budget (or the
+        disk refused it: the cache is an optimisation, so that is logged, not raised)."""
+        fill = self.begin(key, len(data), describe=describe, hashed=True)
+        if fill is None:
+            return False
+        try:
+            fill.write(0, data)
+            return fill.commit(_digest(data))
+        except OSError as exc:
+            _log.warning("cache: could not keep %s: %s", (describe or {}).get("path", key), exc)
+            fill.abort()
+            return False
+
+    def begin(
+        self, key: str, size: int, *, describe: dict[str, str] | None = None, hashed: bool = False
+    ) -> CacheFill | None:
+        """Start writing the entry ``key`` of ``size`` bytes in any order of ranges; None when
+        it cannot fit the budget. Commit the fill once every byte is written, or abort it."""
+        need = _footprint(size)
+        if need > self.max_bytes:
+            return None
+        if not self._reserve(need):
+            return None
+        name = f"{os.getpid()}.{secrets.token_hex(6)}.{need}"
+        tmp_path = os.path.join(self._tmp, name)
+        try:
+            fd = os.open(tmp_path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            self._release(need)
+            _log.warning("cache: cannot write in %s: %s", self._tmp, exc)
+            return None
+        return CacheFill(self, key, size, fd, tmp_path, need, describe or {})
+
+    def _commit(self, fill: CacheFill, digest: str | None) -> bool:
+        data_path, record_path = self._paths(fill.key)
+        os.makedirs(os.path.dirname(data_path), mode=0o700, exist_ok=True)
+        st = os.fstat(fill.fd)
+        record = {"size": fill.size, "ino": st.st_ino, "mtime_ns": st.st_mtime_ns, "blake2b": digest, **fill.describe}
+        record_tmp = fill.tmp_path + ".m"
+        with open(record_tmp, "w", encoding="utf-8") as f:
+            f.write(json.dumps(record, ensure_ascii=False))
+        # The data first, the record last: a record names only a data file already in place.
+        replaced = os.path.exists(data_path)
+        os.rename(fill.tmp_path, data_path)
+        os.rename(record_tmp, record_path)
+        if replaced:
+            # Another process kept the same version meanwhile; its bytes were counted too.
+            self._release(fill.reserved)
+        return True
+
+    # -- the budget ------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        with self._thread_lock:
+            fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                yield
+            finally:
+                os.close(fd)
+
+    def _read_used(self) -> int | None:
+        try:
+            with open(self._used_path, "rb") as f:
+                return int(f.read().strip() or b"0")
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def _write_used(self, used: int) -> None:
+        tmp = f"{self._used_path}.{os.getpid()}.{threading.get_ident()}"
+        with open(tmp, "w") as f:
+            f.write(str(max(0, used)))
+        os.rename(tmp, self._used_path)
+
+    def _reserve(self, need: int) -> bool:
+        with self._locked():
+            used = self._read_used()
+            if used is None or used + need > self.max_bytes:
+                used = self._evict(self.max_bytes - need - int(self.max_bytes * _HEADROOM))
+                if used + need > self.max_bytes:
+                    return False
+            self._write_used(used + need)
+            return True
+
+    def _release(self, amount: int) -> None:
+        with self._locked():
+            used = self._read_used()
+            if used is not None:
+                self._write_used(used - amount)
+
+    def _scan(self) -> tuple[list[tuple[float, int, str]], int, list[str]]:
+        """(mtime, footprint, key) of every committed entry; bytes reserved by live fills; the
+        paths of dead fills and of data files without a record."""
+        entries: list[tuple[float, int, str]] = []
+        stray: list[str] = []
+        with os.scandir(self._entries) as shards:
+            for shard in shards:
+                if not shard.is_dir(follow_symlinks=False):
+                    continue
+                names = set(os.listdir(shard.path))
+                for name in names:
+                    if name.endswith(".m"):
+                        continue
+                    path = os.path.join(shard.path, name)
+                    if name + ".m" not in names:
+                        stray.append(path)  # a crash between the two renames
+                        continue
+                    try:
+                        record_time = os.stat(path + ".m").st_mtime
+                        size = os.stat(path).st_size
+                    except OSError:
+                        continue
+                    entries.append((record_time, _footprint(size), name))
+                for name in names:
+                    if name.endswith(".m") and name[:-2] not in names:
+                        stray.append(os.path.join(shard.path, name))
+        pending = 0
+        for name in os.listdir(self._tmp):
+            parts = name.split(".")
+            try:
+                pid, reserved = int(parts[0]), int(parts[2])
+            except (IndexError, ValueError):
+                stray.append(os.path.join(self._tmp, name))
+                continue
+            if pid == os.getpid() or _pid_alive(pid):
+                pending += reserved if len(parts) == 3 else 0
+            else:
+                stray.append(os.path.join(self._tmp, name))
+        return entries, pending, stray
+
+    def _evict(self, target: int) -> int:
+        """Under the lock: remove dead fills, then the least recently used entries until what
+        is held is at most ``target``; recount and return what is held."""
+        entries, pending, stray = self._scan()
+        for path in stray:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        used = pending + sum(e[1] for e in entries)
+        if used > target:
+            entries.sort()
+            for _, footprint, key in entries:
+                if used <= target:
+                    break
+                self._remove_files(key)
+                used -= footprint
+        self._write_used(used)
+        return used
+
+    # -- upkeep ----------------------------------------------------------------------------------
+
+    def _remove_files(self, key: str) -> None:
+        data_path, record_path = self._paths(key)
+        # The record first: without it the data is never served.
+        for path in (record_path, data_path):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+
+    def _drop(self, key: str, why: str) -> None:
+        _log.warning("cache: entry %s dropped: %s; it will be fetched again", key[:16], why)
+        self._remove_files(key)
+
+    def info(self) -> CacheInfo:
+        """Entries and bytes held, and the budget."""
+        with self._locked():
+            entries, pending, _ = self._scan()
+        return CacheInfo(self.directory, len(entries), sum(e[1] for e in entries), self.max_bytes, pending)
+
+    def clear(self) -> int:
+        """Remove every entry (fills under way in other processes finish or fail on their
+        own); the number removed."""
+        with self._locked():
+            entries, pending, stray = self._scan()
+            for path in stray:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+            for _, _, key in entries:
+                self._remove_files(key)
+            self._write_used(pending)
+        return len(entries)
+
+    def __repr__(self) -> str:
+        return f"ContentCache({self.directory!r}, max_bytes={self.max_bytes})"
+
+
+class CacheFill:
+    """An entry being written: ranges in any order, then :meth:`commit` or :meth:`abort`."""
+
+    def __init__(
+        self, cache: ContentCache, key: str, size: int, fd: int, tmp_path: str, reserved: int, describe: dict[str, str]
+    ) -> None:
+        self.cache = cache
+        self.key = key
+        self.size = size
+        self.fd = fd
+        self.tmp_path = tmp_path
+        self.reserved = reserved
+        self.describe = describe
+        self._have: list[tuple[int, int]] = []
+        self._lock = threading.Lock()
+        self.done = False
+
+    @property
+    def complete(self) -> bool:
+        """Every byte of the file has been written."""
+        with self._lock:
+            return self._covered() >= self.size
+
+    def _covered(self) -> int:
+        total = 0
+        end = -1
+        for start, stop in sorted(self._have):
+            if stop <= end:
+                continue
+            total += stop - max(start, end)
+            end = stop
+        return total
+
+    def write(self, offset: int, data: bytes | bytearray | memoryview) -> None:
+        """Write ``data`` at ``offset`` (within the file's size)."""
+        if self.done:
+            return
+        view = memoryview(data)
+        if offset < 0 or offset + len(view) > self.size:
+            raise ValueError(f"bytes {offset}..{offset + len(view)} lie outside a file of {self.size}")
+        written = 0
+        while written < len(view):
+            written += os.pwrite(self.fd, view[written:], offset + written)
+        with self._lock:
+            self._have.append((offset, offset + len(view)))
+            if len(self._have) > 64:
+                merged: list[tuple[int, int]] = []
+                for start, stop in sorted(self._have):
+                    if merged and start <= merged[-1][1]:
+                        merged[-1] = (merged[-1][0], max(stop, merged[-1][1]))
+                    else:
+                        merged.append((start, stop))
+                self._have = merged
+
+    def commit(self, digest: str | None = None) -> bool:
+        """Publish the entry (every byte must have been written); False if it was not."""
+        with self._lock:
+            if self.done:
+                return False
+            if self._covered() < self.size:
+                raise ValueError(f"a cache entry of {self.size} bytes was committed with bytes missing")
+            self.done = True
+        try:
+            return self.cache._commit(self, digest)
+        except OSError as exc:
+            _log.warning("cache: could not keep %s: %s", self.describe.get("path", self.key), exc)
+            self._discard()
+            return False
+        finally:
+            os.close(self.fd)
+
+    def abort(self) -> None:
+        """Give the entry up: nothing is kept and its reservation is released."""
+        with self._lock:
+            if self.done:
+                return
+            self.done = True
+        os.close(self.fd)
+        self._discard()
+
+    def _discard(self) -> None:
+        for path in (self.tmp_path, self.tmp_path + ".m"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        self.cache._release(self.reserved)
+
+
+class VersionMemo:
+    """The version and size of each file as last seen in a listing or stat, for ``ttl`` seconds.
+
+    Close-to-open: a read that finds a version here younger than ``ttl`` uses it (and the
+    cache entry of that version) without asking storage; an older one is asked again. Every
+    change made through the same filesystem object forgets the path it touched and all below
+    it at once (a cut: one entry per change, checked against a path's ancestors on lookup).
+    """
+
+    def __init__(self, ttl: float, limit: int = 200_000) -> None:
+        self.ttl = ttl
+        self._limit = limit
+        self._seen: dict[str, tuple[str, int, float]] = {}
+        self._cuts: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def note(self, path: str, version: str | None, size: int) -> None:
+        """``path`` is at ``version`` of ``size`` bytes now."""
+        if version is None:
+            return
+        with self._lock:
+            if len(self._seen) >= self._limit:
+                self._seen.clear()  # rare: a fresh start costs one request per file
+            self._seen[path] = (version, size, time.monotonic())
+
+    def fresh(self, path: str) -> tuple[str, int] | None:
+        """``(version, size)`` of ``path`` if seen within ``ttl`` and not changed here since."""
+        with self._lock:
+            seen = self._seen.get(path)
+            if seen is None or time.monotonic() - seen[2] > self.ttl or self._cut_since(path, seen[2]):
+                return None
+        return seen[0], seen[1]
+
+    def size_of(self, path: str, version: str) -> int | None:
+        """The size of ``version`` of ``path`` if it was ever seen (a version has one size)."""
+        with self._lock:
+            seen = self._seen.get(path)
+        return seen[1] if seen is not None and seen[0] == version else None
+
+    def _cut_since(self, path: str, moment: float) -> bool:
+        if not self._cuts:
+            return False
+        if self._cuts.get("", -1.0) >= moment:
+            return True
+        end = len(path)
+        while end > 0:
+            if self._cuts.get(path[:end], -1.0) >= moment:
+                return True
+            end = path.rfind("/", 0, end)
+        return False
+
+    def forget(self, *paths: str) -> None:
+        """Distrust what was seen of each of ``paths`` and everything below it (``""``: all)."""
+        now = time.monotonic()
+        with self._lock:
+            for path in paths:
+                path = path.strip("/")
+                self._seen.pop(path, None)
+                self._cuts[path] = now
+            if len(self._cuts) > 10_000:
+                # A cut older than the TTL hides only what is too old to be trusted anyway.
+                self._cuts = {p: t for p, t in self._cuts.items() if now - t <= self.ttl}

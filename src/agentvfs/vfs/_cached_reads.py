@@ -1,0 +1,388 @@
+"""Reads of an object store through a :class:`~agentvfs.vfs.ContentCache`.
+
+Every read first knows the version it wants (from a listing or stat younger than the TTL, else
+one stat: close-to-open), then takes that version's entry from the cache, or fetches exactly
+that version (a GET the store answers only for it: ``If-Match`` on S3, the generation on
+GCS) and keeps it. A GET that is not pinned could return a newer version than the one it is
+filed under, so a store whose reads cannot be pinned is read as if there were no cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+from ..errors import FileNotFound, FileTooLarge, IsDirectory, StaleFileError
+from . import _paths
+from ._base import run_sync
+from ._cache import CacheFill, ContentCache, VersionMemo
+from ._fsspec_backends import READ_THREADS
+
+if TYPE_CHECKING:
+    from ._fsspec import FsspecFilesystem
+    from ._object_store import ObjectStoreBackend
+
+__all__ = ["_CachedReads"]
+
+_log = logging.getLogger("agentvfs.cache")
+
+#: Entries up to this size are read on the event loop's thread (a thread hop costs more).
+_INLINE_BYTES = 256 * 1024
+#: Descriptors of entries kept open for ranged reads (an entry never changes).
+_OPEN_ENTRIES = 32
+#: Entries being filled by ranged reads at once; the oldest is given up beyond it.
+_FILLS = 8
+#: A fill no read has added to for this long is given up.
+_FILL_IDLE = 120.0
+#: Background fetches at once (prefetch of a directory's next files).
+_PREFETCH_THREADS = 8
+_PREFETCH_QUEUE = 256
+
+
+class _CachedReads:
+    """The cached read paths of one :class:`~agentvfs.vfs.FsspecFilesystem`."""
+
+    def __init__(self, owner: FsspecFilesystem, cache: ContentCache, ttl: float) -> None:
+        backend = owner.backend
+        if TYPE_CHECKING:
+            assert isinstance(backend, ObjectStoreBackend)
+        self.backend = backend
+        self.cache = cache
+        self.memo = VersionMemo(ttl)
+        endpoint = backend.endpoint_url() or ""
+        #: Names the store in keys: two workspaces of one bucket share entries.
+        self.storage = f"{backend.protocol}://{endpoint}"
+        backend.seen = self.memo.note
+        self._lock = threading.Lock()
+        self._fds: OrderedDict[str, int] = OrderedDict()
+        self._fills: OrderedDict[tuple[str, str], tuple[CacheFill, float]] = OrderedDict()
+        self._pool: ThreadPoolExecutor | None = None
+        self._queued: dict[str, Future[None]] = {}
+        self._closed = False
+
+    def key(self, rel: str, version: str) -> str:
+        return ContentCache.key(self.storage, self.backend.bpath(rel), version)
+
+    def forget(self, *rels: str) -> None:
+        self.memo.forget(*rels)
+
+    # -- whole files -----------------------------------------------------------------------------
+
+    async def current(self, rel: str, display: str) -> tuple[str, int] | None:
+        """The version and size of the file ``rel`` now (within the TTL); None where the store
+        gives no version."""
+        fresh = self.memo.fresh(rel)
+        if fresh is not None:
+            return fresh
+        st = await run_sync(self.backend.stat_sync, rel, display)
+        if st.type == "directory":
+            raise IsDirectory(display)
+        return (st.etag, st.size) if st.etag is not None else None
+
+    def fetch(self, rel: str, display: str, version: str, size: int) -> bytes | None:
+        """One GET of exactly ``version`` (``size`` bytes), kept in the cache; None where the
+        store cannot pin the read.
+
+        Raises
+        ------
+        StaleFileError
+            The file is at another version now (or gone).
+        """
+        buffer = bytearray(size)
+        count = self.backend.read_exact_version_sync(rel, display, 0, memoryview(buffer), version)
+        if count is None:
+            return None
+        if count != size:
+            raise StaleFileError(display, None, None)
+        self.cache.put(self.key(rel, version), buffer, describe={"path": self.backend.bpath(rel), "version": version})
+        return bytes(buffer)
+
+    async def read(self, rel: str, display: str) -> bytes | None:
+        """The content of the file ``rel``, through the cache; None to read it uncached."""
+        for attempt in range(2):
+            current = await self.current(rel, display)
+            if current is None:
+                return None
+            version, size = current
+            if size == 0:
+                return b""
+            key = self.key(rel, version)
+            if size <= _INLINE_BYTES:
+                data = self.cache.get(key, size)
+            else:
+                data = await run_sync(self.cache.get, key, size)
+            if data is not None:
+                return data
+            try:
+                return await run_sync(self.fetch, rel, display, version, size)
+            except StaleFileError:
+                # Changed since the version was seen: ask storage again, once.
+                self.memo.forget(rel)
+                if attempt:
+                    return None
+        return None
+
+    def cat_many(self, rels: list[str], max_bytes: int | None) -> dict[str, bytes | OSError]:
+        """``backend.cat_many`` through the cache (in a worker thread)."""
+        out: dict[str, bytes | OSError] = {}
+        known: dict[str, tuple[str, int]] = {}
+        unknown: list[str] = []
+        for rel in rels:
+            fresh = self.memo.fresh(rel)
+            if fresh is None:
+                unknown.append(rel)
+            else:
+                known[rel] = fresh
+        if unknown:
+            known.update(self._versions(unknown))
+        missing: list[tuple[str, str, int]] = []
+        for rel, (version, size) in known.items():
+            if max_bytes is not None and size > max_bytes:
+                out[rel] = FileTooLarge(rel, max_bytes)
+                continue
+            data = b"" if size == 0 else self.cache.get(self.key(rel, version), size)
+            if data is not None:
+                out[rel] = data
+            else:
+                missing.append((rel, version, size))
+
+        def one(item: tuple[str, str, int]) -> bytes | None:
+            rel, version, size = item
+            try:
+                return self.fetch(rel, rel, version, size)
+            except OSError:
+                return None
+
+        if missing:
+            with ThreadPoolExecutor(min(READ_THREADS, len(missing)), thread_name_prefix="agentvfs-cache") as pool:
+                for (rel, _, _), data in zip(missing, pool.map(one, missing), strict=True):
+                    if data is not None:
+                        out[rel] = data
+        rest = [rel for rel in rels if rel not in out]
+        if rest:
+            out.update(self.backend.cat_many(rest, max_bytes))
+        return out
+
+    def _versions(self, rels: list[str]) -> dict[str, tuple[str, int]]:
+        """Versions of files not seen lately: one listing of a directory several of them
+        share, a stat of each other (misses are left out)."""
+        by_parent: dict[str, list[str]] = {}
+        for rel in rels:
+            by_parent.setdefault(_paths.dirname(rel), []).append(rel)
+        out: dict[str, tuple[str, int]] = {}
+        single: list[str] = []
+        for parent, members in by_parent.items():
+            if len(members) < 2:
+                single.extend(members)
+                continue
+            try:
+                self.backend.list_stats_sync(parent, parent)  # tells the memo of every file
+            except OSError:
+                single.extend(members)
+                continue
+            for rel in members:
+                fresh = self.memo.fresh(rel)
+                if fresh is not None:
+                    out[rel] = fresh
+
+        def one(rel: str) -> tuple[str, int] | None:
+            try:
+                st = self.backend.stat_sync(rel, rel)
+            except OSError:
+                return None
+            return (st.etag, st.size) if st.type == "file" and st.etag is not None else None
+
+        if single:
+            with ThreadPoolExecutor(min(READ_THREADS, len(single)), thread_name_prefix="agentvfs-cache") as pool:
+                for rel, got in zip(single, pool.map(one, single), strict=True):
+                    if got is not None:
+                        out[rel] = got
+        return out
+
+    # -- ranges ----------------------------------------------------------------------------------
+
+    def _entry_fd(self, rel: str, version: str, size: int) -> int | None:
+        """A descriptor of the entry (a duplicate the caller closes), or None if not cached."""
+        key = self.key(rel, version)
+        with self._lock:
+            fd = self._fds.get(key)
+            if fd is not None:
+                self._fds.move_to_end(key)
+                return os.dup(fd)
+        fd = self.cache.open(key, size)
+        if fd is None:
+            return None
+        with self._lock:
+            if self._closed:
+                return fd
+            if key not in self._fds:
+                self._fds[key] = os.dup(fd)
+                while len(self._fds) > _OPEN_ENTRIES:
+                    os.close(self._fds.popitem(last=False)[1])
+        return fd
+
+    def _read_fd(self, rel: str, version: str, size: int, start: int, buffer: memoryview) -> int | None:
+        fd = self._entry_fd(rel, version, size)
+        if fd is None:
+            return None
+        want = max(0, min(len(buffer), size - start))
+        done = 0
+        try:
+            while done < want:
+                count = os.preadv(fd, [buffer[done:want]], start + done)
+                if count == 0:
+                    break
+                done += count
+        finally:
+            os.close(fd)
+        return done
+
+    async def read_into(self, rel: str, start: int, buffer: memoryview) -> int | None:
+        """Bytes from ``start`` of the file's current version, where its entry is cached and
+        the version was seen within the TTL; None otherwise (no request is made here)."""
+        fresh = self.memo.fresh(rel)
+        if fresh is None:
+            return None
+        version, size = fresh
+        if len(buffer) <= _INLINE_BYTES:
+            return self._read_fd(rel, version, size, start, buffer)
+        return await run_sync(self._read_fd, rel, version, size, start, buffer)
+
+    async def read_version_into(self, rel: str, display: str, start: int, buffer: memoryview, version: str) -> int | None:
+        """A pinned ranged read through the cache: from the entry of ``version`` if cached;
+        else from storage, the bytes also written into a fill of the entry, committed once
+        every byte of the file has been read. None: read it uncached."""
+        size = self.memo.size_of(rel, version)
+        if size is None:
+            return None
+        count = await run_sync(self._read_fd, rel, version, size, start, buffer)
+        if count is not None:
+            return count
+        fill = self._fill(rel, version, size, start)
+        if fill is None:
+            return None
+        return await run_sync(self._fill_from_storage, fill, rel, display, start, buffer, version)
+
+    def _fill(self, rel: str, version: str, size: int, start: int) -> CacheFill | None:
+        key = (rel, version)
+        now = time.monotonic()
+        with self._lock:
+            found = self._fills.get(key)
+            if found is not None:
+                self._fills[key] = (found[0], now)
+                return found[0]
+            if start != 0 or self._closed:
+                return None  # a fill starts with a read from the start (a sequential reader)
+            stale = [k for k, (_, at) in self._fills.items() if now - at > _FILL_IDLE]
+            dropped = [self._fills.pop(k)[0] for k in stale]
+            while len(self._fills) >= _FILLS:
+                dropped.append(self._fills.popitem(last=False)[1][0])
+        for old in dropped:
+            old.abort()
+        fill = self.cache.begin(self.key(rel, version), size, describe={"path": self.backend.bpath(rel), "version": version})
+        if fill is None:
+            return None
+        with self._lock:
+            self._fills[key] = (fill, now)
+        return fill
+
+    def _fill_from_storage(
+        self, fill: CacheFill, rel: str, display: str, start: int, buffer: memoryview, version: str
+    ) -> int | None:
+        key = (rel, version)
+        try:
+            count = self.backend.read_exact_version_sync(rel, display, start, buffer, version)
+        except StaleFileError:
+            self._end_fill(key, fill, commit=False)
+            raise
+        if count is None:
+            self._end_fill(key, fill, commit=False)
+            return None
+        try:
+            fill.write(start, buffer[:count])
+        except (OSError, ValueError) as exc:
+            _log.warning("cache: fill of %s given up: %s", display, exc)
+            self._end_fill(key, fill, commit=False)
+            return count
+        if fill.complete:
+            self._end_fill(key, fill, commit=True)
+        return count
+
+    def _end_fill(self, key: tuple[str, str], fill: CacheFill, *, commit: bool) -> None:
+        with self._lock:
+            if self._fills.get(key, (None,))[0] is fill:
+                del self._fills[key]
+        if commit:
+            fill.commit()
+        else:
+            fill.abort()
+
+    # -- for a mount -----------------------------------------------------------------------------
+
+    async def open(self, rel: str, display: str, version: str, size: int, fetch_below: int) -> int | None:
+        key = self.key(rel, version)
+        fd = self.cache.open(key, size) if size <= _INLINE_BYTES else await run_sync(self.cache.open, key, size)
+        if fd is not None or size > fetch_below or size == 0:
+            return fd
+        with self._lock:
+            queued = self._queued.get(key)
+        if queued is not None:
+            # Being prefetched: wait for that fetch rather than making a second one.
+            with contextlib.suppress(Exception):
+                await run_sync(queued.result)
+        else:
+            try:
+                await run_sync(self.fetch, rel, display, version, size)
+            except StaleFileError:
+                return None
+        return self.cache.open(key, size)
+
+    def prefetch(self, files: Sequence[tuple[str, str, int]]) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(_PREFETCH_THREADS, thread_name_prefix="agentvfs-prefetch")
+            pool = self._pool
+        for rel, version, size in files:
+            key = self.key(rel, version)
+            with self._lock:
+                if key in self._queued or len(self._queued) >= _PREFETCH_QUEUE:
+                    continue
+            if size == 0 or self.cache.contains(key, size):
+                continue
+            future = pool.submit(self._prefetch_one, rel, version, size, key)
+            with self._lock:
+                self._queued[key] = future
+
+    def _prefetch_one(self, rel: str, version: str, size: int, key: str) -> None:
+        try:
+            if not self._closed and not self.cache.contains(key, size):
+                self.fetch(rel, rel, version, size)
+        except (OSError, FileNotFound):
+            pass  # changed or gone since it was listed: the reader will see
+        finally:
+            with self._lock:
+                self._queued.pop(key, None)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            fds, self._fds = list(self._fds.values()), OrderedDict()
+            fills, self._fills = [f for f, _ in self._fills.values()], OrderedDict()
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+        for fd in fds:
+            os.close(fd)
+        for fill in fills:
+            fill.abort()
+        if self.backend.seen == self.memo.note:
+            self.backend.seen = None
