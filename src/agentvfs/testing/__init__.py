@@ -21,6 +21,7 @@ from ._harness import composite_harness as composite_harness
 from ._harness import fsspec_harness as fsspec_harness
 from ._harness import local_harness as local_harness
 from ._harness import mounted_harness as mounted_harness
+from ._harness import overlay_harness as overlay_harness
 from ._servers import EmulatorProcess as EmulatorProcess
 from ._servers import FakeGcsServer as FakeGcsServer
 from ._servers import MotoServer as MotoServer
@@ -46,6 +47,7 @@ __all__ = [
     "load_attacks",
     "local_harness",
     "mounted_harness",
+    "overlay_harness",
     "requirement_missing",
     "run_attack",
 ]

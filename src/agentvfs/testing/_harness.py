@@ -6,6 +6,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import functools
+import json
 import os
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
@@ -17,12 +18,21 @@ from ..vfs import (
     CompositeFilesystem,
     FsspecFilesystem,
     LocalFilesystem,
+    OverlayFilesystem,
     WorkspaceFilesystem,
 )
 
 T = TypeVar("T")
 
-__all__ = ["Harness", "backend_harness", "composite_harness", "fsspec_harness", "local_harness", "mounted_harness"]
+__all__ = [
+    "Harness",
+    "backend_harness",
+    "composite_harness",
+    "fsspec_harness",
+    "local_harness",
+    "mounted_harness",
+    "overlay_harness",
+]
 
 
 @dataclass
@@ -170,6 +180,53 @@ def composite_harness(main: Harness, other: Harness, *, name: str = "composite")
         main.put, main.get, main.isdir, reopen, prefix="data/", name=name,
     )
     harness.extra["other"] = other
+    return harness
+
+
+def overlay_harness(base: Harness, upper: Harness, *, name: str = "") -> Harness:
+    """Build a harness for ``OverlayFilesystem(base.fs, upper.fs)``.
+
+    The oracle writes into the base storage (what the overlay shows until it changes a
+    path, and what changes behind its back), and reads the view from the two storages
+    directly: the upper storage's file, else nothing where the overlay's records in the
+    upper storage (``.agentvfs-overlay/manifest.json``) hide the path, else the base
+    storage's file. So it checks what the overlay really keeps, not what it remembers.
+    """
+
+    def hidden(path: str) -> bool:
+        raw = upper.get(".agentvfs-overlay/manifest.json")
+        whiteouts = set(json.loads(raw)["hidden"]) if raw is not None else set()
+        parts = path.split("/")
+        return any("/".join(parts[:depth]) in whiteouts for depth in range(1, len(parts) + 1))
+
+    def upper_file_above(path: str) -> bool:
+        parts = path.split("/")
+        return any(upper.get("/".join(parts[:depth])) is not None for depth in range(1, len(parts)))
+
+    def get(path: str) -> bytes | None:
+        data = upper.get(path)
+        if data is not None:
+            return data
+        if upper.isdir(path) or upper_file_above(path) or hidden(path):
+            return None
+        return base.get(path)
+
+    def isdir(path: str) -> bool:
+        if upper.isdir(path):
+            return True
+        if upper.get(path) is not None or upper_file_above(path) or hidden(path):
+            return False
+        return base.isdir(path)
+
+    def reopen(**kw: Any) -> WorkspaceFilesystem:
+        return OverlayFilesystem(base.reopen(), upper.reopen(), **kw)
+
+    harness = Harness(
+        OverlayFilesystem(base.fs, upper.fs), base.put, get, isdir, reopen,
+        name=name or f"overlay-{base.name}-on-{upper.name}",
+    )
+    harness.extra["base"] = base
+    harness.extra["upper"] = upper
     return harness
 
 

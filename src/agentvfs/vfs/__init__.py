@@ -9,6 +9,7 @@ kind (``fsspec_backend`` chooses one: ``MemoryStoreBackend``, ``ObjectStoreBacke
 ``S3Backend``, ``GcsBackend``, ``DiskBackend`` or the generic ``FsspecBackend``);
 ``LocalFilesystem`` is a local directory with the reference's path rules;
 ``CompositeFilesystem`` mounts several of them at directories of one tree.
+``OverlayFilesystem`` is copy-on-write over any of them, with a guarded ``commit``.
 ``check_storage_options`` refuses a storage option that a URL's fsspec class does not take.
 """
 
@@ -89,6 +90,8 @@ from ._mime import is_text_file as is_text_file
 from ._object_store import GcsBackend as GcsBackend
 from ._object_store import ObjectStoreBackend as ObjectStoreBackend
 from ._object_store import S3Backend as S3Backend
+from ._overlay import CommitReport as CommitReport
+from ._overlay import OverlayFilesystem as OverlayFilesystem
 from ._paths import normalize as normalize_path
 from ._posix import PosixAttributes as PosixAttributes
 from ._posix import foreign_metadata as foreign_metadata
@@ -118,6 +121,7 @@ __all__ = [
     "CacheInfo",
     "Capabilities",
     "ChangeListener",
+    "CommitReport",
     "CompositeFilesystem",
     "ContentCache",
     "Disk",
@@ -137,6 +141,7 @@ __all__ = [
     "MemoryStoreBackend",
     "MountInfo",
     "ObjectStoreBackend",
+    "OverlayFilesystem",
     "PosixAttributes",
     "S3Backend",
     "SupportsBatchRead",
