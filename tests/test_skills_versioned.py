@@ -23,9 +23,9 @@ from agentvfs.skills import (
     WorkspaceSkills,
     publish_skill,
 )
-from agentvfs.skills._versioned import sha256
 from agentvfs.testing import MotoServer
 from agentvfs.tools import WorkspaceTool
+from agentvfs.vfs import sha256_hex as sha256
 from conftest import S3_BUCKET
 
 pytestmark = pytest.mark.anyio

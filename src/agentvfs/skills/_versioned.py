@@ -1,6 +1,7 @@
 """Published skill versions in a content-addressed store, and a skill source serving them.
 
-A :class:`SkillStore` lives on any filesystem (an S3 prefix, a local directory, memory)::
+A :class:`SkillStore` lives on any filesystem (an S3 prefix, a local directory, memory); its
+blobs are a :class:`~agentvfs.vfs.BlobStore`, the layout workspace snapshots share::
 
     <prefix>/blobs/<h[:2]>/<h>                      file contents, named by their SHA-256
     <prefix>/skills/<name>/versions/<version>.json  manifest: path -> hash, size, MIME type
@@ -13,11 +14,9 @@ match is refused, never served), and every manifest against its version id.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import posixpath
-import re
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -35,7 +34,16 @@ from ..errors import (
     IsDirectory,
     NotDirectory,
 )
-from ..vfs import FileEntry, FileStat, FsspecFilesystem, WorkspaceFilesystem, get_mime_type
+from ..vfs import (
+    BlobStore,
+    FileEntry,
+    FileStat,
+    FsspecFilesystem,
+    WorkspaceFilesystem,
+    get_mime_type,
+    is_digest,
+    sha256_hex,
+)
 from ._parse import MAX_SKILL_FILE_BYTES, parse_skill_md, too_large_message
 from ._sources import SkillSource, norm_path, read_files, walk_source
 
@@ -43,16 +51,11 @@ __all__ = ["BlobRef", "SkillStore", "SkillVersion", "VersionedSkillSource", "pub
 
 _log = logging.getLogger("agentvfs.skills")
 
-_HASH = re.compile(r"^[0-9a-f]{64}$")
 #: Depth walked below a skill directory when publishing it.
 PUBLISH_DEPTH = 24
 MANIFEST_FORMAT = 1
 #: Verified blob contents kept in memory by a VersionedSkillSource (bytes).
 BLOB_CACHE_BYTES = 32 * 1024 * 1024
-
-
-def sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +84,7 @@ class SkillVersion:
         canonical = json.dumps(
             {"name": name, "files": listing}, sort_keys=True, separators=(",", ":")
         )
-        return sha256(canonical.encode("utf-8"))
+        return sha256_hex(canonical.encode("utf-8"))
 
     def to_json(self) -> bytes:
         return json.dumps(
@@ -114,7 +117,7 @@ class SkillVersion:
             for path, ref in raw["files"].items():
                 _check_manifest_path(path, where)
                 digest = str(ref["hash"])
-                if not _HASH.match(digest):
+                if not is_digest(digest):
                     raise ValueError(f"bad hash {digest!r} for {path}")
                 files[path] = BlobRef(digest, int(ref["size"]), ref.get("mime_type"))
             version = cls(
@@ -170,39 +173,31 @@ class SkillStore:
             fs if isinstance(fs, WorkspaceFilesystem) else FsspecFilesystem(fs)
         )
         self.prefix = norm_path(prefix)
+        #: The file contents, in the layout every content-addressed store of agentvfs shares.
+        self.blobs = BlobStore(self.fs, self.prefix)
 
     def _path(self, *parts: str) -> str:
         return posixpath.join(self.prefix, *parts) if self.prefix else posixpath.join(*parts)
 
     def blob_path(self, digest: str) -> str:
         """Where the blob named ``digest`` is kept."""
-        if not _HASH.match(digest):
-            raise ValueError(f"not a SHA-256 hex digest: {digest!r}")
-        return self._path("blobs", digest[:2], digest)
+        return self.blobs.path(digest)
 
     def manifest_path(self, name: str, version: str) -> str:
         """Where the manifest of ``name`` at ``version`` is kept."""
         _check_name(name)
-        if not _HASH.match(version):
+        if not is_digest(version):
             raise ValueError(f"not a version id: {version!r}")
         return self._path("skills", name, "versions", f"{version}.json")
 
     async def has_blob(self, digest: str) -> bool:
         """Tell whether the blob is stored."""
-        return await self.fs.exists(self.blob_path(digest))
+        return await self.blobs.has(digest)
 
     async def put_blob(self, data: bytes) -> tuple[str, bool]:
         """Store ``data`` under its hash unless it is there already; return the hash and
         whether it was written."""
-        digest = sha256(data)
-        path = self.blob_path(digest)
-        if await self.fs.exists(path):
-            return digest, False
-        try:
-            await self.fs.write_file(path, data, overwrite=False)
-        except FileExists:
-            return digest, False  # a concurrent publisher wrote the same bytes
-        return digest, True
+        return await self.blobs.put(data)
 
     async def get_blob(self, digest: str, *, name: str | None = None) -> bytes:
         """The content of a blob, checked against its hash.
@@ -214,15 +209,7 @@ class SkillStore:
         BlobIntegrityError
             The stored content does not hash to ``digest`` (it is not returned).
         """
-        data = await self.fs.read_file(self.blob_path(digest))
-        raw = data if isinstance(data, bytes) else data.encode("utf-8")
-        actual = sha256(raw)
-        if actual != digest:
-            what = f" (file: {name})" if name else ""
-            raise BlobIntegrityError(
-                f"Blob content does not match hash {digest}{what}: it hashes to {actual}; refusing to serve it"
-            )
-        return raw
+        return await self.blobs.get(digest, name=name)
 
     async def get_version(self, name: str, version: str) -> SkillVersion:
         """Load and check a version's manifest.
@@ -255,7 +242,7 @@ class SkillStore:
             for e in entries
             if e.type == "file" and e.name.endswith(".json")
         ]
-        versions = [await self.get_version(name, v) for v in ids if _HASH.match(v)]
+        versions = [await self.get_version(name, v) for v in ids if is_digest(v)]
         return sorted(versions, key=lambda v: (v.created_at, v.version))
 
     async def latest_version(self, name: str) -> SkillVersion | None:

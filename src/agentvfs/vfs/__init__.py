@@ -62,6 +62,9 @@ from ._base import run_sync as run_sync
 from ._base import set_attributes as set_attributes
 from ._base import upload_file as upload_file
 from ._base import walk as walk
+from ._blobs import BlobStore as BlobStore
+from ._blobs import is_digest as is_digest
+from ._blobs import sha256_hex as sha256_hex
 from ._cache import DEFAULT_CACHE_BYTES as DEFAULT_CACHE_BYTES
 from ._cache import CacheInfo as CacheInfo
 from ._cache import ContentCache as ContentCache
@@ -116,6 +119,7 @@ __all__ = [
     "TEXT_EXTENSIONS",
     "Backend",
     "BackendFilesystem",
+    "BlobStore",
     "BoundedPattern",
     "ByteRange",
     "CacheInfo",
@@ -183,6 +187,7 @@ __all__ = [
     "from_units",
     "fsspec_backend",
     "get_mime_type",
+    "is_digest",
     "is_glob_pattern",
     "is_text_file",
     "leads_out_of_directory",
@@ -199,6 +204,7 @@ __all__ = [
     "rewrite_file",
     "run_sync",
     "set_attributes",
+    "sha256_hex",
     "to_units",
     "translate",
     "translated",
