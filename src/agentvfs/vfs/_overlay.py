@@ -419,7 +419,7 @@ class OverlayFilesystem(WorkspaceFilesystem):
                 generation = self._generation
                 data = self._records.dump() if self._records else None
             if data is None:
-                await self.upper.delete_file(MANIFEST, force=True)
+                await self.upper.rmdir(RESERVED, recursive=True, force=True)
             else:
                 await self.upper.write_file(MANIFEST, data)
             with self._lock:
