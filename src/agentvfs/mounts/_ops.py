@@ -28,6 +28,7 @@ from ..errors import MountError, StaleFileError
 from ..vfs import (
     FileStat,
     PosixAttributes,
+    SupportsContentCache,
     SupportsLocalAttributes,
     SupportsLocalFiles,
     SupportsUploadRecovery,
@@ -70,6 +71,21 @@ _PATH_MAX = 4096
 _BLKSIZE = 1024 * 1024
 #: Concurrent ``stat`` requests for the metadata of files a listing did not carry it for.
 _METADATA_HEADS = 32
+#: With a content cache: a file up to this size is fetched whole into the cache when it is
+#: opened (the next files of its directory too, in the background), a larger one as it is read.
+_CACHE_WHOLE_BYTES = 8 * 1024 * 1024
+#: Files of a directory fetched ahead into the cache when one of them is opened uncached.
+_PREFETCH_FILES = 32
+
+
+def _use_cache(fs: WorkspaceFilesystem, options: MountOptions) -> SupportsContentCache | None:
+    """The filesystem, with its content cache on, where ``-o cache``/``cache_dir`` ask for one
+    and it can keep one (remote storage); None otherwise."""
+    if not (options.cache or options.cache_dir) or not isinstance(fs, SupportsContentCache):
+        return None
+    if fs.cache is None:
+        fs.use_cache(options.cache_dir or True, cache_bytes=options.cache_bytes, metadata_ttl=options.metadata_ttl)
+    return fs if fs.cache is not None else None
 
 
 def _fuse_errors(fn: F) -> F:
@@ -220,6 +236,8 @@ class MountOperations(pyfuse3.Operations):
         self.attr_store = store if store == "native" or options.metadata else None
         self.enable_writeback_cache = options.writeback_cache and not read_only
         self._ttl = options.metadata_ttl
+        #: Files of remote storage are read from a persistent local cache (``-o cache``).
+        self.cached = _use_cache(filesystem, options)
         self._next_fh = 1
         self.table = InodeTable(options)
         self.root = self.table.root
@@ -275,13 +293,14 @@ class MountOperations(pyfuse3.Operations):
         self.thread_id: int | None = None
         self.failed_uploads: dict[str, str] = {}
         self.atomic_rename = filesystem.capabilities.atomic_rename
-        #: FUSE passthrough, asked for at mount time where files are on local disk; used once
-        #: the kernel has granted it (see ``passthrough_granted``).
+        #: FUSE passthrough, asked for at mount time where files are on local disk (or, on
+        #: a read-only mount, in the content cache); used once the kernel has granted it
+        #: (see ``passthrough_granted``).
         self.passthrough = (
             _passthrough.LIBRARY
             if options.passthrough
             and not self.enable_writeback_cache
-            and _on_local_disk(filesystem)
+            and (_on_local_disk(filesystem) or (read_only and self.cached is not None))
             else None
         )
         self._passthrough_on = False
@@ -1607,6 +1626,13 @@ class MountOperations(pyfuse3.Operations):
             # Close-to-open: a file opened again is checked against storage (one stat when
             # its attributes are older than the TTL).
             await self._check_file(node)
+        if self.read_only and self.cached is not None and node.backing_fd < 0 and self._passes_through(node):
+            # A read-only mount serves a cached file from the cache's copy through the
+            # kernel: nobody can open it for writing, which passthrough would also route there.
+            version = node.etag if _known_version(node.etag) else None
+            fd = await self._open_cached(node, self.path_of(node), version) if version is not None else -1
+            if fd >= 0:
+                self._attach_backing(node, fd, writable=False)
         if self._passes_through(node):
             info = self._open_passthrough(node, flags, truncate=truncate)
             if info is not None:
@@ -1629,11 +1655,52 @@ class MountOperations(pyfuse3.Operations):
         handle.reading.version = node.etag if node.stored and _known_version(node.etag) else None
         if node.stage is None and node.stored and node.links:
             handle.fd = self._open_local(node)
+            if handle.fd < 0 and self.cached is not None and handle.reading.version is not None:
+                handle.fd = await self._open_cached(node, self.path_of(node), handle.reading.version)
             handle.fd_state = (node.write_seq, node.version)
         # Keep the kernel's cached pages only while the content is the one they came from.
         keep = node.kernel_version == node.version
         node.kernel_version = node.version
         return pyfuse3.FileInfo(fh=fh, keep_cache=keep)
+
+    async def _open_cached(self, node: Node, path: str, version: str) -> int:
+        """A descriptor of ``version`` of the file in the content cache, or -1 (then reads
+        go to storage, and a sequential read of the whole file fills the cache)."""
+        assert self.cached is not None
+        fs = self.cached
+        try:
+            fd = await fs.open_cached(path, version, node.size)
+            if fd is None and 0 < node.size <= _CACHE_WHOLE_BYTES:
+                self._prefetch_after(node)
+                fd = await fs.open_cached(path, version, node.size, fetch_below=_CACHE_WHOLE_BYTES + 1)
+        except OSError:
+            return -1  # changed or gone since it was looked at: storage will tell the reader
+        return -1 if fd is None else fd
+
+    def _prefetch_after(self, node: Node) -> None:
+        """Fetch the next small files of ``node``'s directory into the cache in the background:
+        a reader going through a directory (``grep -r``) then finds them there."""
+        assert self.cached is not None
+        parent, name = node.links[0]
+        children = parent._children
+        if children is None:
+            return
+        ahead: list[tuple[str, str, int]] = []
+        after = False
+        for child_name, child in children.items():
+            if not after:
+                after = child_name == name
+                continue
+            if (
+                child.is_file and child.stored and not child.dirty and child.stage is None
+                and 0 < child.size <= _CACHE_WHOLE_BYTES and _known_version(child.etag) and child.links
+            ):  # fmt: skip
+                assert child.etag is not None
+                ahead.append((self.path_of(child), child.etag, child.size))
+                if len(ahead) >= _PREFETCH_FILES:
+                    break
+        if ahead:
+            self.cached.prefetch(ahead)
 
     def _open_local(self, node: Node) -> int:
         """A descriptor of the stored file on local disk, or -1: reads then go straight to
@@ -1669,12 +1736,12 @@ class MountOperations(pyfuse3.Operations):
             and node.stream is None
         )
 
-    def _attach_backing(self, node: Node, fd: int = -1) -> bool:
-        """Open ``node``'s file on disk (or take ``fd``, opened read-write) and register it
-        with the kernel as the backing file of the inode. False, holding nothing, when that
-        is not possible: the open is then served through the mount as usual."""
+    def _attach_backing(self, node: Node, fd: int = -1, *, writable: bool = True) -> bool:
+        """Open ``node``'s file on disk (or take ``fd``, opened read-write unless not
+        ``writable``) and register it with the kernel as the backing file of the inode.
+        False, holding nothing, when that is not possible: the open is then served through
+        the mount as usual."""
         assert self.passthrough is not None
-        writable = True
         if fd < 0:
             writable = not self.read_only
             if not isinstance(self.fs, SupportsLocalFiles):

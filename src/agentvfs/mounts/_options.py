@@ -96,6 +96,18 @@ class MountOptions:
         Kernel read-ahead of the mount, set through sysfs when permitted (0 keeps the kernel's).
     max_background : int
         Kernel limit of concurrent background requests, set through fusectl when permitted.
+    cache : bool
+        Keep the files read from remote storage (S3, GCS) in a persistent cache on local
+        disk, shared with later mounts and other processes (see
+        :class:`~agentvfs.vfs.ContentCache`): a file read again, in this mount or the next,
+        is served from local disk while its version in storage is unchanged (checked at open,
+        within ``metadata_ttl``). The small files of a directory being read one after another
+        are fetched ahead, several at a time. Off by default; ``cache_dir`` turns it on.
+    cache_dir : str or None
+        The cache's directory (default: ``$AGENTVFS_CACHE_DIR``, ``$XDG_CACHE_HOME/agentvfs``
+        or ``~/.cache/agentvfs``); giving one turns the cache on.
+    cache_bytes : int
+        The most local disk the cache may take; least recently used files go first.
     max_tasks : int
         Most FUSE requests served concurrently.
     fsname : str
@@ -128,6 +140,9 @@ class MountOptions:
     passthrough: bool = True
     read_ahead_kb: int = 1024
     max_background: int = 64
+    cache: bool = False
+    cache_dir: str | None = None
+    cache_bytes: int = 4 * 1024 * _MiB
     max_tasks: int = 64
     fsname: str = "agentvfs"
     debug: bool = False

@@ -68,6 +68,7 @@ from ._blobs import sha256_hex as sha256_hex
 from ._cache import DEFAULT_CACHE_BYTES as DEFAULT_CACHE_BYTES
 from ._cache import CacheInfo as CacheInfo
 from ._cache import ContentCache as ContentCache
+from ._cache import SupportsContentCache as SupportsContentCache
 from ._cache import default_cache_dir as default_cache_dir
 from ._composite import CompositeFilesystem as CompositeFilesystem
 from ._disk import Disk as Disk
@@ -150,6 +151,7 @@ __all__ = [
     "S3Backend",
     "SupportsBatchRead",
     "SupportsConditionalUpload",
+    "SupportsContentCache",
     "SupportsGrep",
     "SupportsHardLinks",
     "SupportsListStats",

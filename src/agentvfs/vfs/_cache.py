@@ -43,10 +43,19 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
-__all__ = ["DEFAULT_CACHE_BYTES", "CacheFill", "CacheInfo", "ContentCache", "VersionMemo", "default_cache_dir"]
+__all__ = [
+    "DEFAULT_CACHE_BYTES",
+    "CacheFill",
+    "CacheInfo",
+    "ContentCache",
+    "SupportsContentCache",
+    "VersionMemo",
+    "default_cache_dir",
+]
 
 _log = logging.getLogger("agentvfs.cache")
 
@@ -101,6 +110,33 @@ class CacheInfo:
     max_bytes: int
     #: Bytes reserved for entries being written (by this or another live process).
     pending: int = 0
+
+
+@runtime_checkable
+class SupportsContentCache(Protocol):
+    """Filesystems that can keep what they read of remote storage in a :class:`ContentCache`
+    (:class:`~agentvfs.vfs.FsspecFilesystem` on object stores), and hand a FUSE mount
+    descriptors of cached files."""
+
+    @property
+    def cache(self) -> ContentCache | None:
+        """The cache in use, or None."""
+        ...
+
+    def use_cache(
+        self, cache: ContentCache | bool | str | os.PathLike[str] = True, *, cache_bytes: int | None = None,
+        metadata_ttl: float = 5.0,
+    ) -> ContentCache | None:
+        """Start using a cache; None where this storage is not cached."""
+        ...
+
+    async def open_cached(self, path: str, version: str, size: int, *, fetch_below: int = 0) -> int | None:
+        """A read-only descriptor of the cached ``version`` of ``path``, or None."""
+        ...
+
+    def prefetch(self, files: Sequence[tuple[str, str, int]]) -> None:
+        """Fetch ``(path, version, size)`` files into the cache in the background."""
+        ...
 
 
 class ContentCache:
@@ -450,12 +486,29 @@ class CacheFill:
         self._have: list[tuple[int, int]] = []
         self._lock = threading.Lock()
         self.done = False
+        #: Reads of the file under way that will write here (kept by the reader), and whether
+        #: one has reached the end of the file.
+        self.inflight = 0
+        self.reached_end = False
 
     @property
     def complete(self) -> bool:
         """Every byte of the file has been written."""
         with self._lock:
             return self._covered() >= self.size
+
+    def missing(self) -> list[tuple[int, int]]:
+        """The ranges ``(start, end)`` not written yet, in order."""
+        with self._lock:
+            holes: list[tuple[int, int]] = []
+            end = 0
+            for start, stop in sorted(self._have):
+                if start > end:
+                    holes.append((end, start))
+                end = max(end, stop)
+            if end < self.size:
+                holes.append((end, self.size))
+            return holes
 
     def _covered(self) -> int:
         total = 0
@@ -469,15 +522,17 @@ class CacheFill:
 
     def write(self, offset: int, data: bytes | bytearray | memoryview) -> None:
         """Write ``data`` at ``offset`` (within the file's size)."""
-        if self.done:
-            return
         view = memoryview(data)
         if offset < 0 or offset + len(view) > self.size:
             raise ValueError(f"bytes {offset}..{offset + len(view)} lie outside a file of {self.size}")
-        written = 0
-        while written < len(view):
-            written += os.pwrite(self.fd, view[written:], offset + written)
+        # Under the lock: no byte lands after the commit has recorded the file's identity
+        # (a copy into the page cache, quick next to the network read that brought it).
         with self._lock:
+            if self.done:
+                return
+            written = 0
+            while written < len(view):
+                written += os.pwrite(self.fd, view[written:], offset + written)
             self._have.append((offset, offset + len(view)))
             if len(self._have) > 64:
                 merged: list[tuple[int, int]] = []

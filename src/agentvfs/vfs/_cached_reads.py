@@ -40,7 +40,14 @@ _OPEN_ENTRIES = 32
 #: Entries being filled by ranged reads at once; the oldest is given up beyond it.
 _FILLS = 8
 #: A fill no read has added to for this long is given up.
-_FILL_IDLE = 120.0
+_FILL_IDLE = 30.0
+#: A fill starts with a read this close to the start of a file: readers that go through a
+#: file from its start (their first parts arrive in any order) fill the cache, readers that
+#: jump to its end first (a Parquet footer) do not.
+_FILL_START = 32 * 1024 * 1024
+#: When a read reaches the end of a file being filled, bytes read before the fill began (at
+#: most this many) are fetched to complete it.
+_FILL_HOLES = 32 * 1024 * 1024
 #: Background fetches at once (prefetch of a directory's next files).
 _PREFETCH_THREADS = 8
 _PREFETCH_QUEUE = 256
@@ -278,8 +285,8 @@ class _CachedReads:
             if found is not None:
                 self._fills[key] = (found[0], now)
                 return found[0]
-            if start != 0 or self._closed:
-                return None  # a fill starts with a read from the start (a sequential reader)
+            if start >= _FILL_START or size > self.cache.max_bytes // 2 or self._closed:
+                return None
             stale = [k for k, (_, at) in self._fills.items() if now - at > _FILL_IDLE]
             dropped = [self._fills.pop(k)[0] for k in stale]
             while len(self._fills) >= _FILLS:
@@ -297,23 +304,51 @@ class _CachedReads:
         self, fill: CacheFill, rel: str, display: str, start: int, buffer: memoryview, version: str
     ) -> int | None:
         key = (rel, version)
+        with self._lock:
+            fill.inflight += 1
         try:
             count = self.backend.read_exact_version_sync(rel, display, start, buffer, version)
+            if count is not None:
+                fill.write(start, buffer[:count])
         except StaleFileError:
             self._end_fill(key, fill, commit=False)
             raise
-        if count is None:
-            self._end_fill(key, fill, commit=False)
-            return None
-        try:
-            fill.write(start, buffer[:count])
         except (OSError, ValueError) as exc:
             _log.warning("cache: fill of %s given up: %s", display, exc)
             self._end_fill(key, fill, commit=False)
-            return count
+            return None
+        finally:
+            with self._lock:
+                fill.inflight -= 1
+                last = fill.inflight == 0
+        if count is None:
+            self._end_fill(key, fill, commit=False)
+            return None
+        if start + count >= fill.size:
+            fill.reached_end = True
+        # Once the reader has reached the end and no read is under way, what is missing was
+        # read before the fill began.
+        if last and fill.reached_end and not fill.complete:
+            self._complete(fill, rel, display, version)
         if fill.complete:
             self._end_fill(key, fill, commit=True)
         return count
+
+    def _complete(self, fill: CacheFill, rel: str, display: str, version: str) -> None:
+        """A reader reached the end of a file being filled: fetch what was read before the
+        fill began, if that is little (else the fill stays incomplete and is given up)."""
+        holes = fill.missing()
+        if sum(end - start for start, end in holes) > _FILL_HOLES:
+            return
+        for start, end in holes:
+            buffer = bytearray(end - start)
+            try:
+                count = self.backend.read_exact_version_sync(rel, display, start, memoryview(buffer), version)
+            except OSError:
+                return
+            if count != len(buffer):
+                return
+            fill.write(start, buffer)
 
     def _end_fill(self, key: tuple[str, str], fill: CacheFill, *, commit: bool) -> None:
         with self._lock:
