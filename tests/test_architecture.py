@@ -24,7 +24,7 @@ PACKAGE = Path(agentvfs.__file__).parent
 FOUNDATION = frozenset({"errors", "_context", "_exports", "_aio"})
 #: What each unit may import besides itself. A unit is a subpackage (``vfs``) or a module at
 #: the top of the package (``workspace``, ``cli``); ``agentvfs`` is the package's __init__.
-BELOW_WORKSPACE = FOUNDATION | {"vfs", "mounts", "search", "sandbox", "skills", "tools"}
+BELOW_WORKSPACE = FOUNDATION | {"vfs", "mounts", "search", "snapshots", "sandbox", "skills", "tools"}
 APPLICATION = BELOW_WORKSPACE | {"agentvfs", "workspace", "_blocking", "_config", "_demo_skills", "_providers"}
 MAY_IMPORT: dict[str, frozenset[str]] = {
     "errors": frozenset(),
@@ -34,6 +34,7 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "vfs": FOUNDATION,
     "mounts": FOUNDATION | {"vfs"},
     "search": FOUNDATION | {"vfs"},
+    "snapshots": FOUNDATION | {"vfs"},
     "sandbox": FOUNDATION | {"vfs", "mounts"},
     "skills": FOUNDATION | {"vfs", "search"},
     "tools": FOUNDATION | {"vfs", "search", "sandbox", "skills"},

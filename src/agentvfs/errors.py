@@ -15,6 +15,7 @@ their own::
     │   ├── SandboxFeatureNotSupportedError  FEATURE_NOT_SUPPORTED
     │   ├── SearchNotAvailableError          NO_SEARCH
     │   ├── WorkspaceNotReadyError           NOT_READY
+    │   ├── SnapshotNotFoundError            NO_SNAPSHOT; also LookupError
     │   └── WorkspaceReadOnlyError           READ_ONLY; also OSError (EROFS)
     ├── OSError
     │   ├── FilesystemError                  code, path
@@ -39,7 +40,7 @@ their own::
     │   │   ├── StorageAccessError           EACCES, also PermissionError: credentials
     │   │   └── StorageUnreachableError      ECONNREFUSED, also ConnectionError
     │   ├── BM25FileError                    the index file cannot be used (filename)
-    │   └── BlobIntegrityError               EIO: a stored skill blob failed its hash
+    │   └── BlobIntegrityError               EIO: a stored blob or manifest failed its hash
     ├── SandboxError                         code, details
     │   ├── SandboxExecutionError            EXECUTION_FAILED
     │   ├── SandboxTimeoutError              TIMEOUT, also TimeoutError
@@ -118,6 +119,7 @@ __all__ = [
     "SearchIndexError",
     "SearchNotAvailableError",
     "SkillConflictError",
+    "SnapshotNotFoundError",
     "StaleFileError",
     "StorageAccessError",
     "StorageUnreachableError",
@@ -238,6 +240,23 @@ class WorkspaceNotReadyError(WorkspaceError):
     def __init__(self, workspace_id: str, status: str) -> None:
         super().__init__(f"Workspace is not ready (status: {status})", "NOT_READY", workspace_id)
         self.status = status
+
+
+class SnapshotNotFoundError(WorkspaceError, LookupError):
+    """No snapshot goes by the id or name given (``NO_SNAPSHOT``).
+
+    Parameters
+    ----------
+    ref : str
+        The id, id prefix or name asked for.
+    where : str
+        The snapshot store looked in.
+    """
+
+    def __init__(self, ref: str, where: str) -> None:
+        super().__init__(f"No snapshot {ref!r} in {where}", "NO_SNAPSHOT")
+        self.ref = ref
+        self.where = where
 
 
 class WorkspaceReadOnlyError(WorkspaceError, OSError):
@@ -821,7 +840,8 @@ class InvalidSkillPathError(_Rebuilt, ValueError, PermissionError):
 
 
 class BlobIntegrityError(_Rebuilt, OSError):
-    """A stored blob whose content does not hash to its name (``EIO``): it is never served."""
+    """A stored blob or manifest whose content does not hash to its name (``EIO``): it is
+    never served, and a restore does not write it."""
 
     def __init__(self, message: str) -> None:
         super().__init__(message)

@@ -38,6 +38,14 @@ if TYPE_CHECKING:
     from ._blocking import BlockingWorkspace
     from .search import SearchResult, WorkspaceSearch
     from .skills import WorkspaceSkills
+    from .snapshots import (
+        RestoreResult,
+        Snapshot,
+        SnapshotDiff,
+        SnapshotFilesystem,
+        SnapshotInfo,
+        SnapshotStore,
+    )
     from .tools import WorkspaceTool
 
 __all__ = ["Workspace", "WorkspaceStatus"]
@@ -160,6 +168,11 @@ class Workspace:
         ``fn(request_context) -> str | None``: memoise resolved sandboxes by key.
     instructions : dict, optional
         ``{"dynamic_sandbox": "placeholder" | "resolve" | fn}``.
+    snapshot_store : WorkspaceFilesystem, SnapshotStore, fsspec filesystem or str, optional
+        Where :meth:`snapshot` keeps snapshots (a filesystem, an fsspec instance or a URL
+        such as ``s3://bucket/snapshots``). Default: ``.agentvfs/snapshots`` of the
+        workspace filesystem itself. A store out of the agent's reach keeps snapshots safe
+        from the agent's own tools (and is the only way to snapshot a read-only workspace).
 
     Raises
     ------
@@ -189,6 +202,7 @@ class Workspace:
         operation_timeout: float | None = None,
         sandbox_cache_key: Callable[[RequestContext], str | None] | None = None,
         instructions: Mapping[str, Any] | None = None,
+        snapshot_store: Any = None,
     ) -> None:
         # The reference's order of checks: identity, providers, search, something to work with.
         self._configure_identity(id, name, operation_timeout)
@@ -212,6 +226,7 @@ class Workspace:
         self._sandbox_cache_key = sandbox_cache_key
         self._sandbox_cache: dict[str, _Pending] = {}
         self._instructions = dict(instructions or {})
+        self._configure_snapshots(snapshot_store)
         self._teardown_started = False
         self._stopping: anyio.Event | None = None
         self._destroying: anyio.Event | None = None
@@ -233,6 +248,27 @@ class Workspace:
                 self._id,
             )
         self._operation_timeout = operation_timeout
+
+    def _configure_snapshots(self, store: Any) -> None:
+        """Where snapshots are kept: checked now, opened on first use."""
+        self._snapshot_store_config = store
+        self._snapshot_store: SnapshotStore | None = None
+        if store is None or isinstance(store, (str, WorkspaceFilesystem)):
+            return
+        from .snapshots import SnapshotStore
+
+        if isinstance(store, SnapshotStore):
+            self._snapshot_store = store
+            return
+        import fsspec
+
+        if not isinstance(store, fsspec.AbstractFileSystem):
+            raise WorkspaceError(
+                "snapshot_store must be a WorkspaceFilesystem, a SnapshotStore, an fsspec filesystem or a URL "
+                f"(such as 's3://bucket/snapshots'), not {type(store).__name__}",
+                "INVALID_CONFIG",
+                self._id,
+            )
 
     def _configure_providers(
         self,
@@ -663,6 +699,192 @@ class Workspace:
                 await search.refresh_path(fs, path)
         except Exception:
             logger.warning('Failed to re-index "%s" after %s', path, operation, exc_info=True)
+
+    # -- snapshots ----------------------------------------------------------------------------------------------
+
+    def _snapshot_filesystem(self) -> WorkspaceFilesystem:
+        if self._teardown_started:
+            raise WorkspaceNotReadyError(self._id, self._status)
+        if self._filesystem is None:
+            raise WorkspaceError(
+                "Snapshots need a static filesystem (this workspace has "
+                + ("a filesystem resolver" if self._filesystem_resolver is not None else "no filesystem")
+                + "); take them of the resolved filesystem with agentvfs.snapshots.take_snapshot",
+                "NO_FILESYSTEM",
+                self._id,
+            )
+        return self._filesystem
+
+    def snapshot_store(self) -> SnapshotStore:
+        """Where this workspace's snapshots are kept (``snapshot_store``, else
+        ``.agentvfs/snapshots`` of its filesystem).
+
+        Raises
+        ------
+        WorkspaceError
+            ``NO_FILESYSTEM``: no static filesystem.
+        """
+        if self._snapshot_store is None:
+            from .snapshots import DEFAULT_PREFIX, SnapshotStore
+
+            config = self._snapshot_store_config
+            self._snapshot_store = (
+                SnapshotStore(self._snapshot_filesystem(), prefix=DEFAULT_PREFIX)
+                if config is None
+                else SnapshotStore(config)
+            )
+        return self._snapshot_store
+
+    async def snapshot(self, name: str | None = None) -> Snapshot:
+        """Record the state of the workspace filesystem as a new, immutable snapshot.
+
+        The manifest lists every file (its ETag or generation, size, modification time and
+        SHA-256), every directory (empty ones too) and every symbolic link the filesystem
+        shows; agentvfs's own ``.agentvfs`` directory is left out. Its id is the SHA-256 of
+        the manifest. No file data is copied where the bucket keeps versions (S3 versioning
+        enabled: the manifest names each object's ``VersionId``; GCS object versioning: its
+        generation) or where a blob of the same content is stored already; other contents
+        are stored once each as blobs named by their hash. A file whose version the previous
+        snapshot saw is not read again (on storage with real versions).
+
+        Each file's record is of one version even while the workspace is written meanwhile
+        (its content is read between two listings that must agree); the snapshot as a whole
+        is not one instant of every path (no object store has one).
+
+        Parameters
+        ----------
+        name : str, optional
+            A name to find it by (names need not be unique; the newest wins).
+
+        Returns
+        -------
+        Snapshot
+            The snapshot, with its ``id``.
+
+        Raises
+        ------
+        WorkspaceReadOnlyError
+            The snapshots would be kept in a read-only filesystem (the workspace's own, when
+            it is read-only and no ``snapshot_store`` is given).
+        WorkspaceError
+            ``NO_FILESYSTEM``: no static filesystem.
+        ValueError
+            ``name`` is empty, too long or holds control characters.
+        """
+        fs = self._snapshot_filesystem()
+        store = self.snapshot_store()
+        if store.fs.read_only:
+            from .errors import WorkspaceReadOnlyError
+
+            where = "the workspace" if store.fs is fs else "the snapshot store"
+            raise WorkspaceReadOnlyError(
+                f"snapshot ({where} is read-only; give Workspace(snapshot_store=...) a writable filesystem "
+                "or URL to keep snapshots elsewhere)"
+            )
+        from .snapshots import take_snapshot
+
+        self.touch()
+        return await take_snapshot(fs, store, name=name)
+
+    async def list_snapshots(self) -> list[SnapshotInfo]:
+        """Every snapshot of the store, oldest first (id, name, time, counts).
+
+        Raises
+        ------
+        WorkspaceError
+            ``NO_FILESYSTEM``: no static filesystem.
+        """
+        self._snapshot_filesystem()
+        return await self.snapshot_store().list()
+
+    async def diff(self, a: str | None = None, b: str | None = None, *, patches: bool = True) -> SnapshotDiff:
+        """What changed from state ``a`` to state ``b``: each a snapshot's id, id prefix or
+        name, or None for the live workspace (``diff("before")``: from that snapshot to
+        now).
+
+        Parameters
+        ----------
+        a, b : str, optional
+            The earlier and later state.
+        patches : bool
+            Give text files a unified diff (``Change.patch``); False compares contents only.
+
+        Returns
+        -------
+        SnapshotDiff
+            ``added``, ``removed`` and ``changed`` paths (``.agentvfs`` never among them),
+            each :class:`~agentvfs.snapshots.Change` with its patch.
+
+        Raises
+        ------
+        SnapshotNotFoundError
+            No snapshot goes by a name or id given.
+        BlobIntegrityError
+            A manifest or content was changed in storage.
+        """
+        from .snapshots import diff_snapshots
+
+        fs = self._snapshot_filesystem()
+        return await diff_snapshots(fs, a, b, store=self.snapshot_store(), patches=patches)
+
+    async def restore(
+        self, snapshot: str, paths: Sequence[str] | None = None, *, force: bool = False
+    ) -> RestoreResult:
+        """Bring the workspace (or ``paths`` and what is below them) back to a snapshot.
+
+        Without ``force`` a restore only adds back what was deleted since the snapshot
+        (files, directories, links); anything that differs from the snapshot (a file
+        modified, or added, since; a path whose kind changed) is a change the snapshot does
+        not hold, so it is left as it is and reported in ``conflicts``. With ``force`` those
+        are replaced, or deleted, too. Either way each write is conditional on the version
+        the restore compared: a change made while the restore runs is never overwritten,
+        and is reported (``changed during restore``). Every content is checked against the
+        snapshot before the first write, and writes come before deletions: a restore that
+        fails leaves extra files, never lost ones. ``.agentvfs`` is never touched.
+
+        Parameters
+        ----------
+        snapshot : str
+            The snapshot's id, id prefix or name.
+        paths : sequence of str, optional
+            Restore only these paths and what is below them.
+        force : bool
+            Also replace and delete what changed after the snapshot.
+
+        Returns
+        -------
+        RestoreResult
+            ``restored``, ``conflicts`` and ``skipped`` (already as in the snapshot) paths.
+
+        Raises
+        ------
+        SnapshotNotFoundError
+            No snapshot goes by that name or id.
+        BlobIntegrityError
+            The manifest, or a content to write, was changed in storage (nothing written).
+        WorkspaceReadOnlyError
+            The workspace is read-only.
+        """
+        from .snapshots import restore_snapshot
+
+        fs = self._snapshot_filesystem()
+        self.touch()
+        return await restore_snapshot(fs, snapshot, store=self.snapshot_store(), paths=paths, force=force)
+
+    async def open_snapshot(self, snapshot: str) -> SnapshotFilesystem:
+        """A snapshot as a read-only filesystem (see
+        :class:`~agentvfs.snapshots.SnapshotFilesystem`), initialised.
+
+        Raises
+        ------
+        SnapshotNotFoundError
+            No snapshot goes by that name or id.
+        """
+        from .snapshots import SnapshotFilesystem
+
+        fs = SnapshotFilesystem(self._snapshot_filesystem(), snapshot, store=self.snapshot_store())
+        await fs.init()
+        return fs
 
     # -- lifecycle -----------------------------------------------------------------------------------------------
 

@@ -1,0 +1,54 @@
+"""Snapshots of a workspace on any storage: take, list, compare, restore, and read one as a
+filesystem.
+
+``Workspace.snapshot()``, ``list_snapshots()``, ``diff()`` and ``restore()`` are the usual way
+in. The pieces are public for programs that work on a filesystem directly:
+:class:`SnapshotStore` (where manifests and blobs are kept), :func:`take_snapshot`,
+:func:`diff_snapshots`, :func:`restore_snapshot` and :class:`SnapshotFilesystem` (a snapshot
+as a read-only filesystem whose stats carry the original ETags).
+
+A snapshot is a manifest: every file with its ETag, size, modification time and SHA-256,
+every directory (empty ones too) and every symbolic link. Its id is the SHA-256 of the
+manifest's bytes. Contents are kept without copying where the bucket keeps versions (S3
+versioning, GCS object versioning: the manifest names each object's version) and as
+content-addressed blobs elsewhere (only blobs not already stored are written).
+"""
+
+from .._exports import fixup_module_metadata
+from ..errors import BlobIntegrityError as BlobIntegrityError
+from ..errors import SnapshotNotFoundError as SnapshotNotFoundError
+from ._api import diff_snapshots as diff_snapshots
+from ._api import restore_snapshot as restore_snapshot
+from ._diff import Change as Change
+from ._diff import SnapshotDiff as SnapshotDiff
+from ._fs import SnapshotFilesystem as SnapshotFilesystem
+from ._manifest import RESERVED_DIR as RESERVED_DIR
+from ._manifest import FileRecord as FileRecord
+from ._manifest import Snapshot as Snapshot
+from ._manifest import SnapshotInfo as SnapshotInfo
+from ._restore import RestoreConflict as RestoreConflict
+from ._restore import RestoreResult as RestoreResult
+from ._store import DEFAULT_PREFIX as DEFAULT_PREFIX
+from ._store import SnapshotStore as SnapshotStore
+from ._take import take_snapshot as take_snapshot
+
+__all__ = [
+    "DEFAULT_PREFIX",
+    "RESERVED_DIR",
+    "BlobIntegrityError",
+    "Change",
+    "FileRecord",
+    "RestoreConflict",
+    "RestoreResult",
+    "Snapshot",
+    "SnapshotDiff",
+    "SnapshotFilesystem",
+    "SnapshotInfo",
+    "SnapshotNotFoundError",
+    "SnapshotStore",
+    "diff_snapshots",
+    "restore_snapshot",
+    "take_snapshot",
+]
+
+fixup_module_metadata(__name__, globals())

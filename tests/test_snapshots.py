@@ -1,0 +1,479 @@
+"""Snapshots: take, list, diff, restore and SnapshotFilesystem on every kind of storage.
+
+Backends: fsspec memory, the reference MemoryBackend, local disk, S3 (moto; a bucket with
+versioning off, and one with versioning on, where no content may be copied) and GCS
+(fake-gcs-server; versioning off and on). Changes "made by someone else" are made in
+storage directly (boto3, the inner filesystem), never through the snapshot code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.request
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from fsspec.implementations.memory import MemoryFileSystem
+
+from agentvfs import FsspecFilesystem, LocalFilesystem, Workspace, WorkspaceReadOnlyError
+from agentvfs.errors import BlobIntegrityError, SnapshotNotFoundError, StaleFileError
+from agentvfs.snapshots import (
+    DEFAULT_PREFIX,
+    SnapshotFilesystem,
+    take_snapshot,
+)
+from agentvfs.testing import FakeGcsServer, MotoServer
+from agentvfs.vfs import (
+    BackendFilesystem,
+    FileStat,
+    MemoryBackend,
+    WorkspaceFilesystem,
+    WrapperFilesystem,
+    list_stats,
+    sha256_hex,
+    walk,
+)
+from conftest import GCS_BUCKET, S3_BUCKET, unique
+
+pytestmark = pytest.mark.anyio
+
+BACKENDS = [
+    "memory",
+    "memory-backend",
+    "local",
+    pytest.param("s3", marks=pytest.mark.s3),
+    pytest.param("s3-versioned", marks=pytest.mark.s3),
+    pytest.param("gcs", marks=pytest.mark.gcs),
+    pytest.param("gcs-versioned", marks=pytest.mark.gcs),
+]
+
+BINARY = bytes(range(256)) * 64
+LARGE = os.urandom(3 * 1024 * 1024 + 17)
+SEED: dict[str, bytes] = {
+    "README.md": b"# Project\nline two\n",
+    "src/app.py": b"def main():\n    return 1\n",
+    "src/data.bin": BINARY,
+    "big/large.bin": LARGE,
+    "\u00fcn\u00efc\u00f6de/\u65e5\u672c\u8a9e \u00e9t\u00e9.txt": "h\u00e9llo w\u00f6rld\n".encode(),
+}
+
+
+@dataclass
+class Storage:
+    """A workspace filesystem, and a way to change it behind the snapshot code's back."""
+
+    fs: WorkspaceFilesystem
+    kind: str
+    boto: Any = None  # an S3 client, for changes made directly in the bucket
+    bucket: str | None = None
+    key_prefix: str | None = None
+
+    async def put_directly(self, path: str, data: bytes) -> None:
+        if self.boto is not None:
+            self.boto.put_object(Bucket=self.bucket, Key=f"{self.key_prefix}/{path}", Body=data)
+            return
+        inner = self.fs.inner if isinstance(self.fs, WrapperFilesystem) else self.fs
+        await inner.write_file(path, data)
+
+
+def _versioned_gcs_bucket(server: FakeGcsServer) -> str:
+    name = unique("vb")
+    body = json.dumps({"name": name, "versioning": {"enabled": True}}).encode()
+    request = urllib.request.Request(
+        f"{server.endpoint_url}/storage/v1/b?project=test", data=body,
+        headers={"Content-Type": "application/json"}, method="POST",
+    )  # fmt: skip
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        assert answer.status == 200
+    return name
+
+
+def _versioned_s3_bucket(moto: MotoServer) -> str:
+    name = unique("vb")
+    moto.create_bucket(name)
+    moto.boto3_client().put_bucket_versioning(Bucket=name, VersioningConfiguration={"Status": "Enabled"})
+    return name
+
+
+@pytest.fixture(params=BACKENDS)
+async def storage(request: pytest.FixtureRequest, tmp_path: Any) -> AsyncIterator[Storage]:
+    kind = request.param
+    if kind == "memory":
+        raw = MemoryFileSystem(global_store=False, skip_instance_cache=True)
+        made = Storage(FsspecFilesystem(raw, root=f"/{unique('ws')}"), kind)
+    elif kind == "memory-backend":
+        made = Storage(BackendFilesystem(MemoryBackend()), kind)
+    elif kind == "local":
+        os.makedirs(tmp_path / "ws")
+        made = Storage(LocalFilesystem(str(tmp_path / "ws")), kind)
+    elif kind.startswith("s3"):
+        moto: MotoServer = request.getfixturevalue("moto")
+        bucket = _versioned_s3_bucket(moto) if kind == "s3-versioned" else S3_BUCKET
+        prefix = unique("ws")
+        fs = FsspecFilesystem(moto.s3fs(use_listings_cache=False), root=f"{bucket}/{prefix}")
+        made = Storage(fs, kind, moto.boto3_client(), bucket, prefix)
+    else:
+        server: FakeGcsServer = request.getfixturevalue("fake_gcs")
+        bucket = _versioned_gcs_bucket(server) if kind == "gcs-versioned" else GCS_BUCKET
+        made = Storage(FsspecFilesystem(server.gcsfs(), root=f"{bucket}/{unique('ws')}"), kind)
+    await made.fs.init()
+    yield made
+    await made.fs.destroy()
+
+
+async def _seed(fs: WorkspaceFilesystem) -> None:
+    for path, data in SEED.items():
+        await fs.write_file(path, data)
+    await fs.mkdir("empty/nested")
+
+
+async def _blob_count(fs: WorkspaceFilesystem) -> int:
+    try:
+        entries = await walk(fs, f"{DEFAULT_PREFIX}/blobs")
+    except FileNotFoundError:
+        return 0
+    return sum(1 for e in entries if e.type == "file")
+
+
+async def test_round_trip(storage: Storage) -> None:
+    fs = storage.fs
+    await _seed(fs)
+    ws = Workspace(filesystem=fs)
+    first = await ws.snapshot("before")
+    assert set(first.files) == set(SEED)
+    assert {"empty", "empty/nested", "src", "big"} <= first.directories
+    assert not any(p.startswith(".agentvfs") for p in [*first.files, *first.directories])
+    for path, data in SEED.items():
+        record = first.files[path]
+        assert record.sha256 == sha256_hex(data) and record.size == len(data)
+        assert record.etag == (await fs.stat(path)).etag
+    versioned = storage.kind.endswith("versioned")
+    assert first.content == ("s3-versions" if storage.kind == "s3-versioned" else "gcs-generations" if versioned else "blobs")
+    # No object data copied where the bucket keeps versions; else each content once.
+    assert await _blob_count(fs) == (0 if versioned else len(SEED))
+
+    await fs.write_file("README.md", b"# Project\nline two changed\n")
+    await fs.delete_file("src/data.bin")
+    await fs.write_file("added.txt", b"new\n")
+    # moto lists a removed marker of a versioned bucket as a common prefix still (S3 does
+    # not): there empty directories are neither removed nor added.
+    dirs = storage.kind != "s3-versioned"
+    gone = {"empty/nested"} if dirs else set()
+    new = {"newdir"} if dirs else set()
+    if dirs:
+        await fs.rmdir("empty/nested")
+        await fs.mkdir("newdir")
+
+    diff = await ws.diff("before")
+    assert diff.changed == ("README.md",)
+    assert set(diff.removed) == {"src/data.bin", *gone}
+    assert set(diff.added) == {"added.txt", *new}
+    readme = next(c for c in diff.changes if c.path == "README.md")
+    assert readme.patch is not None and "-line two\n" in readme.patch and "+line two changed\n" in readme.patch
+    binary = next(c for c in diff.changes if c.path == "src/data.bin")
+    assert binary.patch is None  # binary: no line diff
+    assert "+new" in (next(c for c in diff.changes if c.path == "added.txt").patch or "")
+
+    # Without force: what was deleted comes back; what changed after the snapshot stays.
+    gentle = await ws.restore("before")
+    assert set(gentle.restored) == {"src/data.bin", *gone}
+    assert {(c.path, c.reason) for c in gentle.conflicts} == {
+        ("README.md", "modified"), ("added.txt", "added"), *(("newdir", "added") for _ in new),
+    }  # fmt: skip
+    assert await fs.read_file("src/data.bin") == BINARY
+    assert await fs.read_file("README.md") == b"# Project\nline two changed\n"
+
+    forced = await ws.restore("before", force=True)
+    assert set(forced.restored) == {"README.md", "added.txt", *new} and forced.complete
+    for path, data in SEED.items():
+        assert await fs.read_file(path) == data
+    assert not await fs.exists("added.txt") and not await fs.exists("newdir")
+    assert await fs.exists("empty/nested")
+    assert not await ws.diff("before")
+    assert not await ws.diff("before", (await ws.snapshot("after")).id)
+
+
+async def test_incremental_snapshots_copy_only_new_content(storage: Storage) -> None:
+    fs = storage.fs
+    await _seed(fs)
+    ws = Workspace(filesystem=fs)
+    await ws.snapshot()
+    blobs = await _blob_count(fs)
+    second = await ws.snapshot()
+    assert await _blob_count(fs) == blobs  # nothing new: nothing written
+    await fs.write_file("src/app.py", b"changed\n")
+    third = await ws.snapshot()
+    versioned = storage.kind.endswith("versioned")
+    assert await _blob_count(fs) == blobs + (0 if versioned else 1)
+    assert third.files["src/app.py"].sha256 == sha256_hex(b"changed\n")
+    assert third.files["README.md"] == second.files["README.md"]
+    if versioned:
+        assert third.files["src/app.py"].version != second.files["src/app.py"].version
+        # The old version is still readable: the pinned content of the second snapshot.
+        old = SnapshotFilesystem(fs, second.id)
+        assert await old.read_file("src/app.py") == SEED["src/app.py"]
+
+
+async def test_snapshot_filesystem_shows_the_original_versions(storage: Storage) -> None:
+    fs = storage.fs
+    await _seed(fs)
+    ws = Workspace(filesystem=fs)
+    taken = await ws.snapshot("base")
+    await fs.write_file("README.md", b"later\n")
+    snap = await ws.open_snapshot("base")
+    assert snap.read_only and snap.snapshot.id == taken.id
+    for path, data in SEED.items():
+        assert await snap.read_file(path) == data
+    assert (await snap.read_file("README.md", encoding="utf-8")) == SEED["README.md"].decode()
+    names = {e.name for e in await snap.readdir("", recursive=True)}
+    assert {*SEED, "empty", "empty/nested", "src", "big"} <= names and "added.txt" not in names
+    assert [e.name for e in await snap.readdir("src")] == ["app.py", "data.bin"]
+    with pytest.raises(NotADirectoryError):
+        await snap.readdir("src/app.py")
+    with pytest.raises(IsADirectoryError):
+        await snap.read_file("src")
+    with pytest.raises(FileNotFoundError):
+        await snap.stat("added.txt")
+    with pytest.raises(WorkspaceReadOnlyError):
+        await snap.write_file("x.txt", "no")
+    # stat carries the ETag the file had then: a guarded write of the live file with it
+    # succeeds where the live file is still that version, and is refused where it is not.
+    unchanged = await snap.stat("src/app.py")
+    assert unchanged.etag == taken.files["src/app.py"].etag and unchanged.size == len(SEED["src/app.py"])
+    await fs.write_file("src/app.py", b"edit on the snapshot's version\n", expected_mtime=unchanged)
+    with pytest.raises(StaleFileError):
+        await fs.write_file("README.md", b"stale edit\n", expected_mtime=await snap.stat("README.md"))
+
+
+async def test_restore_refuses_a_change_made_in_storage_unless_forced(storage: Storage) -> None:
+    fs = storage.fs
+    await _seed(fs)
+    ws = Workspace(filesystem=fs)
+    await ws.snapshot("base")
+    await fs.delete_file("src/app.py")
+    await storage.put_directly("README.md", b"changed directly in storage\n")
+    result = await ws.restore("base")
+    assert [(c.path, c.reason) for c in result.conflicts] == [("README.md", "modified")]
+    assert result.restored == ("src/app.py",) and not result.complete
+    assert await fs.read_file("README.md") == b"changed directly in storage\n"
+    forced = await ws.restore("base", ["README.md"], force=True)
+    assert forced.restored == ("README.md",) and forced.complete
+    assert await fs.read_file("README.md") == SEED["README.md"]
+
+
+class _InterferingFilesystem(WrapperFilesystem):
+    """A real filesystem with a concurrent writer: the first time ``trigger`` runs for
+    ``path``, it writes ``data`` there through the inner filesystem first."""
+
+    def __init__(self, inner: WorkspaceFilesystem, on: str, path: str, data: bytes) -> None:
+        super().__init__(inner)
+        self.on, self.path, self.data, self.fired = on, path, data, False
+
+    async def _fire(self, operation: str) -> None:
+        if operation == self.on and not self.fired:
+            self.fired = True
+            await self.inner.write_file(self.path, self.data)
+
+    async def list_stats(self, path: str = "") -> list[FileStat]:
+        # The listing the snapshot works from is taken before the concurrent write lands.
+        stats = await list_stats(self.inner, path)
+        if path == "":
+            await self._fire("list")
+        return stats
+
+    async def write_file(self, path: str, content: str | bytes, **options: Any) -> None:
+        if path == self.path:
+            await self._fire("write")
+        await self.inner.write_file(path, content, **options)
+
+
+async def test_a_write_during_a_snapshot_gives_a_consistent_record(storage: Storage) -> None:
+    await _seed(storage.fs)
+    fs = _InterferingFilesystem(storage.fs, "list", "README.md", b"written while the snapshot runs\n")
+    snapshot = await take_snapshot(fs)
+    assert fs.fired
+    record = snapshot.files["README.md"]
+    live = await storage.fs.stat("README.md")
+    # The record is of one version: the one written meanwhile (its ETag, its size, its hash).
+    assert record.etag == live.etag and record.size == live.size
+    assert record.sha256 == sha256_hex(b"written while the snapshot runs\n")
+    assert await SnapshotFilesystem(storage.fs, snapshot).read_file("README.md") == b"written while the snapshot runs\n"
+
+
+async def test_restore_never_overwrites_a_change_made_while_it_runs(storage: Storage) -> None:
+    await _seed(storage.fs)
+    ws = Workspace(filesystem=storage.fs)
+    await ws.snapshot("base")
+    await storage.fs.write_file("README.md", b"edited after the snapshot\n")
+    racing = _InterferingFilesystem(storage.fs, "write", "README.md", b"edited during the restore\n")
+    store = ws.snapshot_store()
+    from agentvfs.snapshots import restore_snapshot
+
+    result = await restore_snapshot(racing, "base", store=store, force=True)
+    assert racing.fired
+    assert [(c.path, c.reason) for c in result.conflicts] == [("README.md", "changed during restore")]
+    assert await storage.fs.read_file("README.md") == b"edited during the restore\n"
+
+
+@pytest.mark.parametrize("backend", ["memory", pytest.param("s3", marks=pytest.mark.s3)])
+async def test_tampered_manifest_and_blob_are_refused(backend: str, request: pytest.FixtureRequest) -> None:
+    if backend == "memory":
+        fs: WorkspaceFilesystem = FsspecFilesystem(MemoryFileSystem(global_store=False, skip_instance_cache=True), root="/t")
+    else:
+        fs = FsspecFilesystem(request.getfixturevalue("moto").s3fs(use_listings_cache=False), root=f"{S3_BUCKET}/{unique('ws')}")
+    await _seed(fs)
+    ws = Workspace(filesystem=fs)
+    taken = await ws.snapshot("base")
+    store = ws.snapshot_store()
+    # A blob changed in storage: the restore reads and checks everything before it writes.
+    await fs.delete_file("src/app.py")
+    await fs.write_file("README.md", b"mine\n")
+    blob = store.blobs.path(taken.files["src/app.py"].sha256)
+    await fs.write_file(blob, b"def main():\n    return 'evil'\n")
+    with pytest.raises(BlobIntegrityError, match="does not match hash"):
+        await ws.restore("base", force=True)
+    assert not await fs.exists("src/app.py")
+    assert await fs.read_file("README.md") == b"mine\n"  # nothing was written
+    with pytest.raises(BlobIntegrityError):
+        await (await ws.open_snapshot("base")).read_file("src/app.py")
+    # A manifest changed in storage no longer hashes to its id: refused by id and by name.
+    path = store.manifest_path(taken.id)
+    raw = await fs.read_file(path)
+    assert isinstance(raw, bytes)
+    await fs.write_file(path, raw.replace(b"README.md", b"READ_ME.md"))
+    for ref in (taken.id, "base"):
+        with pytest.raises((BlobIntegrityError, SnapshotNotFoundError)):
+            await ws.restore(ref, force=True)
+    with pytest.raises(BlobIntegrityError, match="does not match its id"):
+        await store.load(taken.id)
+    assert await fs.read_file("README.md") == b"mine\n"
+
+
+async def test_read_only_workspace_snapshots_into_a_given_store(tmp_path: Any) -> None:
+    raw = MemoryFileSystem(global_store=False, skip_instance_cache=True)
+    writable = FsspecFilesystem(raw, root="/ro")
+    await _seed(writable)
+    ro = FsspecFilesystem(raw, root="/ro", read_only=True)
+    with pytest.raises(WorkspaceReadOnlyError, match="snapshot_store"):
+        await Workspace(filesystem=ro).snapshot()
+    elsewhere = f"file://{tmp_path}/snapshots"
+    ws = Workspace(filesystem=ro, snapshot_store=elsewhere)
+    taken = await ws.snapshot("ro")
+    assert set(taken.files) == set(SEED)
+    assert not await writable.exists(".agentvfs")
+    assert os.path.isdir(tmp_path / "snapshots" / "manifests")
+    assert [i.name for i in await ws.list_snapshots()] == ["ro"]
+    await writable.write_file("README.md", b"changed\n")
+    assert (await ws.diff("ro")).changed == ("README.md",)
+    with pytest.raises(WorkspaceReadOnlyError):
+        await ws.restore("ro", force=True)
+    # The same store serves another workspace object of the same storage (a new process).
+    again = Workspace(filesystem=writable, snapshot_store=elsewhere)
+    assert (await again.restore("ro", force=True)).restored == ("README.md",)
+
+
+async def test_names_ids_and_listing() -> None:
+    fs = BackendFilesystem(MemoryBackend())
+    ws = Workspace(filesystem=fs)
+    assert await ws.list_snapshots() == []
+    await fs.write_file("a.txt", "1")
+    one = await ws.snapshot("x")
+    await fs.write_file("a.txt", "2")
+    two = await ws.snapshot("x")
+    unnamed = await ws.snapshot()
+    listed = await ws.list_snapshots()
+    assert [i.id for i in listed] == [one.id, two.id, unnamed.id]
+    assert listed[0].files == 1 and listed[0].bytes == 1 and listed[2].name is None
+    store = ws.snapshot_store()
+    assert (await store.resolve("x")).id == two.id  # the newest of that name
+    assert (await store.resolve(one.id[:10])).id == one.id
+    assert (await store.resolve(one.id)).id == one.id
+    with pytest.raises(SnapshotNotFoundError, match="No snapshot 'nope'"):
+        await ws.restore("nope")
+    with pytest.raises(ValueError, match="snapshot name"):
+        await ws.snapshot("bad\nname")
+    with pytest.raises(TypeError, match="list of paths"):
+        await ws.restore("x", "a.txt")
+    with pytest.raises(ValueError, match=r"\.agentvfs"):
+        await ws.restore("x", [".agentvfs/snapshots"])
+    # Agentvfs's own directory is neither snapshotted nor compared.
+    assert not any(c.path.startswith(".agentvfs") for c in (await ws.diff(one.id)).changes)
+
+
+async def test_restore_of_selected_paths(tmp_path: Any) -> None:
+    fs = LocalFilesystem(str(tmp_path))
+    await _seed(fs)
+    ws = Workspace(filesystem=fs)
+    await ws.snapshot("base")
+    await fs.write_file("src/app.py", b"x\n")
+    await fs.write_file("README.md", b"y\n")
+    await fs.delete_file("big/large.bin")
+    result = await ws.restore("base", ["src", "big/large.bin"], force=True)
+    assert set(result.restored) == {"src/app.py", "big/large.bin"}
+    assert await fs.read_file("README.md") == b"y\n"
+    assert await fs.read_file("big/large.bin") == LARGE
+
+
+async def test_symbolic_links_on_local_disk(tmp_path: Any) -> None:
+    root = tmp_path / "ws"
+    os.makedirs(root / "d")
+    (root / "d" / "f.txt").write_bytes(b"target\n")
+    os.symlink("d/f.txt", root / "link")
+    os.symlink("d", root / "dirlink")
+    fs = LocalFilesystem(str(root))
+    ws = Workspace(filesystem=fs)
+    taken = await ws.snapshot("links")
+    assert dict(taken.links) == {"link": "d/f.txt", "dirlink": "d"}
+    assert "dirlink/f.txt" not in taken.files  # a link is recorded, not followed
+    snap = await ws.open_snapshot("links")
+    assert await snap.read_file("link") == b"target\n"
+    assert (await snap.stat("link")).link_target == "d/f.txt"
+    assert await snap.read_file("dirlink/f.txt") == b"target\n"
+    os.unlink(root / "link")
+    os.unlink(root / "dirlink")
+    os.symlink("elsewhere", root / "dirlink")
+    assert set((await ws.diff("links")).removed) == {"link"}
+    assert set((await ws.diff("links")).changed) == {"dirlink"}
+    result = await ws.restore("links", force=True)
+    assert set(result.restored) >= {"link", "dirlink"}
+    assert os.readlink(root / "link") == "d/f.txt" and os.readlink(root / "dirlink") == "d"
+
+
+async def test_snapshot_of_a_kind_change_restores_with_force() -> None:
+    fs = BackendFilesystem(MemoryBackend())
+    await fs.write_file("thing/inner.txt", "inner")
+    await fs.write_file("file.txt", "file")
+    ws = Workspace(filesystem=fs)
+    await ws.snapshot("base")
+    await fs.rmdir("thing", recursive=True)
+    await fs.write_file("thing", "now a file")
+    await fs.delete_file("file.txt")
+    await fs.write_file("file.txt/below.txt", "now a directory")
+    gentle = await ws.restore("base")
+    assert {(c.path, c.reason) for c in gentle.conflicts} >= {("thing", "type"), ("file.txt", "type")}
+    assert await fs.read_file("thing") == b"now a file"
+    forced = await ws.restore("base", force=True)
+    assert forced.complete, forced.conflicts
+    assert await fs.read_file("thing/inner.txt") == b"inner" and await fs.read_file("file.txt") == b"file"
+
+
+async def test_snapshot_of_a_versioned_bucket_reads_nothing_twice(moto: MotoServer) -> None:
+    bucket = _versioned_s3_bucket(moto)
+    fs = FsspecFilesystem(moto.s3fs(use_listings_cache=False), root=f"{bucket}/{uuid.uuid4().hex[:8]}")
+    await fs.write_file("a.txt", "one")
+    ws = Workspace(filesystem=fs)
+    first = await ws.snapshot()
+    assert first.files["a.txt"].version not in (None, "null")
+    # The object is deleted in the bucket: its pinned version still restores it.
+    moto.boto3_client().delete_object(Bucket=bucket, Key=f"{fs.root.partition('/')[2]}/a.txt")
+    result = await ws.restore(first.id)
+    assert result.restored == ("a.txt",) and await fs.read_file("a.txt") == b"one"
+    # Expired versions (a lifecycle rule) are reported, nothing is written.
+    version = first.files["a.txt"].version
+    moto.boto3_client().delete_object(Bucket=bucket, Key=f"{fs.root.partition('/')[2]}/a.txt", VersionId=version)
+    with pytest.raises(FileNotFoundError, match="is gone"):
+        await (await ws.open_snapshot(first.id)).read_file("a.txt")
