@@ -69,6 +69,9 @@ _ENTRY_OVERHEAD = 8192
 #: cache does not scan its directory for every new entry.
 _HEADROOM = 0.1
 _HASH_BYTES = 16
+#: A data file without its record this old is left from a crash (younger, a commit may be
+#: between its two renames).
+_STRAY_AGE = 60.0
 
 
 def default_cache_dir() -> str:
@@ -381,6 +384,7 @@ class ContentCache:
         paths of dead fills and of data files without a record."""
         entries: list[tuple[float, int, str]] = []
         stray: list[str] = []
+        young = 0
         with os.scandir(self._entries) as shards:
             for shard in shards:
                 if not shard.is_dir(follow_symlinks=False):
@@ -391,7 +395,13 @@ class ContentCache:
                         continue
                     path = os.path.join(shard.path, name)
                     if name + ".m" not in names:
-                        stray.append(path)  # a crash between the two renames
+                        # A crash between the two renames, or a commit under way right now.
+                        with contextlib.suppress(OSError):
+                            st = os.stat(path)
+                            if time.time() - st.st_mtime > _STRAY_AGE:
+                                stray.append(path)
+                            else:
+                                young += _footprint(st.st_size)
                         continue
                     try:
                         record_time = os.stat(path + ".m").st_mtime
@@ -401,8 +411,8 @@ class ContentCache:
                     entries.append((record_time, _footprint(size), name))
                 for name in names:
                     if name.endswith(".m") and name[:-2] not in names:
-                        stray.append(os.path.join(shard.path, name))
-        pending = 0
+                        stray.append(os.path.join(shard.path, name))  # its data was removed
+        pending = young
         for name in os.listdir(self._tmp):
             parts = name.split(".")
             try:

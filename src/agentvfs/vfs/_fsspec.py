@@ -845,8 +845,22 @@ class FsspecFilesystem(WorkspaceFilesystem):
             return None  # local files and memory need no cache; other stores cannot pin versions
         if self._cached is not None:
             self._cached.close()
+        else:
+            # Every change announced by this object (writes, deletes, moves, directories)
+            # distrusts what was seen of its paths; writes through _call_write are covered too.
+            self.watch(self._forget_changed)
         self._cached = _CachedReads(self, made, metadata_ttl)
         return made
+
+    def _forget_changed(self, fs: WorkspaceFilesystem, operation: str, paths: tuple[str, ...]) -> None:
+        if self._cached is not None:
+            rels: list[str] = []
+            for path in paths:
+                try:
+                    rels.append(self._rel(path))
+                except OSError:
+                    continue
+            self._cached.forget(*rels)
 
     @property
     def cache(self) -> ContentCache | None:
