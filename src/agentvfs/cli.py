@@ -887,6 +887,135 @@ def _recover(args: argparse.Namespace) -> int:
     return status
 
 
+# -- snapshots ------------------------------------------------------------------------------------
+
+
+def _snapshot_target(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The workspace filesystem ``args.url`` names (a named remote, -o storage options; a
+    local directory must exist) and the snapshot store (``--store``, else None: the
+    workspace's own).
+
+    Raises
+    ------
+    ValueError
+        The remote, a storage option or the directory is wrong; the message says which.
+    """
+    from .snapshots import SnapshotStore
+    from .vfs import check_storage_options
+
+    url, from_remote = _resolve_remote(args.url, args.remotes)
+    options = {**dict(from_remote), **dict(args.options)}
+
+    def protocol(of: str) -> str:
+        return of.split("://", 1)[0] if "://" in of else "file"
+
+    if "::" not in url:
+        check_storage_options(protocol(url), options)
+    local = _local_path(url)
+    if local is not None and not os.path.isdir(local):
+        what = "is not a directory" if os.path.lexists(local) else "does not exist"
+        raise ValueError(f"{local} {what}; give the workspace's directory")
+    fs = _filesystem_for(url, False, options)
+    store = None
+    if args.store:
+        store_url, store_remote = _resolve_remote(args.store, args.remotes)
+        # The -o options are the workspace's; a store of the same kind of storage shares them.
+        shared = options if protocol(store_url) == protocol(url) else {}
+        store = SnapshotStore(_filesystem_for(store_url, False, {**dict(store_remote), **shared}))
+    return fs, store
+
+
+async def _snapshot_command(args: argparse.Namespace) -> int:
+    from .snapshots import (
+        DEFAULT_PREFIX,
+        SnapshotStore,
+        diff_snapshots,
+        restore_snapshot,
+        take_snapshot,
+    )
+
+    fs, given = _snapshot_target(args)
+    store: SnapshotStore = given if given is not None else SnapshotStore(fs, prefix=DEFAULT_PREFIX)
+    try:
+        if args.command == "snapshot":
+            snapshot = await take_snapshot(fs, store, name=args.name)
+            if args.json:
+                print(json.dumps({**snapshot.info().to_dict(), "content": snapshot.content}, indent=1))
+            else:
+                print(snapshot.id)
+                label = f" ({snapshot.name})" if snapshot.name else ""
+                print(
+                    f"agentvfs: snapshot {snapshot.id[:12]}{label} of {args.url}: {len(snapshot.files)} files, "
+                    f"{len(snapshot.directories)} directories, {snapshot.total_bytes} bytes; contents kept as "
+                    f"{snapshot.content}",
+                    file=sys.stderr,
+                )
+            return 0
+        if args.command == "snapshots":
+            infos = await store.list()
+            if args.json:
+                print(json.dumps([i.to_dict() for i in infos], indent=1))
+            elif not infos:
+                print(f"no snapshots in {store.describe()}", file=sys.stderr)
+            for i in infos if not args.json else []:
+                when = i.created_at.strftime("%Y-%m-%d %H:%M:%S")
+                print(f"{i.id[:12]}  {when}  {i.files:>7} files  {i.bytes:>12} bytes  {i.name or ''}".rstrip())
+            return 0
+        if args.command == "diff":
+            later = None if args.b in (None, "@live") else args.b
+            diff = await diff_snapshots(fs, args.a, later, store=store, patches=not args.name_only and not args.json)
+            if args.json:
+                print(json.dumps([{"path": c.path, "change": c.change, "type": c.type} for c in diff.changes], indent=1))
+            elif args.name_only:
+                for c in diff.changes:
+                    print(f"{c.change[0].upper()} {c.path}{'/' if c.type == 'directory' else ''}")
+            else:
+                sys.stdout.write(diff.patch())
+            return 0
+        result = await restore_snapshot(fs, args.snapshot, store=store, paths=args.paths, force=args.force)
+        if args.json:
+            print(json.dumps({
+                "snapshot": result.snapshot, "restored": list(result.restored), "skipped": list(result.skipped),
+                "conflicts": [{"path": c.path, "reason": c.reason} for c in result.conflicts],
+            }, indent=1))  # fmt: skip
+        else:
+            for path in result.restored:
+                print(f"restored {path}")
+            for conflict in result.conflicts:
+                print(f"agentvfs restore: kept {conflict.path} ({conflict.reason})", file=sys.stderr)
+        if result.conflicts:
+            hint = "" if args.force else "; --force restores them too"
+            print(
+                f"agentvfs restore: {len(result.conflicts)} paths differ from snapshot {result.snapshot[:12]} and "
+                f"were left as they are{hint}",
+                file=sys.stderr,
+            )
+            return 1
+        return 0
+    finally:
+        await fs.destroy()
+
+
+def _snapshots(args: argparse.Namespace) -> int:
+    """``agentvfs snapshot``, ``snapshots``, ``diff`` and ``restore``."""
+    from .errors import BlobIntegrityError, SnapshotNotFoundError, WorkspaceReadOnlyError
+
+    try:
+        return anyio.run(_snapshot_command, args)
+    except SnapshotNotFoundError as exc:
+        print(f"agentvfs {args.command}: {exc}; list them with: agentvfs snapshots {args.url}", file=sys.stderr)
+        return 2
+    except (BlobIntegrityError, WorkspaceReadOnlyError) as exc:
+        print(f"agentvfs {args.command}: {exc}", file=sys.stderr)
+        return 1
+    except (ValueError, TypeError) as exc:
+        print(f"agentvfs {args.command}: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"agentvfs {args.command}: {' '.join(str(exc).split()) or type(exc).__name__}", file=sys.stderr)
+        return 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``agentvfs`` command."""
     parser = argparse.ArgumentParser(prog="agentvfs", description="A workspace for AI agents over any fsspec storage.")
@@ -999,6 +1128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "-o", dest="options", action="append", type=_storage_option, default=[], metavar="KEY=VALUE",
         help="an fsspec storage option for restoring (endpoint_url, ...); KEY=@FILE reads it from FILE",
     )  # fmt: skip
+    _add_snapshot_parsers(add_parser)
     from .bench import add_arguments as add_bench_arguments
 
     bench = add_parser(
@@ -1031,6 +1161,63 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"agentvfs {args.command}: {_explain(exc)}", file=sys.stderr)
         return 1
+
+
+def _add_snapshot_parsers(add_parser: Any) -> None:
+    """``snapshot``, ``snapshots``, ``diff`` and ``restore``: each takes the workspace URL,
+    ``--store``, ``--remotes``, ``-o`` and ``--json``."""
+    store_help = (
+        "keep or find snapshots in this URL instead of URL/.agentvfs/snapshots (where the agent's own tools "
+        "cannot reach them)"
+    )
+
+    def common(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "url", metavar="URL", help="the workspace: s3://bucket/prefix, gcs://bucket, file:///dir, a local path or NAME:PATH"
+        )
+        parser.add_argument("--store", metavar="URL", help=store_help)
+        parser.add_argument("--remotes", metavar="FILE", help=_REMOTES_HELP)
+        parser.add_argument("--json", action="store_true", help="print the result as JSON")
+        parser.add_argument(
+            "-o", dest="options", action="append", type=_storage_option, default=[], metavar="KEY=VALUE",
+            help="an fsspec storage option for URL (endpoint_url, anon, ...); KEY=@FILE reads the value from FILE",
+        )  # fmt: skip
+
+    snap = add_parser(
+        "snapshot",
+        help="record the workspace's files as an immutable snapshot; print its id",
+        description="Record every file (version, size, time, SHA-256), directory and symbolic link of URL as a "
+        "snapshot kept in URL/.agentvfs/snapshots (or --store). On a bucket that keeps versions (S3 versioning, "
+        "GCS object versioning) no data is copied; elsewhere each content is stored once, by hash.",
+    )
+    common(snap)
+    snap.add_argument("--name", metavar="NAME", help="a name to find the snapshot by")
+    listing = add_parser("snapshots", help="list the snapshots of a workspace, oldest first")
+    common(listing)
+    diff = add_parser(
+        "diff",
+        help="show what changed between two snapshots, or since one",
+        description="Print the changes from snapshot A to snapshot B (default: the live workspace) as unified "
+        "diffs of text files and one line for everything else. A and B are ids, id prefixes or names.",
+    )
+    common(diff)
+    diff.add_argument("a", metavar="A", help="the earlier snapshot")
+    diff.add_argument("b", metavar="B", nargs="?", help="the later snapshot (default: the workspace as it is now)")
+    diff.add_argument("--name-only", action="store_true", help="only the paths: A added, R removed, C changed")
+    restore = add_parser(
+        "restore",
+        help="bring a workspace back to a snapshot (changes made since are kept unless --force)",
+        description="Restore URL to SNAPSHOT: what was deleted since comes back. A path that differs from the "
+        "snapshot (modified or added since, or of another kind) is left as it is and reported, unless --force; "
+        "even with --force a change made while the restore runs is never overwritten. Exit status 1 when paths "
+        "were left as they are.",
+    )
+    common(restore)
+    restore.add_argument("snapshot", metavar="SNAPSHOT", help="the snapshot's id, id prefix or name")
+    restore.add_argument(
+        "--path", dest="paths", action="append", metavar="P", help="restore only P and what is below it (repeatable)"
+    )
+    restore.add_argument("--force", action="store_true", help="also replace and delete what changed after the snapshot")
 
 
 def _add_common_arguments(parser: argparse.ArgumentParser, *, given_only: bool = False) -> None:
@@ -1137,6 +1324,8 @@ def _run(args: argparse.Namespace, argv: Sequence[str] | None, parsers: dict[str
         return _recover(args)
     if args.command == "unmount":
         return _unmount(args)
+    if args.command in ("snapshot", "snapshots", "diff", "restore"):
+        return _snapshots(args)
     if args.command == "setup-passthrough":
         return _setup_passthrough()
     if args.command == "completion":

@@ -232,7 +232,8 @@ async def _patch(before: Side | None, after: Side | None, path: str, a_path: str
     a_name = f"a/{a_path}" if before is not None else "/dev/null"
     b_name = f"b/{b_path}" if after is not None else "/dev/null"
     lines = difflib.unified_diff(texts[0].splitlines(keepends=True), texts[1].splitlines(keepends=True), a_name, b_name)
-    return "".join(_terminated(lines)) or None
+    # An empty file added or removed has no lines: its headers alone say so.
+    return "".join(_terminated(lines)) or f"--- {a_name}\n+++ {b_name}\n"
 
 
 def _terminated(lines: Iterable[str]) -> Iterable[str]:

@@ -1,0 +1,116 @@
+"""``agentvfs snapshot``, ``snapshots``, ``diff`` and ``restore``: in processes of their own (a
+snapshot taken by one process is found by the next), and through ``main`` in this one."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from _mountproc import cli_env
+from agentvfs.cli import main
+from agentvfs.testing import MotoServer
+from conftest import S3_BUCKET, unique
+
+
+def _agentvfs(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "agentvfs", *args],
+        capture_output=True, text=True, env=cli_env(), timeout=120, check=False,
+    )  # fmt: skip
+
+
+def _here(capsys: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess[str]:
+    """The command run by ``main`` in this process, its output captured."""
+    code = main(list(args))
+    out = capsys.readouterr()
+    return subprocess.CompletedProcess(list(args), code, out.out, out.err)
+
+
+def test_snapshot_diff_restore_across_processes(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    (ws / "src").mkdir(parents=True)
+    (ws / "notes \u00e9t\u00e9.txt").write_text("one\ntwo\n", encoding="utf-8")
+    (ws / "src" / "app.py").write_text("print('hi')\n")
+    (ws / "empty").mkdir()
+    taken = _agentvfs("snapshot", str(ws), "--name", "first")
+    assert taken.returncode == 0, taken.stderr
+    snapshot_id = taken.stdout.strip()
+    assert len(snapshot_id) == 64 and "2 files, 2 directories" in taken.stderr
+    time.sleep(1.1)  # a later process, a later time
+    (ws / "notes \u00e9t\u00e9.txt").write_text("one\nTWO\n", encoding="utf-8")
+    (ws / "src" / "app.py").unlink()
+    (ws / "added.bin").write_bytes(b"\0\1\2")
+    second = _agentvfs("snapshot", str(ws), "--json")
+    assert second.returncode == 0, second.stderr
+    assert json.loads(second.stdout)["files"] == 2
+
+    listed = _agentvfs("snapshots", str(ws), "--json")
+    records = json.loads(listed.stdout)
+    assert [r["name"] for r in records] == ["first", None] and records[0]["id"] == snapshot_id
+    assert records[0]["created_at"] < records[1]["created_at"]
+    table = _agentvfs("snapshots", str(ws)).stdout.splitlines()
+    assert table[0].startswith(snapshot_id[:12]) and table[0].endswith("first")
+
+    diff = _agentvfs("diff", str(ws), "first")
+    assert diff.returncode == 0, diff.stderr
+    assert "-two\n+TWO\n" in diff.stdout and "--- a/src/app.py\n+++ /dev/null\n" in diff.stdout
+    assert "added added.bin (binary or large: no line diff)" in diff.stdout
+    names = _agentvfs("diff", str(ws), snapshot_id[:8], records[1]["id"], "--name-only")
+    assert names.stdout.splitlines() == ["A added.bin", "C notes \u00e9t\u00e9.txt", "R src/app.py"]
+
+    gentle = _agentvfs("restore", str(ws), "first")
+    assert gentle.returncode == 1
+    assert gentle.stdout.splitlines() == ["restored src/app.py"]
+    assert "kept added.bin (added)" in gentle.stderr and "--force restores them too" in gentle.stderr
+    assert (ws / "notes \u00e9t\u00e9.txt").read_text(encoding="utf-8") == "one\nTWO\n"
+    forced = _agentvfs("restore", str(ws), "first", "--force", "--path", "notes \u00e9t\u00e9.txt", "--json")
+    assert forced.returncode == 0, forced.stderr
+    assert json.loads(forced.stdout)["restored"] == ["notes \u00e9t\u00e9.txt"]
+    assert (ws / "notes \u00e9t\u00e9.txt").read_text(encoding="utf-8") == "one\ntwo\n"
+    assert (ws / "added.bin").exists()
+
+
+def test_bad_input_is_one_line_naming_the_fix(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = _here(capsys, "snapshot", str(tmp_path / "nope"))
+    assert missing.returncode == 2 and "does not exist; give the workspace's directory" in missing.stderr
+    unknown = _here(capsys, "restore", str(tmp_path), "no-such-snapshot")
+    assert unknown.returncode == 2
+    assert "No snapshot 'no-such-snapshot'" in unknown.stderr and f"agentvfs snapshots {tmp_path}" in unknown.stderr
+    option = _here(capsys, "snapshots", str(tmp_path), "-o", "endpoint=1")
+    assert option.returncode == 2 and "Unknown storage option 'endpoint'" in option.stderr
+    name = _here(capsys, "snapshot", str(tmp_path), "--name", " ")
+    assert name.returncode == 2 and "snapshot name" in name.stderr
+    for done in (missing, unknown, option, name):
+        assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.s3
+def test_s3_with_a_store_elsewhere_and_a_tampered_manifest(
+    moto: MotoServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    prefix = unique("ws")
+    client = moto.boto3_client()
+    client.put_object(Bucket=S3_BUCKET, Key=f"{prefix}/a.txt", Body=b"alpha\n")
+    url = f"s3://{S3_BUCKET}/{prefix}"
+    store = f"file://{tmp_path}/store"
+    endpoint = f"endpoint_url={moto.endpoint_url}"
+    taken = _here(capsys, "snapshot", url, "-o", endpoint, "--store", store, "--name", "s3")
+    assert taken.returncode == 0, taken.stderr
+    assert "contents kept as blobs" in taken.stderr
+    assert "Contents" not in client.list_objects_v2(Bucket=S3_BUCKET, Prefix=f"{prefix}/.agentvfs")
+    client.put_object(Bucket=S3_BUCKET, Key=f"{prefix}/a.txt", Body=b"changed in the bucket\n")
+    refused = _here(capsys, "restore", url, "s3", "-o", endpoint, "--store", store)
+    assert refused.returncode == 1 and "kept a.txt (modified)" in refused.stderr
+    manifest = next((tmp_path / "store" / "manifests").iterdir())
+    manifest.write_bytes(manifest.read_bytes().replace(b'"s3"', b'"S3"'))
+    tampered = _here(capsys, "restore", url, taken.stdout.strip(), "-o", endpoint, "--store", store, "--force")
+    assert tampered.returncode == 1 and "does not match its id" in tampered.stderr
+    body = client.get_object(Bucket=S3_BUCKET, Key=f"{prefix}/a.txt")["Body"].read()
+    assert body == b"changed in the bucket\n"
+    assert os.path.isdir(tmp_path / "store" / "blobs")
