@@ -65,6 +65,7 @@ class TestOverlayS3OnMemory(FilesystemTests):
 
 
 @pytest.mark.s3
+@pytest.mark.slow
 class TestOverlayS3OnS3(FilesystemTests):
     @pytest.fixture
     def harness(self, moto: MotoServer) -> Harness:
