@@ -299,6 +299,11 @@ class Layer:
     command: Callable[[str, str], tuple[list[str], dict[str, str]]]
     how: str  # one line for the report: what runs and with which options
     sigterm_first: bool = False
+    #: What the server writes to its log once it is fully started (None: being mounted is
+    #: enough). The mount point answers a little before ``agentvfs mount`` has raised the
+    #: kernel's read-ahead of the connection, and a file opened in between keeps the
+    #: kernel's default (128 KiB requests instead of 1 MiB) for its life.
+    ready_line: bytes | None = None
 
 
 class Harness:
@@ -342,7 +347,8 @@ class Harness:
         m = RunningMount(layer.name, mnt, proc, log_path, layer.sigterm_first)
         self.mounts.append(m)
         while True:
-            if is_mounted(mnt) and os.path.ismount(mnt):
+            if is_mounted(mnt) and os.path.ismount(mnt) and (
+                    layer.ready_line is None or layer.ready_line in log_path.read_bytes()):
                 break
             if proc.poll() is not None:
                 self.broken.add(layer.name)
@@ -386,6 +392,10 @@ class Harness:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
 
+#: What ``agentvfs mount`` writes to its log once started (kernel settings included).
+AGENTVFS_READY = b" mounted at "
+
+
 def baseline_layer(url: str, options: list[str], src: str) -> Layer:
     """The mount of another tree (its ``src`` first on ``PYTHONPATH``), through its CLI."""
     code = "import sys; from agentvfs.cli import main; sys.exit(main())"
@@ -394,7 +404,8 @@ def baseline_layer(url: str, options: list[str], src: str) -> Layer:
     def command(mnt: str, _scratch: str) -> tuple[list[str], dict[str, str]]:
         return [sys.executable, "-c", code, "mount", url, mnt, *opts], {**os.environ, "PYTHONPATH": src}
 
-    return Layer("agentvfs (before)", command, f"`agentvfs mount {url} MNT` of the tree at {src}", sigterm_first=True)
+    return Layer("agentvfs (before)", command, f"`agentvfs mount {url} MNT` of the tree at {src}", sigterm_first=True,
+                 ready_line=AGENTVFS_READY)
 
 
 def agentvfs_layer(url: str, options: list[str]) -> Layer | str:
@@ -409,7 +420,7 @@ def agentvfs_layer(url: str, options: list[str]) -> Layer | str:
             public = [x for o in options if not o.startswith(("key=", "secret=")) for x in ("-o", o)]
             shown = " ".join(["agentvfs mount", url, "MNT", *public])
             return Layer("agentvfs", lambda mnt, _s: ([cli, "mount", url, mnt, *opts], dict(os.environ)),
-                         f"`{shown}` (CLI, own process)", sigterm_first=True)
+                         f"`{shown}` (CLI, own process)", sigterm_first=True, ready_line=AGENTVFS_READY)
     # A subprocess: the package may be half-written (being developed), and a failed import
     # here must not leave a broken module cached in this process.
     probe = subprocess.run([sys.executable, "-c", "from agentvfs.mounts import Mount"],
