@@ -309,15 +309,13 @@ class ContentCache:
         need = _footprint(size)
         if need > self.max_bytes:
             return None
-        if not self._reserve(need):
-            return None
-        name = f"{os.getpid()}.{secrets.token_hex(6)}.{need}"
-        tmp_path = os.path.join(self._tmp, name)
+        tmp_path = os.path.join(self._tmp, f"{os.getpid()}.{secrets.token_hex(6)}.{need}")
         try:
-            fd = os.open(tmp_path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            fd = self._reserve(need, tmp_path)
         except OSError as exc:
-            self._release(need)
             _log.warning("cache: cannot write in %s: %s", self._tmp, exc)
+            return None
+        if fd is None:
             return None
         return CacheFill(self, key, size, fd, tmp_path, need, describe or {})
 
@@ -363,15 +361,18 @@ class ContentCache:
             f.write(str(max(0, used)))
         os.rename(tmp, self._used_path)
 
-    def _reserve(self, need: int) -> bool:
+    def _reserve(self, need: int, tmp_path: str) -> int | None:
+        """Reserve ``need`` bytes and create the fill's file (named by the reservation, so a
+        recount finds it) in one step under the lock; its descriptor, or None: no room."""
         with self._locked():
             used = self._read_used()
             if used is None or used + need > self.max_bytes:
                 used = self._evict(self.max_bytes - need - int(self.max_bytes * _HEADROOM))
                 if used + need > self.max_bytes:
-                    return False
+                    return None
+            fd = os.open(tmp_path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
             self._write_used(used + need)
-            return True
+            return fd
 
     def _release(self, amount: int) -> None:
         with self._locked():
