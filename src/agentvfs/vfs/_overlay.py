@@ -37,6 +37,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import operator
 import os
 import shutil
 import tempfile
@@ -98,6 +99,10 @@ Layer = Literal["upper", "base"]
 _TAGS: dict[Layer, str] = {"upper": "u:", "base": "b:"}
 
 
+_STAT_FIELDS = operator.attrgetter(*(f.name for f in dataclasses.fields(FileStat)))
+_ETAG = [f.name for f in dataclasses.fields(FileStat)].index("etag")
+
+
 class _Found(NamedTuple):
     layer: Layer
     stat: FileStat
@@ -151,7 +156,7 @@ class _Records:
                 moment = origin.modified_at.isoformat() if origin.modified_at else None
                 origins[path] = {"type": "file", "etag": origin.etag, "modified_at": moment}
         document = {"format": _FORMAT, "hidden": sorted(self.hidden), "origins": origins}
-        return json.dumps(document, indent=1, ensure_ascii=False).encode()
+        return json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()
 
     @classmethod
     def load(cls, raw: bytes) -> _Records:
@@ -299,6 +304,8 @@ class OverlayFilesystem(WorkspaceFilesystem):
         self._generation = 0  # of the records in memory
         self._landed = 0  # of the newest records whose write has completed
         self._committing = False
+        #: Every path of the upper layer (True for a directory); see :meth:`_index`.
+        self._upper_index: dict[str, bool] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -373,14 +380,68 @@ class OverlayFilesystem(WorkspaceFilesystem):
             rel = _paths.dirname(rel)
         return False
 
+    # The overlay keeps an index of every path in the upper layer, so that a path it never
+    # changed goes straight to base: asking the upper layer about a path it does not have costs
+    # a request on object stores, and a scan of the whole store in fsspec's memory store. The
+    # index is built by one recursive listing and kept up to date by the overlay's own changes
+    # (it owns the upper layer); after a change of the upper layer that failed, whose effect is
+    # unknown, it is dropped and built again when next needed.
+
+    async def _index(self) -> dict[str, bool]:
+        """Every path of the upper layer, True for a directory."""
+        index = self._upper_index
+        if index is None:
+            entries = await self.upper.readdir("", recursive=True)
+            index = {e.name: e.type == "directory" for e in entries if not _reserved(e.name)}
+            self._upper_index = index
+        return index
+
+    @staticmethod
+    def _file_above(index: Mapping[str, bool], rel: str) -> bool:
+        """Whether a file of the upper layer is above ``rel`` (and so hides base there)."""
+        parent = _paths.dirname(rel)
+        while parent:
+            if index.get(parent) is False:
+                return True
+            parent = _paths.dirname(parent)
+        return False
+
+    async def _changing_upper(
+        self, change: Awaitable[T], *, added: str | None = None, is_dir: bool = False, removed: str | None = None
+    ) -> T:
+        """Run ``change`` of the upper layer and keep the index: ``added`` (with its
+        parents) or ``removed`` (with everything below)."""
+        try:
+            result = await change
+        except BaseException:
+            self._upper_index = None
+            raise
+        with self._lock:
+            index = self._upper_index
+            if index is not None:
+                if removed is not None:
+                    for path in [p for p in index if _under(p, removed)]:
+                        del index[path]
+                if added is not None:
+                    index[added] = is_dir
+                    parent = _paths.dirname(added)
+                    while parent:
+                        index[parent] = True
+                        parent = _paths.dirname(parent)
+        return result
+
     async def _find(self, rel: str) -> _Found | None:
         """What the view has at ``rel``, and in which layer."""
-        try:
-            return _Found("upper", await self.upper.stat(rel))
-        except NotADirectoryError:
+        index = await self._index()
+        if rel in index:
+            try:
+                return _Found("upper", await self.upper.stat(rel))
+            except NotADirectoryError:
+                return None
+            except FileNotFoundError:
+                self._upper_index = None  # changed behind the overlay's back
+        elif self._file_above(index, rel):
             return None  # a file of the upper layer above it hides whatever base has
-        except FileNotFoundError:
-            pass
         if self._hidden_at(rel):
             return None
         stat = await self._base_stat(rel)
@@ -396,7 +457,10 @@ class OverlayFilesystem(WorkspaceFilesystem):
         """``found`` as the view shows it: its version tagged with its layer."""
         stat = found.stat
         if stat.etag is not None:
-            stat = dataclasses.replace(stat, etag=_TAGS[found.layer] + stat.etag)
+            # ``dataclasses.replace`` validates field by field; this is the same copy, in C.
+            values = list(_STAT_FIELDS(stat))
+            values[_ETAG] = _TAGS[found.layer] + stat.etag
+            stat = FileStat(*values)
         self._known.remember(stat)
         return stat
 
@@ -543,13 +607,18 @@ class OverlayFilesystem(WorkspaceFilesystem):
         """``call`` on the upper layer, else (not hidden) on ``base``; errors name ``path``."""
         await self._ready()
         try:
-            try:
-                return await call(self.upper)
-            except NotADirectoryError:
-                raise FileNotFound(rel) from None
-            except FileNotFoundError:
-                if self._hidden_at(rel):
+            index = await self._index()
+            if rel in index:
+                try:
+                    return await call(self.upper)
+                except NotADirectoryError:
                     raise FileNotFound(rel) from None
+                except FileNotFoundError:
+                    self._upper_index = None  # changed behind the overlay's back
+            elif self._file_above(index, rel):
+                raise FileNotFound(rel)
+            if self._hidden_at(rel):
+                raise FileNotFound(rel)
             return await call(self.base)
         except FilesystemError as exc:
             renamed = _named(exc, rel, path) if isinstance(exc, _ONE_PATH) else exc
@@ -628,12 +697,18 @@ class OverlayFilesystem(WorkspaceFilesystem):
         upper: list[T] | None = None
         base: list[T] | None = None
         missing: OSError | None = None
-        try:
-            upper = await listing(self.upper)
-        except FileNotFoundError as exc:
-            missing = exc
-        except NotADirectoryError:
-            raise NotDirectory(path) from None
+        index = await self._index()
+        if index.get(rel) is False:
+            raise NotDirectory(path)
+        if self._file_above(index, rel):
+            raise DirectoryNotFound(path)
+        if not rel or rel in index:
+            try:
+                upper = await listing(self.upper)
+            except FileNotFoundError as exc:
+                missing = exc
+            except NotADirectoryError:
+                raise NotDirectory(path) from None
         if not self._hidden_at(rel):
             try:
                 base = await listing(self.base)
@@ -694,11 +769,15 @@ class OverlayFilesystem(WorkspaceFilesystem):
         if current is not None and current.layer == "upper":
             # The upper layer's own compare-and-swap against the version just checked.
             guard = current.stat if expected_mtime is not None else None
-            await self.upper.write_file(rel, data, mime_type=mime_type, expected_mtime=guard)
+            await self._changing_upper(
+                self.upper.write_file(rel, data, mime_type=mime_type, expected_mtime=guard), added=rel
+            )
             return
         if current is not None:
             await self._note(rel, Version.of(current.stat))
-        await self.upper.write_file(rel, data, overwrite=overwrite, mime_type=mime_type)
+        await self._changing_upper(
+            self.upper.write_file(rel, data, overwrite=overwrite, mime_type=mime_type), added=rel
+        )
 
     async def publish_file(
         self, local_path: str, path: str, *, expected: Version | None = None, create: bool = False
@@ -732,11 +811,15 @@ class OverlayFilesystem(WorkspaceFilesystem):
         await self._make_parent(path, rel, True)
         if current is not None and current.layer == "upper":
             guard = Version.of(current.stat) if expected is not None else None
-            version = await publish_file(self.upper, local_path, rel, expected=guard)
+            version = await self._changing_upper(
+                publish_file(self.upper, local_path, rel, expected=guard), added=rel
+            )
         else:
             if current is not None:
                 await self._note(rel, Version.of(current.stat))
-            version = await publish_file(self.upper, local_path, rel, create=create)
+            version = await self._changing_upper(
+                publish_file(self.upper, local_path, rel, create=create), added=rel
+            )
         return None if version is None else _TAGS["upper"] + version
 
     async def upload_file(self, local_path: str, path: str) -> None:
@@ -746,19 +829,19 @@ class OverlayFilesystem(WorkspaceFilesystem):
     async def _make_parent(self, display: str, rel: str, recursive: bool) -> None:
         """Make sure the view has the parent directory of ``rel``, and the upper layer too."""
         parent = _paths.dirname(rel)
-        if not parent:
-            return
+        if not parent or (await self._index()).get(parent):
+            return  # the upper layer has it, so the view has it
         found = await self._find(parent)
         if found is not None:
             if found.stat.type != "directory":
                 raise NotDirectory(parent)
             if found.layer == "base":
-                await self.upper.mkdir(parent, recursive=True)
+                await self._changing_upper(self.upper.mkdir(parent, recursive=True), added=parent, is_dir=True)
             return
         if not recursive:
             raise DirectoryNotFound(_paths.dirname(display.rstrip("/")) or parent)
         await self._check_ancestors(parent)
-        await self.upper.mkdir(parent, recursive=True)
+        await self._changing_upper(self.upper.mkdir(parent, recursive=True), added=parent, is_dir=True)
 
     async def _check_ancestors(self, rel: str) -> None:
         """``NotDirectory`` where the nearest ancestor of ``rel`` that the view has is a file."""
@@ -785,7 +868,9 @@ class OverlayFilesystem(WorkspaceFilesystem):
             raise FileNotFound(path)
         if current.stat.type == "directory":
             raise IsDirectory(path)
-        await self._remove(rel, current, lambda: self.upper.delete_file(rel, force=True))
+        await self._remove(
+            rel, current, lambda: self._changing_upper(self.upper.delete_file(rel, force=True), removed=rel)
+        )
 
     async def mkdir(self, path: str, *, recursive: bool = True) -> None:
         """Create a directory in the upper layer; made where a base directory was removed,
@@ -808,7 +893,7 @@ class OverlayFilesystem(WorkspaceFilesystem):
                 raise DirectoryNotFound(_paths.dirname(path.rstrip("/")) or parent)
             if found.stat.type != "directory":
                 raise NotDirectory(parent)
-        await self.upper.mkdir(rel, recursive=True)
+        await self._changing_upper(self.upper.mkdir(rel, recursive=True), added=rel, is_dir=True)
 
     async def rmdir(self, path: str, *, recursive: bool = False, force: bool = False) -> None:
         """Remove a directory: from the upper layer, and with a whiteout where ``base`` has
@@ -826,7 +911,11 @@ class OverlayFilesystem(WorkspaceFilesystem):
             raise NotDirectory(path)
         if not recursive and await self.readdir(path):
             raise DirectoryNotEmpty(path)
-        await self._remove(rel, current, lambda: self.upper.rmdir(rel, recursive=True, force=True))
+        await self._remove(
+            rel,
+            current,
+            lambda: self._changing_upper(self.upper.rmdir(rel, recursive=True, force=True), removed=rel),
+        )
 
     async def _remove(self, rel: str, current: _Found, remove_upper: Callable[[], Any]) -> None:
         """Remove what the view has at ``rel``: a whiteout for what ``base`` has there
@@ -918,6 +1007,7 @@ class OverlayFilesystem(WorkspaceFilesystem):
             report = await _Commit(self, target, force).run()
         finally:
             self._committing = False
+            self._upper_index = None  # built again from what the commit left
         if report.applied:
             self._announce("commit", report.applied)
         return report
@@ -933,6 +1023,7 @@ class OverlayFilesystem(WorkspaceFilesystem):
         """
         self._check_writable("discard")
         await self.upper.ensure_ready()
+        self._upper_index = None  # whatever happens below, the upper layer changes
         with self._lock:
             hidden = sorted(self._records.hidden)
         entries = await self.upper.readdir("")
@@ -943,6 +1034,7 @@ class OverlayFilesystem(WorkspaceFilesystem):
                 await self.upper.delete_file(entry.name, force=True)
         with self._lock:
             self._records = _Records()
+            self._upper_index = {}
             self._generation += 1
             self._landed = self._generation
         changed = [e.name for e in entries if not _reserved(e.name)] + hidden
