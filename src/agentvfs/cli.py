@@ -836,6 +836,31 @@ async def _restore_one(entry: Any, url: str, to: str | None, force: bool, storag
     return path
 
 
+def _cache(args: argparse.Namespace) -> int:
+    """``agentvfs cache``: what the content cache holds, or clear it."""
+    from .vfs import ContentCache, default_cache_dir
+
+    directory = args.cache_dir or default_cache_dir()
+    if not os.path.isdir(directory):
+        if args.json:
+            print(json.dumps({"directory": directory, "entries": 0, "bytes": 0}))
+        else:
+            print(f"No cache at {directory} (nothing has been cached there yet).")
+        return 0
+    cache = ContentCache(directory)
+    if args.clear:
+        removed = cache.clear()
+        print(json.dumps({"directory": directory, "removed": removed}) if args.json else f"Removed {removed} entries from {directory}.")
+        return 0
+    info = cache.info()
+    if args.json:
+        print(json.dumps({"directory": info.directory, "entries": info.entries, "bytes": info.bytes, "pending": info.pending}))
+    else:
+        print(f"{info.directory}: {info.entries} entries, {info.bytes / 1048576:.1f} MiB held"
+              + (f", {info.pending / 1048576:.1f} MiB being written" if info.pending else ""))
+    return 0
+
+
 def _recover(args: argparse.Namespace) -> int:
     from .mounts import default_state_dir, discard_recovered, list_recovered
 
@@ -1075,8 +1100,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )  # fmt: skip
     mnt.add_argument(
         "-o", dest="options", action="append", type=_storage_option, default=[], metavar="KEY=VALUE",
-        help="a mount option (metadata_ttl, part_size, prefetch_parts, staging_dir, staging_limit, uid, gid, "
-        "allow_other, ...) or else an fsspec storage option (endpoint_url, key, secret, anon, ...); KEY=@FILE reads "
+        help="a mount option (metadata_ttl, cache, cache_dir, cache_bytes, part_size, prefetch_parts, staging_dir, "
+        "staging_limit, uid, gid, allow_other, ...) or else an fsspec storage option (endpoint_url, key, secret, anon, ...); KEY=@FILE reads "
         "the value from FILE. Never put credentials on the command line (every local user sees them in ps): use "
         "key=@FILE, secret=@FILE or the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)",
     )  # fmt: skip
@@ -1128,6 +1153,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         "-o", dest="options", action="append", type=_storage_option, default=[], metavar="KEY=VALUE",
         help="an fsspec storage option for restoring (endpoint_url, ...); KEY=@FILE reads it from FILE",
     )  # fmt: skip
+    cache = add_parser(
+        "cache",
+        help="show or clear the persistent cache of remote files",
+        description="Mounts with -o cache (or -o cache_dir=DIR) and filesystems made with cache= keep the files "
+        "they read from remote storage in a cache on local disk, by version, shared by processes. This shows "
+        "what it holds (the default) or removes every entry (--clear).",
+    )
+    cache_action = cache.add_mutually_exclusive_group()
+    cache_action.add_argument("--info", action="store_true", help="entries and bytes held, and the budget (default)")
+    cache_action.add_argument("--clear", action="store_true", help="remove every entry")
+    cache.add_argument("--cache-dir", metavar="DIR", help="the cache directory (default: the mounts' default)")
+    cache.add_argument("--json", action="store_true", help="print the figures as JSON")
     _add_snapshot_parsers(add_parser)
     from .bench import add_arguments as add_bench_arguments
 
@@ -1326,6 +1363,8 @@ def _run(args: argparse.Namespace, argv: Sequence[str] | None, parsers: dict[str
         return _unmount(args)
     if args.command in ("snapshot", "snapshots", "diff", "restore"):
         return _snapshots(args)
+    if args.command == "cache":
+        return _cache(args)
     if args.command == "setup-passthrough":
         return _setup_passthrough()
     if args.command == "completion":
