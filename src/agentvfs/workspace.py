@@ -47,6 +47,7 @@ if TYPE_CHECKING:
         SnapshotStore,
     )
     from .tools import WorkspaceTool
+    from .vfs import CommitReport, OverlayFilesystem
 
 __all__ = ["Workspace", "WorkspaceStatus"]
 
@@ -227,6 +228,8 @@ class Workspace:
         self._sandbox_cache: dict[str, _Pending] = {}
         self._instructions = dict(instructions or {})
         self._configure_snapshots(snapshot_store)
+        #: For a fork: its overlay and the filesystem its commit writes into.
+        self._fork: tuple[OverlayFilesystem, WorkspaceFilesystem] | None = None
         self._teardown_started = False
         self._stopping: anyio.Event | None = None
         self._destroying: anyio.Event | None = None
@@ -885,6 +888,164 @@ class Workspace:
         fs = SnapshotFilesystem(self._snapshot_filesystem(), snapshot, store=self.snapshot_store())
         await fs.init()
         return fs
+
+    # -- forks ---------------------------------------------------------------------------------------------------
+
+    def fork(
+        self,
+        snapshot: str | None = None,
+        *,
+        upper: WorkspaceFilesystem | None = None,
+        sandbox: Any = None,
+        id: str | None = None,
+        name: str | None = None,
+    ) -> Workspace:
+        """A new workspace whose changes stay private until :meth:`commit`.
+
+        The fork's filesystem is an :class:`~agentvfs.vfs.OverlayFilesystem`: reads fall
+        through to this workspace's filesystem (or to a snapshot of it), every change lands
+        in ``upper``. Nothing reaches this workspace until ``fork.commit()``, which applies
+        the changes with guarded writes; ``fork.discard()`` drops them.
+
+        What the fork shares: the tools configuration (a copy of the mapping), skills
+        configuration, instructions and, when this workspace was given one, the
+        ``snapshot_store``. What it does not: the search index (a fork has no search), the
+        sandbox and its mounts (this workspace's sandbox runs commands against this
+        workspace's files; pass ``sandbox=`` and mount ``fork.filesystem`` into it like
+        any filesystem to run commands against the fork), undo checkpoints, and, without a
+        ``snapshot_store``, the snapshots: the fork keeps its own in memory, so they never
+        land in the upper layer (and so in a commit).
+
+        Parameters
+        ----------
+        snapshot : str, optional
+            Fork a snapshot (its id, id prefix or name) rather than the live state. A commit
+            is then guarded by the snapshot's versions: a path changed in this workspace
+            since the snapshot is a conflict, reported and not overwritten.
+        upper : WorkspaceFilesystem, optional
+            Where the fork keeps its changes (default: a fresh in-memory filesystem). It
+            must be writable, empty or an earlier fork's upper layer, and used by one fork
+            only.
+        sandbox : object, optional
+            A sandbox for the fork (default: none).
+        id, name : str, optional
+            The fork's id and name (defaults as for any workspace).
+
+        Returns
+        -------
+        Workspace
+            The fork, not yet initialised (``await fork.init()`` or ``async with fork``;
+            an unknown ``snapshot`` raises ``SnapshotNotFoundError`` there).
+
+        Raises
+        ------
+        WorkspaceError
+            ``NO_FILESYSTEM``: this workspace has no static filesystem.
+        ValueError
+            ``upper`` is read-only or is this workspace's filesystem.
+        """
+        live = self._snapshot_filesystem()
+        from .vfs import BackendFilesystem, MemoryBackend, OverlayFilesystem
+
+        base: WorkspaceFilesystem = live
+        if snapshot is not None:
+            from .snapshots import SnapshotFilesystem
+
+            base = SnapshotFilesystem(live, snapshot, store=self.snapshot_store())
+        layer = upper if upper is not None else BackendFilesystem(MemoryBackend())
+        overlay = OverlayFilesystem(base, layer, display_name=live.display_name, text_extensions=live.text_extensions)
+        store: Any = self._snapshot_store_config
+        if store is None:
+            from .snapshots import DEFAULT_PREFIX, SnapshotStore
+
+            store = SnapshotStore(BackendFilesystem(MemoryBackend()), prefix=DEFAULT_PREFIX)
+        elif self._snapshot_store is not None:
+            store = self._snapshot_store
+        fork = Workspace(
+            id=id,
+            name=name,
+            filesystem=overlay,
+            sandbox=sandbox,
+            skills=self._skills_config,
+            skill_source=self._skill_source,
+            tools=dict(self._tools_config) if self._tools_config is not None else None,
+            instructions=self._instructions,
+            snapshot_store=store,
+        )
+        fork._fork = (overlay, live)
+        return fork
+
+    @property
+    def is_fork(self) -> bool:
+        """This workspace was made by :meth:`fork` (so :meth:`commit` and :meth:`discard` apply)."""
+        return self._fork is not None
+
+    def _fork_overlay(self, operation: str) -> tuple[OverlayFilesystem, WorkspaceFilesystem]:
+        if self._fork is None:
+            raise WorkspaceError(
+                f"{operation}() applies to a fork, and this workspace is not one: make one with "
+                "fork = workspace.fork() (or workspace.fork(snapshot=...)), work in it, then call "
+                f"fork.{operation}()",
+                "NOT_A_FORK",
+                self._id,
+            )
+        if self._teardown_started:
+            raise WorkspaceNotReadyError(self._id, self._status)
+        return self._fork
+
+    async def changes(self) -> list[str]:
+        """The paths a fork changed and has not committed yet (files, directories and
+        deletions), sorted.
+
+        Raises
+        ------
+        WorkspaceError
+            ``NOT_A_FORK``: this workspace is not a fork.
+        """
+        overlay, _ = self._fork_overlay("changes")
+        return await overlay.changes()
+
+    async def commit(self, *, force: bool = False) -> CommitReport:
+        """Apply a fork's changes into the workspace it was forked from.
+
+        Each write is guarded by the version the fork started from (the live version when
+        the fork read it, or the snapshot's for a fork of a snapshot): a path changed in the
+        original since is a conflict, left in the fork and reported, never overwritten. What
+        was applied leaves the fork's upper layer; a later commit tries the conflicts again.
+        Not atomic across paths.
+
+        Parameters
+        ----------
+        force : bool
+            Apply every change without checking versions.
+
+        Returns
+        -------
+        CommitReport
+            ``applied`` and ``conflicts`` paths, with ``reasons``; ``ok`` without conflicts.
+
+        Raises
+        ------
+        WorkspaceError
+            ``NOT_A_FORK``: this workspace is not a fork.
+        ValueError
+            The original workspace's filesystem is read-only.
+        """
+        overlay, live = self._fork_overlay("commit")
+        self.touch()
+        return await overlay.commit(into=live, force=force)
+
+    async def discard(self) -> None:
+        """Drop every change of a fork: it shows the original (or its snapshot) again.
+
+        Raises
+        ------
+        WorkspaceError
+            ``NOT_A_FORK``: this workspace is not a fork.
+        """
+        overlay, _ = self._fork_overlay("discard")
+        self.touch()
+        await overlay.discard()
 
     # -- lifecycle -----------------------------------------------------------------------------------------------
 
