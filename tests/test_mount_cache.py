@@ -117,3 +117,15 @@ def test_a_mount_killed_while_filling_leaves_no_entry_that_can_be_served(bucket:
         assert Path(again.mountpoint, "big.bin").read_bytes() == big
     assert cache.info().entries == 1
     assert not any(Path(bucket["cache"], "v1", "tmp").iterdir()) or cache.info().pending == 0
+
+
+def test_a_filesystem_with_a_cache_is_mounted_through_it(bucket: dict[str, Any], tmp_path: Path) -> None:
+    raw, root = bucket["raw"], bucket["root"]
+    raw.pipe_file(f"{root}/a.txt", b"through the filesystem's cache")
+    fs = FsspecFilesystem(raw, root=root, cache=str(tmp_path / "own-cache"))
+    mountpoint = tmp_path / "mnt-own"
+    mountpoint.mkdir()
+    with ProcessMount(fs, str(mountpoint)) as m:
+        assert m.options.cache_dir == str(tmp_path / "own-cache")
+        assert Path(m.mountpoint, "a.txt").read_bytes() == b"through the filesystem's cache"
+    assert ContentCache(tmp_path / "own-cache").info().entries == 1

@@ -20,6 +20,7 @@ its mounts with it (``auto_unmount`` removes the mount if the child itself is ki
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -34,7 +35,7 @@ from types import TracebackType
 from typing import IO, Any
 
 from ..errors import MountError
-from ..vfs import WorkspaceFilesystem
+from ..vfs import SupportsContentCache, WorkspaceFilesystem
 from ._options import MountOptions
 from ._server import Mount, cleanup_stale_mount, prepare_mountpoint
 
@@ -137,6 +138,10 @@ class ProcessMount:
         self.mountpoint = os.path.abspath(os.fspath(mountpoint))
         self.read_only = filesystem.read_only if read_only is None else bool(read_only)
         self.options = MountOptions.from_value(options)
+        cache = filesystem.cache if isinstance(filesystem, SupportsContentCache) else None
+        if cache is not None and not (self.options.cache or self.options.cache_dir):
+            # A filesystem reading through a cache is served through the same one.
+            self.options = dataclasses.replace(self.options, cache_dir=cache.directory, cache_bytes=cache.max_bytes)
         self.pending_failures: dict[str, str] = {}
         self._recipe = recipe
         self._proc: subprocess.Popen[bytes] | None = None
