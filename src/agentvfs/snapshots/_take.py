@@ -163,8 +163,9 @@ async def _blob_records(
             if len(data) == stat.size:
                 hashes[path] = digest
             if digest not in await stored():
-                await store.blobs.put(data, digest=digest)
+                # The store was listed once: a blob missing then needs no stat of its own.
                 (await stored()).add(digest)
+                await store.blobs.put(data, digest=digest, absent=True)
 
     for _ in range(ATTEMPTS):
         hashes.clear()

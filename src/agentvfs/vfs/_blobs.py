@@ -79,13 +79,17 @@ class BlobStore:
             if e.type == "file" and is_digest(e.name.rsplit("/", 1)[-1])
         }
 
-    async def put(self, data: bytes, *, digest: str | None = None) -> tuple[str, bool]:
+    async def put(self, data: bytes, *, digest: str | None = None, absent: bool = False) -> tuple[str, bool]:
         """Store ``data`` under its hash unless a blob of that name is there; return the hash
-        and whether it was written. ``digest``, when the caller has hashed ``data`` already,
-        saves hashing it again (it must be the hash of ``data``)."""
+        and whether it was written.
+
+        ``digest``, when the caller has hashed ``data`` already, saves hashing it again (it
+        must be the hash of ``data``). ``absent`` says the caller found no such blob (in
+        :meth:`digests`): the write is then not preceded by a ``stat`` of its own (the
+        write itself still refuses to replace one that appeared since)."""
         name = digest if digest is not None else sha256_hex(data)
         path = self.path(name)
-        if await self.fs.exists(path):
+        if not absent and await self.fs.exists(path):
             return name, False
         try:
             await self.fs.write_file(path, data, overwrite=False)
