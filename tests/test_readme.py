@@ -95,6 +95,9 @@ def test_every_python_example_runs(kind: str, tmp_path: Path, request: pytest.Fi
     assert "mnt/notes/today.md:TODO: write the report" in out  # grep through the mount
     assert "docs/new.txt" in out  # the sandbox command
     assert re.search(r"^guide\.md \d", out, re.M) and " 0.0\n" not in out  # search
+    assert "('plan.md',) ('scratch.txt',)" in out and "+2. rewrite everything" in out  # a snapshot's diff
+    assert "['plan.md: modified', 'scratch.txt: added']" in out  # a restore keeps what changed since
+    assert "('plan.md', 'scratch.txt') 1. read\n2. write" in out  # a forced one puts it back
     if kind == "s3":
         assert "storage answers" in out
 
