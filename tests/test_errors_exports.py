@@ -120,7 +120,7 @@ def test_demo_command(storage: str) -> None:
 
 PUBLIC_NAMESPACES = (
     "agentvfs", "agentvfs.errors", "agentvfs.vfs", "agentvfs.mounts", "agentvfs.sandbox",
-    "agentvfs.search", "agentvfs.skills", "agentvfs.tools", "agentvfs.testing",
+    "agentvfs.search", "agentvfs.skills", "agentvfs.snapshots", "agentvfs.tools", "agentvfs.testing",
 )
 
 
