@@ -69,6 +69,8 @@ _ENTRY_OVERHEAD = 8192
 #: cache does not scan its directory for every new entry.
 _HEADROOM = 0.1
 _HASH_BYTES = 16
+#: Bytes reserved at a time for the entries one process writes (see ``_reserve``).
+_CREDIT_BLOCK = 64 * 1024 * 1024
 #: A data file without its record this old is left from a crash (younger, a commit may be
 #: between its two renames).
 _STRAY_AGE = 60.0
@@ -174,8 +176,11 @@ class ContentCache:
             os.makedirs(path, mode=0o700, exist_ok=True)
         self._lock_path = os.path.join(self._base, "lock")
         self._used_path = os.path.join(self._base, "used")
-        #: Serialises this process's threads around the file lock (flock is per open file).
-        self._thread_lock = threading.Lock()
+        #: Serialises this process's threads around the file lock (flock is per open file)
+        #: and guards the credit: bytes reserved for this process not given to an entry yet.
+        self._thread_lock = threading.RLock()
+        self._credit = 0
+        self._credit_pid = os.getpid()
         self.hits = 0
         self.misses = 0
 
@@ -356,33 +361,69 @@ class ContentCache:
             return None
 
     def _write_used(self, used: int) -> None:
-        tmp = f"{self._used_path}.{os.getpid()}.{threading.get_ident()}"
-        with open(tmp, "w") as f:
-            f.write(str(max(0, used)))
-        os.rename(tmp, self._used_path)
+        # Under the file lock: nobody reads it half written.
+        fd = os.open(self._used_path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            data = str(max(0, used)).encode()
+            os.pwrite(fd, data, 0)
+            os.ftruncate(fd, len(data))
+        finally:
+            os.close(fd)
+
+    def _set_credit(self, credit: int) -> None:
+        """Keep this process's unassigned reservation where a recount finds it (under the
+        thread lock)."""
+        self._credit = credit
+        path = os.path.join(self._tmp, f"{os.getpid()}.credit")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            data = str(credit).encode()
+            os.pwrite(fd, data, 0)
+            os.ftruncate(fd, len(data))
+        finally:
+            os.close(fd)
 
     def _reserve(self, need: int, tmp_path: str) -> int | None:
         """Reserve ``need`` bytes and create the fill's file (named by the reservation, so a
-        recount finds it) in one step under the lock; its descriptor, or None: no room."""
+        recount finds it); its descriptor, or None: no room.
+
+        Bytes are reserved under the file lock a block at a time (up to ``max_bytes / 16``)
+        and handed out within the process from that credit, which is kept in a file of its
+        own: filling many small entries takes the lock once per block, not once per entry.
+        """
+        open_flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+        with self._thread_lock:
+            if self._credit_pid != os.getpid():
+                self._credit, self._credit_pid = 0, os.getpid()  # a forked child owns none
+            if self._credit >= need:
+                fd = os.open(tmp_path, open_flags, 0o600)
+                self._set_credit(self._credit - need)
+                return fd
+        block = max(need, min(_CREDIT_BLOCK, self.max_bytes // 16))
         with self._locked():
             used = self._read_used()
-            if used is None or used + need > self.max_bytes:
-                used = self._evict(self.max_bytes - need - int(self.max_bytes * _HEADROOM))
-                if used + need > self.max_bytes:
-                    return None
-            fd = os.open(tmp_path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-            self._write_used(used + need)
+            for ask in (block, need):
+                if used is None or used + ask > self.max_bytes:
+                    used = self._evict(self.max_bytes - ask - int(self.max_bytes * _HEADROOM))
+                if used + ask <= self.max_bytes:
+                    break
+            else:
+                return None
+            fd = os.open(tmp_path, open_flags, 0o600)
+            self._write_used(used + ask)
+            self._set_credit(self._credit + ask - need)
             return fd
 
     def _release(self, amount: int) -> None:
-        with self._locked():
-            used = self._read_used()
-            if used is not None:
-                self._write_used(used - amount)
+        """Bytes reserved and not used (a fill given up): back to this process's credit."""
+        with self._thread_lock:
+            if self._credit_pid == os.getpid():
+                self._set_credit(self._credit + amount)
 
-    def _scan(self) -> tuple[list[tuple[float, int, str]], int, list[str]]:
-        """(mtime, footprint, key) of every committed entry; bytes reserved by live fills; the
-        paths of dead fills and of data files without a record."""
+    def _scan(self, credits: list[int] | None = None) -> tuple[list[tuple[float, int, str]], int, list[str]]:
+        """(mtime, footprint, key) of every committed entry; bytes reserved by live fills and
+        processes (each process's unassigned credit also appended to ``credits``); the paths
+        of dead fills and credits and of data files without a record."""
         entries: list[tuple[float, int, str]] = []
         stray: list[str] = []
         young = 0
@@ -416,6 +457,21 @@ class ContentCache:
         pending = young
         for name in os.listdir(self._tmp):
             parts = name.split(".")
+            if len(parts) == 2 and parts[1] == "credit" and parts[0].isdigit():
+                pid = int(parts[0])
+                path = os.path.join(self._tmp, name)
+                credit = 0
+                if pid == os.getpid():
+                    credit = self._credit
+                elif _pid_alive(pid):
+                    with contextlib.suppress(OSError, ValueError), open(path, "rb") as f:
+                        credit = int(f.read().strip() or b"0")
+                else:
+                    stray.append(path)
+                pending += credit
+                if credits is not None:
+                    credits.append(credit)
+                continue
             try:
                 pid, reserved = int(parts[0]), int(parts[2])
             except (IndexError, ValueError):
@@ -460,9 +516,10 @@ class ContentCache:
 
     def info(self) -> CacheInfo:
         """Entries and bytes held, and the budget."""
+        credits: list[int] = []
         with self._locked():
-            entries, pending, _ = self._scan()
-        return CacheInfo(self.directory, len(entries), sum(e[1] for e in entries), self.max_bytes, pending)
+            entries, pending, _ = self._scan(credits)
+        return CacheInfo(self.directory, len(entries), sum(e[1] for e in entries), self.max_bytes, pending - sum(credits))
 
     def clear(self) -> int:
         """Remove every entry (fills under way in other processes finish or fail on their
