@@ -230,6 +230,8 @@ class Workspace:
         self._configure_snapshots(snapshot_store)
         #: For a fork: its overlay and the filesystem its commit writes into.
         self._fork: tuple[OverlayFilesystem, WorkspaceFilesystem] | None = None
+        #: What the tools keep across ``create_tools`` calls (undo checkpoints).
+        self._tool_state: dict[str, Any] = {}
         self._teardown_started = False
         self._stopping: anyio.Event | None = None
         self._destroying: anyio.Event | None = None

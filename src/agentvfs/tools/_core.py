@@ -113,6 +113,8 @@ class ToolSpec:
     #: A wider schema the input is checked against, when the tool accepts more than it
     #: advertises (the search tool takes any mode and falls back to an available one).
     accepts: dict[str, Any] | None = None
+    #: Offered unless configured off; False: only when its own ``enabled`` turns it on.
+    enabled_by_default: bool = True
 
 
 
@@ -163,6 +165,7 @@ class WorkspaceTool:
         tracker: ReadTracker,
         write_lock_timeout_ms: float,
         timeout_ms: float | None = None,
+        checkpoint_config: Mapping[str, Any] | None = None,
     ) -> None:
         self.spec = spec
         self.name = name
@@ -178,6 +181,7 @@ class WorkspaceTool:
         self._tracker = tracker
         self._lock_timeout_ms = write_lock_timeout_ms
         self._timeout_ms = timeout_ms
+        self._checkpoint_config: Mapping[str, Any] = checkpoint_config or {}
 
     @property
     def id(self) -> str:
@@ -307,6 +311,28 @@ class WorkspaceTool:
 
     async def _tracked(self, call: ToolCall) -> ToolResult:
         args, ctx = call.args, call.request_context
+        checkpoint = None
+        if checkpoints_enabled(self._checkpoint_config):
+            from ._checkpoints import checkpoints_of
+
+            checkpoints = checkpoints_of(self._workspace)
+            if self.spec.writes and self.spec.needs == "filesystem":
+                fs_now = self._workspace.filesystem
+                if fs_now is not None and not fs_now.read_only:
+                    checkpoint = await checkpoints.before_write(self._workspace, quiet_ms_of(self._checkpoint_config))
+            else:
+                checkpoints.note_other_call()
+        if checkpoint is not None:
+            fs_now = self._workspace.filesystem
+            assert fs_now is not None
+            made = await checkpoints.new_parent(fs_now, args["path"])
+            try:
+                return await self._run_tracked(call, args, ctx)
+            finally:
+                await checkpoints.after_write(checkpoint, fs_now, args["path"], made)
+        return await self._run_tracked(call, args, ctx)
+
+    async def _run_tracked(self, call: ToolCall, args: dict[str, Any], ctx: RequestContext) -> ToolResult:
         if self.spec.needs == "sandbox":
             call.sandbox = await self._workspace.resolve_sandbox(request_context=ctx)
             if call.sandbox is None:
@@ -369,7 +395,9 @@ async def _enabled(value: Any, ctx: dict[str, Any]) -> bool:
         return False
 
 
-_TOP_KEYS = frozenset({"enabled", "require_approval", "hooks", "write_lock_timeout_ms", "auto_reindex", "timeout_ms"})
+_TOP_KEYS = frozenset(
+    {"enabled", "require_approval", "hooks", "write_lock_timeout_ms", "auto_reindex", "timeout_ms", "checkpoints"}
+)
 _TOOL_KEYS = frozenset(
     {
         "enabled", "require_approval", "name", "require_read_before_write", "max_output_tokens",
@@ -471,7 +499,54 @@ def validate_tools_config(config: Mapping[str, Any]) -> float:
         raise ValueError(f"tools config: write_lock_timeout_ms must be a positive number, got {timeout!r}")
     if not isinstance(config.get("auto_reindex", False), bool):
         raise ValueError(f"tools config: auto_reindex must be a bool, got {config['auto_reindex']!r}")
+    check_checkpoints_config(config.get("checkpoints", False))
+    undo = config.get(WORKSPACE_TOOLS.CHECKPOINTS.UNDO) or {}
+    if undo.get("enabled", False) is not False and not checkpoints_enabled(config):
+        raise ValueError(
+            f"tools config: {WORKSPACE_TOOLS.CHECKPOINTS.UNDO} needs checkpoints to undo: "
+            'add "checkpoints": True to the tools config'
+        )
     return float(timeout)
+
+
+#: Longest pause between two write-tool calls of one batch (``checkpoints.quiet_ms``).
+DEFAULT_QUIET_MS = 30_000
+
+
+def check_checkpoints_config(value: Any) -> None:
+    """Check ``tools["checkpoints"]``: a bool, or ``{"quiet_ms": positive number}``.
+
+    Raises
+    ------
+    ValueError
+        Any other value.
+    """
+    if isinstance(value, bool):
+        return
+    if isinstance(value, Mapping):
+        unknown = set(value) - {"quiet_ms"}
+        if unknown:
+            raise ValueError(f"tools config: unknown option {sorted(unknown)[0]!r} for checkpoints (only 'quiet_ms')")
+        quiet = value.get("quiet_ms", DEFAULT_QUIET_MS)
+        if isinstance(quiet, bool) or not isinstance(quiet, (int, float)) or quiet <= 0:
+            raise ValueError(f"tools config: checkpoints.quiet_ms must be a positive number of milliseconds, got {quiet!r}")
+        return
+    raise ValueError(
+        f"tools config: checkpoints must be True, False or {{'quiet_ms': milliseconds}}, got {value!r}"
+    )
+
+
+def checkpoints_enabled(config: Mapping[str, Any]) -> bool:
+    """Whether a (checked) tools configuration turns checkpoints on."""
+    value = config.get("checkpoints", False)
+    return value is not False
+
+
+def quiet_ms_of(config: Mapping[str, Any]) -> float:
+    value = config.get("checkpoints")
+    if isinstance(value, Mapping):
+        return float(value.get("quiet_ms", DEFAULT_QUIET_MS))
+    return float(DEFAULT_QUIET_MS)
 
 
 async def build_tools(
@@ -487,6 +562,11 @@ async def build_tools(
     """
     config = workspace.get_tools_config() or {}
     timeout = validate_tools_config(config)
+    if checkpoints_enabled(config) and workspace.filesystem is None and workspace.has_filesystem_config():
+        raise ValueError(
+            "tools config: checkpoints need a static filesystem (snapshots are taken of it), "
+            "and this workspace resolves its filesystem per request"
+        )
     ctx = request_context if request_context is not None else RequestContext()
     enabled_ctx = {"request_context": dict(ctx), "workspace": workspace}
     hooks = config.get("hooks") or {}
@@ -494,7 +574,7 @@ async def build_tools(
     tools: dict[str, WorkspaceTool] = {}
     for spec in specs:
         own = config.get(spec.name) or {}
-        enabled = own.get("enabled", config.get("enabled", True))
+        enabled = own.get("enabled", config.get("enabled", True) if spec.enabled_by_default else False)
         if not await _enabled(enabled, enabled_ctx):
             continue
         approval = own.get("require_approval", config.get("require_approval", False))
@@ -520,5 +600,6 @@ async def build_tools(
             tracker=tracker,
             write_lock_timeout_ms=timeout,
             timeout_ms=limit,
+            checkpoint_config=config,
         )
     return tools

@@ -6,7 +6,7 @@ to them (the tools are below it in the layering, see ``docs/architecture.md``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .._context import RequestContext
@@ -96,6 +96,15 @@ class ToolHost(Protocol):
         metadata: Mapping[str, Any] | None = None,
         start_line_offset: int | None = None,
     ) -> None: ...
+
+    # Snapshots for undo checkpoints; the results are duck-typed (``.id``; ``.restored`` and
+    # ``.conflicts``), since the tools sit below the snapshots package.
+    async def snapshot(self, name: str | None = None) -> Any: ...
+
+    async def restore(self, snapshot: str, paths: Sequence[str] | None = None, *, force: bool = False) -> Any: ...
+
+    #: State the tools keep for the life of the workspace (undo checkpoints), by key.
+    _tool_state: dict[str, Any]
 
     async def _after_tool_write(self, operation: str, path: str, fs: WorkspaceFilesystem) -> None:
         """Re-index what a tool wrote (a hook between the workspace and its own tools)."""

@@ -30,6 +30,7 @@ WORKSPACE_TOOLS = SimpleNamespace(
         KILL_PROCESS="kill_process",
     ),
     SEARCH=_names(SEARCH="search", INDEX="index"),
+    CHECKPOINTS=_names(UNDO="undo"),
 )
 
 #: Every tool name a tools configuration may name (workspace tools and skill tools).

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ._core import ToolSpec
+from ._core import ToolSpec, checkpoints_enabled
 from ._filesystem import FILESYSTEM_TOOLS
 from ._names import WORKSPACE_TOOLS
 from ._sandbox import EXECUTE_COMMAND, EXECUTE_COMMAND_BACKGROUND, GET_PROCESS_OUTPUT, KILL_PROCESS
@@ -27,6 +27,9 @@ def workspace_tool_specs(workspace: ToolHost) -> list[ToolSpec]:
     tools, then search tools, then sandbox tools, then the skill tools when skills are
     configured.
 
+    With ``checkpoints`` in the tools configuration, ``mastra_workspace_undo`` follows the
+    filesystem tools (offered only where its own ``enabled`` turns it on).
+
     Write tools are left out on a read-only static filesystem; with a filesystem resolver they
     are always offered, and a read-only resolved filesystem refuses them when they run.
     """
@@ -39,6 +42,10 @@ def workspace_tool_specs(workspace: ToolHost) -> list[ToolSpec]:
             if spec.writes and read_only:
                 continue
             specs.append(spec)
+        if not read_only and checkpoints_enabled(workspace.get_tools_config() or {}):
+            from ._checkpoints import UNDO
+
+            specs.append(UNDO)
     if workspace.can_bm25 or workspace.can_vector:
         specs.append(search_spec(workspace))
         static = workspace.filesystem

@@ -1,0 +1,180 @@
+"""Checkpoints (``tools={"checkpoints": True}``) and ``mastra_workspace_undo``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from agentvfs import Workspace
+from agentvfs.tools import WORKSPACE_TOOLS, ToolFailure, WorkspaceTool
+from agentvfs.vfs import BackendFilesystem, MemoryBackend
+
+pytestmark = pytest.mark.anyio
+
+FS = WORKSPACE_TOOLS.FILESYSTEM
+UNDO = WORKSPACE_TOOLS.CHECKPOINTS.UNDO
+ON = {"checkpoints": True, UNDO: {"enabled": True}}
+
+
+async def run(tools: dict[str, WorkspaceTool], name: str, **args: Any) -> Any:
+    return await tools[name].execute(args)
+
+
+async def state(ws: Workspace) -> dict[str, str]:
+    fs = ws.filesystem
+    assert fs is not None
+    entries = await fs.readdir("", recursive=True)
+    out: dict[str, str] = {}
+    for e in entries:
+        if e.name.startswith(".agentvfs"):
+            continue
+        out[e.name] = (
+            "<dir>" if e.type == "directory" else str(await fs.read_file(e.name, encoding="utf-8"))
+        )
+    return out
+
+
+async def workspace(tools: dict[str, Any] | None) -> Workspace:
+    ws = Workspace(filesystem=BackendFilesystem(MemoryBackend()), tools=tools)
+    await ws.init()
+    await ws.filesystem.write_file("a.txt", "alpha\n")  # type: ignore[union-attr]
+    return ws
+
+
+async def test_undo_restores_the_state_before_each_batch() -> None:
+    ws = await workspace(ON)
+    tools = await ws.create_tools()
+    start = await state(ws)
+    # Batch 1: an edit, a new file in a new directory, a unicode name.
+    await run(tools, FS.READ_FILE, path="a.txt")
+    await run(tools, FS.EDIT_FILE, path="a.txt", old_string="alpha", new_string="ALPHA")
+    await run(tools, FS.MKDIR, path="d/e")
+    await run(tools, FS.WRITE_FILE, path="d/ü.txt", content="x")
+    after_one = await state(ws)
+    # Batch 2 (a read in between starts it): a delete and a write.
+    await run(tools, FS.LIST_FILES, path="")
+    await run(tools, FS.DELETE, path="a.txt")
+    await run(tools, FS.WRITE_FILE, path="b.txt", content="b")
+    assert len(await ws.list_snapshots()) == 2
+
+    out = await run(tools, UNDO)
+    assert out.startswith("Undid 2 write tool calls: restored ")
+    assert "1 checkpoint left" in out
+    assert await state(ws) == after_one
+    # Tools built again share the workspace's checkpoints.
+    out = await run(await ws.create_tools(), UNDO)
+    assert out.startswith("Undid 3 write tool calls")
+    assert await state(ws) == start
+    nothing = await run(tools, UNDO)
+    assert isinstance(nothing, ToolFailure)
+    assert nothing.startswith("Nothing to undo")
+    await ws.destroy()
+
+
+async def test_undo_keeps_and_reports_later_changes() -> None:
+    ws = await workspace(ON)
+    tools = await ws.create_tools()
+    await run(tools, FS.WRITE_FILE, path="b.txt", content="agent")
+    await run(tools, FS.WRITE_FILE, path="c.txt", content="agent")
+    await ws.filesystem.write_file("b.txt", "someone else")  # type: ignore[union-attr]
+    await ws.filesystem.write_file("z.txt", "elsewhere")  # type: ignore[union-attr]
+    out = await run(tools, UNDO)
+    assert "Kept 1 path that changed since (not restored):\n  b.txt: changed since" in out
+    now = await state(ws)
+    assert now == {"a.txt": "alpha\n", "b.txt": "someone else", "z.txt": "elsewhere"}
+    await ws.destroy()
+
+
+async def test_quiet_period_starts_a_new_batch() -> None:
+    ws = await workspace({"checkpoints": {"quiet_ms": 1}, UNDO: {"enabled": True}})
+    tools = await ws.create_tools()
+    import anyio
+
+    await run(tools, FS.WRITE_FILE, path="b.txt", content="1")
+    await anyio.sleep(0.01)
+    await run(tools, FS.WRITE_FILE, path="c.txt", content="2")
+    assert len(await ws.list_snapshots()) == 2
+    await ws.destroy()
+
+
+async def test_checkpoints_off_takes_no_snapshot_and_lists_no_undo() -> None:
+    ws = await workspace(None)
+    tools = await ws.create_tools()
+    assert UNDO not in tools
+    await run(tools, FS.WRITE_FILE, path="b.txt", content="1")
+    assert await ws.list_snapshots() == []
+    await ws.destroy()
+
+
+async def test_tool_listing_and_config() -> None:
+    plain = await workspace(None)
+    default_names = list(await plain.create_tools())
+    # Checkpoints on: the same tools, undo still off until enabled.
+    ws = await workspace({"checkpoints": True})
+    assert list(await ws.create_tools()) == default_names
+    ws.set_tools_config(ON)
+    names = list(await ws.create_tools())
+    assert names == [
+        *default_names[: default_names.index(FS.GREP) + 1],
+        UNDO,
+        *default_names[default_names.index(FS.GREP) + 1 :],
+    ]
+    ws.set_tools_config({"checkpoints": True, UNDO: {"enabled": True, "name": "undo"}})
+    assert "undo" in await ws.create_tools()
+    # A top-level enabled does not turn undo on; a top-level off turns it off only where own is unset.
+    ws.set_tools_config({"checkpoints": True, "enabled": True})
+    assert UNDO not in await ws.create_tools()
+    for bad, match in (
+        ({"checkpoints": "yes"}, "checkpoints must be True, False"),
+        ({"checkpoints": {"quiet_ms": 0}}, "quiet_ms must be a positive"),
+        ({"checkpoints": {"quietMs": 5}}, "unknown option"),
+        ({UNDO: {"enabled": True}}, "needs checkpoints"),
+    ):
+        ws.set_tools_config(bad)
+        with pytest.raises(ValueError, match=match):
+            await ws.create_tools()
+    dynamic = Workspace(
+        filesystem=lambda ctx: BackendFilesystem(MemoryBackend()), tools={"checkpoints": True}
+    )
+    with pytest.raises(ValueError, match="static filesystem"):
+        await dynamic.create_tools()
+    await ws.destroy()
+    await plain.destroy()
+
+
+async def test_undo_honours_approval_and_hooks() -> None:
+    seen: list[str] = []
+
+    def before(info: dict[str, Any]) -> Any:
+        seen.append(info["workspace_tool_name"])
+        if info["workspace_tool_name"] == UNDO:
+            return {"proceed": False, "output": "blocked"}
+        return None
+
+    ws = await workspace(
+        {
+            "checkpoints": True,
+            UNDO: {"enabled": True, "require_approval": True},
+            "hooks": {"before_tool_call": before},
+        }
+    )
+    tools = await ws.create_tools()
+    assert tools[UNDO].require_approval
+    assert await tools[UNDO].needs_approval({})
+    assert not await tools[FS.WRITE_FILE].needs_approval({"path": "b.txt", "content": "x"})
+    await run(tools, FS.WRITE_FILE, path="b.txt", content="x")
+    assert await run(tools, UNDO) == "blocked"
+    assert seen == [FS.WRITE_FILE, UNDO]
+    await ws.destroy()
+
+
+async def test_fork_has_its_own_checkpoints() -> None:
+    ws = await workspace(ON)
+    async with ws.fork() as fork:
+        tools = await fork.create_tools()
+        await run(tools, FS.WRITE_FILE, path="b.txt", content="fork")
+        assert "restored 1 path" in await run(tools, UNDO)
+        assert await fork.changes() == []
+        assert await ws.list_snapshots() == []
+    await ws.destroy()
