@@ -9,6 +9,7 @@ import os
 import re
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -210,6 +211,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(body[: len(body) // 2])
             self.close_connection = True
+        elif mode == "stall":  # sends half, then nothing for longer than the reader waits
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {start}-{last}/{len(DATA)}")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body[: len(body) // 2])
+            self.wfile.flush()
+            time.sleep(3)
+            self.close_connection = True
         elif mode == "close-after":  # answers, then closes the kept-alive connection
             self._send(206, body, {"Content-Range": f"bytes {start}-{last}/{len(DATA)}"})
             self.close_connection = True
@@ -353,6 +363,39 @@ def test_read_into_fills_the_buffer_and_stops_at_the_end(scripted: tuple[_Script
     assert buffer[:10] == DATA[-10:] and buffer[10:] == DATA[787:1777]  # the rest untouched
     script.mode = "short"
     assert reader.read_into("obj", 0, memoryview(buffer)) is None
+
+
+def test_large_bodies_land_in_the_buffer_from_the_socket(scripted: tuple[_Script, str]) -> None:
+    # From 256 KiB on a body is read by the socket itself into the buffer (MSG_WAITALL), after
+    # what http.client had buffered with the headers; the connection then carries the next
+    # request as before.
+    script, base = scripted
+    reader = _reader(base)
+    buffer = bytearray(len(DATA))
+    assert reader.read_into("obj", 100, memoryview(buffer)) == len(DATA) - 100
+    assert buffer[: len(DATA) - 100] == DATA[100:]
+    assert reader.read_into("obj", 0, memoryview(buffer)[: 300 * 1024]) == 300 * 1024
+    assert buffer[: 300 * 1024] == DATA[: 300 * 1024]
+    assert reader.read("obj", 5, 50) == DATA[5:50]
+    assert len(script.connections) == 1  # one kept-alive connection for all three
+    script.mode = "short"  # the server hangs up halfway: fsspec reads it instead
+    assert reader.read_into("obj", 0, memoryview(buffer)) is None
+    script.mode = "ok"
+    assert reader.read_into("obj", 1, memoryview(buffer)[: 512 * 1024]) == 512 * 1024
+    assert buffer[: 512 * 1024] == DATA[1 : 512 * 1024 + 1]
+
+
+def test_a_large_body_that_stalls_times_out(scripted: tuple[_Script, str]) -> None:
+    # The socket blocks while it fills the buffer, with the reader's timeout as its own.
+    script, base = scripted
+    reader = SignedRangeReader(lambda path, fresh: (f"{base}/{path}", {}), timeout=0.5)
+    script.mode = "stall"
+    buffer = bytearray(len(DATA))
+    started = time.monotonic()
+    assert reader.read_into("obj", 0, memoryview(buffer)) is None
+    assert time.monotonic() - started < 2.5
+    script.mode = "ok"
+    assert reader.read_into("obj", 0, memoryview(buffer)) == len(DATA) and buffer == DATA
 
 
 async def test_read_into_without_a_native_way_copies(tmp_path: Any) -> None:

@@ -24,7 +24,9 @@ from __future__ import annotations
 import http.client
 import os
 import re
+import socket
 import ssl
+import struct
 import sys
 import threading
 import time
@@ -232,7 +234,7 @@ class SignedRangeReader:
             try:
                 conn.request("GET", target, headers=headers)
                 response = conn.getresponse()
-                data, clean = self._body(response, start, end, into, pinned)
+                data, clean = self._body(response, start, end, into, pinned, _Socket(conn.sock, self._timeout))
             except (_Refused, _VersionGone):
                 conn.close()
                 raise
@@ -284,7 +286,12 @@ class SignedRangeReader:
 
     @staticmethod
     def _body(
-        response: http.client.HTTPResponse, start: int, end: int | None, into: memoryview | None, pinned: bool = False
+        response: http.client.HTTPResponse,
+        start: int,
+        end: int | None,
+        into: memoryview | None,
+        pinned: bool = False,
+        sock: _Socket | None = None,
     ) -> tuple[bytes | int | None, bool]:
         """What the response gives (its bytes, or their count once read ``into`` the
         buffer), and whether it was read to its end (the connection can carry the next
@@ -302,13 +309,13 @@ class SignedRangeReader:
         # decompressed, whole) is left to fsspec.
         stored = (response.getheader("Content-Encoding") or "identity").strip().lower() == "identity"
         if end is None and status == 200 and length is not None and stored:
-            return _read_exactly(response, length, into), True
+            return _read_exactly(response, length, into, sock), True
         if end is not None and status == 206 and length is not None and stored:
             match = _CONTENT_RANGE.fullmatch((response.getheader("Content-Range") or "").strip())
             # Fewer bytes than asked for at the end of the file; anything else is not the range
             # asked for, and fsspec reads it.
             if match is not None and int(match[1]) == start and int(match[2]) - start + 1 == length <= end - start:
-                return _read_exactly(response, length, into), True
+                return _read_exactly(response, length, into, sock), True
         if status not in (200, 206) and length is not None and length <= 64 * 1024:
             response.read()  # a small error body, drained so the connection can be kept
             clean = True
@@ -359,10 +366,28 @@ def _where(url: str) -> tuple[tuple[str, str, int], str] | None:
     return (parts.scheme, parts.hostname, port), parts.path + (f"?{parts.query}" if parts.query else "")
 
 
-def _read_exactly(response: http.client.HTTPResponse, length: int, into: memoryview | None) -> bytes | int:
+class _Socket(NamedTuple):
+    """The connection's socket, for bodies read straight from it, and the reader's timeout."""
+
+    sock: Any
+    timeout: float
+
+
+#: Bodies from this size on are read into their buffer by the socket itself (see
+#: :func:`_recv_body`); smaller ones through ``http.client``.
+_DIRECT_BODY = 256 * 1024
+
+
+def _read_exactly(
+    response: http.client.HTTPResponse, length: int, into: memoryview | None, sock: _Socket | None = None
+) -> bytes | int:
     """The ``length`` bytes of the body (or their count, read ``into`` the buffer)."""
     if into is not None:
-        count = response.readinto(into[:length])
+        view = into[:length]
+        if sock is not None and length >= _DIRECT_BODY and type(sock.sock) is socket.socket:
+            count = _recv_body(response, view, sock)
+        else:
+            count = response.readinto(view)
         if count != length:
             raise http.client.IncompleteRead(b"", length - count)
         return count
@@ -370,6 +395,48 @@ def _read_exactly(response: http.client.HTTPResponse, length: int, into: memoryv
     if len(data) != length:
         raise http.client.IncompleteRead(data, length - len(data))
     return data
+
+
+def _recv_body(response: http.client.HTTPResponse, view: memoryview, sock: _Socket) -> int:
+    """Read the body of ``response`` into ``view`` (its length) straight from the socket; the
+    count (less at an early end of the stream).
+
+    ``http.client`` reads a body through a socket with a timeout: each step is a ``poll`` and
+    a ``recv`` of what has arrived (about 64 KiB), and the interpreter lock taken back in
+    between, thousands of times per 256 MiB. Here the socket blocks, and each ``recv`` asks the
+    kernel for all the bytes left (``MSG_WAITALL``): it fills the buffer as they arrive, and
+    returns once, with the lock released throughout. ``SO_RCVTIMEO`` keeps the reader's
+    timeout: a call that waited that long for the next byte returns what it has (or fails
+    with ``EAGAIN``), as the timeout of a read through ``http.client`` would.
+    """
+    fp = response.fp
+    assert fp is not None
+    # What the header parser read ahead of the body is in the response's buffer: taken first.
+    buffered = min(len(fp.peek(1)), len(view))
+    count = fp.readinto(view[:buffered]) if buffered else 0
+    raw = sock.sock
+    kept = raw.gettimeout()
+    seconds = max(sock.timeout, 0.001)
+    raw.setsockopt(
+        socket.SOL_SOCKET,
+        socket.SO_RCVTIMEO,
+        struct.pack("ll", int(seconds), int((seconds - int(seconds)) * 1_000_000)),
+    )
+    raw.settimeout(None)
+    try:
+        while count < len(view):
+            got = raw.recv_into(view[count:], len(view) - count, socket.MSG_WAITALL)
+            if not got:
+                break  # the server closed the connection early
+            count += got
+    finally:
+        raw.settimeout(kept)
+    if count == len(view):
+        # The whole body is read: the response is complete, and the connection free for the
+        # next request.
+        response.length = 0
+        response.read()
+    return count
 
 
 class _Refused(Exception):
