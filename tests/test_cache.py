@@ -4,6 +4,7 @@ through it on every backend (memory and local disk are not cached; S3 and GCS ar
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import os
@@ -462,3 +463,44 @@ def test_records_are_json_naming_the_path_and_version(tmp_path: Path) -> None:
     cache.put(key, b"x", describe={"path": "b/ä.txt", "version": "v9"})
     record = json.loads(_entry_files(cache, key)[1].read_text(encoding="utf-8"))
     assert record["path"] == "b/ä.txt" and record["version"] == "v9" and record["size"] == 1
+
+
+@pytest.mark.s3
+async def test_stats_of_listed_versions_are_kept_and_a_metadata_change_is_seen(moto: Any, tmp_path: Path) -> None:
+    """A mount stats each file a listing shows (S3 lists no metadata): with a cache, the stat
+    of a version seen before is answered from its record, with no HEAD; metadata replaced in
+    place (same ETag, new time) is read again."""
+    raw = moto.s3fs(use_listings_cache=False)
+    root = f"{S3_BUCKET}/{unique('ws')}"
+    client = moto.boto3_client()
+    key = f"{root.split('/', 1)[1]}/tool.sh"
+    client.put_object(Bucket=S3_BUCKET, Key=key, Body=b"#!/bin/sh\n", Metadata={"mode": "33261"})
+
+    def make() -> FsspecFilesystem:
+        return FsspecFilesystem(raw, root=root, cache=str(tmp_path / "cache"), metadata_ttl=30)
+
+    first = make()
+    await first.list_stats("")
+    st = await first.stat("tool.sh")
+    assert st.metadata is not None and st.metadata.get("mode") == "33261"
+    second = make()
+    await second.list_stats("")
+    heads: list[str] = []
+    info = second.backend.info
+
+    def counted(rel: str) -> Any:
+        heads.append(rel)
+        return info(rel)
+
+    second.backend.info = counted  # type: ignore[method-assign]
+    again = await second.stat("tool.sh")
+    assert heads == [] and again == dataclasses.replace(st)
+    time.sleep(1.1)  # a new modification time, to the second
+    client.copy_object(
+        Bucket=S3_BUCKET, Key=key, CopySource={"Bucket": S3_BUCKET, "Key": key},
+        Metadata={"mode": "33188"}, MetadataDirective="REPLACE",
+    )  # fmt: skip
+    third = make()
+    await third.list_stats("")
+    changed = await third.stat("tool.sh")
+    assert changed.etag == st.etag and changed.metadata is not None and changed.metadata.get("mode") == "33188"

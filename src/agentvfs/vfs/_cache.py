@@ -41,6 +41,7 @@ import json
 import logging
 import os
 import secrets
+import sqlite3
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -69,6 +70,10 @@ _ENTRY_OVERHEAD = 8192
 #: cache does not scan its directory for every new entry.
 _HEADROOM = 0.1
 _HASH_BYTES = 16
+#: The share of the budget (1/n) kept for metadata records, and what one is counted as
+#: (the record, its index entry and the write-ahead log's copy, generously).
+_STAT_SHARE = 32
+_STAT_ROW = 2048
 #: Bytes reserved at a time for the entries one process writes (see ``_reserve``).
 _CREDIT_BLOCK = 64 * 1024 * 1024
 #: A data file without its record this old is left from a crash (younger, a commit may be
@@ -169,6 +174,14 @@ class ContentCache:
             raise ValueError(f"max_bytes must be a positive number of bytes, not {max_bytes!r}")
         self.directory = os.path.abspath(os.fspath(directory) if directory is not None else default_cache_dir())
         self.max_bytes = max_bytes
+        #: What file contents may take; the rest of the budget is the records of metadata
+        #: (``put_stat``): at most ``_STAT_SHARE`` of it, at ``_STAT_ROW`` bytes a record.
+        self._data_bytes = max_bytes - max_bytes // _STAT_SHARE
+        self._stat_rows = max(16, (max_bytes // _STAT_SHARE) // _STAT_ROW)
+        self._db: sqlite3.Connection | None = None
+        self._db_pid = 0
+        self._db_lock = threading.Lock()
+        self._stat_puts = 0
         self._base = os.path.join(self.directory, _FORMAT)
         self._entries = os.path.join(self._base, "entries")
         self._tmp = os.path.join(self._base, "tmp")
@@ -312,7 +325,7 @@ class ContentCache:
         """Start writing the entry ``key`` of ``size`` bytes in any order of ranges; None when
         it cannot fit the budget. Commit the fill once every byte is written, or abort it."""
         need = _footprint(size)
-        if need > self.max_bytes:
+        if need > self._data_bytes:
             return None
         tmp_path = os.path.join(self._tmp, f"{os.getpid()}.{secrets.token_hex(6)}.{need}")
         try:
@@ -399,13 +412,13 @@ class ContentCache:
                 fd = os.open(tmp_path, open_flags, 0o600)
                 self._set_credit(self._credit - need)
                 return fd
-        block = max(need, min(_CREDIT_BLOCK, self.max_bytes // 16))
+        block = max(need, min(_CREDIT_BLOCK, self._data_bytes // 16))
         with self._locked():
             used = self._read_used()
             for ask in (block, need):
-                if used is None or used + ask > self.max_bytes:
-                    used = self._evict(self.max_bytes - ask - int(self.max_bytes * _HEADROOM))
-                if used + ask <= self.max_bytes:
+                if used is None or used + ask > self._data_bytes:
+                    used = self._evict(self._data_bytes - ask - int(self._data_bytes * _HEADROOM))
+                if used + ask <= self._data_bytes:
                     break
             else:
                 return None
@@ -501,6 +514,58 @@ class ContentCache:
         self._write_used(used)
         return used
 
+    # -- metadata records --------------------------------------------------------------------------
+
+    def _stats(self) -> sqlite3.Connection:
+        """The database of metadata records (one connection per process, used under a lock)."""
+        if self._db is None or self._db_pid != os.getpid():
+            db = sqlite3.connect(
+                os.path.join(self._base, "stats.sqlite"), timeout=30, check_same_thread=False, isolation_level=None
+            )
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.execute("CREATE TABLE IF NOT EXISTS stats (key TEXT PRIMARY KEY, value TEXT NOT NULL, used REAL NOT NULL)")
+            db.execute("CREATE INDEX IF NOT EXISTS stats_used ON stats (used)")
+            self._db, self._db_pid = db, os.getpid()
+        return self._db
+
+    def get_stat(self, key: str) -> dict[str, object] | None:
+        """The metadata record ``key`` (a JSON object), or None. Keys name a version as
+        :meth:`key` does: a record never goes stale, it is only forgotten."""
+        try:
+            with self._db_lock:
+                row = self._stats().execute("SELECT value FROM stats WHERE key = ?", (key,)).fetchone()
+        except sqlite3.Error as exc:
+            _log.warning("cache: metadata records unreadable: %s", exc)
+            return None
+        if row is None:
+            return None
+        try:
+            value = json.loads(row[0])
+        except ValueError:
+            return None
+        return value if isinstance(value, dict) else None
+
+    def put_stat(self, key: str, value: dict[str, object]) -> None:
+        """Keep the metadata record ``key``; the oldest records go beyond their share."""
+        try:
+            with self._db_lock:
+                db = self._stats()
+                db.execute(
+                    "INSERT OR REPLACE INTO stats (key, value, used) VALUES (?, ?, ?)",
+                    (key, json.dumps(value, ensure_ascii=False), time.time()),
+                )
+                self._stat_puts += 1
+                if self._stat_puts % max(1, min(256, self._stat_rows // 4)) == 0:
+                    (count,) = db.execute("SELECT count(*) FROM stats").fetchone()
+                    if count > self._stat_rows:
+                        db.execute(
+                            "DELETE FROM stats WHERE key IN (SELECT key FROM stats ORDER BY used LIMIT ?)",
+                            (count - int(self._stat_rows * (1 - _HEADROOM)),),
+                        )
+        except sqlite3.Error as exc:
+            _log.warning("cache: metadata record not kept: %s", exc)
+
     # -- upkeep ----------------------------------------------------------------------------------
 
     def _remove_files(self, key: str) -> None:
@@ -532,6 +597,8 @@ class ContentCache:
             for _, _, key in entries:
                 self._remove_files(key)
             self._write_used(pending)
+        with contextlib.suppress(sqlite3.Error), self._db_lock:
+            self._stats().execute("DELETE FROM stats")
         return len(entries)
 
     def __repr__(self) -> str:
@@ -656,26 +723,31 @@ class VersionMemo:
     def __init__(self, ttl: float, limit: int = 200_000) -> None:
         self.ttl = ttl
         self._limit = limit
-        self._seen: dict[str, tuple[str, int, float]] = {}
+        self._seen: dict[str, tuple[str, int, float, int]] = {}
         self._cuts: dict[str, float] = {}
         self._lock = threading.Lock()
 
-    def note(self, path: str, version: str | None, size: int) -> None:
-        """``path`` is at ``version`` of ``size`` bytes now."""
+    def note(self, path: str, version: str | None, size: int, stamp: int = 0) -> None:
+        """``path`` is at ``version`` of ``size`` bytes now, modified at second ``stamp``."""
         if version is None:
             return
         with self._lock:
             if len(self._seen) >= self._limit:
                 self._seen.clear()  # rare: a fresh start costs one request per file
-            self._seen[path] = (version, size, time.monotonic())
+            self._seen[path] = (version, size, time.monotonic(), stamp)
 
     def fresh(self, path: str) -> tuple[str, int] | None:
         """``(version, size)`` of ``path`` if seen within ``ttl`` and not changed here since."""
+        found = self.fresh_stamped(path)
+        return None if found is None else (found[0], found[1])
+
+    def fresh_stamped(self, path: str) -> tuple[str, int, int] | None:
+        """``(version, size, stamp)`` of ``path`` as :meth:`fresh`."""
         with self._lock:
             seen = self._seen.get(path)
             if seen is None or time.monotonic() - seen[2] > self.ttl or self._cut_since(path, seen[2]):
                 return None
-        return seen[0], seen[1]
+        return seen[0], seen[1], seen[3]
 
     def size_of(self, path: str, version: str) -> int | None:
         """The size of ``version`` of ``path`` if it was ever seen (a version has one size)."""

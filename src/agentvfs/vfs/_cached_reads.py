@@ -10,6 +10,7 @@ filed under, so a store whose reads cannot be pinned is read as if there were no
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import threading
@@ -17,6 +18,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from ..errors import FileNotFound, FileTooLarge, IsDirectory, StaleFileError
@@ -24,6 +26,7 @@ from . import _paths
 from ._base import run_sync
 from ._cache import CacheFill, ContentCache, VersionMemo
 from ._fsspec_backends import READ_THREADS
+from ._records import FileStat
 
 if TYPE_CHECKING:
     from ._fsspec import FsspecFilesystem
@@ -53,6 +56,30 @@ _PREFETCH_THREADS = 8
 _PREFETCH_QUEUE = 256
 
 
+_DATES = ("created_at", "modified_at")
+
+
+def _stat_to(st: FileStat) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for field in dataclasses.fields(st):
+        value = getattr(st, field.name)
+        if field.name in ("name", "path"):
+            continue
+        if field.name in _DATES:
+            value = value.isoformat()
+        elif field.name == "metadata" and value is not None:
+            value = dict(value)
+        out[field.name] = value
+    return out
+
+
+def _stat_from(record: dict[str, object], rel: str) -> FileStat:
+    values = dict(record)
+    for name in _DATES:
+        values[name] = datetime.fromisoformat(str(values[name]))
+    return FileStat(name=_paths.basename(rel), path=rel, **values)  # type: ignore[arg-type]
+
+
 class _CachedReads:
     """The cached read paths of one :class:`~agentvfs.vfs.FsspecFilesystem`."""
 
@@ -79,6 +106,34 @@ class _CachedReads:
 
     def forget(self, *rels: str) -> None:
         self.memo.forget(*rels)
+
+    # -- metadata ----------------------------------------------------------------------------------
+
+    def _stat_key(self, rel: str, version: str, stamp: int) -> str:
+        # The modification time too: a store may replace an object's metadata in place and
+        # keep its ETag (an S3 copy onto itself), never its time.
+        return ContentCache.key(self.storage, "stat\0" + self.backend.bpath(rel), f"{version}@{stamp}")
+
+    async def stat(self, rel: str, display: str) -> FileStat:
+        """The stat of ``rel``: a file whose version a listing showed within the TTL is
+        answered from the metadata record kept for that version (no HEAD); else storage is
+        asked and the answer kept."""
+        seen = self.memo.fresh_stamped(rel)
+        if seen is not None:
+            version, size, stamp = seen
+            record = self.cache.get_stat(self._stat_key(rel, version, stamp))
+            if record is not None:
+                try:
+                    st = _stat_from(record, rel)
+                except (KeyError, TypeError, ValueError):
+                    st = None
+                if st is not None and st.etag == version and st.size == size:
+                    return st
+        st = await run_sync(self.backend.stat_sync, rel, display)
+        if st.type == "file" and st.etag is not None and st.metadata is not None:
+            stamp = int(st.modified_at.timestamp())
+            await run_sync(self.cache.put_stat, self._stat_key(rel, st.etag, stamp), _stat_to(st))
+        return st
 
     # -- whole files -----------------------------------------------------------------------------
 

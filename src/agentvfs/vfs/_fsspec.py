@@ -304,6 +304,8 @@ class FsspecFilesystem(WorkspaceFilesystem):
         if self.status != "ready":
             await self.ensure_ready()
         rel = self._rel(path)
+        if self._cached is not None and rel:
+            return self._public_stat(await self._cached.stat(rel, path))
         return self._public_stat(await self._call(self._backend.stat_sync, rel, path))
 
     async def exists(self, path: str) -> bool:

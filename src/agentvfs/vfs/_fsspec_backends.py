@@ -136,9 +136,10 @@ class FsspecBackend(Backend):
         # one step (a lock per path stripe); a kind whose store checks the version itself in
         # the write (S3's If-Match) needs none.
         self._guard_locks = tuple(threading.Lock() for _ in range(64))
-        #: Called with ``(rel, version, size)`` of every file a stat or listing shows (a
-        #: filesystem with a content cache keeps them: a listing is a close-to-open check).
-        self.seen: Callable[[str, str | None, int], None] | None = None
+        #: Called with ``(rel, version, size, modified second)`` of every file a stat or
+        #: listing shows (a filesystem with a content cache keeps them: a listing is a
+        #: close-to-open check).
+        self.seen: Callable[[str, str | None, int, int], None] | None = None
 
     @property
     def fs(self) -> fsspec.AbstractFileSystem:
@@ -236,7 +237,7 @@ class FsspecBackend(Backend):
             stat = with_posix_attributes(stat, attributes_from_metadata(stat.metadata))
         self.known.remember(stat)
         if self.seen is not None and kind == "file":
-            self.seen(rel, stat.etag, stat.size)
+            self.seen(rel, stat.etag, stat.size, int(stat.modified_at.timestamp()))
         return stat
 
     def _saw(self, rel: str, info: dict[str, Any]) -> None:
@@ -245,7 +246,10 @@ class FsspecBackend(Backend):
             return
         etag = _first(info, ("generation", "ETag", "etag", "md5Hash", "VersionId"))
         if etag is not None:
-            self.seen(rel, str(etag).strip('"'), int(info.get("size") or 0))
+            modified, created = self._times(rel, info, "file")
+            moment = modified or created
+            stamp = int(moment.timestamp()) if moment is not None else 0
+            self.seen(rel, str(etag).strip('"'), int(info.get("size") or 0), stamp)
 
     def stat_sync(self, rel: str, display: str) -> FileStat:
         """Metadata of ``rel``; the root always exists."""
