@@ -504,3 +504,41 @@ async def test_stats_of_listed_versions_are_kept_and_a_metadata_change_is_seen(m
     await third.list_stats("")
     changed = await third.stat("tool.sh")
     assert changed.etag == st.etag and changed.metadata is not None and changed.metadata.get("mode") == "33188"
+
+
+@pytest.mark.s3
+async def test_listings_of_subdirectories_are_fetched_ahead_and_used_once(
+    moto: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agentvfs.vfs import _cached_reads
+
+    monkeypatch.setattr(_cached_reads, "_LIST_AHEAD_AGE", 60.0)  # however slow this machine is
+    raw = moto.s3fs(use_listings_cache=False)
+    root = f"{S3_BUCKET}/{unique('ws')}"
+    for d in range(3):
+        raw.pipe_file(f"{root}/pkg{d}/mod.py", b"x = 1\n")
+    fs = FsspecFilesystem(raw, root=root, cache=str(tmp_path / "cache"), metadata_ttl=300)
+    listed: list[str] = []
+    plain = fs.backend.list_stats_sync
+
+    def counted(rel: str, display: str) -> Any:
+        listed.append(rel)
+        return plain(rel, display)
+
+    fs.backend.list_stats_sync = counted  # type: ignore[method-assign]
+    top = await fs.list_stats("")
+    assert sorted(s.name for s in top) == ["pkg0", "pkg1", "pkg2"]
+    for _ in range(100):  # the three listings ahead run in the background
+        if len(listed) == 4:
+            break
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(0.05)
+    assert sorted(listed) == ["", "pkg0", "pkg1", "pkg2"]
+    assert [s.name for s in await fs.list_stats("pkg0")] == ["mod.py"]
+    # A change made here below a directory fetched ahead: that listing is not used.
+    await fs.write_file("pkg1/new.py", "y = 2\n")
+    assert sorted(s.name for s in await fs.list_stats("pkg1")) == ["mod.py", "new.py"]
+    assert sorted(listed) == ["", "pkg0", "pkg1", "pkg1", "pkg2"]
+    # Used once: the next listing of pkg0 asks storage.
+    await fs.list_stats("pkg0")
+    assert listed.count("pkg0") == 2

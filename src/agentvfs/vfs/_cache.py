@@ -767,6 +767,15 @@ class VersionMemo:
             end = path.rfind("/", 0, end)
         return False
 
+    def changed_since(self, path: str, moment: float) -> bool:
+        """Whether a change made here since ``moment`` (monotonic) touched ``path``, a path
+        above it or one below it (a listing of ``path`` is then out of date)."""
+        with self._lock:
+            if self._cut_since(path, moment):
+                return True
+            head = path.rstrip("/") + "/" if path else ""
+            return any(t >= moment and p.startswith(head) for p, t in self._cuts.items())
+
     def forget(self, *paths: str) -> None:
         """Distrust what was seen of each of ``paths`` and everything below it (``""``: all)."""
         now = time.monotonic()

@@ -51,6 +51,10 @@ _FILL_START = 32 * 1024 * 1024
 #: When a read reaches the end of a file being filled, bytes read before the fill began (at
 #: most this many) are fetched to complete it.
 _FILL_HOLES = 32 * 1024 * 1024
+#: Subdirectories of a listed directory whose listings are fetched ahead, and the most a
+#: listing fetched ahead may be old (seconds, and a share of the TTL) to be used.
+_LIST_AHEAD = 16
+_LIST_AHEAD_AGE = 1.0
 #: Background fetches at once (prefetch of a directory's next files).
 _PREFETCH_THREADS = 8
 _PREFETCH_QUEUE = 256
@@ -99,6 +103,9 @@ class _CachedReads:
         self._fills: OrderedDict[tuple[str, str], tuple[CacheFill, float]] = OrderedDict()
         self._pool: ThreadPoolExecutor | None = None
         self._queued: dict[str, Future[None]] = {}
+        #: Listings fetched ahead: directory -> (when the request started, its stats).
+        self._ahead: dict[str, tuple[float, list[FileStat]]] = {}
+        self._listing: set[str] = set()
         self._closed = False
 
     def key(self, rel: str, version: str) -> str:
@@ -413,6 +420,60 @@ class _CachedReads:
             fill.commit()
         else:
             fill.abort()
+
+    # -- listings --------------------------------------------------------------------------------
+
+    def take_listing(self, rel: str) -> list[FileStat] | None:
+        """A listing of ``rel`` fetched ahead moments ago, used once; None: list it now.
+
+        It is used only while younger than half the TTL (and a second), and not after a
+        change made here in or above the directory: whoever lists a tree (a mount under
+        ``grep -r``) waits for one listing at a time no more, and sees storage at most that
+        much older than a listing of its own would show.
+        """
+        with self._lock:
+            found = self._ahead.pop(rel, None)
+        if found is None:
+            return None
+        started, stats = found
+        if time.monotonic() - started > min(self.memo.ttl / 2, _LIST_AHEAD_AGE) or self.memo.changed_since(rel, started):
+            return None
+        return stats
+
+    def list_ahead(self, rel: str, stats: Sequence[FileStat]) -> None:
+        """Fetch the listings of the first subdirectories of ``rel`` in the background."""
+        if self.memo.ttl <= 0:
+            return
+        subdirs = [st.path for st in stats if st.type == "directory"][:_LIST_AHEAD]
+        if not subdirs:
+            return
+        with self._lock:
+            if self._closed:
+                return
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(_PREFETCH_THREADS, thread_name_prefix="agentvfs-prefetch")
+            pool = self._pool
+            wanted = [d for d in subdirs if d not in self._listing and d not in self._ahead]
+            self._listing.update(wanted)
+        for sub in wanted:
+            pool.submit(self._list_one, sub)
+
+    def _list_one(self, rel: str) -> None:
+        started = time.monotonic()
+        try:
+            if not self._closed:
+                stats = self.backend.list_stats_sync(rel, rel)
+                with self._lock:
+                    self._ahead[rel] = (started, stats)
+                    if len(self._ahead) > 4 * _LIST_AHEAD:
+                        # Never taken (the reader went elsewhere): the oldest go.
+                        for key in sorted(self._ahead, key=lambda k: self._ahead[k][0])[: _LIST_AHEAD]:
+                            del self._ahead[key]
+        except OSError:
+            pass  # gone or unreadable: the reader's own listing will say
+        finally:
+            with self._lock:
+                self._listing.discard(rel)
 
     # -- for a mount -----------------------------------------------------------------------------
 

@@ -343,7 +343,12 @@ class FsspecFilesystem(WorkspaceFilesystem):
         if self.status != "ready":
             await self.ensure_ready()
         rel = self._rel(path)
-        stats = await self._call(self._backend.list_stats_sync, rel, path)
+        cached = self._cached
+        stats = cached.take_listing(rel) if cached is not None else None
+        if stats is None:
+            stats = await self._call(self._backend.list_stats_sync, rel, path)
+        if cached is not None:
+            cached.list_ahead(rel, stats)
         return [self._public_stat(s) for s in stats]
 
     async def upload_file(self, local_path: str, path: str) -> None:
