@@ -3,6 +3,7 @@ per handle, within budget; sequential reads in parts whose buffers are reused.""
 
 from __future__ import annotations
 
+import mmap
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +15,10 @@ import pytest
 from _mounted import wait_until
 from agentvfs import FsspecFilesystem
 from agentvfs.mounts import Mount, _readahead, fuse_available
+from agentvfs.testing import MotoServer
 from agentvfs.vfs._base import read_range, read_range_into
+from conftest import S3_BUCKET, unique
+from test_fsspec_backend import _count_s3_calls
 
 MiB = 1 << 20
 FUSE = fuse_available()
@@ -184,3 +188,30 @@ def test_a_failed_part_gives_back_its_share_of_the_cache(
         assert (mnt / "big.bin").read_bytes() == blob
         assert failures == []
         assert wait_until(lambda: ops.read_cache_used == 0)  # the failed part's share too
+
+
+@pytest.mark.s3
+def test_a_sequential_read_from_s3_lands_whole_in_mapped_parts(tmp_path: Path, moto: MotoServer) -> None:
+    # The default parts (1, 2, 4, 8 MiB, then 16 MiB) of a 40 MiB object: each one GET of a
+    # signed URL whose body the socket reads straight into the part's buffer, an anonymous
+    # mapping from 1 MiB on; not one byte through s3fs.
+    raw = moto.s3fs(use_listings_cache=False)
+    prefix = f"{S3_BUCKET}/{unique('seq-s3')}"
+    blob = os.urandom(40 * MiB + 12345)
+    raw.pipe_file(f"{prefix}/big.bin", blob)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    fs = FsspecFilesystem(raw, root=prefix)
+    with Mount(fs, str(mnt)) as m:
+        ops = m.operations
+        assert ops is not None
+        os.stat(mnt / "big.bin")
+        calls = _count_s3_calls(raw)
+        got = []
+        with open(mnt / "big.bin", "rb", buffering=0) as f:
+            while chunk := f.read(MiB):
+                got.append(chunk)
+            assert any(isinstance(b, mmap.mmap) for b in ops.readahead.buffers.free)
+        assert b"".join(got) == blob
+        assert "get_object" not in calls
+        assert wait_until(lambda: ops.read_cache_used == 0 and not ops.readahead.buffers.free)

@@ -27,6 +27,7 @@ from test_fsspec_backend import _count_s3_calls
 pytestmark = pytest.mark.anyio
 
 DATA = bytes(range(256)) * 4096  # 1 MiB, every offset distinguishable
+BIG = os.urandom(5 << 20)  # served for paths under /big
 
 
 def _check_ranges(read: Callable[[int, int], bytes]) -> None:
@@ -183,37 +184,38 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return
         script = self.script
         mode = script.mode
+        data = BIG if self.path.startswith("/big") else DATA
         if "Range" not in self.headers:  # a whole-file GET
             if mode == "gzip":  # a store that transcodes what it stored compressed
-                self._send(200, DATA, {"Content-Encoding": "gzip"})
+                self._send(200, data, {"Content-Encoding": "gzip"})
             elif mode == "chunked":  # no length given
                 self.send_response(200)
                 self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()
-                self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(DATA[:100]), DATA[:100]))
+                self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(data[:100]), data[:100]))
             elif mode == "missing":
                 self._send(404, b"<Error>NoSuchKey</Error>", {})
             else:
-                self._send(200, DATA, {})
+                self._send(200, data, {})
             return
         match = re.fullmatch(r"bytes=(\d+)-(\d+)", self.headers.get("Range", ""))
         assert match is not None
-        start, last = int(match[1]), min(int(match[2]), len(DATA) - 1)
-        body = DATA[start : last + 1]
+        start, last = int(match[1]), min(int(match[2]), len(data) - 1)
+        body = data[start : last + 1]
         if mode == "whole":  # a server that ignores Range
-            self._send(200, DATA, {})
+            self._send(200, data, {})
         elif mode == "wrong-range":
-            self._send(206, body, {"Content-Range": f"bytes {start + 1}-{last + 1}/{len(DATA)}"})
+            self._send(206, body, {"Content-Range": f"bytes {start + 1}-{last + 1}/{len(data)}"})
         elif mode == "short":  # promises more than it sends, then hangs up
             self.send_response(206)
-            self.send_header("Content-Range", f"bytes {start}-{last}/{len(DATA)}")
+            self.send_header("Content-Range", f"bytes {start}-{last}/{len(data)}")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body[: len(body) // 2])
             self.close_connection = True
         elif mode == "stall":  # sends half, then nothing for longer than the reader waits
             self.send_response(206)
-            self.send_header("Content-Range", f"bytes {start}-{last}/{len(DATA)}")
+            self.send_header("Content-Range", f"bytes {start}-{last}/{len(data)}")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body[: len(body) // 2])
@@ -221,12 +223,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             time.sleep(3)
             self.close_connection = True
         elif mode == "close-after":  # answers, then closes the kept-alive connection
-            self._send(206, body, {"Content-Range": f"bytes {start}-{last}/{len(DATA)}"})
+            self._send(206, body, {"Content-Range": f"bytes {start}-{last}/{len(data)}"})
             self.close_connection = True
         elif mode == "missing":
             self._send(404, b"<Error>NoSuchKey</Error>", {})
         else:
-            self._send(206, body, {"Content-Range": f"bytes {start}-{last}/{len(DATA)}"})
+            self._send(206, body, {"Content-Range": f"bytes {start}-{last}/{len(data)}"})
 
     def do_HEAD(self) -> None:
         if self._refused("HEAD " + self.path):
@@ -383,6 +385,27 @@ def test_large_bodies_land_in_the_buffer_from_the_socket(scripted: tuple[_Script
     script.mode = "ok"
     assert reader.read_into("obj", 1, memoryview(buffer)[: 512 * 1024]) == 512 * 1024
     assert buffer[: 512 * 1024] == DATA[1 : 512 * 1024 + 1]
+
+
+def test_bodies_of_several_mib_wake_the_reader_in_steps(scripted: tuple[_Script, str]) -> None:
+    # Beyond the first MiB the socket wakes its thread every 512 KiB (SO_RCVLOWAT), the last
+    # 512 KiB with the default: every length and offset lands whole, and the connection is
+    # kept with its default for the next, small, read.
+    script, base = scripted
+    reader = _reader(base)
+    buffer = bytearray(len(BIG))
+    for start, size in ((0, len(BIG)), (7, 3 << 20), (1, (1 << 20) + 1), (12345, len(BIG) - 12345)):
+        assert reader.read_into("big", start, memoryview(buffer)[:size]) == size
+        assert buffer[:size] == BIG[start : start + size]
+    assert reader.read("big", 3, 9) == BIG[3:9]
+    assert len(script.connections) == 1
+    script.mode = "short"
+    assert reader.read_into("big", 0, memoryview(buffer)) is None
+    script.mode = "stall"
+    reader = SignedRangeReader(lambda path, fresh: (f"{base}/{path}", {}), timeout=0.5)
+    started = time.monotonic()
+    assert reader.read_into("big", 0, memoryview(buffer)) is None
+    assert time.monotonic() - started < 2.5
 
 
 def test_a_large_body_that_stalls_times_out(scripted: tuple[_Script, str]) -> None:

@@ -403,11 +403,13 @@ def _recv_body(response: http.client.HTTPResponse, view: memoryview, sock: _Sock
 
     ``http.client`` reads a body through a socket with a timeout: each step is a ``poll`` and
     a ``recv`` of what has arrived (about 64 KiB), and the interpreter lock taken back in
-    between, thousands of times per 256 MiB. Here the socket blocks, and each ``recv`` asks the
-    kernel for all the bytes left (``MSG_WAITALL``): it fills the buffer as they arrive, and
-    returns once, with the lock released throughout. ``SO_RCVTIMEO`` keeps the reader's
-    timeout: a call that waited that long for the next byte returns what it has (or fails
-    with ``EAGAIN``), as the timeout of a read through ``http.client`` would.
+    between, thousands of times per 256 MiB. Here the socket blocks, and one ``recv`` asks the
+    kernel for all the bytes (``MSG_WAITALL``): it fills the buffer as they arrive and returns
+    once, with the lock released throughout. While more than ``_WAKE_EVERY`` bytes are still
+    to come after them, the thread is woken only when that many have arrived
+    (``SO_RCVLOWAT``), not for every packet; the last ones are read with the default. The
+    reader's timeout is the socket's ``SO_RCVTIMEO``: a call returns what it has read once
+    that long has passed, and fails with ``EAGAIN`` if that is nothing.
     """
     fp = response.fp
     assert fp is not None
@@ -424,11 +426,16 @@ def _recv_body(response: http.client.HTTPResponse, view: memoryview, sock: _Sock
     )
     raw.settimeout(None)
     try:
-        while count < len(view):
-            got = raw.recv_into(view[count:], len(view) - count, socket.MSG_WAITALL)
-            if not got:
-                break  # the server closed the connection early
-            count += got
+        # Up to the last _WAKE_EVERY bytes, woken every _WAKE_EVERY bytes: the bytes after
+        # the ones asked for always make up the count that wakes the thread.
+        bulk = len(view) - _WAKE_EVERY
+        if bulk - count > _WAKE_EVERY:
+            raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, _WAKE_EVERY)
+            try:
+                count = _recv_all(raw, view, count, bulk)
+            finally:
+                raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
+        count = _recv_all(raw, view, count, len(view))
     finally:
         raw.settimeout(kept)
     if count == len(view):
@@ -436,6 +443,21 @@ def _recv_body(response: http.client.HTTPResponse, view: memoryview, sock: _Sock
         # next request.
         response.length = 0
         response.read()
+    return count
+
+
+#: Bytes a large body's reading thread is woken for (see :func:`_recv_body`).
+_WAKE_EVERY = 512 * 1024
+
+
+def _recv_all(raw: socket.socket, view: memoryview, count: int, end: int) -> int:
+    """Receive into ``view`` from ``count`` up to ``end``; where it got (less at an early end
+    of the stream)."""
+    while count < end:
+        got = raw.recv_into(view[count:end], end - count, socket.MSG_WAITALL)
+        if not got:
+            break  # the server closed the connection early
+        count += got
     return count
 
 
