@@ -259,7 +259,15 @@ def test_processes_sharing_a_cache_with_random_kills(tmp_path: Path) -> None:
     assert killed >= 5
     cache = ContentCache(directory, max_bytes=budget)
     info = cache.info()
-    assert info.bytes <= budget and info.pending == 0
+    assert info.bytes + info.pending <= budget
+    # A worker killed between its two renames left a data file without its record: counted
+    # (as a commit under way) until it is old enough to be known as left by a crash.
+    old = time.time() - 3600
+    for data in (directory / "v1" / "entries").rglob("*"):
+        if data.is_file() and not data.name.endswith(".m") and not Path(f"{data}.m").exists():
+            os.utime(data, (old, old))
+    cache._evict(budget)
+    assert cache.info().pending == 0
     # The next reservation scans: fills of dead processes are removed.
     fill = cache.begin(cache.key("s3://h", "b/new", "v"), budget // 2)
     assert fill is not None
@@ -542,3 +550,30 @@ async def test_listings_of_subdirectories_are_fetched_ahead_and_used_once(
     # Used once: the next listing of pkg0 asks storage.
     await fs.list_stats("pkg0")
     assert listed.count("pkg0") == 2
+
+
+@pytest.mark.s3
+async def test_the_stat_of_a_small_file_is_one_get_that_fills_the_cache(moto: Any, tmp_path: Path) -> None:
+    raw = moto.s3fs(use_listings_cache=False)
+    root = f"{S3_BUCKET}/{unique('ws')}"
+    moto.boto3_client().put_object(
+        Bucket=S3_BUCKET, Key=f"{root.split('/', 1)[1]}/small.txt", Body=b"tiny", Metadata={"mode": "33188"}
+    )
+    raw.pipe_file(f"{root}/big.bin", b"b" * (128 * 1024))
+    fs = FsspecFilesystem(raw, root=root, cache=str(tmp_path / "cache"), metadata_ttl=30)
+    await fs.list_stats("")
+    heads: list[str] = []
+    info = fs.backend.info
+
+    def counted(rel: str) -> Any:
+        heads.append(rel)
+        return info(rel)
+
+    fs.backend.info = counted  # type: ignore[method-assign]
+    small = await fs.stat("small.txt")
+    assert small.metadata == {"mode": "33188"} and small.size == 4
+    assert heads == []  # answered by the GET, which also filled the cache
+    gets = _gets(fs)
+    assert await fs.read_file("small.txt") == b"tiny" and gets == []
+    await fs.stat("big.bin")  # larger files are not fetched for a stat
+    assert heads == ["big.bin"]

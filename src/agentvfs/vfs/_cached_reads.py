@@ -36,6 +36,10 @@ __all__ = ["_CachedReads"]
 
 _log = logging.getLogger("agentvfs.cache")
 
+#: A file up to this size whose stat is asked is read whole instead (one GET, which answers
+#: the stat too, instead of a HEAD now and a GET later); larger files are not fetched for a
+#: stat (a listing of big files would download them).
+_STAT_BY_GET = 64 * 1024
 #: Entries up to this size are read on the event loop's thread (a thread hop costs more).
 _INLINE_BYTES = 256 * 1024
 #: Descriptors of entries kept open for ranged reads (an entry never changes).
@@ -136,10 +140,33 @@ class _CachedReads:
                     st = None
                 if st is not None and st.etag == version and st.size == size:
                     return st
+        if seen is not None and 0 < seen[1] <= _STAT_BY_GET:
+            # A small file: one GET answers the stat and fills the cache, where a HEAD now
+            # and a GET at open would be two requests.
+            got = await run_sync(self._read_with_stat, rel, display, seen[0])
+            if got is not None:
+                return got
         st = await run_sync(self.backend.stat_sync, rel, display)
         if st.type == "file" and st.etag is not None and st.metadata is not None:
             stamp = int(st.modified_at.timestamp())
             await run_sync(self.cache.put_stat, self._stat_key(rel, st.etag, stamp), _stat_to(st))
+        return st
+
+    def _read_with_stat(self, rel: str, display: str, version: str) -> FileStat | None:
+        read = getattr(self.backend, "read_with_stat_sync", None)
+        if read is None:
+            return None
+        try:
+            got: tuple[bytes, FileStat] | None = read(rel, display, version)
+        except (StaleFileError, FileNotFound):
+            return None  # changed since the listing: a stat tells what is there now
+        if got is None:
+            return None
+        data, st = got
+        if st.etag is None or st.metadata is None:
+            return None
+        self.cache.put(self.key(rel, st.etag), data, describe={"path": self.backend.bpath(rel), "version": st.etag})
+        self.cache.put_stat(self._stat_key(rel, st.etag, int(st.modified_at.timestamp())), _stat_to(st))
         return st
 
     # -- whole files -----------------------------------------------------------------------------

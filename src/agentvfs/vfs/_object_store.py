@@ -734,6 +734,34 @@ class S3Backend(ObjectStoreBackend):
             "Metadata": out.get("Metadata") or {},
         }
 
+    def read_with_stat_sync(self, rel: str, display: str, version: str) -> tuple[bytes, FileStat] | None:
+        """The whole of ``version`` of the file ``rel`` and its stat, from one GET (whose
+        answer carries what a HEAD's does); None where this way cannot tell.
+
+        Raises
+        ------
+        StaleFileError
+            The file is at another version now, or gone.
+        """
+        if self.ranged is None or not rel:
+            return None
+        try:
+            got = self.ranged.read_whole_with_headers(self.bpath(rel), version=version)
+        except StaleFileError:
+            raise StaleFileError(display, None, None) from None
+        if got is None:
+            return None
+        data, headers = got
+        found = self._from_headers(headers)
+        if found is None or found["ContentLength"] != len(data):
+            return None
+        info = {
+            "name": self.bpath(rel), "type": "file", "size": len(data), "ETag": found["ETag"],
+            "LastModified": found["LastModified"], "VersionId": found["VersionId"],
+            "ContentType": found["ContentType"], "Metadata": found["Metadata"],
+        }  # fmt: skip
+        return data, self.stat_of(rel, info)
+
     def _head_object(self, bucket: str, key: str) -> dict[str, Any]:
         """The object's HEAD, in the form boto3 gives it: through a signed URL where the
         store signs them (a fifth of the CPU), else through s3fs.

@@ -124,6 +124,14 @@ class SignedRangeReader:
         assert not isinstance(data, int)
         return data
 
+    def read_whole_with_headers(self, path: str, *, version: str | None = None) -> tuple[bytes, dict[str, str]] | None:
+        """All of ``path`` in one GET and the answer's headers (names in lower case): what a
+        ``HEAD`` would tell comes with the bytes. ``None`` and ``version`` as for :meth:`read`."""
+        headers: dict[str, str] = {}
+        data = self._fetch(path, 0, None, None, version, headers)
+        assert not isinstance(data, int)
+        return None if data is None else (data, headers)
+
     def read_into(self, path: str, start: int, buffer: memoryview, *, version: str | None = None) -> int | None:
         """Read bytes from ``start`` of ``path`` into ``buffer`` (as many as it holds, fewer
         at the end of the file); the count, or ``None`` as :meth:`read`. On ``None`` the
@@ -133,7 +141,13 @@ class SignedRangeReader:
         return count
 
     def _fetch(
-        self, path: str, start: int, end: int | None, into: memoryview | None, version: str | None = None
+        self,
+        path: str,
+        start: int,
+        end: int | None,
+        into: memoryview | None,
+        version: str | None = None,
+        answer: dict[str, str] | None = None,
     ) -> bytes | int | None:
         """One GET of ``start`` to ``end``, or of the whole file when ``end`` is None."""
         if (end is not None and end <= start) or time.monotonic() < self._resting_until:
@@ -152,7 +166,7 @@ class SignedRangeReader:
                 if query:
                     url += ("&" if "?" in url else "?") + query
             try:
-                return self._get(url, auth, start, end, into, pinned=version is not None)
+                return self._get(url, auth, start, end, into, pinned=version is not None, answer=answer)
             except _Refused:
                 continue  # signed again, once
             except _VersionGone:
@@ -220,6 +234,7 @@ class SignedRangeReader:
         into: memoryview | None,
         *,
         pinned: bool = False,
+        answer: dict[str, str] | None = None,
     ) -> bytes | int | None:
         where = _where(url)
         if where is None:
@@ -234,6 +249,8 @@ class SignedRangeReader:
             try:
                 conn.request("GET", target, headers=headers)
                 response = conn.getresponse()
+                if answer is not None:
+                    answer.update((name.lower(), value) for name, value in response.getheaders())
                 data, clean = self._body(response, start, end, into, pinned, _Socket(conn.sock, self._timeout))
             except (_Refused, _VersionGone):
                 conn.close()
