@@ -455,15 +455,6 @@ class TestS3Cached(FilesystemTests):
         )
 
 
-@pytest.mark.gcs
-class TestGcsCached(FilesystemTests):
-    @pytest.fixture
-    def harness(self, fake_gcs: Any, tmp_path: Path) -> Harness:
-        raw = fake_gcs.gcsfs()
-        return fsspec_harness(
-            raw, f"{GCS_BUCKET}/{unique('ws')}", name="gcs", cache=str(tmp_path / "cache"), metadata_ttl=0.0
-        )
-
 
 def test_records_are_json_naming_the_path_and_version(tmp_path: Path) -> None:
     cache = ContentCache(tmp_path)

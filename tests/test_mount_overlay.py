@@ -17,14 +17,13 @@ from agentvfs.mounts import Mount, fuse_available
 from agentvfs.testing import (
     FilesystemTests,
     Harness,
-    MotoServer,
     backend_harness,
     local_harness,
     mounted_harness,
     overlay_harness,
 )
 from agentvfs.vfs import BackendFilesystem, MemoryBackend, OverlayFilesystem
-from conftest import memory_harness, s3_harness
+from conftest import memory_harness
 
 pytestmark = pytest.mark.skipif(fuse_available() is not None, reason=f"FUSE unavailable: {fuse_available()}")
 
@@ -52,14 +51,6 @@ class TestMountOverlayLocalOnLocal(FilesystemTests):
     @pytest.fixture
     def harness(self, tmp_path: Path) -> Iterator[Harness]:
         yield from _mount(overlay_harness(_local(tmp_path, "base"), _local(tmp_path, "upper")), tmp_path)
-
-
-@pytest.mark.s3
-@pytest.mark.slow
-class TestMountOverlayS3OnMemory(FilesystemTests):
-    @pytest.fixture
-    def harness(self, moto: MotoServer, tmp_path: Path) -> Iterator[Harness]:
-        yield from _mount(overlay_harness(s3_harness(moto), memory_harness()), tmp_path)
 
 
 @pytest.mark.anyio

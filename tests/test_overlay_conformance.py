@@ -1,8 +1,8 @@
 """The conformance suite, unchanged, on copy-on-write overlays of every backend.
 
-Each base runs under a memory upper layer (the upper layer of a workspace fork) and under an
-upper layer of its own kind (a second prefix of the same bucket, a second directory); the
-oracle writes into the base storage and reads the view from both storages directly.
+Each base runs under a memory upper layer (the upper layer of a workspace fork), and local disk
+also under an upper layer of its own kind (a second directory); the oracle writes into the
+base storage and reads the view from both storages directly.
 """
 
 from __future__ import annotations
@@ -39,12 +39,6 @@ class TestOverlayMemoryOnMemoryBackend(FilesystemTests):
         return overlay_harness(memory_harness(), backend_harness(MemoryBackend()))
 
 
-class TestOverlayMemoryOnMemory(FilesystemTests):
-    @pytest.fixture
-    def harness(self) -> Harness:
-        return overlay_harness(memory_harness(), memory_harness())
-
-
 class TestOverlayLocalOnMemory(FilesystemTests):
     @pytest.fixture
     def harness(self, tmp_path: Path) -> Harness:
@@ -64,23 +58,8 @@ class TestOverlayS3OnMemory(FilesystemTests):
         return overlay_harness(s3_harness(moto), memory_harness())
 
 
-@pytest.mark.s3
-@pytest.mark.slow
-class TestOverlayS3OnS3(FilesystemTests):
-    @pytest.fixture
-    def harness(self, moto: MotoServer) -> Harness:
-        return overlay_harness(s3_harness(moto), s3_harness(moto))
-
-
 @pytest.mark.gcs
 class TestOverlayGcsOnMemory(FilesystemTests):
     @pytest.fixture
     def harness(self, fake_gcs: FakeGcsServer) -> Harness:
         return overlay_harness(gcs_harness(fake_gcs), memory_harness())
-
-
-@pytest.mark.gcs
-class TestOverlayGcsOnGcs(FilesystemTests):
-    @pytest.fixture
-    def harness(self, fake_gcs: FakeGcsServer) -> Harness:
-        return overlay_harness(gcs_harness(fake_gcs), gcs_harness(fake_gcs))
