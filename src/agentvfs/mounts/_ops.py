@@ -919,6 +919,8 @@ class MountOperations(pyfuse3.Operations):
     def close_staging(self) -> None:
         """Drop staged copies of clean files; remove the staging area if it is ours and empty,
         and the session with its journal if nothing in it is left unpublished."""
+        if self.cached is not None:
+            self.cached.flush_cache()  # files read to their end are committed to the cache
         for node in self.inodes.values():
             if node.backing_fd >= 0:
                 os.close(node.backing_fd)  # the session is gone, and its backing ids with it

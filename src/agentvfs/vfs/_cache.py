@@ -148,6 +148,10 @@ class SupportsContentCache(Protocol):
         """Fetch ``(path, version, size)`` files into the cache in the background."""
         ...
 
+    def flush_cache(self) -> None:
+        """Wait for what is being written to the cache in the background; blocking."""
+        ...
+
 
 class ContentCache:
     """Whole files of remote storage on local disk, by storage, path and version.
@@ -625,6 +629,9 @@ class CacheFill:
         #: one has reached the end of the file.
         self.inflight = 0
         self.reached_end = False
+        #: Parts handed to a writer and not written yet; the fill is being completed.
+        self.queued = 0
+        self.finishing = False
 
     @property
     def complete(self) -> bool:

@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import queue
 import threading
 import time
 from collections import OrderedDict
@@ -64,6 +65,77 @@ _PREFETCH_THREADS = 8
 _PREFETCH_QUEUE = 256
 
 
+#: Buffers (each at least this size) the writer of fills copies parts into, and how many:
+#: what a fill may be behind its reader before it is given up.
+_FILL_BUFFER_BYTES = 16 * 1024 * 1024
+_FILL_BUFFERS = 4
+
+
+class _FillWriter:
+    """Writes the parts of fills to disk in a thread of its own, from copies kept in a small
+    pool of reused buffers (pages already mapped, so a copy is a plain memcpy): a reader of a
+    large file never waits for the page cache or the disk."""
+
+    def __init__(self, owner: _CachedReads) -> None:
+        self._owner = owner
+        self._lock = threading.Lock()
+        self._free: list[bytearray] = []
+        self._made = 0
+        self._queue: queue.SimpleQueue[tuple[CacheFill, tuple[str, str], int, bytearray, int] | None] = (
+            queue.SimpleQueue()
+        )
+        self._thread: threading.Thread | None = None
+
+    def offer(self, fill: CacheFill, key: tuple[str, str], offset: int, data: memoryview) -> bool:
+        """Queue ``data`` for ``fill`` (of ``key``) at ``offset``; False when no buffer is free."""
+        length = len(data)
+        with self._lock:
+            buffer = next((b for b in self._free if len(b) >= length), None)
+            if buffer is not None:
+                self._free.remove(buffer)
+            elif self._made < _FILL_BUFFERS:
+                self._made += 1
+                buffer = bytearray(max(length, _FILL_BUFFER_BYTES))
+            else:
+                return False
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="agentvfs-cache-writer", daemon=True)
+                self._thread.start()
+        buffer[:length] = data
+        with self._owner._lock:
+            fill.queued += 1
+        self._queue.put((fill, key, offset, buffer, length))
+        return True
+
+    def _give(self, buffer: bytearray) -> None:
+        with self._lock:
+            self._free.append(buffer)
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            fill, key, offset, buffer, length = item
+            try:
+                fill.write(offset, memoryview(buffer)[:length])
+            except (OSError, ValueError) as exc:
+                _log.warning("cache: fill of %s given up: %s", fill.describe.get("path", "?"), exc)
+                self._owner._end_fill(key, fill, commit=False)
+            finally:
+                self._give(buffer)
+                with self._owner._lock:
+                    fill.queued -= 1
+            self._owner._maybe_finish(key, fill)
+
+    def close(self) -> None:
+        with self._lock:
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            self._queue.put(None)
+            thread.join()
+
+
 _DATES = ("created_at", "modified_at")
 
 
@@ -110,6 +182,7 @@ class _CachedReads:
         #: Listings fetched ahead: directory -> (when the request started, its stats).
         self._ahead: dict[str, tuple[float, list[FileStat]]] = {}
         self._listing: set[str] = set()
+        self._writer = _FillWriter(self)
         self._closed = False
 
     def key(self, rel: str, version: str) -> str:
@@ -395,33 +468,41 @@ class _CachedReads:
         key = (rel, version)
         with self._lock:
             fill.inflight += 1
+        count: int | None = None
         try:
             count = self.backend.read_exact_version_sync(rel, display, start, buffer, version)
-            if count is not None:
-                fill.write(start, buffer[:count])
         except StaleFileError:
             self._end_fill(key, fill, commit=False)
             raise
-        except (OSError, ValueError) as exc:
-            _log.warning("cache: fill of %s given up: %s", display, exc)
-            self._end_fill(key, fill, commit=False)
-            return None
         finally:
             with self._lock:
                 fill.inflight -= 1
-                last = fill.inflight == 0
         if count is None:
             self._end_fill(key, fill, commit=False)
             return None
+        # The reader goes on at once: the bytes are copied for the writer thread, and when it
+        # is behind (the disk slower than the network) the fill is given up, never waited for.
+        if not self._writer.offer(fill, key, start, buffer[:count]):
+            _log.debug("cache: fill of %s given up: the disk is behind the reader", display)
+            self._end_fill(key, fill, commit=False)
+            return count
         if start + count >= fill.size:
             fill.reached_end = True
-        # Once the reader has reached the end and no read is under way, what is missing was
-        # read before the fill began.
-        if last and fill.reached_end and not fill.complete:
-            self._complete(fill, rel, display, version)
-        if fill.complete:
-            self._end_fill(key, fill, commit=True)
+        self._maybe_finish(key, fill)
         return count
+
+    def _maybe_finish(self, key: tuple[str, str], fill: CacheFill) -> None:
+        """Commit ``fill`` once the reader has reached the end of the file and nothing of it
+        is being read or written: what is still missing then was read before the fill began
+        (fetched here if it is little)."""
+        with self._lock:
+            if not fill.reached_end or fill.inflight or fill.queued or fill.done or fill.finishing:
+                return
+            fill.finishing = True
+        if not fill.complete:
+            rel, version = key
+            self._complete(fill, rel, rel, version)
+        self._end_fill(key, fill, commit=fill.complete)
 
     def _complete(self, fill: CacheFill, rel: str, display: str, version: str) -> None:
         """A reader reached the end of a file being filled: fetch what was read before the
@@ -550,7 +631,17 @@ class _CachedReads:
             with self._lock:
                 self._queued.pop(key, None)
 
+    def flush(self) -> None:
+        """Wait for background fetches and for the parts of fills handed to the writer (a
+        fill the reader finished is committed); the cache stays in use."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+        self._writer.close()
+
     def close(self) -> None:
+        self.flush()
         with self._lock:
             self._closed = True
             fds, self._fds = list(self._fds.values()), OrderedDict()
@@ -558,6 +649,7 @@ class _CachedReads:
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
+        self._writer.close()
         for fd in fds:
             os.close(fd)
         for fill in fills:

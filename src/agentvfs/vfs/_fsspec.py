@@ -888,6 +888,12 @@ class FsspecFilesystem(WorkspaceFilesystem):
         if self._cached is not None:
             self._cached.prefetch([(self._rel(p), v, n) for p, v, n in files])
 
+    def flush_cache(self) -> None:
+        """Wait for what the cache is being filled with in the background (prefetches, the
+        parts of files read through) to be written; blocking. Nothing without a cache."""
+        if self._cached is not None:
+            self._cached.flush()
+
     async def close_cache(self) -> None:
         """Stop using the cache: background fetches are abandoned, descriptors closed."""
         if self._cached is not None:
