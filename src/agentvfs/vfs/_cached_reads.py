@@ -66,19 +66,22 @@ _PREFETCH_QUEUE = 256
 
 
 #: Buffers (each at least this size) the writer of fills copies parts into, and how many:
-#: what a fill may be behind its reader before it is given up.
+#: what a fill may be ahead of the disk before its reader waits; and the longest wait
+#: before the fill is given up.
 _FILL_BUFFER_BYTES = 16 * 1024 * 1024
 _FILL_BUFFERS = 4
+_FILL_WAIT = 5.0
 
 
 class _FillWriter:
     """Writes the parts of fills to disk in a thread of its own, from copies kept in a small
     pool of reused buffers (pages already mapped, so a copy is a plain memcpy): a reader of a
-    large file never waits for the page cache or the disk."""
+    large file waits for the disk only when it is more than the pool ahead of it."""
 
     def __init__(self, owner: _CachedReads) -> None:
         self._owner = owner
         self._lock = threading.Lock()
+        self._ready = threading.Condition(self._lock)
         self._free: list[bytearray] = []
         self._made = 0
         self._queue: queue.SimpleQueue[tuple[CacheFill, tuple[str, str], int, bytearray, int] | None] = (
@@ -89,15 +92,22 @@ class _FillWriter:
     def offer(self, fill: CacheFill, key: tuple[str, str], offset: int, data: memoryview) -> bool:
         """Queue ``data`` for ``fill`` (of ``key``) at ``offset``; False when no buffer is free."""
         length = len(data)
-        with self._lock:
-            buffer = next((b for b in self._free if len(b) >= length), None)
-            if buffer is not None:
-                self._free.remove(buffer)
-            elif self._made < _FILL_BUFFERS:
-                self._made += 1
-                buffer = bytearray(max(length, _FILL_BUFFER_BYTES))
-            else:
-                return False
+        deadline = time.monotonic() + _FILL_WAIT
+        with self._ready:
+            while True:
+                buffer = next((b for b in self._free if len(b) >= length), None)
+                if buffer is not None:
+                    self._free.remove(buffer)
+                    break
+                if self._made < _FILL_BUFFERS:
+                    self._made += 1
+                    buffer = bytearray(max(length, _FILL_BUFFER_BYTES))
+                    break
+                # The disk is behind: the reader waits for it (a fill runs at the speed of
+                # local disk at worst), but not for long.
+                left = deadline - time.monotonic()
+                if left <= 0 or self._thread is None or not self._ready.wait(left):
+                    return False
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="agentvfs-cache-writer", daemon=True)
                 self._thread.start()
@@ -108,8 +118,9 @@ class _FillWriter:
         return True
 
     def _give(self, buffer: bytearray) -> None:
-        with self._lock:
+        with self._ready:
             self._free.append(buffer)
+            self._ready.notify()
 
     def _run(self) -> None:
         while True:
