@@ -94,7 +94,9 @@ def cleanup_stale_mount(path: str) -> bool:
     if not is_mounted(point):
         return False
     try:
-        os.stat(point)
+        # statfs always reaches the mount's process; a stat may be answered by the kernel
+        # from attributes it still caches, so a dead mount would pass for a live one.
+        os.statvfs(point)
     except OSError as exc:
         if exc.errno not in (errno.ENOTCONN, errno.ECONNABORTED, errno.EIO):
             raise
