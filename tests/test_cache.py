@@ -337,6 +337,19 @@ def _gets(fs: FsspecFilesystem) -> list[str]:
     return seen
 
 
+def _heads(fs: FsspecFilesystem) -> list[str]:
+    """Count the stats (HEADs on S3) ``fs`` sends to storage from now on."""
+    seen: list[str] = []
+    info = fs.backend.info
+
+    def counted(rel: str) -> Any:
+        seen.append(rel)
+        return info(rel)
+
+    fs.backend.info = counted  # type: ignore[method-assign]
+    return seen
+
+
 async def test_reads_hit_the_cache_across_instances_and_never_serve_a_changed_file(store: dict[str, Any]) -> None:
     fs = store["make"](metadata_ttl=30)
     await fs.write_file("docs/a.txt", "first")
@@ -489,14 +502,7 @@ async def test_stats_of_listed_versions_are_kept_and_a_metadata_change_is_seen(m
     assert st.metadata is not None and st.metadata.get("mode") == "33261"
     second = make()
     await second.list_stats("")
-    heads: list[str] = []
-    info = second.backend.info
-
-    def counted(rel: str) -> Any:
-        heads.append(rel)
-        return info(rel)
-
-    second.backend.info = counted  # type: ignore[method-assign]
+    heads = _heads(second)
     again = await second.stat("tool.sh")
     assert heads == [] and again == dataclasses.replace(st)
     time.sleep(1.1)  # a new modification time, to the second
@@ -558,14 +564,7 @@ async def test_the_stat_of_a_small_file_is_one_get_that_fills_the_cache(moto: An
     raw.pipe_file(f"{root}/big.bin", b"b" * (128 * 1024))
     fs = FsspecFilesystem(raw, root=root, cache=str(tmp_path / "cache"), metadata_ttl=30)
     await fs.list_stats("")
-    heads: list[str] = []
-    info = fs.backend.info
-
-    def counted(rel: str) -> Any:
-        heads.append(rel)
-        return info(rel)
-
-    fs.backend.info = counted  # type: ignore[method-assign]
+    heads = _heads(fs)
     small = await fs.stat("small.txt")
     assert small.metadata == {"mode": "33188"} and small.size == 4
     assert heads == []  # answered by the GET, which also filled the cache
