@@ -221,8 +221,8 @@ _WORKER = textwrap.dedent(
 
 
 def test_processes_sharing_a_cache_with_random_kills(tmp_path: Path) -> None:
-    """Several processes read and fill one cache while some are killed with SIGKILL at random
-    points: no process ever reads a wrong byte, the budget holds, and what the dead left
+    """Several processes read and fill one cache for 3 s while some are killed with SIGKILL at
+    random points: no process ever reads a wrong byte, the budget holds, and what the dead left
     behind is cleared by the next scan."""
     budget = 2 * MiB
     script = tmp_path / "worker.py"
@@ -239,7 +239,7 @@ def test_processes_sharing_a_cache_with_random_kills(tmp_path: Path) -> None:
 
     for _ in range(4):
         spawn()
-    deadline = time.monotonic() + 6.0
+    deadline = time.monotonic() + 3.0
     killed = 0
     while time.monotonic() < deadline:
         time.sleep(rng.uniform(0.05, 0.3))
@@ -256,7 +256,7 @@ def test_processes_sharing_a_cache_with_random_kills(tmp_path: Path) -> None:
     for proc in procs:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-    assert killed >= 5
+    assert killed >= 3
     cache = ContentCache(directory, max_bytes=budget)
     info = cache.info()
     assert info.bytes + info.pending <= budget

@@ -1,8 +1,8 @@
 """The conformance suite, unchanged, on copy-on-write overlays of every backend.
 
-Each base runs under a memory upper layer (the upper layer of a workspace fork), and local disk
-also under an upper layer of its own kind (a second directory); the oracle writes into the
-base storage and reads the view from both storages directly.
+S3, GCS and the reference backend run under a memory upper layer (the upper layer of a
+workspace fork), local disk under an upper layer of its own kind (a second directory); the
+oracle writes into the base storage and reads the view from both storages directly.
 """
 
 from __future__ import annotations
@@ -37,12 +37,6 @@ class TestOverlayMemoryOnMemoryBackend(FilesystemTests):
     @pytest.fixture
     def harness(self) -> Harness:
         return overlay_harness(memory_harness(), backend_harness(MemoryBackend()))
-
-
-class TestOverlayLocalOnMemory(FilesystemTests):
-    @pytest.fixture
-    def harness(self, tmp_path: Path) -> Harness:
-        return overlay_harness(_local(tmp_path, "base"), memory_harness())
 
 
 class TestOverlayLocalOnLocal(FilesystemTests):
