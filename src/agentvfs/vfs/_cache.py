@@ -100,6 +100,26 @@ def _footprint(size: int) -> int:
     return -(-size // 4096) * 4096 + _ENTRY_OVERHEAD
 
 
+def _read_number(path: str) -> int | None:
+    """The decimal number a bookkeeping file holds; None if it is missing or unreadable."""
+    try:
+        with open(path, "rb") as f:
+            return int(f.read().strip() or b"0")
+    except (OSError, ValueError):
+        return None
+
+
+def _write_number(path: str, value: int) -> None:
+    """Rewrite a bookkeeping file in place with ``value``."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        data = str(value).encode()
+        os.pwrite(fd, data, 0)
+        os.ftruncate(fd, len(data))
+    finally:
+        os.close(fd)
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -371,34 +391,16 @@ class ContentCache:
                 os.close(fd)
 
     def _read_used(self) -> int | None:
-        try:
-            with open(self._used_path, "rb") as f:
-                return int(f.read().strip() or b"0")
-        except (FileNotFoundError, ValueError):
-            return None
+        return _read_number(self._used_path)
 
     def _write_used(self, used: int) -> None:
-        # Under the file lock: nobody reads it half written.
-        fd = os.open(self._used_path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            data = str(max(0, used)).encode()
-            os.pwrite(fd, data, 0)
-            os.ftruncate(fd, len(data))
-        finally:
-            os.close(fd)
+        _write_number(self._used_path, max(0, used))  # under the file lock: never read half written
 
     def _set_credit(self, credit: int) -> None:
         """Keep this process's unassigned reservation where a recount finds it (under the
         thread lock)."""
         self._credit = credit
-        path = os.path.join(self._tmp, f"{os.getpid()}.credit")
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            data = str(credit).encode()
-            os.pwrite(fd, data, 0)
-            os.ftruncate(fd, len(data))
-        finally:
-            os.close(fd)
+        _write_number(os.path.join(self._tmp, f"{os.getpid()}.credit"), credit)
 
     def _reserve(self, need: int, tmp_path: str) -> int | None:
         """Reserve ``need`` bytes and create the fill's file (named by the reservation, so a
@@ -481,8 +483,7 @@ class ContentCache:
                 if pid == os.getpid():
                     credit = self._credit
                 elif _pid_alive(pid):
-                    with contextlib.suppress(OSError, ValueError), open(path, "rb") as f:
-                        credit = int(f.read().strip() or b"0")
+                    credit = _read_number(path) or 0
                 else:
                     stray.append(path)
                 pending += credit

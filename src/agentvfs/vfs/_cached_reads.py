@@ -199,6 +199,10 @@ class _CachedReads:
     def key(self, rel: str, version: str) -> str:
         return ContentCache.key(self.storage, self.backend.bpath(rel), version)
 
+    def _describe(self, rel: str, version: str) -> dict[str, str]:
+        """What an entry's record names: the file in storage and its version."""
+        return {"path": self.backend.bpath(rel), "version": version}
+
     def forget(self, *rels: str) -> None:
         self.memo.forget(*rels)
 
@@ -249,7 +253,7 @@ class _CachedReads:
         data, st = got
         if st.etag is None or st.metadata is None:
             return None
-        self.cache.put(self.key(rel, st.etag), data, describe={"path": self.backend.bpath(rel), "version": st.etag})
+        self.cache.put(self.key(rel, st.etag), data, describe=self._describe(rel, st.etag))
         self.cache.put_stat(self._stat_key(rel, st.etag, int(st.modified_at.timestamp())), _stat_to(st))
         return st
 
@@ -281,7 +285,7 @@ class _CachedReads:
             return None
         if count != size:
             raise StaleFileError(display, None, None)
-        self.cache.put(self.key(rel, version), buffer, describe={"path": self.backend.bpath(rel), "version": version})
+        self.cache.put(self.key(rel, version), buffer, describe=self._describe(rel, version))
         return bytes(buffer)
 
     async def read(self, rel: str, display: str) -> bytes | None:
@@ -466,7 +470,7 @@ class _CachedReads:
                 dropped.append(self._fills.popitem(last=False)[1][0])
         for old in dropped:
             old.abort()
-        fill = self.cache.begin(self.key(rel, version), size, describe={"path": self.backend.bpath(rel), "version": version})
+        fill = self.cache.begin(self.key(rel, version), size, describe=self._describe(rel, version))
         if fill is None:
             return None
         with self._lock:
