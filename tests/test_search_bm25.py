@@ -386,6 +386,34 @@ def test_remove_source(cached: bool) -> None:
     assert ix.remove_source("f") == []
 
 
+def test_replace_sources_in_one_transaction(cached: bool, tmp_path: Path) -> None:
+    path = tmp_path / "ix.duckdb"
+    ix = BM25Index(path, cache_postings=cached)
+    ix.add_many([(f"f#chunk-{i}", f"old text {i}") for i in range(5)] + [("g", "old g")])
+    ix.add_many([("f#chunk-0", "new text"), ("f#chunk-1", "new text")], replace_sources=["f", "g"])
+    assert ix.ids() == ["f#chunk-0", "f#chunk-1"]
+    assert ix.search("old") == [] and len(ix.search("new")) == 2
+    # Removing many sources at once; the directory of ids follows every write, and a second
+    # index on the same file sees the same documents.
+    ix.add_many([(f"s{i}#chunk-{j}", "shared words") for i in range(30) for j in range(3)])
+    assert ix.remove_sources([f"s{i}" for i in range(0, 30, 2)]) == [
+        f"s{i}#chunk-{j}" for i in range(0, 30, 2) for j in range(3)
+    ]
+    other = BM25Index(path, cache_postings=cached)
+    held = ix.contains_many(["s1#chunk-2", "s0#chunk-0", "f#chunk-1"])
+    assert held == {"s1#chunk-2", "f#chunk-1"}
+    assert "s2#chunk-0" not in other and "s3#chunk-0" in other
+    other.remove_source("s3")
+    assert "s3#chunk-1" not in ix and len(ix.search("shared", top_k=100)) == 14 * 3
+    ix.clear()
+    assert "f#chunk-0" not in other and other.remove_sources(["f"]) == []
+    other.close()
+    ix.close()
+    # A new process sees the same: nothing of a removed source comes back.
+    reopened = BM25Index(path, cache_postings=cached)
+    assert reopened.ids() == [] and reopened.search("shared") == []
+
+
 def test_line_ranges_offsets_and_metadata(cached: bool) -> None:
     ix = BM25Index(cache_postings=cached)
     ix.add("big#chunk-2", "aaa\nbbb needle\nccc", {"sourceFile": "big"}, start_line_offset=250)

@@ -569,9 +569,11 @@ async def test_indexing_holds_a_bounded_round_of_text(tmp_path: Path, monkeypatc
     committed: list[int] = []
     original = search_workspace.WorkspaceSearch._commit
 
-    async def counting(self: Any, engine: Any, docs: list[Document], sources: dict[str, Any]) -> int:
+    async def counting(
+        self: Any, engine: Any, docs: list[Document], sources: dict[str, Any], replacing: list[str]
+    ) -> int:
         committed.append(len(sources))
-        return await original(self, engine, docs, sources)
+        return await original(self, engine, docs, sources, replacing)
 
     monkeypatch.setattr(search_workspace.WorkspaceSearch, "_commit", counting)
     search = search_workspace.WorkspaceSearch(bm25=True)

@@ -187,15 +187,27 @@ class SearchEngine:
         await self.index_many([doc])
 
     async def index_many(
-        self, docs: Sequence[Document], *, stop_on_error: bool = True
+        self,
+        docs: Sequence[Document],
+        *,
+        stop_on_error: bool = True,
+        replace_sources: Sequence[str] = (),
     ) -> dict[str, str]:
         """Index ``docs``: BM25 in one transaction, then vectors in batches.
+
+        ``replace_sources`` are removed first, each with its chunks (as `remove_source`); for
+        BM25 in the same transaction as the additions.
 
         Returns the documents whose vectors failed (id -> why) when ``stop_on_error`` is
         False; raises :class:`EmbeddingError` naming them otherwise. BM25 holds every
         document either way.
         """
+        if replace_sources:
+            await self._remove_vectors_of(replace_sources)
         if not docs:
+            if replace_sources and self.bm25 is not None:
+                bm25 = self.bm25
+                await anyio.to_thread.run_sync(lambda: bm25.remove_sources(replace_sources))
             return {}
         for doc in docs:
             if not isinstance(doc.content, str):
@@ -205,7 +217,9 @@ class SearchEngine:
         if self.bm25 is not None:
             bm25 = self.bm25
             rows = [(d.id, d.content, dict(d.metadata or {}), d.start_line_offset) for d in docs]
-            await anyio.to_thread.run_sync(lambda: bm25.add_many(rows))
+            await anyio.to_thread.run_sync(
+                lambda: bm25.add_many(rows, replace_sources=replace_sources)
+            )
         self._note_ids(added=[d.id for d in docs])
         if not self.can_vector:
             return {}
@@ -292,23 +306,35 @@ class SearchEngine:
 
     async def remove_source(self, source: str) -> None:
         """Remove a file's document and its chunks (``source#chunk-N``)."""
+        await self.remove_sources([source])
+
+    async def remove_sources(self, sources: Sequence[str]) -> None:
+        """Remove files' documents and their chunks; BM25 in one transaction."""
+        if not sources:
+            return
         if self.bm25 is not None:
             bm25 = self.bm25
-            await anyio.to_thread.run_sync(bm25.remove_source, source)
+            await anyio.to_thread.run_sync(lambda: bm25.remove_sources(sources))
+        await self._remove_vectors_of(sources)
+
+    async def _remove_vectors_of(self, sources: Sequence[str]) -> None:
         if self.can_vector:
-            for id in (source,):
+            for source in sources:
                 try:
-                    await self.vector_store.delete_vector(self.index_name, id)
+                    await self.vector_store.delete_vector(self.index_name, source)
                 except Exception as exc:
-                    _log.debug("delete_vector(%s) failed: %s", id, exc)
-            try:
-                await self.vector_store.delete_vectors(self.index_name, {"source_file": source})
-            except Exception as exc:
-                _log.debug("delete_vectors(source_file=%s) failed: %s", source, exc)
-        prefix = source + "#chunk-"
-        self._vector_ids = {i for i in self._vector_ids if i != source and not i.startswith(prefix)}
+                    _log.debug("delete_vector(%s) failed: %s", source, exc)
+                try:
+                    await self.vector_store.delete_vectors(self.index_name, {"source_file": source})
+                except Exception as exc:
+                    _log.debug("delete_vectors(source_file=%s) failed: %s", source, exc)
+        gone = set(sources)
+        prefixes = tuple(source + "#chunk-" for source in sources)
+        self._vector_ids = {
+            i for i in self._vector_ids if i not in gone and not i.startswith(prefixes)
+        }
         if self._scoped is not None:
-            self._scoped = {i for i in self._scoped if i != source and not i.startswith(prefix)}
+            self._scoped = {i for i in self._scoped if i not in gone and not i.startswith(prefixes)}
 
     async def clear(self) -> None:
         """Empty BM25 and forget the ids (the vector store is shared and left intact)."""

@@ -26,6 +26,7 @@ from typing import Any
 
 import anyio
 import anyio.to_thread
+import numpy as np
 
 from ..errors import BM25FileError, FileTooLarge, SearchIndexError
 from ..vfs import (
@@ -130,6 +131,24 @@ class _Source:
 
 def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def file_documents(path: str, raw: bytes) -> list[Document]:
+    """The documents a file's bytes are indexed as: the whole file, or its chunks
+    ``<path>#chunk-<i>`` (metadata ``source_file``, start lines kept) when it is long.
+
+    Bytes that are not UTF-8 become U+FFFD, as a UTF-8 read does in the reference: such files
+    are indexed too, not skipped. Every builder of an index (a workspace's own, and segments
+    built elsewhere) goes through here, so the same file is the same documents everywhere.
+    """
+    text = raw.decode("utf-8", "replace")
+    chunks = split_into_chunks(text)
+    if len(chunks) == 1:
+        return [Document(path, text)]
+    return [
+        Document(f"{path}#chunk-{i}", chunk.content, {"source_file": path}, chunk.start_line)
+        for i, chunk in enumerate(chunks)
+    ]
 
 
 def open_private_dir(path: str) -> int:
@@ -372,15 +391,33 @@ class WorkspaceSearch:
             return
         if not changes:
             return
+        kept = [(p, s) for p, s in changes.items() if s is not None]
+        # Whole columns in two statements: DuckDB runs executemany as one statement per row,
+        # which made recording a round of files slower than indexing it.
+        rows = {
+            "path": np.array([p for p, _ in kept], dtype=object),
+            "size": np.array([s.signature.size for _, s in kept], dtype=np.int64),
+            "mtime_ns": np.array([s.signature.mtime_ns for _, s in kept], dtype=np.int64),
+            "etag": np.array([s.signature.etag or "" for _, s in kept], dtype=object),
+            "has_etag": np.array([s.signature.etag is not None for _, s in kept], dtype=np.bool_),
+            "digest": np.array([s.digest for _, s in kept], dtype=object),
+            "chunks": np.array([s.chunks for _, s in kept], dtype=np.int32),
+        }
         with store.transaction() as cur:
-            cur.executemany("DELETE FROM agentvfs_sources WHERE path = ?", [[p] for p in changes])
-            rows = [
-                [p, s.signature.size, s.signature.mtime_ns, s.signature.etag, s.digest, s.chunks]
-                for p, s in changes.items()
-                if s is not None
-            ]
-            if rows:
-                cur.executemany("INSERT INTO agentvfs_sources VALUES (?, ?, ?, ?, ?, ?)", rows)
+            cur.execute(
+                "DELETE FROM agentvfs_sources WHERE path IN (SELECT unnest($paths::VARCHAR[]))",
+                {"paths": list(changes)},
+            )
+            if kept:
+                cur.register("agentvfs_new_sources", rows)
+                try:
+                    cur.execute(
+                        "INSERT INTO agentvfs_sources SELECT path, size, mtime_ns,"
+                        " CASE WHEN has_etag THEN etag END, digest, chunks"
+                        " FROM agentvfs_new_sources"
+                    )
+                finally:
+                    cur.unregister("agentvfs_new_sources")
 
     def _meta(self, key: str) -> str | None:
         store = self._store
@@ -514,14 +551,16 @@ class WorkspaceSearch:
             "indexed": 0, "unchanged": 0, "removed": 0, "failed": 0, "too_large": 0, "unlisted": unlisted,
         }
         todo: list[str] = []
+        same = [
+            path
+            for path in files
+            if (old := known.get(path)) is not None and old.signature == signatures.get(path)
+        ]
+        # The records say these are indexed: check BM25 holds them too (a crash between the two
+        # leaves them to be re-indexed), in one pass.
+        complete = await self._complete_many(engine, [(path, known[path]) for path in same])
         for path in files:
-            old, sig = known.get(path), signatures.get(path)
-            if (
-                old is not None
-                and sig is not None
-                and old.signature == sig
-                and self._complete(engine, path, old)
-            ):
+            if path in complete:
                 counts["unchanged"] += 1
             else:
                 todo.append(path)
@@ -539,6 +578,20 @@ class WorkspaceSearch:
                 await self._drop(engine, path)
                 counts["removed"] += 1
         return counts
+
+    @staticmethod
+    async def _complete_many(
+        engine: SearchEngine, sources: Sequence[tuple[str, _Source]]
+    ) -> set[str]:
+        """The paths of ``sources`` whose first document BM25 holds (see `_complete`)."""
+        bm25 = engine.bm25
+        if bm25 is None:
+            return {path for path, _ in sources}
+        firsts = {
+            (path if source.chunks <= 1 else f"{path}#chunk-0"): path for path, source in sources
+        }
+        held = await anyio.to_thread.run_sync(bm25.contains_many, firsts)
+        return {firsts[first] for first in held}
 
     @staticmethod
     def _complete(engine: SearchEngine, path: str, source: _Source) -> bool:
@@ -584,6 +637,7 @@ class WorkspaceSearch:
         indexed = too_large = 0
         docs: list[Document] = []
         sources: dict[str, _Source] = {}
+        replacing: list[str] = []
         held = 0
         for start in range(0, len(paths), READ_CONCURRENCY):
             part: list[str] = []
@@ -604,12 +658,14 @@ class WorkspaceSearch:
                 if not isinstance(raw, bytes):
                     _log.debug("skipping %s for search: %s", path, raw)
                     continue
-                held += await self._prepare(engine, path, raw, known, signatures, docs, sources)
+                held += await self._prepare(
+                    engine, path, raw, known, signatures, docs, sources, replacing
+                )
             del data
             if held >= ROUND_BYTES:
-                indexed += await self._commit(engine, docs, sources)
-                docs, sources, held = [], {}, 0
-        indexed += await self._commit(engine, docs, sources)
+                indexed += await self._commit(engine, docs, sources, replacing)
+                docs, sources, replacing, held = [], {}, [], 0
+        indexed += await self._commit(engine, docs, sources, replacing)
         return indexed, too_large
 
     async def _too_large(self, engine: SearchEngine, known: Mapping[str, _Source], path: str) -> None:
@@ -630,44 +686,39 @@ class WorkspaceSearch:
         signatures: Mapping[str, _Signature],
         docs: list[Document],
         sources: dict[str, _Source],
+        replacing: list[str],
     ) -> int:
-        """Add the documents of one file read to ``docs`` and its record to ``sources``; the
-        bytes of text that adds."""
-        # Bytes that are not UTF-8 become U+FFFD, as a UTF-8 read does in the reference: such
-        # files are indexed too, not skipped.
-        text = raw.decode("utf-8", "replace")
+        """Add the documents of one file read to ``docs``, its record to ``sources`` and, when
+        it may have documents indexed already, its path to ``replacing``; the bytes of text
+        that adds."""
         digest = _digest(raw)
         sig = signatures.get(path) or _Signature(len(raw), 0, None)
         old = known.get(path)
         if old is not None and old.digest == digest and self._complete(engine, path, old):
             sources[path] = _Source(sig, digest, old.chunks)  # touched, not changed
             return 0
-        chunks = split_into_chunks(text)
-        if old is not None or len(chunks) > 1:
-            await engine.remove_source(path)
-        if len(chunks) == 1:
-            docs.append(Document(path, text))
-        else:
-            for i, chunk in enumerate(chunks):
-                docs.append(
-                    Document(
-                        f"{path}#chunk-{i}",
-                        chunk.content,
-                        {"source_file": path},
-                        chunk.start_line,
-                    )
-                )
-        sources[path] = _Source(sig, digest, len(chunks))
+        documents = file_documents(path, raw)
+        if old is not None or len(documents) > 1:
+            replacing.append(path)
+        docs.extend(documents)
+        sources[path] = _Source(sig, digest, len(documents))
         return len(raw)
 
     async def _commit(
-        self, engine: SearchEngine, docs: list[Document], sources: dict[str, _Source]
+        self,
+        engine: SearchEngine,
+        docs: list[Document],
+        sources: dict[str, _Source],
+        replacing: list[str],
     ) -> int:
-        """Index ``docs`` and record ``sources``: how many files were indexed."""
+        """Index ``docs`` in place of what ``replacing`` had, and record ``sources``: how many
+        files were indexed."""
         failed: dict[str, str] = {}
-        if docs:
+        if docs or replacing:
             try:
-                failed = await engine.index_many(docs, stop_on_error=False)
+                failed = await engine.index_many(
+                    docs, stop_on_error=False, replace_sources=replacing
+                )
             except Exception as exc:
                 for path in sources:
                     _log.warning('Failed to index file "%s" for search: %s', path, exc)
