@@ -5,6 +5,9 @@ and the reference's hybrid fusion.
 public for programs that index on their own: :class:`BM25Index`, :class:`HnswVectorStore`,
 :class:`SearchEngine`, the embedders (:class:`HashingEmbedder`, deterministic and model-free;
 :class:`MiniLMEmbedder` with ``pip install agentvfs[embed]``) and :func:`split_into_chunks`.
+
+Immutable index segments (:class:`Segment`, :func:`build_segment`) hold the BM25 postings and
+documents of a set of files in one memory-mapped file.
 """
 
 from ..errors import MissingExtraError  # isort: skip
@@ -31,6 +34,10 @@ from ._engine import Document as Document
 from ._engine import SearchEngine as SearchEngine
 from ._engine import SearchResult as SearchResult
 from ._minilm import MiniLMEmbedder as MiniLMEmbedder
+from ._segments import Segment as Segment
+from ._segments import SourceFile as SourceFile
+from ._segments import SourceRecord as SourceRecord
+from ._segments import build_segment as build_segment
 from ._tokenize import TokenizeOptions as TokenizeOptions
 from ._tokenize import make_tokenizer as make_tokenizer
 from ._vectors import HnswVectorStore as HnswVectorStore
@@ -50,8 +57,12 @@ __all__ = [
     "SearchEngine",
     "SearchIndexError",
     "SearchResult",
+    "Segment",
+    "SourceFile",
+    "SourceRecord",
     "TokenizeOptions",
     "WorkspaceSearch",
+    "build_segment",
     "make_tokenizer",
     "parse_bm25_config",
     "split_into_chunks",

@@ -1,0 +1,662 @@
+"""Index segments: immutable BM25 postings of a set of files in one file, read through mmap.
+
+A segment holds what a workspace's own index would hold for its files (the same documents,
+from :func:`file_documents`; the same 63-bit term hashes; the same lengths and term
+frequencies) in a form that needs no database: sorted arrays that a reader maps into memory
+and searches with ``searchsorted``. Segments are built anywhere (a Dask worker, a laptop), kept
+on any storage, and named by the BLAKE2b-256 hash of their bytes, so a name never changes
+meaning and a damaged copy is recognised.
+
+Layout (all numbers little-endian)::
+
+    b"AVFSSEG1"  u32 header length  JSON header  zero padding to 64 bytes
+    array, zero padding to 64 bytes, array, ...
+
+The header holds ``format`` ("agentvfs-segment"), ``version`` (1), ``tokenize`` (the
+`TokenizeOptions` used, as ``to_dict()``), ``docs``, ``total_len``, ``sources`` and
+``arrays``: for each array its absolute ``offset`` (a multiple of 64), ``dtype`` and
+``count``. The arrays:
+
+* postings in CSR form: ``terms`` (int64, sorted unique term hashes), ``starts`` (int64,
+  ``len(terms) + 1``), ``slots`` (int32, the document slot of each posting, ascending within a
+  term) and ``tfs`` (int32);
+* per document (slot order = insertion order: files sorted by path, each file's documents in
+  order): ``lengths`` (int32, tokens), ``ids`` / ``id_offsets``, ``content`` /
+  ``content_offsets`` (each text zlib-compressed), ``metadata`` / ``metadata_offsets`` (JSON;
+  empty for none), ``start_line`` (int64) and ``has_start_line`` (uint8);
+* per source file, sorted by path: ``src_path`` / ``src_path_offsets``, ``src_size``,
+  ``src_mtime_ns``, ``src_etag`` / ``src_etag_offsets`` (empty for none), ``src_digest``
+  (SHA-256 hex of the bytes, 64 ASCII bytes each), ``src_chunks`` (int32: its documents) and
+  ``src_first_slot`` (int64: its documents are consecutive slots).
+
+Variable-length values are one byte array plus int64 offsets (``n + 1``, from 0).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import itertools
+import json
+import mmap
+import os
+import struct
+from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..errors import SearchIndexError
+from ._bm25 import _pack, _term_hashes, _unpack
+from ._engine import Document
+from ._tokenize import TokenizeOptions, Tokenizer
+from ._workspace import _digest, file_documents
+
+__all__ = [
+    "FORMAT",
+    "MAGIC",
+    "VERSION",
+    "Segment",
+    "SourceFile",
+    "SourceRecord",
+    "build_segment",
+    "segment_name",
+]
+
+MAGIC = b"AVFSSEG1"
+FORMAT = "agentvfs-segment"
+VERSION = 1
+#: Every array starts at a multiple of this (a cache line; also what SIMD loads like).
+ALIGN = 64
+#: Where a segment lives below an index URL, and its file name's suffix.
+SEGMENTS_DIR = "segments"
+SUFFIX = ".seg"
+
+_PREAMBLE = struct.Struct("<8sI")
+#: Each array's name and dtype; a reader refuses a file where one is missing or different.
+_DTYPES: dict[str, str] = {
+    "terms": "<i8",
+    "starts": "<i8",
+    "slots": "<i4",
+    "tfs": "<i4",
+    "lengths": "<i4",
+    "ids": "|u1",
+    "id_offsets": "<i8",
+    "content": "|u1",
+    "content_offsets": "<i8",
+    "metadata": "|u1",
+    "metadata_offsets": "<i8",
+    "start_line": "<i8",
+    "has_start_line": "|u1",
+    "src_path": "|u1",
+    "src_path_offsets": "<i8",
+    "src_size": "<i8",
+    "src_mtime_ns": "<i8",
+    "src_etag": "|u1",
+    "src_etag_offsets": "<i8",
+    "src_digest": "|u1",
+    "src_chunks": "<i4",
+    "src_first_slot": "<i8",
+}
+_DIGEST_CHARS = 64
+#: Texts compressed per job of the compressing thread.
+_PACK_BATCH = 256
+
+
+@dataclass(frozen=True, slots=True)
+class SourceFile:
+    """One file to index: its path (the document id, ``/`` first, relative to the index's
+    source root), its bytes and the version its listing showed.
+
+    Parameters
+    ----------
+    path : str
+        ``/docs/a.md``: the id of its document, or of its chunks ``/docs/a.md#chunk-i``.
+    raw : bytes
+        The content.
+    size, mtime_ns : int
+        As listed (``size`` is normally ``len(raw)``).
+    etag : str, optional
+        The storage's ETag or generation, where it has one.
+    """
+
+    path: str
+    raw: bytes
+    size: int
+    mtime_ns: int = 0
+    etag: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SourceRecord:
+    """What a segment records of one source file (as a workspace's index records it).
+
+    Attributes
+    ----------
+    path : str
+        The file's id (``/docs/a.md``).
+    size, mtime_ns : int
+        As listed when it was indexed.
+    etag : str or None
+        Its ETag or generation, None where the storage has none.
+    digest : str
+        SHA-256 hex of its bytes.
+    chunks : int
+        Its documents (1: the whole file; more: ``path#chunk-i``).
+    first_slot : int
+        The slot of its first document; the others follow it.
+    """
+
+    path: str
+    size: int
+    mtime_ns: int
+    etag: str | None
+    digest: str
+    chunks: int
+    first_slot: int
+
+    @property
+    def slots(self) -> range:
+        """The slots of its documents."""
+        return range(self.first_slot, self.first_slot + self.chunks)
+
+
+def segment_name(data: bytes | memoryview) -> str:
+    """The name of a segment: the BLAKE2b-256 hex digest of its bytes."""
+    return hashlib.blake2b(data, digest_size=32).hexdigest()
+
+
+def _pack_many(texts: list[str]) -> list[bytes]:
+    return [_pack(text) for text in texts]
+
+
+def _stable_order(keys: npt.NDArray[np.int64]) -> npt.NDArray[np.intp]:
+    """The stable sorting permutation of non-negative ``keys`` below 2**32 (NumPy sorts 16-bit
+    integers by radix: one pass per half)."""
+    if len(keys) == 0:
+        return np.zeros(0, dtype=np.intp)
+    if int(keys.max()) < 1 << 16:
+        return np.argsort(keys.astype(np.uint16), kind="stable")
+    low = np.argsort((keys & 0xFFFF).astype(np.uint16), kind="stable")
+    high = np.argsort((keys[low] >> 16).astype(np.uint16), kind="stable")
+    return low[high]
+
+
+def _align(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+def _blob(values: list[bytes]) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
+    """Concatenated bytes and their ``n + 1`` offsets."""
+    offsets = np.zeros(len(values) + 1, dtype=np.int64)
+    if values:
+        np.cumsum(np.fromiter(map(len, values), np.int64, len(values)), out=offsets[1:])
+    return np.frombuffer(b"".join(values), dtype=np.uint8), offsets
+
+
+def build_segment(
+    files: Iterable[SourceFile], tokenize: TokenizeOptions | Mapping[str, Any] | None = None
+) -> bytes:
+    """Index ``files`` into the bytes of one segment (see the module documentation).
+
+    Each file becomes the documents :func:`file_documents` makes of it (what a workspace's
+    index holds for it), tokenised with ``tokenize`` (default: the reference's options).
+    Documents are numbered in order of path, each file's documents in order.
+
+    Parameters
+    ----------
+    files : iterable of SourceFile
+        The files, in any order; their paths must differ.
+    tokenize : TokenizeOptions or mapping, optional
+        Tokenizer options (not a custom callable: a segment records its options, and a reader
+        must be able to tokenise queries the same way).
+
+    Returns
+    -------
+    bytes
+        The segment; its name is :func:`segment_name` of them.
+
+    Raises
+    ------
+    ValueError
+        Two files with one path, or a path not starting with ``/``.
+    """
+    options = TokenizeOptions.from_value(tokenize)
+    tokenizer = Tokenizer(options)
+    ordered = sorted(files, key=lambda f: f.path)
+    ids: list[bytes] = []
+    contents: list[bytes] = []
+    metas: list[bytes] = []
+    start_lines: list[int] = []
+    has_start: list[int] = []
+    lengths: list[int] = []
+    # Every posting's term (as text) and tf, document after document; the distinct terms
+    # per document are what `Tokenizer.counts` gives, so this is the whole per-posting work.
+    terms: list[str] = []
+    tfs: list[int] = []
+    per_doc: list[int] = []
+    src_paths: list[bytes] = []
+    src_etags: list[bytes] = []
+    src_digests: list[bytes] = []
+    src_size: list[int] = []
+    src_mtime: list[int] = []
+    src_chunks: list[int] = []
+    src_first: list[int] = []
+    previous: str | None = None
+    documents: list[Document] = []
+    for source in ordered:
+        path = source.path
+        if not isinstance(path, str) or not path.startswith("/"):
+            raise ValueError(f"a source file's path must start with '/', got {path!r}")
+        if path == previous:
+            raise ValueError(f"the file {path} is given twice")
+        previous = path
+        made = file_documents(path, source.raw)
+        src_paths.append(path.encode("utf-8", "surrogatepass"))
+        src_etags.append((source.etag or "").encode("utf-8", "surrogatepass"))
+        src_digests.append(_digest(source.raw).encode("ascii"))
+        src_size.append(int(source.size))
+        src_mtime.append(int(source.mtime_ns))
+        src_chunks.append(len(made))
+        src_first.append(len(documents))
+        documents.extend(made)
+    texts = [doc.content for doc in documents]
+    # zlib releases the GIL: the texts are compressed on a second thread while this one
+    # tokenises them (a quarter of the build time on a free core).
+    with ThreadPoolExecutor(1, thread_name_prefix="agentvfs-segment") as pool:
+        packed = [
+            pool.submit(_pack_many, texts[i : i + _PACK_BATCH])
+            for i in range(0, len(texts), _PACK_BATCH)
+        ]
+        for doc in documents:
+            counts, length = tokenizer.counts(doc.content)
+            terms.extend(counts)
+            tfs.extend(counts.values())
+            per_doc.append(len(counts))
+            lengths.append(length)
+            ids.append(doc.id.encode("utf-8", "surrogatepass"))
+            # As the workspace's index shows it: metadata only when it has keys.
+            metas.append(json.dumps(dict(doc.metadata)).encode() if doc.metadata else b"")
+            offset = doc.start_line_offset
+            start_lines.append(offset if offset is not None else 0)
+            has_start.append(offset is not None)
+        for future in packed:
+            contents.extend(future.result())
+    del texts
+    n_docs = len(ids)
+    # Number each distinct term once (a dict keeps first occurrences in order, at C speed) and
+    # rank the numbers by hash; mapping every posting to its rank is one pass of C lookups.
+    vocabulary = dict.fromkeys(terms)
+    number = {term: i for i, term in enumerate(vocabulary)}
+    hashes = _term_hashes(vocabulary)
+    by_hash = np.argsort(hashes, kind="stable")
+    unique_terms = hashes[by_hash]
+    rank = np.empty(len(hashes), dtype=np.int64)
+    rank[by_hash] = np.arange(len(hashes), dtype=np.int64)
+    posting_rank = rank[np.fromiter(map(number.__getitem__, terms), np.int64, len(terms))]
+    posting_slots = np.repeat(np.arange(n_docs, dtype=np.int32), per_doc)
+    posting_tfs = np.fromiter(tfs, np.int32, len(tfs))
+    del terms, tfs, number, vocabulary
+    # Postings by (term hash, slot): they are in slot order already, so a stable sort by rank
+    # suffices (two 16-bit radix passes, twice as fast as a lexsort of both keys).
+    order = _stable_order(posting_rank)
+    posting_rank = posting_rank[order]
+    posting_slots = posting_slots[order]
+    posting_tfs = posting_tfs[order]
+    starts = np.searchsorted(posting_rank, np.arange(len(hashes) + 1, dtype=np.int64)).astype(np.int64)
+    id_bytes, id_offsets = _blob(ids)
+    content_bytes, content_offsets = _blob(contents)
+    meta_bytes, meta_offsets = _blob(metas)
+    path_bytes, path_offsets = _blob(src_paths)
+    etag_bytes, etag_offsets = _blob(src_etags)
+    arrays: dict[str, npt.NDArray[Any]] = {
+        "terms": unique_terms.astype("<i8"),
+        "starts": starts.astype("<i8"),
+        "slots": posting_slots.astype("<i4"),
+        "tfs": posting_tfs.astype("<i4"),
+        "lengths": np.array(lengths, dtype="<i4"),
+        "ids": id_bytes,
+        "id_offsets": id_offsets,
+        "content": content_bytes,
+        "content_offsets": content_offsets,
+        "metadata": meta_bytes,
+        "metadata_offsets": meta_offsets,
+        "start_line": np.array(start_lines, dtype="<i8"),
+        "has_start_line": np.array(has_start, dtype=np.uint8),
+        "src_path": path_bytes,
+        "src_path_offsets": path_offsets,
+        "src_size": np.array(src_size, dtype="<i8"),
+        "src_mtime_ns": np.array(src_mtime, dtype="<i8"),
+        "src_etag": etag_bytes,
+        "src_etag_offsets": etag_offsets,
+        "src_digest": np.frombuffer(b"".join(src_digests), dtype=np.uint8),
+        "src_chunks": np.array(src_chunks, dtype="<i4"),
+        "src_first_slot": np.array(src_first, dtype="<i8"),
+    }
+    header: dict[str, Any] = {
+        "format": FORMAT,
+        "version": VERSION,
+        "tokenize": options.to_dict(),
+        "docs": n_docs,
+        "total_len": int(sum(lengths)),
+        "sources": len(src_paths),
+        "postings": len(posting_slots),
+        "arrays": {},
+    }
+    return _serialise(header, arrays)
+
+
+def _serialise(header: dict[str, Any], arrays: Mapping[str, npt.NDArray[Any]]) -> bytes:
+    # The offsets are absolute, so they depend on the header's length, which depends on the
+    # offsets: grow the data start until the header fits before it (two rounds at most in
+    # practice; the offsets only grow, so this ends).
+    data_start = _align(_PREAMBLE.size + 256)
+    while True:
+        position = data_start
+        table: dict[str, Any] = {}
+        for name, array in arrays.items():
+            table[name] = {"offset": position, "dtype": _DTYPES[name], "count": int(array.size)}
+            position = _align(position + array.nbytes)
+        header["arrays"] = table
+        encoded = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+        needed = _align(_PREAMBLE.size + len(encoded))
+        if needed <= data_start:
+            break
+        data_start = needed
+    out = bytearray(position)
+    out[: _PREAMBLE.size] = _PREAMBLE.pack(MAGIC, len(encoded))
+    out[_PREAMBLE.size : _PREAMBLE.size + len(encoded)] = encoded
+    for name, array in arrays.items():
+        at = table[name]["offset"]
+        out[at : at + array.nbytes] = np.ascontiguousarray(array).tobytes()
+    return bytes(out)
+
+
+_EMPTY_I32: npt.NDArray[np.int32] = np.zeros(0, dtype=np.int32)
+
+
+class Segment:
+    """A segment opened for reading: its arrays are views of the mapped file (or bytes).
+
+    Opening reads the header and checks it (magic, format, version, every array's dtype and
+    bounds, the CSR and offset arrays' ends); it reads no array, so a segment of any size opens
+    in a fraction of a millisecond. The whole-file check is the name: :func:`segment_name`
+    of the bytes (``fetch_segment`` verifies it on download).
+
+    Attributes
+    ----------
+    name : str
+        Its BLAKE2b-256 hex name (for :meth:`open`, taken from the file name
+        ``<name>.seg``; else computed).
+    path : str or None
+        The file, for a segment opened from one.
+    n_docs, total_len : int
+        Documents and the sum of their lengths in tokens.
+    tokenize : dict
+        The tokenizer options it was built with (``TokenizeOptions.to_dict()``).
+    lengths : ndarray of int32
+        Each document's length in tokens, by slot.
+    """
+
+    def __init__(self, buffer: Any, name: str, where: str, *, keep: Any = None) -> None:
+        self.name = name
+        self.path: str | None = None
+        self._where = where
+        self._keep = keep  # the mmap (or bytes) the views below point into
+        view = memoryview(buffer)
+        self._size = len(view)
+        header = self._header(view)
+        self.header = header
+        self.n_docs: int = header["docs"]
+        self.total_len: int = header["total_len"]
+        self.tokenize: dict[str, Any] = header["tokenize"]
+        arrays = self._arrays(view, header)
+        self._terms = arrays["terms"]
+        self._starts = arrays["starts"]
+        self._slots = arrays["slots"]
+        self._tfs = arrays["tfs"]
+        self.lengths: npt.NDArray[np.int32] = arrays["lengths"]
+        self._a = arrays
+        self._slot_of: dict[str, int] | None = None
+        self._sources: dict[str, SourceRecord] | None = None
+
+    # -- opening ---------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str]) -> Segment:
+        """Map the segment file ``path`` (named ``<name>.seg``) into memory.
+
+        Raises
+        ------
+        SearchIndexError
+            The file is not a segment this version reads, or is truncated (the message names
+            the file and what is wrong).
+        FileNotFoundError
+            No file is there.
+        """
+        path = os.fspath(path)
+        base = os.path.basename(path)
+        name = base.removesuffix(SUFFIX)
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size == 0:
+                raise SearchIndexError(f"segment {path} is empty (0 bytes): not a segment")
+            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        segment = cls(mapped, name, path, keep=mapped)
+        segment.path = path
+        return segment
+
+    @classmethod
+    def from_bytes(cls, data: bytes, *, name: str | None = None) -> Segment:
+        """A segment over ``data`` (its name is computed unless given).
+
+        Raises
+        ------
+        SearchIndexError
+            ``data`` is not a segment this version reads.
+        """
+        name = name if name is not None else segment_name(data)
+        return cls(data, name, f"segment {name}", keep=data)
+
+    def _bad(self, why: str) -> SearchIndexError:
+        where = self._where if self._where.startswith("segment ") else f"segment {self._where}"
+        return SearchIndexError(f"{where} cannot be read: {why}")
+
+    def _header(self, view: memoryview) -> dict[str, Any]:
+        if len(view) < _PREAMBLE.size:
+            raise self._bad(f"{len(view)} bytes, shorter than the {_PREAMBLE.size}-byte preamble")
+        magic, length = _PREAMBLE.unpack_from(view, 0)
+        if magic != MAGIC:
+            raise self._bad(f"it does not start with {MAGIC!r} (found {bytes(magic)!r})")
+        if _PREAMBLE.size + length > len(view):
+            raise self._bad(f"its header ({length} bytes) runs past the end ({len(view)} bytes): truncated")
+        try:
+            header = json.loads(bytes(view[_PREAMBLE.size : _PREAMBLE.size + length]))
+        except ValueError as exc:
+            raise self._bad(f"its header is not JSON ({exc})") from None
+        if not isinstance(header, dict) or header.get("format") != FORMAT:
+            found = header.get("format") if isinstance(header, dict) else None
+            raise self._bad(f"format {found!r}, expected {FORMAT!r}")
+        if header.get("version") != VERSION:
+            raise self._bad(f"format version {header.get('version')!r}; this version reads {VERSION}")
+        for key, kind in (("docs", int), ("total_len", int), ("sources", int), ("tokenize", dict), ("arrays", dict)):
+            if not isinstance(header.get(key), kind):
+                raise self._bad(f"its header has no valid {key!r}")
+        return header
+
+    def _arrays(self, view: memoryview, header: dict[str, Any]) -> dict[str, npt.NDArray[Any]]:
+        table = header["arrays"]
+        out: dict[str, npt.NDArray[Any]] = {}
+        for name, dtype in _DTYPES.items():
+            entry = table.get(name)
+            if not isinstance(entry, dict):
+                raise self._bad(f"the array {name!r} is missing")
+            offset, count = entry.get("offset"), entry.get("count")
+            if entry.get("dtype") != dtype or not isinstance(offset, int) or not isinstance(count, int):
+                raise self._bad(f"the array {name!r} is described wrongly ({entry})")
+            item = np.dtype(dtype).itemsize
+            if offset % ALIGN or offset < _PREAMBLE.size or count < 0 or offset + count * item > len(view):
+                raise self._bad(
+                    f"the array {name!r} ({count} x {dtype} at {offset}) lies outside the file "
+                    f"({len(view)} bytes): truncated or damaged"
+                )
+            out[name] = np.frombuffer(view, dtype=dtype, count=count, offset=offset)
+        n = header["docs"]
+        n_src = header.get("sources")
+        expect = {
+            "starts": len(out["terms"]) + 1,
+            "tfs": len(out["slots"]),
+            "lengths": n,
+            "id_offsets": n + 1,
+            "content_offsets": n + 1,
+            "metadata_offsets": n + 1,
+            "start_line": n,
+            "has_start_line": n,
+            "src_path_offsets": (n_src or 0) + 1,
+            "src_etag_offsets": (n_src or 0) + 1,
+            "src_size": n_src,
+            "src_mtime_ns": n_src,
+            "src_chunks": n_src,
+            "src_first_slot": n_src,
+            "src_digest": (n_src or 0) * _DIGEST_CHARS,
+        }
+        for name, count in expect.items():
+            if len(out[name]) != count:
+                raise self._bad(f"the array {name!r} has {len(out[name])} entries, expected {count}")
+        # The ends of each CSR and offset array (O(1)): a damaged file rarely passes these, and
+        # the name (a hash of every byte) catches the rest.
+        ends = {
+            "starts": len(out["slots"]),
+            "id_offsets": len(out["ids"]),
+            "content_offsets": len(out["content"]),
+            "metadata_offsets": len(out["metadata"]),
+            "src_path_offsets": len(out["src_path"]),
+            "src_etag_offsets": len(out["src_etag"]),
+        }
+        for name, end in ends.items():
+            array = out[name]
+            if array[0] != 0 or array[-1] != end:
+                raise self._bad(f"the offsets {name!r} run from {array[0]} to {array[-1]}, expected 0 to {end}")
+        return out
+
+    # -- postings --------------------------------------------------------------------------
+
+    def postings(self, term: int) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]:
+        """The slots (ascending) and term frequencies of the documents holding ``term``
+        (a 63-bit term hash); empty arrays when none does."""
+        terms = self._terms
+        i = int(np.searchsorted(terms, term))
+        if i == len(terms) or int(terms[i]) != term:
+            return _EMPTY_I32, _EMPTY_I32
+        start, end = int(self._starts[i]), int(self._starts[i + 1])
+        return self._slots[start:end], self._tfs[start:end]
+
+    @property
+    def n_terms(self) -> int:
+        """Distinct terms."""
+        return len(self._terms)
+
+    @property
+    def terms(self) -> npt.NDArray[np.int64]:
+        """The sorted term hashes."""
+        return self._terms
+
+    # -- documents -------------------------------------------------------------------------
+
+    def _bytes(self, data: str, offsets: str, slot: int) -> bytes:
+        a = self._a
+        off = a[offsets]
+        if not 0 <= slot < len(off) - 1:
+            raise IndexError(f"slot {slot} out of range (0 to {len(off) - 2}) in segment {self.name}")
+        return a[data][int(off[slot]) : int(off[slot + 1])].tobytes()
+
+    def doc_id(self, slot: int) -> str:
+        """The id of the document in ``slot``."""
+        return self._bytes("ids", "id_offsets", slot).decode("utf-8", "surrogatepass")
+
+    def content(self, slot: int) -> str:
+        """The text of the document in ``slot``."""
+        return _unpack(self._bytes("content", "content_offsets", slot))
+
+    def metadata(self, slot: int) -> dict[str, Any] | None:
+        """The metadata of the document in ``slot`` (None when it has none)."""
+        raw = self._bytes("metadata", "metadata_offsets", slot)
+        return json.loads(raw) if raw else None
+
+    def start_line(self, slot: int) -> int | None:
+        """The line of its file the document in ``slot`` starts at (chunks), else None."""
+        if not 0 <= slot < self.n_docs:
+            raise IndexError(f"slot {slot} out of range (0 to {self.n_docs - 1}) in segment {self.name}")
+        return int(self._a["start_line"][slot]) if self._a["has_start_line"][slot] else None
+
+    def ids(self) -> list[str]:
+        """Every document id, by slot."""
+        blob = self._a["ids"].tobytes()
+        off = self._a["id_offsets"].tolist()
+        return [blob[a:b].decode("utf-8", "surrogatepass") for a, b in itertools.pairwise(off)]
+
+    def slot_of(self, id: str) -> int | None:
+        """The slot of the document ``id``, or None (the table is made at the first call)."""
+        table = self._slot_of
+        if table is None:
+            table = self._slot_of = {doc: slot for slot, doc in enumerate(self.ids())}
+        return table.get(id)
+
+    # -- sources ---------------------------------------------------------------------------
+
+    def sources(self) -> dict[str, SourceRecord]:
+        """Each source file's record, by path (in path order)."""
+        found = self._sources
+        if found is None:
+            a = self._a
+            paths = a["src_path"].tobytes()
+            path_off = a["src_path_offsets"].tolist()
+            etags = a["src_etag"].tobytes()
+            etag_off = a["src_etag_offsets"].tolist()
+            digests = a["src_digest"].tobytes().decode("ascii")
+            found = {}
+            for i, (size, mtime, chunks, first) in enumerate(
+                zip(
+                    a["src_size"].tolist(), a["src_mtime_ns"].tolist(),
+                    a["src_chunks"].tolist(), a["src_first_slot"].tolist(), strict=True,
+                )
+            ):
+                path = paths[path_off[i] : path_off[i + 1]].decode("utf-8", "surrogatepass")
+                etag = etags[etag_off[i] : etag_off[i + 1]].decode("utf-8", "surrogatepass")
+                digest = digests[i * _DIGEST_CHARS : (i + 1) * _DIGEST_CHARS]
+                found[path] = SourceRecord(path, size, mtime, etag or None, digest, chunks, first)
+            self._sources = found
+        return found
+
+    def slots_of_source(self, path: str) -> range:
+        """The slots of the documents of the file ``path`` (empty when it is not here)."""
+        record = self.sources().get(path)
+        return record.slots if record is not None else range(0)
+
+    # -- life ------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Drop the arrays and unmap the file (views handed out keep it mapped until they go)."""
+        self._a = {}
+        self._terms = self._starts = np.zeros(0, dtype=np.int64)
+        self._slots = self._tfs = self.lengths = _EMPTY_I32
+        keep, self._keep = self._keep, None
+        if isinstance(keep, mmap.mmap):
+            # A caller may still hold a view: then the mapping goes with the last of them.
+            with contextlib.suppress(BufferError):
+                keep.close()
+
+    def __enter__(self) -> Segment:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __len__(self) -> int:
+        return self.n_docs
+
+    def __repr__(self) -> str:
+        return f"Segment({self.name[:16]}, docs={self.n_docs}, terms={len(self._terms)})"
