@@ -58,6 +58,7 @@ their own::
     │   └── MissingExtraError                an optional part is not installed (extra)
     ├── RuntimeError
     │   └── SearchIndexError                 the index in index_dir cannot be used
+    │       └── IndexConflictError           another builder wrote the manifest first
     └── ValueError
         ├── EmbeddingError                   the embedder failed (failures)
         ├── InvalidSkillError                a SKILL.md that cannot be loaded (errors)
@@ -93,6 +94,7 @@ __all__ = [
     "FilesystemNotAvailableError",
     "FilesystemNotMountableError",
     "FilesystemNotReadyError",
+    "IndexConflictError",
     "InvalidPathError",
     "InvalidSkillError",
     "InvalidSkillPathError",
@@ -778,6 +780,21 @@ class MissingExtraError(_Rebuilt, ModuleNotFoundError):
 
 class SearchIndexError(_Rebuilt, RuntimeError):
     """The index in ``index_dir`` cannot be used as it is (nothing was changed or deleted)."""
+
+
+class IndexConflictError(SearchIndexError):
+    """Another builder wrote the index's next manifest first; this build's manifest was not
+    written (the winner's is intact).
+
+    Attributes
+    ----------
+    winner : int
+        The number of the manifest the other builder wrote.
+    """
+
+    def __init__(self, message: str, winner: int) -> None:
+        super().__init__(message)
+        self.winner = winner
 
 
 class BM25FileError(_Rebuilt, OSError):

@@ -7,7 +7,9 @@ public for programs that index on their own: :class:`BM25Index`, :class:`HnswVec
 :class:`MiniLMEmbedder` with ``pip install agentvfs[embed]``) and :func:`split_into_chunks`.
 
 Immutable index segments (:class:`Segment`, :func:`build_segment`) hold the BM25 postings and
-documents of a set of files in one memory-mapped file.
+documents of a set of files in one memory-mapped file; :func:`build_index` makes them of a whole
+bucket (in this process or on a Dask cluster) and lists them in a :class:`Manifest`
+(:func:`read_manifest`, :func:`fetch_segment`).
 """
 
 from ..errors import MissingExtraError  # isort: skip
@@ -24,9 +26,17 @@ except ModuleNotFoundError as _missing:
 from .._exports import fixup_module_metadata
 from ..errors import BM25FileError as BM25FileError
 from ..errors import EmbeddingError as EmbeddingError
+from ..errors import IndexConflictError as IndexConflictError
 from ..errors import SearchIndexError as SearchIndexError
 from ._bm25 import BM25Hit as BM25Hit
 from ._bm25 import BM25Index as BM25Index
+from ._bulk import BuildReport as BuildReport
+from ._bulk import Manifest as Manifest
+from ._bulk import SegmentRef as SegmentRef
+from ._bulk import TaskReport as TaskReport
+from ._bulk import build_index as build_index
+from ._bulk import fetch_segment as fetch_segment
+from ._bulk import read_manifest as read_manifest
 from ._chunking import Chunk as Chunk
 from ._chunking import split_into_chunks as split_into_chunks
 from ._embedders import HashingEmbedder as HashingEmbedder
@@ -48,23 +58,31 @@ __all__ = [
     "BM25FileError",
     "BM25Hit",
     "BM25Index",
+    "BuildReport",
     "Chunk",
     "Document",
     "EmbeddingError",
     "HashingEmbedder",
     "HnswVectorStore",
+    "IndexConflictError",
+    "Manifest",
     "MiniLMEmbedder",
     "SearchEngine",
     "SearchIndexError",
     "SearchResult",
     "Segment",
+    "SegmentRef",
     "SourceFile",
     "SourceRecord",
+    "TaskReport",
     "TokenizeOptions",
     "WorkspaceSearch",
+    "build_index",
     "build_segment",
+    "fetch_segment",
     "make_tokenizer",
     "parse_bm25_config",
+    "read_manifest",
     "split_into_chunks",
 ]
 

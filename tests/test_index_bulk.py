@@ -1,0 +1,331 @@
+"""Bulk indexing into segments: the planner, builds over moto S3 in this process and on a real
+Dask cluster, re-runs, racing and killed builders, damaged indexes, and the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fsspec.implementations.local import LocalFileSystem
+
+from agentvfs.errors import IndexConflictError, SearchIndexError
+from agentvfs.search import (
+    BuildReport,
+    Segment,
+    TaskReport,
+    build_index,
+    fetch_segment,
+    read_manifest,
+)
+from agentvfs.search._bulk import _list_task, plan_tasks
+from agentvfs.search._workspace import file_documents
+from agentvfs.testing import MotoServer
+from conftest import S3_BUCKET, unique
+
+
+def _text(name: str, version: int = 0) -> bytes:
+    words = ("kernel", "socket", "buffer", "thread", "signal", "memory", "search", "index")
+    body = " ".join(words[(len(name) + i) % len(words)] for i in range(30))
+    return f"# {name} v{version}\n{body}\n".encode()
+
+
+#: A tree of 3 top prefixes with subprefixes, and a few files at each level.
+LAYOUT = (
+    [f"top{t}/sub{s}/f{f}.md" for t in range(3) for s in range(3) for f in range(3)]
+    + [f"top{t}/readme{t}.txt" for t in range(3)]
+    + ["root.txt", "top1/sub1/deep/more.md"]
+)
+
+
+def _options(moto: MotoServer) -> dict[str, Any]:
+    return {"endpoint_url": moto.endpoint_url, "key": "testing", "secret": "testing"}
+
+
+def _seed(moto: MotoServer, prefix: str, keys: list[str], version: int = 0) -> dict[str, bytes]:
+    """Put ``keys`` below ``prefix`` with boto3 (bypassing the code under test)."""
+    client = moto.boto3_client()
+    written = {}
+    for key in keys:
+        body = _text(key, version)
+        client.put_object(Bucket=S3_BUCKET, Key=f"{prefix}/{key}", Body=body)
+        written[f"/{key}"] = body
+    return written
+
+
+def _expected_ids(files: dict[str, bytes]) -> list[str]:
+    return sorted(doc.id for path, raw in files.items() for doc in file_documents(path, raw))
+
+
+def _all_docs(index_url: str, options: dict[str, Any], cache: Path) -> dict[str, str]:
+    docs: dict[str, str] = {}
+    for ref in read_manifest(index_url, options).segments:
+        segment = fetch_segment(index_url, ref, cache, options)
+        for slot in range(segment.n_docs):
+            assert segment.doc_id(slot) not in docs
+            docs[segment.doc_id(slot)] = segment.content(slot)
+    return docs
+
+
+def _ran(report: BuildReport) -> list[str]:
+    return sorted(t.label for t in report.tasks if not t.reused)
+
+
+# ------------------------------------------------------------------------------------ planner
+
+
+def _make_tree(root: Path, keys: list[str]) -> None:
+    for key in keys:
+        path = root / key
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(_text(key))
+
+
+def test_the_planner_covers_every_file_once_in_bounded_tasks(tmp_path: Path) -> None:
+    keys = (
+        [f"big/leaf/f{i:03d}.txt" for i in range(23)]  # a leaf too big for one task
+        + [f"small/s{s}/f{f}.txt" for s in range(6) for f in range(2)]
+        + [f"wide/w{w}/x{x}/f.txt" for w in range(3) for x in range(4)]
+        + ["top.txt"]
+    )
+    _make_tree(tmp_path, keys)
+    fs = LocalFileSystem()
+    tasks = plan_tasks(fs, str(tmp_path), 5)
+    covered = [item.rel for task in tasks for item in _list_task(fs, str(tmp_path), task)]
+    assert sorted(covered) == sorted(keys)  # each file in exactly one task
+    for task in tasks:
+        listed = len(_list_task(fs, str(tmp_path), task))
+        assert listed == task.estimate <= 5, task.label  # every child was counted: exact here
+    leaf = [t for t in tasks if t.prefix == "big/leaf"]
+    assert len(leaf) == 5 and all(t.direct and not t.children for t in leaf)  # split by key range
+    assert [t for t in tasks if t.prefix == "small" and len(t.children) == 2]  # siblings grouped
+    assert len({t.key for t in tasks}) == len(tasks)
+    assert plan_tasks(fs, str(tmp_path), 5) == tasks  # the same plan for the same tree
+    with pytest.raises(ValueError, match="objects_per_task"):
+        plan_tasks(fs, str(tmp_path), 0)
+
+
+def test_a_local_build_refuses_other_tokenizer_options_and_collects_garbage(tmp_path: Path) -> None:
+    source, index = tmp_path / "src", tmp_path / "index"
+    _make_tree(source, LAYOUT)
+    first = build_index(str(source), str(index), objects_per_task=6, gc_grace=0)
+    assert (first.manifest, first.reused, first.deleted) == (1, 0, 0)
+    assert first.docs == len(LAYOUT) and first.objects == len(LAYOUT)
+    assert max(t.objects for t in first.tasks) <= 6
+    with pytest.raises(ValueError, match=r"stem False \(in the index\) != 'english'"):
+        build_index(str(source), str(index), tokenize={"stem": True}, gc_grace=0)
+    with pytest.raises(ValueError, match=r"min_length 2 \(in the index\) != 3"):
+        build_index(str(source), str(index), tokenize={"min_length": 3}, gc_grace=0)
+    assert read_manifest(str(index)).number == 1
+    changed = source / "top0" / "sub0" / "f0.md"
+    for round in (1, 2):
+        changed.write_bytes(_text("changed", round))
+        report = build_index(str(source), str(index), objects_per_task=6, gc_grace=0)
+        assert report.built == 1 and report.reused == len(first.tasks) - 1
+        # The segment replaced in round 1 is still in manifest 1 (the newest two are kept);
+        # round 2 collects it.
+        assert report.deleted == round - 1
+    names = {p.name.removesuffix(".seg") for p in (index / "segments").iterdir()}
+    newest = {ref.name for n in (2, 3) for ref in _manifest_refs(index, n)}
+    assert names == newest
+
+
+def _manifest_refs(index: Path, number: int) -> list[Any]:
+    from agentvfs.search._bulk import Manifest
+
+    raw = json.loads((index / "manifests" / f"{number:010d}.json").read_text())
+    return list(Manifest.from_dict(raw, str(index)).segments)
+
+
+# ------------------------------------------------------------------------------------ S3
+
+
+@pytest.mark.s3
+def test_build_over_s3_in_process(moto: MotoServer, tmp_path: Path) -> None:
+    prefix = unique("bulk")
+    files = _seed(moto, f"{prefix}/src", LAYOUT)
+    options = _options(moto)
+    source, index = f"s3://{S3_BUCKET}/{prefix}/src", f"s3://{S3_BUCKET}/{prefix}/index"
+    seen: list[TaskReport] = []
+    report = build_index(
+        source, index, storage_options=options, index_storage_options=options, objects_per_task=8,
+        gc_grace=0, progress=seen.append,
+    )  # fmt: skip
+    assert report.manifest == 1 and report.built == len(report.tasks) == len(seen) > 3
+    assert report.objects == len(LAYOUT) and all(t.objects == t.estimate <= 8 for t in report.tasks)
+    manifest = read_manifest(index, options)
+    assert manifest.number == 1 and manifest.source == source and manifest.docs == report.docs
+    assert manifest.totals["objects"] == len(LAYOUT)
+    docs = _all_docs(index, options, tmp_path / "cache")
+    assert sorted(docs) == _expected_ids(files)
+    assert docs["/root.txt"] == files["/root.txt"].decode()
+    # What a workspace records of each file: its S3 ETag and content hash.
+    head = moto.boto3_client().head_object(Bucket=S3_BUCKET, Key=f"{prefix}/src/root.txt")
+    segment = next(
+        fetch_segment(index, ref, tmp_path / "cache", options)
+        for ref in manifest.segments
+        if "/root.txt" in fetch_segment(index, ref, tmp_path / "cache", options).sources()
+    )
+    record = segment.sources()["/root.txt"]
+    assert record.etag == head["ETag"].strip('"') and record.size == len(files["/root.txt"])
+    # A damaged cached copy is fetched again.
+    ref = manifest.segments[0]
+    cached = tmp_path / "cache" / f"{ref.name}.seg"
+    cached.write_bytes(cached.read_bytes()[: ref.bytes // 2])
+    assert fetch_segment(index, ref, tmp_path / "cache", options).n_docs == ref.docs
+    data = bytearray(cached.read_bytes())
+    data[-1] ^= 0xFF  # inside the last array: only the hash shows it
+    cached.write_bytes(bytes(data))
+    assert fetch_segment(index, ref, tmp_path / "cache", options, verify_cached=True).n_docs == ref.docs
+    assert Segment.open(cached).name == ref.name and cached.read_bytes()[-1] != data[-1]
+
+
+@pytest.mark.s3
+def test_a_rerun_indexes_only_the_prefixes_that_changed(moto: MotoServer, tmp_path: Path) -> None:
+    prefix = unique("rerun")
+    files = _seed(moto, f"{prefix}/src", LAYOUT)
+    options = _options(moto)
+    source, index = f"s3://{S3_BUCKET}/{prefix}/src", f"s3://{S3_BUCKET}/{prefix}/index"
+
+    def build() -> BuildReport:
+        return build_index(
+            source, index, storage_options=options, index_storage_options=options, objects_per_task=8, gc_grace=0
+        )
+
+    first = build()
+    same = build()
+    assert _ran(same) == [] and same.reused == first.built and same.manifest == 2
+    labels = {t.label: t for t in first.tasks}
+    files.update(_seed(moto, f"{prefix}/src", ["top2/sub1/f0.md"], version=1))
+    changed = build()
+    owner = [label for label in labels if label.startswith("top2/") and ("sub1" in label or "{" in label)]
+    assert len(_ran(changed)) == 1 and _ran(changed)[0] in owner
+    assert changed.built == 1 and changed.reused == first.built - 1
+    docs = _all_docs(index, options, tmp_path / "cache")
+    assert docs["/top2/sub1/f0.md"] == files["/top2/sub1/f0.md"].decode()
+    assert sorted(docs) == _expected_ids(files)
+
+
+@pytest.mark.s3
+def test_two_builders_racing_one_wins_and_the_other_is_told(moto: MotoServer, tmp_path: Path) -> None:
+    prefix = unique("race")
+    _seed(moto, f"{prefix}/src", LAYOUT[:12])
+    options = _options(moto)
+    source, index = f"s3://{S3_BUCKET}/{prefix}/src", f"s3://{S3_BUCKET}/{prefix}/index"
+    winner: list[BuildReport] = []
+
+    def meanwhile(_: TaskReport) -> None:
+        # The second builder starts and finishes while the first is between its tasks and
+        # its manifest: both read "no manifest" and both want to write number 1.
+        if not winner:
+            winner.append(
+                build_index(source, index, storage_options=options, index_storage_options=options,
+                            objects_per_task=4, gc_grace=0)
+            )  # fmt: skip
+
+    with pytest.raises(IndexConflictError, match="another build wrote manifest 1") as caught:
+        build_index(
+            source, index, storage_options=options, index_storage_options=options, objects_per_task=4,
+            gc_grace=0, progress=meanwhile,
+        )  # fmt: skip
+    assert caught.value.winner == 1 and isinstance(caught.value, SearchIndexError)
+    manifest = read_manifest(index, options)
+    assert manifest.number == 1 and manifest.docs == winner[0].docs
+    assert {r.name for r in manifest.segments} == {t.segment for t in winner[0].tasks if t.segment}
+    assert len(_all_docs(index, options, tmp_path / "cache")) == winner[0].docs
+    # Truly at once: threads started together; exactly one writes manifest 2.
+    results: list[BaseException | BuildReport] = []
+    gate = threading.Barrier(2)
+
+    def racer() -> None:
+        gate.wait()
+        try:
+            results.append(build_index(source, index, storage_options=options, index_storage_options=options,
+                                       objects_per_task=4, gc_grace=0))  # fmt: skip
+        except BaseException as exc:
+            results.append(exc)
+
+    threads = [threading.Thread(target=racer) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    won = [r for r in results if isinstance(r, BuildReport)]
+    lost = [r for r in results if isinstance(r, IndexConflictError)]
+    assert len(results) == 2 and len(won) >= 1 and len(won) + len(lost) == 2, results
+    assert read_manifest(index, options).number == 1 + len(won)
+
+
+@pytest.mark.s3
+def test_a_missing_or_corrupt_segment_is_named_and_older_manifests_stay_readable(
+    moto: MotoServer, tmp_path: Path
+) -> None:
+    prefix = unique("damaged")
+    _seed(moto, f"{prefix}/src", LAYOUT[:10])
+    options = _options(moto)
+    source, index = f"s3://{S3_BUCKET}/{prefix}/src", f"s3://{S3_BUCKET}/{prefix}/index"
+    report = build_index(source, index, storage_options=options, index_storage_options=options, objects_per_task=4)
+    client = moto.boto3_client()
+    refs = read_manifest(index, options).segments
+    missing, corrupt = refs[0], refs[1]
+    client.delete_object(Bucket=S3_BUCKET, Key=f"{prefix}/index/segments/{missing.name}.seg")
+    with pytest.raises(SearchIndexError, match=f"segment {missing.name} of index {index} is missing"):
+        fetch_segment(index, missing, tmp_path / "cache", options)
+    client.put_object(Bucket=S3_BUCKET, Key=f"{prefix}/index/segments/{corrupt.name}.seg", Body=b"AVFSSEG1 damaged")
+    with pytest.raises(SearchIndexError, match=f"segment {corrupt.name} of index {index} is corrupt"):
+        fetch_segment(index, corrupt, tmp_path / "cache", options)
+    assert not (tmp_path / "cache" / f"{corrupt.name}.seg").exists()
+    # A newer manifest that cannot be read leaves the one before it current; the next build
+    # writes after it, never over it.
+    for number, body in ((2, b'{"format": "agentvfs-index-manifest", "vers'), (3, b'{"format": "other", "version": 1}')):
+        client.put_object(Bucket=S3_BUCKET, Key=f"{prefix}/index/manifests/{number:010d}.json", Body=body)
+        assert read_manifest(index, options).number == report.manifest
+    rebuilt = build_index(source, index, storage_options=options, index_storage_options=options, objects_per_task=4)
+    assert rebuilt.manifest == 4 and read_manifest(index, options).number == 4
+    assert rebuilt.built == 2  # the missing and the corrupt segments were written again
+    assert len(_all_docs(index, options, tmp_path / "cache2")) == report.docs
+
+
+def test_an_index_without_a_manifest_says_how_to_build_it(tmp_path: Path) -> None:
+    with pytest.raises(SearchIndexError, match="has no manifest; build it with: agentvfs index"):
+        read_manifest(str(tmp_path / "nothing"))
+    with pytest.raises(ValueError, match="not a segment name"):
+        fetch_segment(str(tmp_path), "abc", tmp_path / "cache")
+
+
+# ---------------------------------------------------------------------------------- Dask
+
+
+@pytest.fixture(scope="module")
+def dask_client() -> Iterator[Any]:
+    distributed = pytest.importorskip("distributed")
+    with (
+        distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None) as cluster,
+        distributed.Client(cluster, set_as_default=False) as client,
+    ):
+        yield client
+
+
+@pytest.mark.s3
+def test_a_dask_cluster_builds_the_same_segments(moto: MotoServer, dask_client: Any, tmp_path: Path) -> None:
+    prefix = unique("dask")
+    files = _seed(moto, f"{prefix}/src", LAYOUT)
+    options = _options(moto)
+    source = f"s3://{S3_BUCKET}/{prefix}/src"
+    here = build_index(source, f"s3://{S3_BUCKET}/{prefix}/here", storage_options=options,
+                       index_storage_options=options, objects_per_task=8)  # fmt: skip
+    there = build_index(source, f"s3://{S3_BUCKET}/{prefix}/there", storage_options=options,
+                        index_storage_options=options, objects_per_task=8, client=dask_client)  # fmt: skip
+    assert [t.segment for t in there.tasks] == [t.segment for t in here.tasks]  # byte for byte
+    workers = {str(w) for w in dask_client.run(os.getpid).values()}
+    assert len(workers) == 2 and str(os.getpid()) not in workers
+    index = f"s3://{S3_BUCKET}/{prefix}/there"
+    assert sorted(_all_docs(index, options, tmp_path / "cache")) == _expected_ids(files)
+    _seed(moto, f"{prefix}/src", ["top0/readme0.txt"], version=1)
+    rerun = build_index(source, index, storage_options=options, index_storage_options=options,
+                        objects_per_task=8, client=dask_client)  # fmt: skip
+    assert len(_ran(rerun)) == 1 and rerun.manifest == 2
