@@ -26,7 +26,7 @@ from ..errors import (
     StaleFileError,
     WorkspaceReadOnlyError,
 )
-from ..vfs import SupportsGrep, SupportsWalk
+from ..vfs import SupportsGrep, SupportsWalk, list_stats, walk_stats
 from ._harness import Harness
 
 __all__ = ["FilesystemTests"]
@@ -460,6 +460,33 @@ class FilesystemTests:
         assert everything == [".hidden", ".hidden/b.txt", "a.txt", "s", "s/.c.txt"]
         visible = [e.name for e in await harness.fs.walk(harness.p("w"), include_hidden=False)]
         assert visible == ["a.txt", "s"]
+
+    async def test_walk_stats(self, harness: Harness) -> None:
+        harness.put("ws/a.txt", b"a")
+        harness.put("ws/s/b.txt", b"bb")
+        harness.put("ws/s/t/c.txt", b"ccc")
+        harness.put("ws/.h/d.txt", b"dddd")
+        found = dict(await walk_stats(harness.fs, harness.p("ws")))
+        assert sorted(found) == [".h/d.txt", "a.txt", "s/b.txt", "s/t/c.txt"]
+        assert {name: stat.size for name, stat in found.items()} == {
+            ".h/d.txt": 4, "a.txt": 1, "s/b.txt": 2, "s/t/c.txt": 3,
+        }  # fmt: skip
+        # The same metadata a listing of each directory gives (the one listing of the tree
+        # must not show other sizes, times or versions).
+        for name, stat in found.items():
+            parent, _, base = name.rpartition("/")
+            listed = {
+                s.name: s for s in await list_stats(harness.fs, harness.p(f"ws/{parent}" if parent else "ws"))
+            }
+            twin = listed[base]
+            assert (stat.type, stat.size, stat.modified_at, stat.etag) == (
+                twin.type, twin.size, twin.modified_at, twin.etag,
+            ), name  # fmt: skip
+        assert dict(await walk_stats(harness.fs, harness.p("ws"), max_depth=2)).keys() == {
+            ".h/d.txt", "a.txt", "s/b.txt",
+        }  # fmt: skip
+        with pytest.raises(FileNotFoundError):
+            await walk_stats(harness.fs, harness.p("absent-dir"))
 
     async def test_grep(self, harness: Harness) -> None:
         if not isinstance(harness.fs, SupportsGrep):

@@ -43,6 +43,7 @@ from ._base import SupportsStreamingUpload as SupportsStreamingUpload
 from ._base import SupportsTransfer as SupportsTransfer
 from ._base import SupportsUploadRecovery as SupportsUploadRecovery
 from ._base import SupportsWalk as SupportsWalk
+from ._base import SupportsWalkStats as SupportsWalkStats
 from ._base import UploadStream as UploadStream
 from ._base import WorkspaceFilesystem as WorkspaceFilesystem
 from ._base import attribute_storage as attribute_storage
@@ -62,6 +63,7 @@ from ._base import run_sync as run_sync
 from ._base import set_attributes as set_attributes
 from ._base import upload_file as upload_file
 from ._base import walk as walk
+from ._base import walk_stats as walk_stats
 from ._blobs import BlobStore as BlobStore
 from ._blobs import is_digest as is_digest
 from ._blobs import sha256_hex as sha256_hex
@@ -170,6 +172,7 @@ __all__ = [
     "SupportsTreeWalk",
     "SupportsUploadRecovery",
     "SupportsWalk",
+    "SupportsWalkStats",
     "TimeoutFilesystem",
     "UploadStream",
     "Version",
@@ -214,6 +217,7 @@ __all__ = [
     "unit_length",
     "upload_file",
     "walk",
+    "walk_stats",
 ]
 
 fixup_module_metadata(__name__, globals())

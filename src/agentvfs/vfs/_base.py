@@ -554,6 +554,52 @@ async def check_version(
         raise StaleFileError(path, expected.modified_at, current.modified_at)
 
 
+@runtime_checkable
+class SupportsWalkStats(Protocol):
+    """Filesystems that give the metadata of a whole tree's files from one listing."""
+
+    async def walk_stats(self, path: str = "", *, max_depth: int | None = None) -> list[tuple[str, FileStat]]:
+        """``(name relative to path, metadata)`` of every file below ``path``."""
+        ...
+
+
+async def walk_stats(
+    fs: WorkspaceFilesystem, path: str = "", *, max_depth: int | None = None
+) -> list[tuple[str, FileStat]]:
+    """The metadata of every file below ``path`` with names relative to it: from one listing
+    where the filesystem can, else a walk and one :func:`list_stats` per directory. Files
+    below a linked directory are left out (a walk does not follow links)."""
+    if isinstance(fs, SupportsWalkStats):
+        return await fs.walk_stats(path, max_depth=max_depth)
+    return await walk_stats_by_listing(fs, path, max_depth=max_depth)
+
+
+async def walk_stats_by_listing(
+    fs: WorkspaceFilesystem, path: str = "", *, max_depth: int | None = None
+) -> list[tuple[str, FileStat]]:
+    """:func:`walk_stats` for any filesystem: a walk, then one :func:`list_stats` per
+    directory holding files."""
+    entries = await walk(fs, path, max_depth=max_depth)
+    linked = tuple(e.name + "/" for e in entries if e.type == "directory" and e.is_symlink)
+    wanted: dict[str, set[str]] = {}
+    for entry in entries:
+        if entry.type == "file" and not (linked and entry.name.startswith(linked)):
+            parent, _, name = entry.name.rpartition("/")
+            wanted.setdefault(parent, set()).add(name)
+    out: list[tuple[str, FileStat]] = []
+    base = _paths.normalize(path)
+    for parent, names in wanted.items():
+        try:
+            stats = await list_stats(fs, _paths.join(base, parent) if parent else base or ".")
+        except FileNotFoundError:
+            continue  # removed since the walk
+        for stat in stats:
+            name = _paths.basename(str(stat.path).rstrip("/")) or stat.name
+            if stat.type == "file" and name in names:
+                out.append((f"{parent}/{name}" if parent else name, stat))
+    return out
+
+
 async def list_stats(fs: WorkspaceFilesystem, path: str = "") -> list[FileStat]:
     """Metadata of every child of ``path``: one listing where the backend can, else a
     listing and one ``stat`` per entry."""

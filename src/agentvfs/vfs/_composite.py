@@ -21,6 +21,8 @@ from ._base import (
     read_range,
     read_range_into,
     walk,
+    walk_stats,
+    walk_stats_by_listing,
 )
 from ._records import FileEntry, FileStat, GrepFileResult, MountInfo
 
@@ -307,6 +309,14 @@ class CompositeFilesystem(WorkspaceFilesystem):
             return await walk(found[1], found[2], max_depth=max_depth, include_hidden=include_hidden)
         entries = await self.readdir(path, recursive=True, max_depth=max_depth)
         return entries if include_hidden else drop_hidden(entries)
+
+    async def walk_stats(self, path: str = "", *, max_depth: int | None = None) -> list[tuple[str, FileStat]]:
+        """The files below ``path`` with their metadata: from the owning mount's own listing,
+        or mount by mount below a synthetic directory."""
+        found = self._resolve(path)
+        if found is not None:
+            return await walk_stats(found[1], found[2], max_depth=max_depth)
+        return await walk_stats_by_listing(self, path, max_depth=max_depth)
 
     async def grep(
         self,

@@ -497,6 +497,32 @@ class DiskBackend(FsspecBackend):
             raise self.refuse(exc, rel, display, "readdir") from exc
         return [self._walk_entry(entry) for entry in found]
 
+    def walk_stats_sync(
+        self, rel: str, display: str, max_depth: int, cancel: threading.Event = NEVER
+    ) -> list[tuple[str, FileStat]]:
+        """The metadata of every file below ``rel`` (what :meth:`walk_sync` lists, with the
+        status each entry was listed with); names relative to ``rel``."""
+        host = self.bpath(rel)
+        try:
+            found = self.disk.walk(
+                host, max_depth=max_depth, skip=lambda name: TMP_MARK in name, stop=cancel.is_set
+            )
+        except FileNotFoundError:
+            raise self.missing_dir(rel, display) from None
+        except NotADirectoryError:
+            raise NotDirectory(display) from None
+        except Exception as exc:
+            raise self.refuse(exc, rel, display, "readdir") from exc
+        out: list[tuple[str, FileStat]] = []
+        # Files below a linked directory are not listed (a walk does not follow links).
+        linked = tuple(e.name + "/" for e in found if e.is_dir and e.link is not None)
+        for entry in found:
+            if entry.is_dir or (linked and entry.name.startswith(linked)):
+                continue
+            info = _info_dict(posixpath.join(host, entry.name), entry.lstat, entry.stat, entry.link)
+            out.append((entry.name, self.stat_of(_paths.join(rel, entry.name) if rel else entry.name, info)))
+        return out
+
     @staticmethod
     def _walk_entry(entry: DiskEntry) -> FileEntry:
         is_dir = entry.is_dir

@@ -338,6 +338,17 @@ class FsspecFilesystem(WorkspaceFilesystem):
             entries = await self._call(self._backend.list_sync, rel, path)
         return filter_extension(entries, extension)
 
+    async def walk_stats(self, path: str = "", *, max_depth: int | None = None) -> list[tuple[str, FileStat]]:
+        """The metadata of every file below ``path`` (names relative to it) from the one
+        listing a :meth:`walk` makes: a tree's change detection needs nothing else."""
+        if self.status != "ready":
+            await self.ensure_ready()
+        rel = self._rel(path)
+        found = await self._call_write(
+            self._backend.walk_stats_sync, rel, path, max_depth or _DEFAULT_MAX_DEPTH
+        )
+        return [(name, self._public_stat(stat)) for name, stat in found]
+
     async def list_stats(self, path: str = "") -> list[FileStat]:
         """Metadata of every child of ``path`` from one (paginated) listing request."""
         if self.status != "ready":

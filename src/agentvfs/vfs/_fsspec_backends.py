@@ -493,6 +493,33 @@ class FsspecBackend(Backend):
 
     def walk_sync(self, rel: str, display: str, max_depth: int, cancel: threading.Event = NEVER) -> list[FileEntry]:
         """Every entry below ``rel`` down to ``max_depth`` levels, names relative to it."""
+        entries: dict[str, FileEntry] = {}
+        for sub, info in self._walk_infos(rel, display, max_depth).items():
+            if sub in entries and entries[sub].type == "directory":
+                continue
+            entries[sub] = self.entry(sub, info)
+            # Object stores list keys; make sure every implied directory has its entry.
+            parent = _paths.dirname(sub)
+            while parent and parent not in entries:
+                entries[parent] = FileEntry(name=parent, type="directory")
+                parent = _paths.dirname(parent)
+        return order_tree(entries)
+
+    def walk_stats_sync(
+        self, rel: str, display: str, max_depth: int, cancel: threading.Event = NEVER
+    ) -> list[tuple[str, FileStat]]:
+        """The metadata of every file below ``rel`` down to ``max_depth`` levels, from the
+        same one listing as :meth:`walk_sync`; names relative to ``rel``."""
+        out: list[tuple[str, FileStat]] = []
+        for sub, info in self._walk_infos(rel, display, max_depth).items():
+            stat = self.stat_of(_paths.join(rel, sub) if rel else sub, info)
+            if stat.type == "file":
+                out.append((sub, stat))
+        return out
+
+    def _walk_infos(self, rel: str, display: str, max_depth: int) -> dict[str, dict[str, Any]]:
+        """The listing infos of every key below ``rel`` (one paginated listing), by name
+        relative to it, down to ``max_depth`` levels."""
         bpath = self.bpath(rel)
         try:
             # No maxdepth: with one, s3fs and gcsfs fall back to one listing per directory;
@@ -510,7 +537,7 @@ class FsspecBackend(Backend):
             self._forget_cached(bpath)
         own = bpath.rstrip("/")
         head = own + "/" if own else ""
-        entries: dict[str, FileEntry] = {}
+        infos: dict[str, dict[str, Any]] = {}
         for key, info in found.items():
             full = key.rstrip("/")
             if full == own:
@@ -524,19 +551,14 @@ class FsspecBackend(Backend):
             sub = full[len(head) :]
             if TMP_MARK in sub or sub.count("/") >= max_depth:
                 continue
-            if sub in entries and entries[sub].type == "directory":
+            if sub in infos and infos[sub].get("type") == "directory":
                 continue
-            entries[sub] = self.entry(sub, info)
+            infos[sub] = info
             if self.seen is not None:
                 self._saw(_paths.join(rel, sub) if rel else sub, info)
-            # Object stores list keys; make sure every implied directory has its entry.
-            parent = _paths.dirname(sub)
-            while parent and parent not in entries:
-                entries[parent] = FileEntry(name=parent, type="directory")
-                parent = _paths.dirname(parent)
         if not found and rel:
             self._require_dir(rel, display)
-        return order_tree(entries)
+        return infos
 
     # -- writes ---------------------------------------------------------------------------------
 

@@ -169,10 +169,13 @@ class LocalFilesystem(DiskFilesystem):
 
     def _public_path(self, rel: str) -> str:
         host = "/" + rel
-        if not _inside(host, self.base_path):
-            return host
-        relative = os.path.relpath(host, self.base_path)
-        return "" if relative == "." else relative.replace(os.sep, "/")
+        base = self.base_path
+        if host == base:
+            return ""
+        # Both are normalised absolute paths: what lies inside is a plain suffix (cheaper than
+        # os.path.relpath, which listing a large tree paid once per file).
+        head = base.rstrip("/") + "/"
+        return host[len(head) :] if host.startswith(head) else host
 
     def _public_stat(self, stat: FileStat) -> FileStat:
         host = "/" + stat.path

@@ -42,6 +42,7 @@ from ._base import (
     set_attributes,
     upload_file,
     walk,
+    walk_stats,
 )
 from ._posix import PosixAttributes
 from ._records import Capabilities, FileEntry, FileStat, GrepFileResult
@@ -251,6 +252,9 @@ class WrapperFilesystem(WorkspaceFilesystem):
 
     async def list_stats(self, path: str = "") -> list[FileStat]:
         return await self._wrap("list_stats", lambda: list_stats(self.inner, path))
+
+    async def walk_stats(self, path: str = "", *, max_depth: int | None = None) -> list[tuple[str, FileStat]]:
+        return await self._wrap("walk_stats", lambda: walk_stats(self.inner, path, max_depth=max_depth))
 
     async def upload_file(self, local_path: str, path: str) -> None:
         await self._wrap("upload_file", lambda: upload_file(self.inner, local_path, path))
