@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +17,8 @@ from typing import Any
 import pytest
 from fsspec.implementations.local import LocalFileSystem
 
+from _mountproc import cli_env
+from agentvfs.cli import main
 from agentvfs.errors import IndexConflictError, SearchIndexError
 from agentvfs.search import (
     BuildReport,
@@ -55,6 +61,12 @@ def _seed(moto: MotoServer, prefix: str, keys: list[str], version: int = 0) -> d
         client.put_object(Bucket=S3_BUCKET, Key=f"{prefix}/{key}", Body=body)
         written[f"/{key}"] = body
     return written
+
+
+def _s3_keys(moto: MotoServer, prefix: str) -> list[str]:
+    client = moto.boto3_client()
+    found = client.list_objects_v2(Bucket=S3_BUCKET, Prefix=prefix + "/").get("Contents", [])
+    return sorted(str(item["Key"]) for item in found)
 
 
 def _expected_ids(files: dict[str, bytes]) -> list[str]:
@@ -261,6 +273,50 @@ def test_two_builders_racing_one_wins_and_the_other_is_told(moto: MotoServer, tm
 
 
 @pytest.mark.s3
+def test_a_killed_builder_writes_no_manifest_and_its_segments_are_collected(moto: MotoServer) -> None:
+    prefix = unique("killed")
+    keys = [f"d{i:02d}/f.md" for i in range(24)]
+    _seed(moto, f"{prefix}/src", keys)
+    options = _options(moto)
+    source, index = f"s3://{S3_BUCKET}/{prefix}/src", f"s3://{S3_BUCKET}/{prefix}/index"
+    first = build_index(source, index, storage_options=options, index_storage_options=options, objects_per_task=1)
+    before = set(_s3_keys(moto, f"{prefix}/index/segments"))
+    assert len(before) == first.built == 24
+    _seed(moto, f"{prefix}/src", keys, version=1)  # every task has to build again
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentvfs", "index", source, "--out", index, "-o", f"endpoint_url={moto.endpoint_url}",
+         "--objects-per-task", "1"],
+        env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while len(set(_s3_keys(moto, f"{prefix}/index/segments")) - before) < 3:
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait(30)
+        assert proc.stdout is not None and proc.stderr is not None
+        proc.stdout.close()
+        proc.stderr.close()
+    orphans = set(_s3_keys(moto, f"{prefix}/index/segments")) - before
+    assert 3 <= len(orphans) < 24
+    assert _s3_keys(moto, f"{prefix}/index/manifests") == [f"{prefix}/index/manifests/{1:010d}.json"]
+    assert read_manifest(index, options).number == 1
+    _seed(moto, f"{prefix}/src", keys, version=2)  # the orphans are no version of anything now
+    kept = build_index(source, index, storage_options=options, index_storage_options=options, objects_per_task=1,
+                       gc_grace=3600)  # fmt: skip
+    assert kept.deleted == 0 and orphans <= set(_s3_keys(moto, f"{prefix}/index/segments"))
+    again = build_index(source, index, storage_options=options, index_storage_options=options, objects_per_task=1,
+                        gc_grace=0)  # fmt: skip
+    left = set(_s3_keys(moto, f"{prefix}/index/segments"))
+    assert not orphans & left and not before & left
+    assert again.deleted == len(orphans) + len(before)
+    assert again.manifest == 3
+
+
+@pytest.mark.s3
 def test_a_missing_or_corrupt_segment_is_named_and_older_manifests_stay_readable(
     moto: MotoServer, tmp_path: Path
 ) -> None:
@@ -329,3 +385,62 @@ def test_a_dask_cluster_builds_the_same_segments(moto: MotoServer, dask_client: 
     rerun = build_index(source, index, storage_options=options, index_storage_options=options,
                         objects_per_task=8, client=dask_client)  # fmt: skip
     assert len(_ran(rerun)) == 1 and rerun.manifest == 2
+
+
+@pytest.mark.s3
+def test_the_cli_builds_on_a_scheduler_and_reports_json(
+    moto: MotoServer, dask_client: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    prefix = unique("cli")
+    _seed(moto, f"{prefix}/src", LAYOUT[:9])
+    source, index = f"s3://{S3_BUCKET}/{prefix}/src", f"s3://{S3_BUCKET}/{prefix}/index"
+    endpoint = f"endpoint_url={moto.endpoint_url}"
+    address = dask_client.scheduler.address
+    code = main(["index", source, "--out", index, "-o", endpoint, "--scheduler", address, "--objects-per-task", "3", "--json"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    report = json.loads(out.out)
+    assert report["manifest"] == 1 and report["docs"] == 9 and report["built"] == len(report["tasks"]) == 3
+    assert all(t["objects"] <= 3 for t in report["tasks"])
+    code = main(["index", source, "--out", index, "-o", endpoint, "--objects-per-task", "3"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert "| task | estimate | objects | docs | bytes | segment |" in out.out and "(kept)" in out.out
+    assert "manifest 2 of" in out.err and "segments built 0, kept 3" in out.err
+
+
+def test_the_cli_refuses_bad_input_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.md").write_text("alpha\n")
+    out = str(tmp_path / "index")
+    cases = [
+        (["index", str(tmp_path / "missing"), "--out", out], 2, "does not exist; give the directory"),
+        (["index", "nosuch://bucket/x", "--out", out], 2, "Unknown storage protocol 'nosuch'"),
+        (["index", str(tmp_path / "src"), "--out", out, "--objects-per-task", "0"], 2, "--objects-per-task must be at least 1"),
+        (["index", str(tmp_path / "src"), "--out", out, "--workers", "0"], 2, "--workers must be at least 1"),
+        (["index", str(tmp_path / "src"), "--out", out, "--scheduler", "tcp://127.0.0.1:1"], 1,
+         "Cannot reach the Dask scheduler at tcp://127.0.0.1:1"),
+        (["index", str(tmp_path / "src"), "--out", out, "--scheduler", "127.0.0.1"], 2, "has no port"),
+    ]  # fmt: skip
+    for args, expected, message in cases:
+        code = main(args)
+        err = capsys.readouterr().err
+        assert code == expected and message in err, (args, err)
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert main(["index", str(tmp_path / "src"), "--out", out]) == 0
+    capsys.readouterr()
+    assert read_manifest(out).docs == 1
+
+
+def test_the_cli_without_dask_names_the_extra(tmp_path: Path) -> None:
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.md").write_text("alpha\n")
+    # An environment without Dask: its modules cannot be imported.
+    script = (
+        "import sys; sys.modules['distributed'] = None; sys.modules['dask'] = None\n"
+        "from agentvfs.cli import main\n"
+        f"sys.exit(main(['index', {str(tmp_path / 'src')!r}, '--out', {str(tmp_path / 'index')!r}, '--workers', '2']))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=cli_env(), timeout=60, check=False)
+    assert done.returncode == 1
+    assert "pip install 'agentvfs[dask]'" in done.stderr and "Traceback" not in done.stderr, done.stderr

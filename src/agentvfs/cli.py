@@ -1166,6 +1166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cache.add_argument("--cache-dir", metavar="DIR", help="the cache directory (default: the mounts' default)")
     cache.add_argument("--json", action="store_true", help="print the figures as JSON")
     _add_snapshot_parsers(add_parser)
+    _add_index_parser(add_parser)
     from .bench import add_arguments as add_bench_arguments
 
     bench = add_parser(
@@ -1257,6 +1258,103 @@ def _add_snapshot_parsers(add_parser: Any) -> None:
     restore.add_argument("--force", action="store_true", help="also replace and delete what changed after the snapshot")
 
 
+def _add_index_parser(add_parser: Any) -> None:
+    """``index``: a whole bucket into segments and a manifest, on Dask if asked."""
+    idx = add_parser(
+        "index",
+        help="index every file of a URL for search, into segments and a manifest (on Dask if asked)",
+        description="Index every file below URL (BM25, as a workspace's own index would) into immutable "
+        "segments under INDEX_URL/segments/ and write the index's next manifest (INDEX_URL/manifests/) "
+        "last, create-only: two builds racing never overwrite each other. A re-run indexes only the "
+        "prefixes whose listing changed, and deletes segments no recent manifest uses. Runs in this "
+        "process, or on Dask (pip install 'agentvfs[dask]') with --workers or --scheduler.",
+    )
+    idx.add_argument("url", metavar="URL", help="what to index: s3://bucket/prefix, gcs://bucket, file:///dir or a local path")
+    idx.add_argument("--out", metavar="INDEX_URL", required=True, help="where the index lives (created on first use)")
+    where = idx.add_mutually_exclusive_group()
+    where.add_argument("--scheduler", metavar="ADDRESS", help="run the tasks on this Dask scheduler (tcp://HOST:8786)")
+    where.add_argument("--workers", metavar="N", type=int, help="run the tasks on a local Dask cluster of N processes")
+    idx.add_argument(
+        "--objects-per-task", metavar="N", type=int, default=5000,
+        help="the most objects one task (one segment) covers, by the planner's estimate (5000)",
+    )  # fmt: skip
+    idx.add_argument(
+        "--gc-grace", metavar="SECONDS", type=float, default=3600.0,
+        help="keep unreferenced segments younger than this: they may be a running build's (3600)",
+    )  # fmt: skip
+    idx.add_argument("--json", action="store_true", help="print the report as JSON")
+    idx.add_argument(
+        "-o", dest="options", action="append", type=_storage_option, default=[], metavar="KEY=VALUE",
+        help="an fsspec storage option for URL, and for INDEX_URL when it is the same kind of storage "
+        "(endpoint_url, anon, ...); KEY=@FILE reads the value from FILE",
+    )  # fmt: skip
+
+
+def _index(args: argparse.Namespace) -> int:
+    """``agentvfs index``: build or update a segment index of a URL."""
+    from .errors import IndexConflictError, MissingExtraError, SearchIndexError
+
+    def fail(message: str, code: int) -> int:
+        print(f"agentvfs index: {' '.join(message.split())}", file=sys.stderr)
+        return code
+
+    if args.objects_per_task < 1:
+        return fail(f"--objects-per-task must be at least 1, got {args.objects_per_task}", 2)
+    if args.workers is not None and args.workers < 1:
+        return fail(f"--workers must be at least 1, got {args.workers}", 2)
+    if args.gc_grace < 0:
+        return fail(f"--gc-grace must be 0 or more seconds, got {args.gc_grace}", 2)
+
+    def protocol(of: str) -> str:
+        return of.split("://", 1)[0] if "://" in of else "file"
+
+    source, out = args.url, args.out
+    local = _local_path(source)
+    if local is not None and not os.path.isdir(local):
+        what = "is not a directory" if os.path.lexists(local) else "does not exist"
+        return fail(f"{local} {what}; give the directory (or bucket URL) to index", 2)
+    if "://" not in source:
+        source = os.path.abspath(os.path.expanduser(source))
+    if "://" not in out and "::" not in out:
+        out = os.path.abspath(os.path.expanduser(out))
+    options = dict(args.options)
+    # The -o options are the source's; an index on the same kind of storage shares them.
+    index_options = options if protocol(out) == protocol(source) else {}
+    try:
+        from .search import build_index
+
+        report = build_index(
+            source, out, scheduler=args.scheduler, workers=args.workers, storage_options=options,
+            index_storage_options=index_options, objects_per_task=args.objects_per_task,
+            gc_grace=args.gc_grace,
+        )  # fmt: skip
+    except IndexConflictError as exc:
+        return fail(str(exc), 1)
+    except MissingExtraError as exc:
+        return fail(str(exc), 1)
+    except ConnectionError as exc:
+        return fail(str(exc), 1)
+    except (ValueError, TypeError) as exc:
+        return fail(str(exc), 2)
+    except (SearchIndexError, OSError) as exc:
+        return fail(str(exc) or type(exc).__name__, 1)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=1))
+        return 0
+    print("| task | estimate | objects | docs | bytes | segment |")
+    print("|---|---:|---:|---:|---:|---|")
+    for t in report.tasks:
+        segment = "-" if t.segment is None else f"{t.segment[:12]} ({'kept' if t.reused else 'built'})"
+        print(f"| {t.label} | {t.estimate} | {t.objects} | {t.docs} | {t.bytes} | {segment} |")
+    print(
+        f"agentvfs index: manifest {report.manifest} of {out}: {report.docs} documents from {report.objects} "
+        f"objects in {len(report.tasks)} tasks; segments built {report.built}, kept {report.reused}, deleted "
+        f"{report.deleted}; {report.seconds:.1f} s (planning {report.planning_seconds:.1f} s)",
+        file=sys.stderr,
+    )
+    return 0
+
+
 def _add_common_arguments(parser: argparse.ArgumentParser, *, given_only: bool = False) -> None:
     """The options of every command: logging, and tracebacks (``given_only``: no defaults,
     so that a command's parser keeps what was given before the command)."""
@@ -1320,6 +1418,8 @@ _EXTRA_OF_MODULE = {
     "s3fs": "s3",
     "aiobotocore": "s3",
     "gcsfs": "gcs",
+    "dask": "dask",
+    "distributed": "dask",
     "onnxruntime": "embed",
     "tokenizers": "embed",
     "pytest": "bench",
@@ -1365,6 +1465,8 @@ def _run(args: argparse.Namespace, argv: Sequence[str] | None, parsers: dict[str
         return _snapshots(args)
     if args.command == "cache":
         return _cache(args)
+    if args.command == "index":
+        return _index(args)
     if args.command == "setup-passthrough":
         return _setup_passthrough()
     if args.command == "completion":
