@@ -113,7 +113,8 @@ def host_server() -> Iterator[tuple[str, int]]:
     if not address.startswith("127."):
         pytest.skip(f"this machine's name resolves to {address}, not to a loopback address")
     server = http.server.ThreadingHTTPServer((address, 0), _Hello)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # Polled often, so that shutdown() returns at once rather than after the default 0.5 s.
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
     thread.start()
     yield name, server.server_address[1]
     server.shutdown()
@@ -219,6 +220,7 @@ def raw_upstream() -> Iterator[tuple[int, list[bytes]]]:
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
     yield server.getsockname()[1], received
+    server.shutdown(socket.SHUT_RDWR)  # wakes the accept() (closing alone does not)
     server.close()
     thread.join(timeout=5)
 
