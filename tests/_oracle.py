@@ -23,6 +23,7 @@ import re
 import shutil
 import subprocess
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC
 from pathlib import Path
@@ -924,9 +925,14 @@ def compare(case: Case, reference: dict[str, Any], ours: dict[str, Any]) -> list
 
 
 def run_both(cases: Sequence[Case], base: Path) -> list[Outcome]:
-    """Run ``cases`` on both sides (separate directories under ``base``) and compare them."""
-    reference = run_reference(cases, base / "reference")
-    ours = run_here(cases, base / "agentvfs")
+    """Run ``cases`` on both sides (separate directories under ``base``) and compare them.
+
+    The reference's Node process runs while agentvfs runs the same cases here: neither side
+    sees the other's directory, and each waits mostly on its own commands."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pending = pool.submit(run_reference, cases, base / "reference")
+        ours = run_here(cases, base / "agentvfs")
+        reference = pending.result()
     return [o for c in cases for o in compare(c, reference[c.id], ours[c.id])]
 
 
