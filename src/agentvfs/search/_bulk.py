@@ -6,9 +6,11 @@ manifest written last, ``INDEX_URL/manifests/<n>.json``.
 
 Planning. Listing is what costs at millions of objects, so no machine lists everything: the
 planner lists the tree with a delimiter from the root, one level at a time, and estimates each
-prefix's size from a bounded count of a sample of its siblings; it descends into prefixes
-estimated larger than ``objects_per_task`` and groups the rest, consecutive siblings together,
-into tasks of at most that many objects. Each task lists its own prefixes (so the listing is
+child prefix's size by a count that stops past ``objects_per_task`` (on S3 a flat listing, at
+most ``objects_per_task / 1000 + 1`` requests however deep the prefix), of every child or, for
+prefixes of very many children, of a sample; it descends into children larger than
+``objects_per_task`` and groups the rest, consecutive siblings together, into tasks of at most
+that many objects. Each task lists its own prefixes (so the listing is
 spread over the workers), reads its files, builds one segment and uploads it. A prefix whose
 own files are too many for one task is split by key range.
 
@@ -73,8 +75,10 @@ _MANIFEST_NAME = re.compile(rf"^(\d{{{_DIGITS}}})\.json$")
 _SEGMENT_NAME = re.compile(r"^[0-9a-f]{64}$")
 #: Objects a task covers at most (by the planner's estimate).
 OBJECTS_PER_TASK = 5000
-#: Siblings whose size the planner counts (each count stops past ``objects_per_task``).
-PLAN_SAMPLE = 8
+#: The planner counts every child of a prefix with at most this many children, else a sample
+#: of them (each count stops past ``objects_per_task``): see `plan_tasks`.
+PLAN_COUNT_ALL = 1024
+PLAN_SAMPLE = 32
 #: Listings the planner, and files a task, have in flight at once.
 LIST_CONCURRENCY = 16
 READ_CONCURRENCY = 16
@@ -246,7 +250,14 @@ class Task:
 
 
 def _count_upto(fs: fsspec.AbstractFileSystem, path: str, cap: int) -> int:
-    """Files below ``path``, counted until more than ``cap`` (then ``cap + 1``)."""
+    """Files below ``path``, counted until more than ``cap`` (then ``cap + 1``).
+
+    On S3 one flat listing (no delimiter) pages through the keys, 1,000 a request, however
+    deep the tree: at most ``cap / 1000 + 1`` requests. Elsewhere the directories are walked
+    (a request per directory), stopping once the count passes ``cap``.
+    """
+    if callable(getattr(fs, "call_s3", None)):
+        return _s3_count_upto(fs, path, cap)
     count = 0
     stack = [path]
     while stack and count <= cap:
@@ -258,12 +269,27 @@ def _count_upto(fs: fsspec.AbstractFileSystem, path: str, cap: int) -> int:
     return min(count, cap + 1)
 
 
+def _s3_count_upto(fs: Any, path: str, cap: int) -> int:
+    bucket, _, prefix = path.strip("/").partition("/")
+    request: dict[str, Any] = {"Bucket": bucket, "Prefix": f"{prefix}/" if prefix else "", "MaxKeys": 1000}
+    count = 0
+    while count <= cap:
+        page = fs.call_s3("list_objects_v2", **request)
+        count += sum(1 for item in page.get("Contents", ()) if not str(item["Key"]).endswith("/"))
+        token = page.get("NextContinuationToken")
+        if not page.get("IsTruncated") or not token:
+            break
+        request["ContinuationToken"] = token
+    return min(count, cap + 1)
+
+
 def plan_tasks(
     fs: fsspec.AbstractFileSystem,
     root: str,
     objects_per_task: int = OBJECTS_PER_TASK,
     *,
     sample: int = PLAN_SAMPLE,
+    count_all: int = PLAN_COUNT_ALL,
     concurrency: int = LIST_CONCURRENCY,
 ) -> list[Task]:
     """Split the tree below ``root`` into tasks of at most ``objects_per_task`` objects by
@@ -277,8 +303,11 @@ def plan_tasks(
         The source root, a path of ``fs``.
     objects_per_task : int
         The most objects a task should cover.
-    sample : int
-        Children of a prefix whose size is counted; the others are estimated as their mean.
+    sample, count_all : int
+        Each child of a prefix with at most ``count_all`` children is counted; of more, a
+        sample of ``sample`` evenly spaced ones is, and the others are estimated as their
+        mean, unless the sample is uneven (its largest count more than twice its median):
+        then every child is counted. Each count stops past ``objects_per_task``.
     concurrency : int
         Listings in flight at once.
 
@@ -311,17 +340,25 @@ def plan_tasks(
                 children = sorted(set(children))
                 files.sort()
                 expanded.append((rel, files, children))
-                if children:
-                    step = max(1, len(children) // min(sample, len(children)))
-                    for child in children[::step][:sample]:
-                        probes.append((rel, child))
-            counted = dict(
-                zip(
-                    probes,
-                    pool.map(lambda p: _count_upto(fs, _join(root, _join(p[0], p[1])), limit), probes),
-                    strict=True,
-                )
-            )
+                if len(children) <= count_all:
+                    probes += [(rel, child) for child in children]
+                else:
+                    step = max(1, len(children) // sample)
+                    probes += [(rel, child) for child in children[::step][:sample]]
+            def count(probes: list[tuple[str, str]]) -> dict[tuple[str, str], int]:
+                found = pool.map(lambda p: _count_upto(fs, _join(root, _join(p[0], p[1])), limit), probes)
+                return dict(zip(probes, found, strict=True))
+
+            counted = count(probes)
+            # Where the sample is uneven (a heavy tail: some children far larger than the
+            # rest), its mean says little of the others: count every child (each count stops
+            # past the limit, so this costs at most what the tasks will list anyway).
+            uneven = []
+            for rel, _, children in expanded:
+                sizes = sorted(counted[(rel, c)] for c in children if (rel, c) in counted)
+                if sizes and sizes[0] <= limit and sizes[-1] > 2 * sizes[len(sizes) // 2] + 1:
+                    uneven += [(rel, c) for c in children if (rel, c) not in counted]
+            counted.update(count(uneven))
             frontier = []
             for rel, files, children in expanded:
                 sizes = [counted[(rel, c)] for c in children if (rel, c) in counted]
