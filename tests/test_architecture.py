@@ -11,6 +11,7 @@ under ``TYPE_CHECKING``: a type-only import is still a dependency). Two rules:
 from __future__ import annotations
 
 import ast
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,8 +75,15 @@ def _module_name(path: Path) -> tuple[str, str]:
 
 
 def imports() -> list[Import]:
+    return list(_imports_under(PACKAGE))
+
+
+@functools.cache
+def _imports_under(root: Path) -> tuple[Import, ...]:
+    """Every import of the source under ``root``, read once per session (each rule reads
+    them all)."""
     found: list[Import] = []
-    for path in sorted(PACKAGE.rglob("*.py")):
+    for path in sorted(root.rglob("*.py")):
         module, package = _module_name(path)
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Import):
@@ -88,7 +96,7 @@ def imports() -> list[Import]:
                     target = node.module or ""
                 if target == "agentvfs" or target.startswith("agentvfs."):
                     found += [Import(module, target, a.name, node.lineno) for a in node.names]
-    return found
+    return tuple(found)
 
 
 def unit(dotted: str) -> str:
