@@ -763,3 +763,86 @@ def test_update_cost_does_not_grow_with_the_corpus(tmp_path: Path) -> None:
     t_large = _update_ms(large, large_ids, rng)
     # Generous: a rebuild or a scan of the corpus would be 20x; noise on a shared machine is 2x.
     assert t_large < 4 * t_small + 10, (t_small, t_large)
+
+
+# -- checkpoints ---------------------------------------------------------------------------------
+
+
+def _fill(index: BM25Index, count: int, seed: int = 5) -> None:
+    rng = random.Random(seed)
+    words = ["red", "green", "blue", "cyan", "plum", "teal", "gold", "jade", "ruby", "onyx"]
+    index.add_many(
+        [
+            (f"doc{i}", " ".join(rng.choice(words) for _ in range(rng.randint(3, 30))), {"n": i}, i)
+            for i in range(count)
+        ]
+    )
+
+
+def _answers(index: BM25Index) -> list[list[tuple[str, float, str, Any, Any]]]:
+    return [
+        [(h.id, h.score, h.content, h.metadata, h.line_range) for h in index.search(q, top_k=20)]
+        for q in ("red", "green blue", "plum plum teal", "onyx gold jade ruby")
+    ]
+
+
+def test_a_checkpoint_serves_postings_and_text_of_the_version_it_was_written_at(tmp_path: Path) -> None:
+    path = tmp_path / "ix.duckdb"
+    index = BM25Index(path)
+    _fill(index, 300)
+    index.remove("doc7")
+    expected = _answers(index)
+    assert index.write_checkpoint()
+    assert index.checkpoint_version == index.version
+    index.close()
+    reopened = BM25Index(path)
+    assert _answers(reopened) == expected
+    assert reopened._cache is not None and reopened._cache.slot_doc.size == 299
+    # Writes after it: postings come from the index, the text of unchanged documents still
+    # from the checkpoint (document numbers are never reused), the new ones' from DuckDB.
+    reopened.add("doc3", "red red red replaced")
+    reopened.add("fresh", "green novel words")
+    after = _answers(reopened)
+    reopened.close()
+    again = BM25Index(path)
+    assert again.checkpoint_version is not None and again.checkpoint_version != again.version
+    assert _answers(again) == after
+    assert [h.content for h in again.search("replaced")] == ["red red red replaced"]
+    # Without the checkpoint: the same answers from DuckDB alone.
+    again.close()
+    os.unlink(str(path) + _bm25.CHECKPOINT_SUFFIX)
+    assert _answers(BM25Index(path)) == after
+
+
+def test_a_foreign_damaged_or_planted_checkpoint_is_ignored(tmp_path: Path) -> None:
+    path = tmp_path / "ix.duckdb"
+    index = BM25Index(path)
+    _fill(index, 120, seed=1)
+    index.write_checkpoint()
+    index.close()
+    checkpoint = str(path) + _bm25.CHECKPOINT_SUFFIX
+    kept = Path(checkpoint).read_bytes()
+    # The index deleted and made again at the same path: document numbers start over, so the
+    # old checkpoint's text would be wrong; it belongs to another instance and is not used.
+    for name in os.listdir(tmp_path):
+        if name.startswith("ix.duckdb") and not name.endswith(_bm25.CHECKPOINT_SUFFIX):
+            os.unlink(tmp_path / name)
+    other = BM25Index(path)
+    _fill(other, 120, seed=2)
+    fresh = BM25Index()
+    _fill(fresh, 120, seed=2)
+    assert _answers(other) == _answers(fresh)
+    assert other.checkpoint_version is None
+    other.close()
+    # Damaged (truncated, or bytes flipped in the header): ignored, answers from DuckDB.
+    expected = _answers(fresh)
+    Path(checkpoint).write_bytes(kept[: len(kept) // 2])
+    assert _answers(BM25Index(path)) == expected
+    Path(checkpoint).write_bytes(b"AVFSSEG1" + b"\xff" * 200)
+    assert _answers(BM25Index(path)) == expected
+    # A symlink planted at its name is not followed.
+    os.unlink(checkpoint)
+    (tmp_path / "elsewhere.seg").write_bytes(kept)
+    os.symlink(tmp_path / "elsewhere.seg", checkpoint)
+    planted = BM25Index(path)
+    assert planted.checkpoint_version is None and _answers(planted) == expected

@@ -531,8 +531,8 @@ async def test_files_over_max_file_bytes_are_not_indexed_even_when_swapped_in_af
     class SwapAfterListing(LocalFilesystem):
         """The listing (sizes) shows swapped.md as 14 bytes; the read meets 1 GiB."""
 
-        async def list_stats(self, path: str = "") -> Any:
-            stats = await super().list_stats(path)
+        async def walk_stats(self, path: str = "", *, max_depth: int | None = None) -> Any:
+            stats = await super().walk_stats(path, max_depth=max_depth)
             if huge.exists():
                 os.replace(huge, docs / "swapped.md")
             return stats
@@ -593,7 +593,7 @@ class ListingOutage(WrapperFilesystem):
     down = False
 
     async def _wrap(self, operation: str, call: Any) -> Any:
-        if self.down and operation in ("readdir", "walk", "list_stats", "stat", "exists"):
+        if self.down and operation in ("readdir", "walk", "walk_stats", "list_stats", "stat", "exists"):
             raise OSError(errno.EIO, "storage unavailable")
         return await call()
 
@@ -641,3 +641,39 @@ async def test_a_listing_outage_at_init_keeps_the_persistent_index(
 async def test_init_without_auto_indexing_reports_nothing() -> None:
     async with Workspace(filesystem=FsspecFilesystem(MemoryFileSystem(global_store=False, skip_instance_cache=True), root="/w")) as ws:
         assert await ws.init() == {}
+
+
+async def test_closing_a_changed_index_writes_its_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(search_workspace, "CHECKPOINT_MIN_DOCS", 10)
+    base = tmp_path / "files"
+    base.mkdir()
+    for i in range(30):
+        (base / f"f{i:02d}.txt").write_text(f"file {i} has words about topic{i % 3}\n")
+    index_dir = tmp_path / "index"
+    checkpoint = index_dir / (search_workspace.INDEX_FILE + ".checkpoint.seg")
+
+    def make() -> Workspace:
+        return Workspace(
+            filesystem=LocalFilesystem(base), bm25=True, auto_index_paths=["."], index_dir=str(index_dir)
+        )
+
+    ws = make()
+    await ws.init()
+    first = [(r.id, r.score) for r in await ws.search("topic1 words", top_k=30)]
+    await ws.destroy()
+    assert checkpoint.exists()
+    written = checkpoint.stat().st_mtime_ns
+    # Unchanged: reopened, searched from the checkpoint, and closed without writing another.
+    ws = make()
+    assert (await ws.init())["search"]["unchanged"] == 30
+    assert [(r.id, r.score) for r in await ws.search("topic1 words", top_k=30)] == first
+    await ws.destroy()
+    assert checkpoint.stat().st_mtime_ns == written
+    # Changed: a new checkpoint at close.
+    (base / "f00.txt").write_text("file zero now talks about topic1 only\n")
+    ws = make()
+    assert (await ws.init())["search"]["indexed"] == 1
+    await ws.destroy()
+    assert checkpoint.stat().st_mtime_ns != written

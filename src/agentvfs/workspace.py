@@ -174,6 +174,16 @@ class Workspace:
         such as ``s3://bucket/snapshots``). Default: ``.agentvfs/snapshots`` of the
         workspace filesystem itself. A store out of the agent's reach keeps snapshots safe
         from the agent's own tools (and is the only way to snapshot a read-only workspace).
+    search_index_url : str, optional
+        A published search index (``agentvfs index URL --out INDEX_URL``, or
+        :func:`agentvfs.search.build_index`) to search with BM25 together with this
+        workspace's own index, which then holds only this agent's changes: files it indexes
+        or writes hide the published documents of the same files, and removed files stay
+        hidden. Needs ``bm25`` with the tokenizer options the index was built with.
+    search_index_options : mapping, optional
+        For ``search_index_url``: ``storage_options`` (fsspec options of its storage),
+        ``cache_dir`` (where its segments are kept, default ``<agentvfs cache>/index-segments``)
+        and ``refresh_interval`` (seconds between looks for a newer manifest, default 30).
 
     Raises
     ------
@@ -204,11 +214,14 @@ class Workspace:
         sandbox_cache_key: Callable[[RequestContext], str | None] | None = None,
         instructions: Mapping[str, Any] | None = None,
         snapshot_store: Any = None,
+        search_index_url: str | None = None,
+        search_index_options: Mapping[str, Any] | None = None,
     ) -> None:
         # The reference's order of checks: identity, providers, search, something to work with.
         self._configure_identity(id, name, operation_timeout)
         self._configure_providers(sandbox, mounts, filesystem, on_mount)
         self._configure_search(bm25, vector_store, embedder, auto_index_paths, index_dir, search_index_name)
+        self._configure_shared_index(search_index_url, search_index_options)
         # Something to work with.
         self._skills_config = skills
         self._skill_source = skill_source
@@ -400,6 +413,34 @@ class Workspace:
                 # it is made and used through a descriptor, never through a planted link.
                 private_dir=index_dir is None,
             )
+
+    def _configure_shared_index(self, url: str | None, options: Mapping[str, Any] | None) -> None:
+        """A published index searched beside the workspace's own (checked here, fetched at the
+        first search or ``init()``)."""
+        if url is None:
+            if options is not None:
+                raise WorkspaceError(
+                    "search_index_options needs search_index_url", "INVALID_SEARCH_CONFIG", self._id
+                )
+            return
+        if not isinstance(url, str) or not url:
+            raise WorkspaceError(
+                f"search_index_url must be a URL string, got {url!r}", "INVALID_SEARCH_CONFIG", self._id
+            )
+        if self._search is None or not self._search.can_bm25:
+            raise WorkspaceError(
+                "search_index_url needs bm25: the published index is searched with BM25 (set bm25=True, "
+                "with the tokenize options the index was built with)",
+                "INVALID_SEARCH_CONFIG",
+                self._id,
+            )
+        from .search import parse_index_options
+
+        try:
+            parse_index_options(options)
+        except ValueError as exc:
+            raise WorkspaceError(str(exc), "INVALID_SEARCH_CONFIG", self._id) from None
+        self._search.attach(url, options)
 
     def _default_index_dir(self) -> str | None:
         """Next to the mounts when filesystems are mounted into a local sandbox, else None

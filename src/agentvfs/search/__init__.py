@@ -53,6 +53,7 @@ from ._tokenize import make_tokenizer as make_tokenizer
 from ._vectors import HnswVectorStore as HnswVectorStore
 from ._workspace import WorkspaceSearch as WorkspaceSearch
 from ._workspace import parse_bm25_config as parse_bm25_config
+from ._workspace import parse_index_options as parse_index_options
 
 __all__ = [
     "BM25FileError",
@@ -82,6 +83,7 @@ __all__ = [
     "fetch_segment",
     "make_tokenizer",
     "parse_bm25_config",
+    "parse_index_options",
     "read_manifest",
     "split_into_chunks",
 ]

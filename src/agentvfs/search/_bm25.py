@@ -43,16 +43,15 @@ import importlib.util
 import json
 import math
 import os
-import re
-import struct
 import sys
 import threading
+import uuid
 import weakref
 import zlib
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import duckdb
 import numpy as np
@@ -60,19 +59,24 @@ import numpy.typing as npt
 
 from ..errors import BM25FileError
 from ._duckdb import connect, table_names, transaction, trouble
+from ._ids import CHUNK_ID
 from ._postings import PostingCache
+from ._scoring import DocumentSource, rank
+from ._scoring import js_log as js_log  # re-exported: tests and benchmarks use it here
 from ._tokenize import TokenizeOptions, Tokenizer, find_line_range, make_tokenizer
 
+if TYPE_CHECKING:
+    from ._checkpoint import Checkpoint
+
 __all__ = ["BM25Hit", "BM25Index"]
+
+#: The checkpoint of ``search.duckdb`` is ``search.duckdb.checkpoint.seg`` (``_checkpoint.py``).
+CHECKPOINT_SUFFIX = ".checkpoint.seg"
 
 FORMAT = "agentvfs-bm25"
 FORMAT_VERSION = 1
 START_LINE_KEY = "_startLineOffset"
 
-#: Above this many query tokens, or this much posting work, duplicates are weighted instead of
-#: added one by one (the scores then differ from the reference's in the last bits only).
-_EXACT_FOLD_TOKENS = 1024
-_EXACT_FOLD_WORK = 4_000_000
 _HASH_CACHE_SIZE = 250_000
 #: On disk: postings of removed documents are dropped once they are as many as the live ones
 #: (and at least this many); SQL scoring also re-sorts once the unsorted tail is an eighth of
@@ -186,57 +190,6 @@ def _term_hashes(terms: Iterable[str]) -> npt.NDArray[np.int64]:
     return np.array(out, dtype=np.int64)
 
 
-# fdlibm's log (e_log.c), as V8 runs Math.log: the reference's idf is computed with it, and it
-# differs from the C library's correctly rounded log in the last bit for a few inputs (ln 1.6).
-_LN2_HI = 6.93147180369123816490e-01
-_LN2_LO = 1.90821492927058770002e-10
-_LG1 = 6.666666666666735130e-01
-_LG2 = 3.999999999940941908e-01
-_LG3 = 2.857142874366239149e-01
-_LG4 = 2.222219843214978396e-01
-_LG5 = 1.818357216161805012e-01
-_LG6 = 1.531383769920937332e-01
-_LG7 = 1.479819860511658591e-01
-
-
-def js_log(x: float) -> float:
-    """Natural logarithm with V8's ``Math.log`` rounding (fdlibm), for normal positive ``x``."""
-    bits = struct.unpack("<q", struct.pack("<d", x))[0]
-    hx = bits >> 32
-    if hx < 0x00100000 or hx >= 0x7FF00000:  # zero, subnormal, negative, inf, NaN
-        return math.log(x) if x > 0 else (-math.inf if x == 0 else math.nan)
-    k = (hx >> 20) - 1023
-    hx &= 0x000FFFFF
-    i = (hx + 0x95F64) & 0x100000
-    bits = ((hx | (i ^ 0x3FF00000)) << 32) | (bits & 0xFFFFFFFF)
-    x = struct.unpack("<d", struct.pack("<q", bits))[0]  # x or x/2 normalised
-    k += i >> 20
-    f = x - 1.0
-    dk = float(k)
-    if (0x000FFFFF & (2 + hx)) < 3:  # -2**-20 <= f < 2**-20
-        if f == 0.0:
-            return 0.0 if k == 0 else dk * _LN2_HI + dk * _LN2_LO
-        r = f * f * (0.5 - 0.33333333333333333 * f)
-        return f - r if k == 0 else dk * _LN2_HI - ((r - dk * _LN2_LO) - f)
-    s = f / (2.0 + f)
-    z = s * s
-    i = hx - 0x6147A
-    w = z * z
-    j = 0x6B851 - hx
-    t1 = w * (_LG2 + w * (_LG4 + w * _LG6))
-    t2 = z * (_LG1 + w * (_LG3 + w * (_LG5 + w * _LG7)))
-    i |= j
-    r = t2 + t1
-    if i > 0:
-        hfsq = 0.5 * f * f
-        if k == 0:
-            return f - (hfsq - s * (hfsq + r))
-        return dk * _LN2_HI - ((hfsq - (s * (hfsq + r) + dk * _LN2_LO)) - f)
-    if k == 0:
-        return f - s * (f - r)
-    return dk * _LN2_HI - ((s * (f - r) - dk * _LN2_LO) - f)
-
-
 class BM25Index:
     """A BM25 index of text documents in DuckDB, scored exactly as the reference scores.
 
@@ -285,6 +238,10 @@ class BM25Index:
         self._read_only = read_only
         self._cache_postings = cache_postings
         self._cache: PostingCache | None = None
+        # The checkpoint beside the file (see ``_checkpoint.py``), mapped at the first search.
+        self._checkpoint: Checkpoint | None = None
+        self._checkpoint_looked = False
+        self._instance: str | None = None
         self._shared = _shared_state(self._path)
         self._lock = self._shared.lock
         self._closed = False
@@ -301,6 +258,11 @@ class BM25Index:
             raise
 
     # ----------------------------------------------------------------------------- opening
+
+    def tokenizer_options(self) -> dict[str, Any]:
+        """The tokenizer's options as recorded (``TokenizeOptions.to_dict()``, or the name of
+        a custom tokenizer): indexes built with the same ones tokenize alike."""
+        return self._tokenizer_record()
 
     def _tokenizer_record(self) -> dict[str, Any]:
         if isinstance(self._tokenizer, Tokenizer):
@@ -353,8 +315,13 @@ class BM25Index:
                         ("format", FORMAT),
                         ("format_version", str(FORMAT_VERSION)),
                         ("options", json.dumps(self._options, sort_keys=True)),
+                        # Tells this index's checkpoint from one left by an index deleted and
+                        # made again at the same path (whose document numbers start over).
+                        ("instance", uuid.uuid4().hex),
                     ],
                 )
+                row = cur.execute("SELECT value FROM bm25_meta WHERE key = 'instance'").fetchone()
+                self._instance = str(row[0]) if row is not None else None
             return
         try:
             meta = dict(con.execute("SELECT key, value FROM bm25_meta").fetchall())
@@ -373,6 +340,7 @@ class BM25Index:
                     where,
                 )
             recorded = json.loads(meta.get("options", "{}"))
+            self._instance = meta.get("instance")
             stats = con.execute("SELECT n FROM bm25_stats").fetchall()
             count = con.execute("SELECT count(*) FROM bm25_docs").fetchone()
         except duckdb.Error as exc:
@@ -817,13 +785,24 @@ class BM25Index:
                 raise TypeError("the custom tokenizer must return a list of str")
         return tokens
 
-    def search(self, query: str, *, top_k: int = 10, min_score: float = 0.0) -> list[BM25Hit]:
+    def search(
+        self,
+        query: str,
+        *,
+        top_k: int = 10,
+        min_score: float = 0.0,
+        before: Sequence[DocumentSource] = (),
+    ) -> list[BM25Hit]:
         """Return the ``top_k`` best documents for ``query``, as the reference ranks them.
 
         Query tokens count with their duplicates; documents with no query term are left out;
         ``min_score`` applies to the raw score; equal scores keep the reference's order (the
         first query term a document holds, then insertion order). An empty query, a query of
         stopwords only or an empty index give ``[]``.
+
+        ``before`` are other postings searched as part of the same collection (the segments of
+        a published index this one holds the local changes of): their documents count in the
+        statistics and rank before this index's own on equal scores.
 
         Raises
         ------
@@ -844,36 +823,202 @@ class BM25Index:
         weights = Counter(tokens)
         distinct = list(weights)  # first-occurrence order
         hashes = _term_hashes(distinct)
+        order: list[tuple[int, int, float]] = []  # (source, slot or doc, score), best first
         with self._locked():
             cur = self._con
             stats = self._shared.stats
             if stats is None:
                 stats = self._shared.stats = self._stats(cur)
             n, total = stats.n, stats.total_len
-            if n == 0:
+            if before:
+                # One collection: the other sources' documents count in N, the average length
+                # and every document frequency, so scores are those of one index of them all.
+                cache = self._cache
+                if cache is None or cache.version != stats.version:
+                    cache = self._cache = self._load_cache(cur, stats.version)
+                cache.maybe_compact()
+                merged = rank(
+                    [*before, cache],
+                    tokens,
+                    dict(zip(distinct, hashes.tolist(), strict=True)),
+                    n=n + sum(source.live_docs for source in before),
+                    total_len=total + sum(source.live_length for source in before),
+                    k1=self._k1,
+                    b=self._b,
+                    top_k=top_k,
+                    min_score=min_score,
+                )
+                mine = len(before)
+                docs = cache.slot_doc.view()
+                ranked = [(int(docs[slot]), score) for owner, slot, score in merged if owner == mine]
+                order = merged
+            elif n == 0:
                 return []
-            if self._cache_postings:
+            elif self._cache_postings:
                 ranked = self._rank_cached(
                     cur, stats.version, tokens, distinct, hashes, n, total, top_k, min_score
                 )
             else:
                 self._compact_if_due(stats, for_queries=True)
                 ranked = self._rank_sql(cur, distinct, weights, hashes, n, total, top_k, min_score)
-            if not ranked:
-                return []
-            # Literal numbers (ours, so safe to inline) let DuckDB use the primary-key index.
-            rows = cur.execute(
-                "SELECT doc, id, content, metadata, start_line_offset FROM bm25_docs"
-                f" WHERE doc IN ({','.join(str(int(doc)) for doc, _ in ranked)})"
-            ).fetchall()
-        by_doc = {row[0]: row[1:] for row in rows}
+            by_doc = self._documents([doc for doc, _ in ranked]) if ranked else {}
+        if not before:
+            order = [(0, doc, score) for doc, score in ranked]
         hits: list[BM25Hit] = []
-        for doc, score in ranked:
-            id, blob, meta_json, offset = by_doc[doc]
-            content = _unpack(blob)
-            metadata = json.loads(meta_json) if meta_json is not None else None
+        local = iter(ranked)
+        for owner, slot, score in order:
+            if not before or owner == len(before):
+                doc, _ = next(local)
+                id, content, metadata, offset = by_doc[doc]
+            else:
+                id, content, metadata, offset = before[owner].document(slot)
             hits.append(self._hit(id, score, content, metadata, offset, tokens))
         return hits
+
+    def _documents(
+        self, docs: list[int]
+    ) -> dict[int, tuple[str, str, dict[str, Any] | None, int | None]]:
+        """``(id, content, metadata, start line offset)`` of the documents numbered ``docs``:
+        from the checkpoint's mapping where it holds them, else from DuckDB (lock held)."""
+        found: dict[int, tuple[str, str, dict[str, Any] | None, int | None]] = {}
+        checkpoint = self._checkpoint
+        missing = docs
+        if checkpoint is not None:
+            missing = []
+            segment = checkpoint.segment
+            for doc in docs:
+                slot = checkpoint.slot_of_doc(doc)
+                if slot is None:
+                    missing.append(doc)
+                else:
+                    found[doc] = (
+                        segment.doc_id(slot),
+                        segment.content(slot),
+                        segment.metadata(slot),
+                        segment.start_line(slot),
+                    )
+        if missing:
+            # Literal numbers (ours, so safe to inline) let DuckDB use the primary-key index.
+            rows = self._con.execute(
+                "SELECT doc, id, content, metadata, start_line_offset FROM bm25_docs"
+                f" WHERE doc IN ({','.join(str(int(doc)) for doc in missing)})"
+            ).fetchall()
+            for doc, id, blob, meta_json, offset in rows:
+                metadata = json.loads(meta_json) if meta_json is not None else None
+                found[doc] = (id, _unpack(blob), metadata, offset)
+        return found
+
+    # ----------------------------------------------------------------------- checkpoints
+
+    @property
+    def checkpoint_path(self) -> str | None:
+        """The checkpoint file beside the index file (None in memory)."""
+        return self._path + CHECKPOINT_SUFFIX if self._path is not None else None
+
+    def _open_checkpoint(self) -> Checkpoint | None:
+        """The checkpoint of this index, mapped once (lock held); None when there is none or
+        it belongs to another index (its instance differs) or other options."""
+        if not self._checkpoint_looked:
+            self._checkpoint_looked = True
+            where = self.checkpoint_path
+            instance = self._instance
+            if where is not None and instance is not None:
+                # (Imported here: the segment format builds on modules that build on this one.)
+                from ._checkpoint import open_checkpoint
+
+                found = open_checkpoint(where, self._tokenizer_record(), self._identity(instance))
+                self._checkpoint = found
+        return self._checkpoint
+
+    def _load_cache(self, cur: duckdb.DuckDBPyConnection, version: int) -> PostingCache:
+        """The postings in memory at ``version``: mapped from a checkpoint of that version,
+        else loaded from DuckDB (lock held)."""
+        checkpoint = self._open_checkpoint()
+        if checkpoint is not None and checkpoint.version == version:
+            segment = checkpoint.segment
+            arrays = segment._a  # the package's own format, read as arrays
+            return PostingCache.from_csr(
+                version,
+                keys=arrays["terms"],
+                starts=arrays["starts"],
+                slots=arrays["slots"],
+                tfs=arrays["tfs"],
+                slot_doc=checkpoint.docs,
+                slot_len=segment.lengths,
+            )
+        return PostingCache.load(cur, version)
+
+    def write_checkpoint(self) -> bool:
+        """Write the checkpoint beside the file: the postings and documents as they are now,
+        mapped by the next process to open the index (instant postings, hits' text without
+        queries). Returns False for an in-memory or read-only index.
+
+        Costs about as much as loading the postings once (a second or two at 20k documents).
+        """
+        from ._checkpoint import write_checkpoint
+
+        where = self.checkpoint_path
+        if where is None or self._read_only:
+            return False
+        with self._locked():
+            cur = self._con
+            stats = self._stats(cur)
+            instance = self._ensure_instance()
+            cache = self._cache
+            if cache is None or cache.version != stats.version:
+                cache = self._cache = self._load_cache(cur, stats.version)
+            cache.compact()
+            rows = cur.execute(
+                "SELECT doc, id, content, metadata, start_line_offset FROM bm25_docs ORDER BY doc"
+            ).fetchall()
+            docs = np.fromiter((row[0] for row in rows), np.int64, len(rows))
+            if not np.array_equal(docs, cache.slot_doc.view()):
+                raise RuntimeError("the postings in memory do not match the documents")
+            write_checkpoint(
+                where,
+                version=stats.version,
+                tokenize=self._tokenizer_record(),
+                identity=self._identity(instance),
+                keys=cache.keys,
+                starts=cache.starts,
+                slots=cache.slots,
+                tfs=cache.tfs,
+                docs=docs,
+                lengths=cache.slot_len.view().astype(np.int32),
+                rows=[(row[1], row[2], row[3], row[4]) for row in rows],
+            )
+            old, self._checkpoint = self._checkpoint, None
+            self._checkpoint_looked = False
+            del old  # its mapping goes when the last view of it does
+            self._open_checkpoint()
+        return True
+
+    @property
+    def checkpoint_version(self) -> int | None:
+        """The index version the mapped checkpoint was written at (None: no checkpoint)."""
+        with self._locked():
+            checkpoint = self._open_checkpoint()
+            return checkpoint.version if checkpoint is not None else None
+
+    @property
+    def version(self) -> int:
+        """Bumped by every write."""
+        with self._locked():
+            stats = self._shared.stats
+            if stats is None:
+                stats = self._shared.stats = self._stats(self._con)
+            return stats.version
+
+    def _identity(self, instance: str) -> dict[str, Any]:
+        return {"instance": instance, "k1": self._k1, "b": self._b}
+
+    def _ensure_instance(self) -> str:
+        """This index's instance id (made now for an index from before they existed)."""
+        if self._instance is None:
+            self._instance = uuid.uuid4().hex
+            with self._transaction() as cur:
+                cur.execute("INSERT OR REPLACE INTO bm25_meta VALUES ('instance', ?)", [self._instance])
+        return self._instance
 
     def _hit(
         self,
@@ -941,61 +1086,21 @@ class BM25Index:
     ) -> list[tuple[int, float]]:
         cache = self._cache
         if cache is None or cache.version != version:
-            cache = self._cache = PostingCache.load(cur, version)
+            cache = self._cache = self._load_cache(cur, version)
         cache.maybe_compact()
-        k1, b = self._k1, self._b
-        k1_plus_1, one_minus_b = k1 + 1, 1 - b
-        avgdl = total / n
-        lengths = cache.slot_len.view()
-        # Each distinct term's contribution per document, with the reference's arithmetic:
-        # idf * (tf * (k1 + 1) / (tf + k1 * (1 - b + b * (len / avgdl)))).
-        found: dict[str, tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]] = {}
-        for term, key in zip(distinct, hashes.tolist(), strict=True):
-            slots, tfs = cache.postings(key)
-            df = len(slots)
-            if df == 0:
-                continue
-            idf = js_log((n - df + 0.5) / (df + 0.5) + 1)
-            found[term] = (
-                slots,
-                idf
-                * ((tfs * k1_plus_1) / (tfs + k1 * (one_minus_b + b * (lengths[slots] / avgdl)))),
-            )
-        if not found:
-            return []
-        size = cache.slot_doc.size
-        scores = np.zeros(size, dtype=np.float64)
-        work = sum(len(found[t][0]) for t in tokens if t in found)
-        if len(tokens) <= _EXACT_FOLD_TOKENS and work <= _EXACT_FOLD_WORK:
-            # The reference adds one term score per query token, in query order.
-            for token in tokens:
-                entry = found.get(token)
-                if entry is not None:
-                    scores[entry[0]] += entry[1]
-        else:
-            weights = Counter(tokens)
-            for term, (slots, contributions) in found.items():
-                w = weights[term]
-                scores[slots] += contributions if w == 1 else w * contributions
-        # The reference's result order before its stable sort: by the first query term a
-        # document holds, then by the term's posting order (= insertion order = slot order).
-        first = np.full(size, len(distinct), dtype=np.int64)
-        for pos in range(len(distinct) - 1, -1, -1):
-            entry = found.get(distinct[pos])
-            if entry is not None:
-                first[entry[0]] = pos
-        candidates = np.flatnonzero(first < len(distinct))
-        values = scores[candidates]
-        keep = values >= min_score
-        if not keep.all():
-            candidates, values = candidates[keep], values[keep]
-        if len(candidates) > top_k:
-            kth = np.partition(values, len(values) - top_k)[len(values) - top_k]
-            keep = values >= kth  # ties at the cut stay in, the sort below settles them
-            candidates, values = candidates[keep], values[keep]
-        order = np.lexsort((candidates, first[candidates], -values))[:top_k]
-        docs = cache.slot_doc.view()[candidates[order]]
-        return list(zip(docs.tolist(), values[order].tolist(), strict=True))
+        ranked = rank(
+            [cache],
+            tokens,
+            dict(zip(distinct, hashes.tolist(), strict=True)),
+            n=n,
+            total_len=total,
+            k1=self._k1,
+            b=self._b,
+            top_k=top_k,
+            min_score=min_score,
+        )
+        docs = cache.slot_doc.view()
+        return [(int(docs[slot]), score) for _, slot, score in ranked]
 
     def get(self, id: str) -> tuple[str, dict[str, Any] | None] | None:
         """Return ``(content, metadata)`` of a document, or None."""
@@ -1007,10 +1112,8 @@ class BM25Index:
     def ids(self) -> list[str]:
         """Document ids in insertion order (a replaced document moves to the end)."""
         with self._locked():
-            return [
-                row[0]
-                for row in self._con.execute("SELECT id FROM bm25_docs ORDER BY doc").fetchall()
-            ]
+            docs = self._directory().docs
+            return sorted(docs, key=lambda id: docs[id][0])
 
     def __len__(self) -> int:
         row = self._fetchone("SELECT n FROM bm25_stats", [])
@@ -1057,6 +1160,7 @@ class BM25Index:
             if not self._closed:
                 self._closed = True
                 self._cache = None
+                self._checkpoint = None
                 self._release()
 
     def _release(self) -> None:
@@ -1073,10 +1177,6 @@ class BM25Index:
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"k1={self._k1}, b={self._b}"
         return f"BM25Index({self._path or ':memory:'!r}, {state})"
-
-
-#: ``<source>#chunk-<digits>``: the id of a chunk of the file ``<source>``.
-_CHUNK_ID = re.compile(r"(.*)#chunk-[0-9]+", re.DOTALL)
 
 
 class _Directory:
@@ -1098,14 +1198,14 @@ class _Directory:
 
     def add(self, id: str, doc: int, length: int, terms: int) -> None:
         self.docs[id] = (doc, length, terms)
-        match = _CHUNK_ID.fullmatch(id)
+        match = CHUNK_ID.fullmatch(id)
         if match is not None:
             self.chunks.setdefault(match.group(1), set()).add(id)
 
     def discard(self, id: str) -> None:
         if self.docs.pop(id, None) is None:
             return
-        match = _CHUNK_ID.fullmatch(id)
+        match = CHUNK_ID.fullmatch(id)
         if match is not None:
             members = self.chunks.get(match.group(1))
             if members is not None:

@@ -14,7 +14,7 @@ import logging
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import anyio
 import anyio.to_thread
@@ -23,6 +23,9 @@ from ..errors import EmbeddingError
 from ._bm25 import BM25Hit, BM25Index
 from ._embedders import embed_texts, embedder_id
 from ._tokenize import find_line_range, make_tokenizer
+
+if TYPE_CHECKING:
+    from ._shared import SharedIndex
 
 __all__ = ["Document", "EmbeddingCache", "Fusion", "SearchEngine", "SearchMode", "SearchResult"]
 
@@ -110,6 +113,10 @@ class SearchEngine:
         The vector index to use.
     fusion : {"linear", "minmax", "rrf"}
         How hybrid search mixes the two result lists (see the module documentation).
+    shared : SharedIndex, optional
+        A published index: BM25 searches run over its segments and ``bm25`` together, and
+        whatever ``bm25`` indexes or removes hides the shared documents of the same ids and
+        source files.
     """
 
     def __init__(
@@ -121,6 +128,7 @@ class SearchEngine:
         index_name: str | None = None,
         fusion: Fusion = "linear",
         cache: EmbeddingCache | None = None,
+        shared: SharedIndex | None = None,
     ) -> None:
         if vector_store is not None and embedder is None:
             raise ValueError("vector_store requires an embedder")
@@ -137,6 +145,8 @@ class SearchEngine:
         self._vector_ids: set[str] = set()
         self._lock = anyio.Lock()
         self._cache = cache
+        # A published index searched with ``bm25``, which then holds this agent's changes.
+        self.shared = shared
         # Ids of request-scoped skill documents, counted at every search: kept here rather
         # than listing every id per query.
         self._scoped: set[str] | None = None
@@ -208,6 +218,8 @@ class SearchEngine:
             if replace_sources and self.bm25 is not None:
                 bm25 = self.bm25
                 await anyio.to_thread.run_sync(lambda: bm25.remove_sources(replace_sources))
+            if self.shared is not None:
+                self.shared.hide(replace_sources)
             return {}
         for doc in docs:
             if not isinstance(doc.content, str):
@@ -220,6 +232,8 @@ class SearchEngine:
             await anyio.to_thread.run_sync(
                 lambda: bm25.add_many(rows, replace_sources=replace_sources)
             )
+        if self.shared is not None:
+            self.shared.hide([*replace_sources, *(d.id for d in docs)])
         self._note_ids(added=[d.id for d in docs])
         if not self.can_vector:
             return {}
@@ -303,6 +317,8 @@ class SearchEngine:
                 _log.debug("delete_vector(%s) failed: %s", id, exc)
         self._vector_ids.discard(id)
         self._note_ids(removed=[id])
+        if self.shared is not None:
+            self.shared.hide([id])
 
     async def remove_source(self, source: str) -> None:
         """Remove a file's document and its chunks (``source#chunk-N``)."""
@@ -316,6 +332,8 @@ class SearchEngine:
             bm25 = self.bm25
             await anyio.to_thread.run_sync(lambda: bm25.remove_sources(sources))
         await self._remove_vectors_of(sources)
+        if self.shared is not None:
+            self.shared.hide(sources)
 
     async def _remove_vectors_of(self, sources: Sequence[str]) -> None:
         if self.can_vector:
@@ -343,6 +361,8 @@ class SearchEngine:
             await anyio.to_thread.run_sync(bm25.clear)
         self._vector_ids.clear()
         self._scoped = set()
+        if self.shared is not None:
+            self.shared.reset()  # nothing is changed locally any more
 
     # -- searching -----------------------------------------------------------------------------------
 
@@ -406,8 +426,15 @@ class SearchEngine:
     async def _bm25(self, query: str, top_k: int, min_score: float) -> list[BM25Hit]:
         bm25 = self.bm25
         assert bm25 is not None
+        shared = self.shared
+        if shared is None:
+            return await anyio.to_thread.run_sync(
+                lambda: bm25.search(query, top_k=top_k, min_score=min_score)
+            )
+        shared.maybe_refresh()
+        before = shared.sources  # one set of segments for the whole search
         return await anyio.to_thread.run_sync(
-            lambda: bm25.search(query, top_k=top_k, min_score=min_score)
+            lambda: bm25.search(query, top_k=top_k, min_score=min_score, before=before)
         )
 
     @staticmethod

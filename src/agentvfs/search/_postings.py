@@ -88,6 +88,32 @@ class PostingCache:
         self.tfs = tfs
 
     @classmethod
+    def from_csr(
+        cls,
+        version: int,
+        *,
+        keys: npt.NDArray[np.int64],
+        starts: npt.NDArray[np.int64],
+        slots: npt.NDArray[np.integer],
+        tfs: npt.NDArray[np.integer],
+        slot_doc: npt.NDArray[np.int64],
+        slot_len: npt.NDArray[np.integer],
+    ) -> PostingCache:
+        """Postings already grouped by term (``keys[i]``'s are ``starts[i]:starts[i+1]``), as
+        a checkpoint maps them: used as they are, not copied."""
+        cache = cls.__new__(cls)
+        cache.version = version
+        cache.keys, cache.starts = keys, starts
+        cache.slots, cache.tfs = slots, tfs  # type: ignore[assignment]
+        cache.slot_doc = _Buffer(slot_doc)
+        cache.slot_len = _Buffer(slot_len.astype(np.float64))
+        cache.alive = _Buffer(np.ones(len(slot_doc), dtype=np.bool_))
+        cache.delta = {}
+        cache.delta_size = 0
+        cache.dead = 0
+        return cache
+
+    @classmethod
     def load(cls, cur: duckdb.DuckDBPyConnection, version: int) -> PostingCache:
         docs = cur.execute("SELECT doc, len FROM bm25_docs ORDER BY doc").fetchnumpy()
         slot_doc = np.asarray(docs["doc"], dtype=np.int64)
@@ -128,6 +154,15 @@ class PostingCache:
             self.alive.data[slot] = False
             self.dead += 1
 
+    @property
+    def size(self) -> int:
+        """Slots, removed documents' included (`PostingSource`)."""
+        return self.slot_doc.size
+
+    def slot_lengths(self) -> npt.NDArray[np.float64]:
+        """Each slot's document length (`PostingSource`)."""
+        return self.slot_len.view()
+
     def postings(self, term: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int32]]:
         """Slots (ascending) and term frequencies of the live documents holding ``term``."""
         i = int(np.searchsorted(self.keys, term))
@@ -156,6 +191,13 @@ class PostingCache:
         threshold = max(_COMPACT_MIN_POSTINGS, len(self.slots) // 2)
         dead_postings = self.dead * (len(self.slots) / max(1, self.slot_doc.size))
         if self.delta_size + dead_postings < threshold:
+            return
+        self.compact()
+
+    def compact(self) -> None:
+        """Fold the delta into the sorted arrays and drop dead postings now: afterwards the
+        slots number the live documents densely, in insertion order."""
+        if not self.delta_size and not self.dead:
             return
         delta_terms = np.fromiter(
             (t for t, (s, _) in self.delta.items() for _ in s), np.int64, self.delta_size

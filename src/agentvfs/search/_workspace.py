@@ -22,7 +22,7 @@ import stat
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.to_thread
@@ -30,7 +30,7 @@ import numpy as np
 
 from ..errors import BM25FileError, FileTooLarge, SearchIndexError
 from ..vfs import (
-    FileEntry,
+    FileStat,
     WorkspaceFilesystem,
     create_glob_matcher,
     extract_glob_base,
@@ -38,12 +38,17 @@ from ..vfs import (
     list_stats,
     read_many,
     walk,
+    walk_stats,
 )
-from ._bm25 import BM25Index
+from ._bm25 import CHECKPOINT_SUFFIX, BM25Index
 from ._chunking import split_into_chunks
 from ._embedders import embedder_id
 from ._engine import Document, Fusion, SearchEngine, SearchResult
+from ._ids import shared_path
 from ._tokenize import TokenizeOptions
+
+if TYPE_CHECKING:
+    from ._shared import SharedIndex
 
 __all__ = ["INDEX_FILE", "MAX_INDEX_FILE_BYTES", "WorkspaceSearch", "parse_bm25_config"]
 
@@ -66,6 +71,9 @@ ROUND_BYTES = 16 * 1024 * 1024
 #: limit holds on the file read, whatever size its listing showed (on local disk no more than a
 #: byte past it is read).
 MAX_INDEX_FILE_BYTES = 16 * 1024 * 1024
+#: A persistent index of at least this many documents gets a checkpoint when it is closed
+#: after a change (see ``_checkpoint.py``); below it, loading from DuckDB is quick anyway.
+CHECKPOINT_MIN_DOCS = 2000
 
 
 
@@ -107,6 +115,46 @@ def parse_bm25_config(value: Any) -> tuple[float, float, TokenizeOptions | None]
             raise ValueError(f"bm25 {name} must be a number, got {number!r}")
     options = TokenizeOptions.from_value(tokenize) if tokenize is not None else None
     return float(k1), float(b), options
+
+
+def parse_index_options(value: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``search_index_options`` with defaults: ``storage_options``, ``cache_dir``,
+    ``refresh_interval``.
+
+    Raises
+    ------
+    ValueError
+        An unknown key or a value of the wrong type, named.
+    """
+    from ..vfs import default_cache_dir
+
+    options = dict(value or {})
+    unknown = set(options) - {"storage_options", "cache_dir", "refresh_interval"}
+    if unknown:
+        raise ValueError(
+            f"search_index_options: unknown key {sorted(unknown)[0]!r} (expected "
+            "'storage_options', 'cache_dir' and 'refresh_interval')"
+        )
+    storage = options.get("storage_options") or {}
+    if not isinstance(storage, Mapping):
+        raise ValueError(
+            f"search_index_options storage_options must be a mapping, got {type(storage).__name__}"
+        )
+    cache_dir = options.get("cache_dir")
+    if cache_dir is None:
+        cache_dir = os.path.join(default_cache_dir(), "index-segments")
+    elif not isinstance(cache_dir, str | os.PathLike):
+        raise ValueError(f"search_index_options cache_dir must be a path, got {cache_dir!r}")
+    interval = options.get("refresh_interval", 30.0)
+    if isinstance(interval, bool) or not isinstance(interval, int | float) or not interval >= 0:
+        raise ValueError(
+            f"search_index_options refresh_interval must be a number of seconds >= 0, got {interval!r}"
+        )
+    return {
+        "storage_options": dict(storage),
+        "cache_dir": os.fspath(cache_dir),
+        "refresh_interval": float(interval),
+    }
 
 
 @dataclass(frozen=True)
@@ -223,6 +271,12 @@ class WorkspaceSearch:
         through that descriptor only (see :func:`open_private_dir`).
     max_file_bytes : int
         Files larger than this are not indexed (default :data:`MAX_INDEX_FILE_BYTES`, 16 MiB).
+    index_url : str, optional
+        A published index (``build_index``) to search together with this one, which then holds
+        only the local changes (see ``_shared.py``).
+    index_options : mapping, optional
+        For ``index_url``: ``storage_options`` (fsspec), ``cache_dir`` (where its segments are
+        kept; default ``<cache>/index-segments``) and ``refresh_interval`` (seconds, default 30).
 
     Attributes
     ----------
@@ -241,6 +295,8 @@ class WorkspaceSearch:
         fusion: Fusion = "linear",
         private_dir: bool = False,
         max_file_bytes: int = MAX_INDEX_FILE_BYTES,
+        index_url: str | None = None,
+        index_options: Mapping[str, Any] | None = None,
     ) -> None:
         if isinstance(max_file_bytes, bool) or not isinstance(max_file_bytes, int) or max_file_bytes < 1:
             raise ValueError(f"max_file_bytes must be a positive number of bytes, got {max_file_bytes!r}")
@@ -255,9 +311,33 @@ class WorkspaceSearch:
         self._dir_fd = -1
         self._engine: SearchEngine | None = None
         self._open_lock = anyio.Lock()
+        self.index_url = index_url
+        self._index_options = parse_index_options(index_options)
+        if index_url is not None and self._bm25_config is None:
+            raise ValueError(
+                "search_index_url needs bm25: the published index is searched with BM25 (set "
+                "bm25=True, or the tokenize options it was built with)"
+            )
+        self.shared: SharedIndex | None = None
         # In-memory state when there is no DuckDB file to keep it in.
         self._sources: dict[str, _Source] = {}
+        self._tombstones: set[str] = set()
         self._embeddings: dict[tuple[str, str], list[float]] = {}
+
+    def attach(self, url: str, options: Mapping[str, Any] | None = None) -> None:
+        """Search the published index at ``url`` beside this one (before the index is opened).
+
+        Raises
+        ------
+        ValueError
+            No BM25 here, a bad option, or the index is open already.
+        """
+        if self._bm25_config is None:
+            raise ValueError("a published index is searched with BM25: configure bm25 first")
+        if self._engine is not None:
+            raise ValueError("attach a published index before the search index is opened")
+        self._index_options = parse_index_options(options)
+        self.index_url = url
 
     @property
     def can_bm25(self) -> bool:
@@ -304,7 +384,11 @@ class WorkspaceSearch:
             return self.index_dir
         if self._dir_fd < 0:
             self._dir_fd = open_private_dir(self.index_dir)
-            _clear_planted(self._dir_fd, self.index_dir, (INDEX_FILE, f"{INDEX_FILE}.wal", "vectors"))
+            _clear_planted(
+                self._dir_fd,
+                self.index_dir,
+                (INDEX_FILE, f"{INDEX_FILE}.wal", INDEX_FILE + CHECKPOINT_SUFFIX, "vectors"),
+            )
         return f"/proc/self/fd/{self._dir_fd}"
 
     def prepare_private_dir(self) -> str | None:
@@ -335,17 +419,45 @@ class WorkspaceSearch:
                     "build a new index from the files (nothing was changed)."
                 ) from exc
             self._create_tables(bm25)
-        engine = SearchEngine(
+        # Without BM25 the DuckDB file still keeps the file records and embedding cache.
+        self._store = bm25
+        shared = self._attach(bm25) if self.index_url is not None and bm25 is not None else None
+        return SearchEngine(
             bm25=bm25 if self._bm25_config is not None else None,
             vector_store=self._vector_store,
             embedder=self._embedder,
             index_name=self._index_name,
             fusion=self._fusion,
             cache=self,
+            shared=shared,
         )
-        # Without BM25 the DuckDB file still keeps the file records and embedding cache.
-        self._store = bm25
-        return engine
+
+    def _attach(self, bm25: BM25Index) -> SharedIndex:
+        """Fetch the published index and hide what this agent changed: the documents of its
+        own index and the files it removed."""
+        from ._shared import SharedIndex  # its segments module builds on this one
+
+        assert self.index_url is not None
+        options = self._index_options
+        shared = SharedIndex(
+            self.index_url,
+            cache_dir=options["cache_dir"],
+            tokenize=bm25.tokenizer_options(),
+            storage_options=options["storage_options"],
+            refresh_interval=options["refresh_interval"],
+        )
+        try:
+            shared.load()
+        except SearchIndexError:
+            raise
+        except Exception as exc:
+            raise SearchIndexError(
+                f"The search index {self.index_url} cannot be attached: {exc}"
+            ) from exc
+        self._tombstones = self._load_tombstones()
+        shared.hide([*bm25.ids(), *self._tombstones])
+        self.shared = shared
+        return shared
 
     _store: BM25Index | None = None
     _owns_vectors = False
@@ -365,6 +477,8 @@ class WorkspaceSearch:
             cur.execute(
                 "CREATE TABLE IF NOT EXISTS agentvfs_meta (key VARCHAR PRIMARY KEY, value VARCHAR)"
             )
+            # Files of an attached published index that were removed here.
+            cur.execute("CREATE TABLE IF NOT EXISTS agentvfs_tombstones (path VARCHAR PRIMARY KEY)")
 
     # -- state ----------------------------------------------------------------------------------------
 
@@ -418,6 +532,29 @@ class WorkspaceSearch:
                     )
                 finally:
                     cur.unregister("agentvfs_new_sources")
+
+    def _load_tombstones(self) -> set[str]:
+        store = self._store
+        if store is None:
+            return set(self._tombstones)
+        with store.transaction() as cur:
+            return {row[0] for row in cur.execute("SELECT path FROM agentvfs_tombstones").fetchall()}
+
+    def _add_tombstones(self, paths: Sequence[str]) -> None:
+        """Record that the shared files ``paths`` (as the index names them) were removed here,
+        so they stay hidden."""
+        fresh = [p for p in paths if p not in self._tombstones]
+        if not fresh:
+            return
+        self._tombstones.update(fresh)
+        store = self._store
+        if store is not None:
+            with store.transaction() as cur:
+                cur.execute(
+                    "INSERT OR IGNORE INTO agentvfs_tombstones"
+                    " SELECT unnest($paths::VARCHAR[])",
+                    {"paths": fresh},
+                )
 
     def _meta(self, key: str) -> str | None:
         store = self._store
@@ -492,11 +629,13 @@ class WorkspaceSearch:
         engine = await self.engine()
         await engine.clear()
         store = self._store
+        self._tombstones.clear()
         if store is None:
             self._sources.clear()
         else:
             with store.transaction() as cur:
                 cur.execute("DELETE FROM agentvfs_sources")
+                cur.execute("DELETE FROM agentvfs_tombstones")
 
     async def shutdown(self) -> None:
         """Release the index at ``destroy()``: an in-memory one is emptied, a persistent one
@@ -508,6 +647,9 @@ class WorkspaceSearch:
         await self.close()
 
     async def close(self) -> None:
+        store = self._store
+        if store is not None and self._engine is not None:
+            await anyio.to_thread.run_sync(self._checkpoint, store)
         engine, self._engine = self._engine, None
         if engine is not None:
             await engine.close()
@@ -520,6 +662,21 @@ class WorkspaceSearch:
             self._dir_fd = -1
 
     # -- files ------------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _checkpoint(store: BM25Index) -> None:
+        """Write the index's checkpoint when it changed since the last one (and is large
+        enough for loading it to matter), so the next Workspace on it searches at once."""
+        try:
+            if store.path is None or store.read_only or len(store) < CHECKPOINT_MIN_DOCS:
+                return
+            if store.checkpoint_version == store.version:
+                return
+            started = time.monotonic()
+            store.write_checkpoint()
+            _log.debug("search index checkpoint written in %.2f s", time.monotonic() - started)
+        except Exception as exc:  # only an accelerator: the index itself is whole
+            _log.warning("search index %s: no checkpoint written: %s", store.path, exc)
 
     async def rebuild(self, fs: WorkspaceFilesystem, patterns: Sequence[str]) -> dict[str, Any]:
         """Clear the index and index every file ``patterns`` name (the reference's rebuild);
@@ -545,8 +702,10 @@ class WorkspaceSearch:
         engine = await self.engine()
         self._check_model()
         known = await anyio.to_thread.run_sync(self._load_sources)
-        files, unlisted = await scan_files(fs, patterns)
-        signatures = await _signatures(fs, files)
+        files, unlisted, listed = await scan_files_with_stats(fs, patterns)
+        signatures = {path: _Signature.of(stat) for path, stat in listed.items()}
+        # Files named by a pattern directly: one listing of their directory each.
+        signatures.update(await _signatures(fs, [p for p in files if p not in signatures]))
         counts: dict[str, Any] = {
             "indexed": 0, "unchanged": 0, "removed": 0, "failed": 0, "too_large": 0, "unlisted": unlisted,
         }
@@ -556,11 +715,21 @@ class WorkspaceSearch:
             for path in files
             if (old := known.get(path)) is not None and old.signature == signatures.get(path)
         ]
+        # Files a published index holds as they are now stay there, not indexed here.
+        shared = engine.shared.records() if engine.shared is not None else {}
+        published = {
+            path
+            for path in files
+            if path not in known
+            and (key := shared_path(path)) not in self._tombstones
+            and (record := shared.get(key)) is not None
+            and _same_version(record, signatures.get(path))
+        }
         # The records say these are indexed: check BM25 holds them too (a crash between the two
         # leaves them to be re-indexed), in one pass.
         complete = await self._complete_many(engine, [(path, known[path]) for path in same])
         for path in files:
-            if path in complete:
+            if path in complete or path in published:
                 counts["unchanged"] += 1
             else:
                 todo.append(path)
@@ -577,6 +746,20 @@ class WorkspaceSearch:
                     continue  # unknown, not gone
                 await self._drop(engine, path)
                 counts["removed"] += 1
+            # Published files gone from the storage below the patterns: hidden from now on.
+            # (Below plain paths only: what a glob pattern would have matched is not decided.)
+            roots = [p for p in patterns if not is_glob_pattern(p)]
+            present = {shared_path(p) for p in (*wanted, *known)}
+            gone = [
+                key
+                for key in sorted(set(shared) - present - self._tombstones)
+                if _below_any(key.lstrip("/"), [r.lstrip("/") for r in roots])
+                and not _below_any(key.lstrip("/"), [u.lstrip("/") for u in unlisted])
+            ]
+            if gone:
+                await engine.remove_sources(gone)
+                await anyio.to_thread.run_sync(self._add_tombstones, gone)
+                counts["removed"] += len(gone)
         return counts
 
     @staticmethod
@@ -760,10 +943,14 @@ class WorkspaceSearch:
     async def _drop(self, engine: SearchEngine, path: str) -> None:
         await engine.remove_source(path)
         await anyio.to_thread.run_sync(self._save_sources, {path: None})
+        if self.shared is not None and shared_path(path) in self.shared.records():
+            await anyio.to_thread.run_sync(self._add_tombstones, [shared_path(path)])
 
     @staticmethod
     def _indexed(engine: SearchEngine, known: Mapping[str, _Source], path: str) -> bool:
         if path in known:
+            return True
+        if engine.shared is not None and shared_path(path) in engine.shared.records():
             return True
         bm25 = engine.bm25
         return bm25 is not None and (path in bm25 or f"{path}#chunk-0" in bm25)
@@ -778,6 +965,8 @@ class WorkspaceSearch:
         }
         if engine is not None:
             out["documents"] = len(engine.ids())
+        if self.shared is not None:
+            out["shared_index"] = self.shared.describe()
         return out
 
 
@@ -815,22 +1004,16 @@ async def _is_dir(fs: WorkspaceFilesystem, path: str) -> bool:
     return True
 
 
-async def _files_below(fs: WorkspaceFilesystem, directory: str) -> list[str]:
+async def _files_below(fs: WorkspaceFilesystem, directory: str) -> list[tuple[str, FileStat]]:
+    """Every file below ``directory`` (symlinked directories not followed, as the reference)
+    with its metadata: one listing of the tree where the filesystem can."""
     try:
-        entries: list[FileEntry] = await walk(fs, directory, max_depth=MAX_DEPTH)
+        found = await walk_stats(fs, directory, max_depth=MAX_DEPTH)
     except Exception as exc:
         if _absent(exc):
             return []  # gone since the pattern matched it: its files were removed
         raise Unlisted(directory, exc) from exc
-    linked = {e.name for e in entries if e.type == "directory" and e.is_symlink}
-    out: list[str] = []
-    for entry in entries:
-        if entry.type != "file":
-            continue
-        if any(entry.name.startswith(d + "/") for d in linked):
-            continue  # the reference does not follow symlinked directories
-        out.append(_join(directory, entry.name))
-    return out
+    return [(_join(directory, name), stat) for name, stat in found]
 
 
 async def resolve_path_pattern(fs: WorkspaceFilesystem, pattern: str) -> list[tuple[str, str]]:
@@ -861,6 +1044,16 @@ async def scan_files(fs: WorkspaceFilesystem, patterns: Sequence[str]) -> tuple[
     under a directory already walked), and the paths whose listing failed for another reason
     than not being there (below them, the files are unknown, not gone; each is logged as a
     warning). A malformed pattern is skipped, as the reference does."""
+    files, unlisted, _ = await scan_files_with_stats(fs, patterns)
+    return files, unlisted
+
+
+async def scan_files_with_stats(
+    fs: WorkspaceFilesystem, patterns: Sequence[str]
+) -> tuple[list[str], list[str], dict[str, FileStat]]:
+    """As :func:`scan_files`, with the metadata the listings gave of the files found below
+    directories (a file a pattern names directly has none here)."""
+    stats: dict[str, FileStat] = {}
     files: list[str] = []
     seen: set[str] = set()
     unlisted: list[str] = []
@@ -895,11 +1088,22 @@ async def scan_files(fs: WorkspaceFilesystem, patterns: Sequence[str]) -> tuple[
             except Unlisted as exc:
                 failed(exc)
                 continue
-            for path in below:
+            for path, listed in below:
                 if path not in seen:
                     seen.add(path)
                     files.append(path)
-    return files, unlisted
+                    stats[path] = listed
+    return files, unlisted, stats
+
+
+def _same_version(record: Any, signature: _Signature | None) -> bool:
+    """Whether a published index's record of a file describes the file listed now: the same
+    size, and the same ETag where both have one, else the same modification time."""
+    if signature is None or record.size != signature.size:
+        return False
+    if record.etag is not None and signature.etag is not None:
+        return bool(record.etag == signature.etag)
+    return bool(record.mtime_ns == signature.mtime_ns)
 
 
 def _below_any(path: str, directories: Sequence[str]) -> bool:

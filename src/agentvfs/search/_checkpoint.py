@@ -1,0 +1,176 @@
+"""A BM25 index's checkpoint: its postings and documents as one segment file beside it.
+
+Loading the postings of a 20k-document index from DuckDB takes a second or more, and each
+search then fetches its hits' text from DuckDB (most of a search's time). A checkpoint is the
+index written as a segment (the format of published indexes, ``_segments.py``) next to the
+DuckDB file, at the index's current version; the segment is mapped, not read, so:
+
+* a reopened index whose version is still the checkpoint's takes its postings from the mapping
+  (no load at all);
+* the text of a hit comes from the mapping whenever the checkpoint holds its document. Document
+  numbers are never reused (a replaced document gets a new one), so a document number found in
+  any checkpoint, current or not, names the same text.
+
+The checkpoint is only ever an accelerator: DuckDB stays the record. A missing, stale, damaged
+or foreign checkpoint is ignored (and replaced at the next write of one).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import os
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..errors import SearchIndexError
+from ._segments import Segment, _serialise
+
+__all__ = ["Checkpoint", "open_checkpoint", "write_checkpoint"]
+
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """A mapped checkpoint: the segment, the index version it was written at, and the
+    document number of each slot (ascending)."""
+
+    segment: Segment
+    version: int
+    docs: npt.NDArray[np.int64]
+
+    def slot_of_doc(self, doc: int) -> int | None:
+        """The slot holding document number ``doc``, or None."""
+        docs = self.docs
+        i = int(np.searchsorted(docs, doc))
+        return i if i < len(docs) and int(docs[i]) == doc else None
+
+
+def _encode_docs(docs: npt.NDArray[np.int64]) -> str:
+    steps = np.diff(docs, prepend=np.int64(0)).astype("<i8")
+    return base64.b64encode(zlib.compress(steps.tobytes(), 1)).decode("ascii")
+
+
+def _decode_docs(text: str, count: int) -> npt.NDArray[np.int64]:
+    raw = zlib.decompress(base64.b64decode(text.encode("ascii"), validate=True))
+    steps = np.frombuffer(raw, dtype="<i8")
+    if len(steps) != count:
+        raise ValueError(f"{len(steps)} document numbers for {count} documents")
+    return np.cumsum(steps).astype(np.int64)
+
+
+def _blob(values: Sequence[bytes]) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
+    offsets = np.zeros(len(values) + 1, dtype="<i8")
+    if values:
+        np.cumsum([len(v) for v in values], out=offsets[1:])
+    return np.frombuffer(b"".join(values), dtype=np.uint8), offsets
+
+
+def write_checkpoint(
+    path: str,
+    *,
+    version: int,
+    tokenize: dict[str, Any],
+    identity: dict[str, Any],
+    keys: npt.NDArray[np.int64],
+    starts: npt.NDArray[np.int64],
+    slots: npt.NDArray[np.integer],
+    tfs: npt.NDArray[np.integer],
+    docs: npt.NDArray[np.int64],
+    lengths: npt.NDArray[np.integer],
+    rows: Sequence[tuple[str, bytes, str | None, int | None]],
+) -> None:
+    """Write the checkpoint ``path`` atomically (a temporary file renamed over it).
+
+    ``identity`` names the index (its instance and BM25 parameters): a reader finding another
+    ignores the file. ``keys``/``starts``/``slots``/``tfs`` are the term-sorted postings (CSR), slots numbering
+    ``docs`` (ascending document numbers); ``rows`` are each slot's ``(id, packed content,
+    metadata JSON, start line offset)``, content as the index stores it.
+    """
+    ids, id_offsets = _blob([row[0].encode("utf-8", "surrogatepass") for row in rows])
+    content, content_offsets = _blob([row[1] for row in rows])
+    metadata, metadata_offsets = _blob([(row[2] or "").encode() for row in rows])
+    empty, zero = _blob([])
+    arrays: dict[str, npt.NDArray[Any]] = {
+        "terms": keys.astype("<i8"),
+        "starts": starts.astype("<i8"),
+        "slots": slots.astype("<i4"),
+        "tfs": tfs.astype("<i4"),
+        "lengths": lengths.astype("<i4"),
+        "ids": ids,
+        "id_offsets": id_offsets,
+        "content": content,
+        "content_offsets": content_offsets,
+        "metadata": metadata,
+        "metadata_offsets": metadata_offsets,
+        "start_line": np.array([row[3] or 0 for row in rows], dtype="<i8"),
+        "has_start_line": np.array([row[3] is not None for row in rows], dtype=np.uint8),
+        # A checkpoint records no source files (the index's own tables do).
+        "src_path": empty,
+        "src_path_offsets": zero,
+        "src_size": np.zeros(0, dtype="<i8"),
+        "src_mtime_ns": np.zeros(0, dtype="<i8"),
+        "src_etag": empty,
+        "src_etag_offsets": zero,
+        "src_digest": empty,
+        "src_chunks": np.zeros(0, dtype="<i4"),
+        "src_first_slot": np.zeros(0, dtype="<i8"),
+    }
+    header: dict[str, Any] = {
+        "format": "agentvfs-segment",
+        "version": 1,
+        "tokenize": tokenize,
+        "docs": len(rows),
+        "total_len": int(lengths.sum(dtype=np.int64)),
+        "sources": 0,
+        "postings": len(slots),
+        "checkpoint": {"version": int(version), "docs": _encode_docs(docs), "of": identity},
+        "arrays": {},
+    }
+    data = _serialise(header, arrays)
+    temporary = f"{path}.{os.getpid()}.tmp"
+    try:
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
+def open_checkpoint(
+    path: str, tokenize: dict[str, Any], identity: dict[str, Any]
+) -> Checkpoint | None:
+    """Map the checkpoint ``path``; None when there is none, or it cannot be used (damaged,
+    of another index (``identity`` differs: instance, k1, b) or other tokenizer options, not
+    a checkpoint)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None  # none there (or a link someone put there: not followed)
+    try:
+        segment = Segment.open(f"/proc/self/fd/{fd}")
+    except (SearchIndexError, OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+    info = segment.header.get("checkpoint")
+    try:
+        if not isinstance(info, dict) or segment.tokenize != tokenize or info.get("of") != identity:
+            raise ValueError("not a checkpoint of this index")
+        docs = _decode_docs(str(info["docs"]), segment.n_docs)
+        version = int(info["version"])
+    except (KeyError, TypeError, ValueError, zlib.error):
+        segment.close()
+        return None
+    return Checkpoint(segment, version, docs)
+

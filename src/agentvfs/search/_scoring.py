@@ -1,0 +1,224 @@
+"""BM25 scored over several sets of postings as over one index.
+
+A query may run over one index (the postings a `BM25Index` keeps in memory) or over the
+segments of a published index plus the local index of changes made since (see
+``_shared.py``). Scores depend on the whole collection: N, the average length and each term's
+document frequency. Here those are summed over every source first, so each document's score
+is computed with exactly the numbers, and the operations in exactly the order, that one index
+holding all the documents would use: the scores are the same bits, not merely close.
+
+Ties keep the reference's order within one index (the first query term a document holds, then
+insertion order); across sources, earlier sources come first.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["DocumentSource", "PostingSource", "js_log", "rank"]
+
+#: Above this many query tokens, or this much posting work, duplicates are weighted instead of
+#: added one by one (the scores then differ from the reference's in the last bits only).
+EXACT_FOLD_TOKENS = 1024
+EXACT_FOLD_WORK = 4_000_000
+
+
+class PostingSource(Protocol):
+    """Postings numbered by slot (insertion order), removed documents left out."""
+
+    @property
+    def size(self) -> int:
+        """Slots: one past the highest slot a posting may name."""
+        ...
+
+    def slot_lengths(self) -> npt.NDArray[np.float64]:
+        """Each slot's document length in tokens."""
+        ...
+
+    def postings(self, term: int) -> tuple[npt.NDArray[np.integer], npt.NDArray[np.integer]]:
+        """Slots (ascending) and term frequencies of the live documents holding ``term``."""
+        ...
+
+
+class DocumentSource(PostingSource, Protocol):
+    """Postings searched beside an index's own (a published index's segment): what they add to
+    the collection's statistics, and their documents."""
+
+    @property
+    def live_docs(self) -> int:
+        """Documents not removed."""
+        ...
+
+    @property
+    def live_length(self) -> int:
+        """The sum of their lengths in tokens."""
+        ...
+
+    def document(self, slot: int) -> tuple[str, str, dict[str, Any] | None, int | None]:
+        """``(id, content, metadata, start line)`` of the document in ``slot``."""
+        ...
+
+
+# fdlibm's log (e_log.c), as V8 runs Math.log: the reference's idf is computed with it, and it
+# differs from the C library's correctly rounded log in the last bit for a few inputs (ln 1.6).
+_LN2_HI = 6.93147180369123816490e-01
+_LN2_LO = 1.90821492927058770002e-10
+_LG1 = 6.666666666666735130e-01
+_LG2 = 3.999999999940941908e-01
+_LG3 = 2.857142874366239149e-01
+_LG4 = 2.222219843214978396e-01
+_LG5 = 1.818357216161805012e-01
+_LG6 = 1.531383769920937332e-01
+_LG7 = 1.479819860511658591e-01
+
+
+def js_log(x: float) -> float:
+    """Natural logarithm with V8's ``Math.log`` rounding (fdlibm), for normal positive ``x``."""
+    bits = struct.unpack("<q", struct.pack("<d", x))[0]
+    hx = bits >> 32
+    if hx < 0x00100000 or hx >= 0x7FF00000:  # zero, subnormal, negative, inf, NaN
+        return math.log(x) if x > 0 else (-math.inf if x == 0 else math.nan)
+    k = (hx >> 20) - 1023
+    hx &= 0x000FFFFF
+    i = (hx + 0x95F64) & 0x100000
+    bits = ((hx | (i ^ 0x3FF00000)) << 32) | (bits & 0xFFFFFFFF)
+    x = struct.unpack("<d", struct.pack("<q", bits))[0]  # x or x/2 normalised
+    k += i >> 20
+    f = x - 1.0
+    dk = float(k)
+    if (0x000FFFFF & (2 + hx)) < 3:  # -2**-20 <= f < 2**-20
+        if f == 0.0:
+            return 0.0 if k == 0 else dk * _LN2_HI + dk * _LN2_LO
+        r = f * f * (0.5 - 0.33333333333333333 * f)
+        return f - r if k == 0 else dk * _LN2_HI - ((r - dk * _LN2_LO) - f)
+    s = f / (2.0 + f)
+    z = s * s
+    i = hx - 0x6147A
+    w = z * z
+    j = 0x6B851 - hx
+    t1 = w * (_LG2 + w * (_LG4 + w * _LG6))
+    t2 = z * (_LG1 + w * (_LG3 + w * (_LG5 + w * _LG7)))
+    i |= j
+    r = t2 + t1
+    if i > 0:
+        hfsq = 0.5 * f * f
+        if k == 0:
+            return f - (hfsq - s * (hfsq + r))
+        return dk * _LN2_HI - ((hfsq - (s * (hfsq + r) + dk * _LN2_LO)) - f)
+    if k == 0:
+        return f - s * (f - r)
+    return dk * _LN2_HI - ((s * (f - r) - dk * _LN2_LO) - f)
+
+
+def rank(
+    sources: Sequence[PostingSource],
+    tokens: Sequence[str],
+    hashes: dict[str, int],
+    *,
+    n: int,
+    total_len: int,
+    k1: float,
+    b: float,
+    top_k: int,
+    min_score: float,
+) -> list[tuple[int, int, float]]:
+    """The ``top_k`` documents of ``sources`` for the query ``tokens``, best first.
+
+    Parameters
+    ----------
+    sources
+        The postings, in tie order.
+    tokens
+        The query's tokens in order, duplicates included.
+    hashes
+        Each distinct token's term hash.
+    n, total_len
+        Live documents and the sum of their lengths over all ``sources``.
+
+    Returns
+    -------
+    list of (source, slot, score)
+    """
+    if n <= 0 or top_k <= 0:
+        return []
+    distinct = list(dict.fromkeys(tokens))
+    k1_plus_1, one_minus_b = k1 + 1, 1 - b
+    avgdl = total_len / n
+    # Each distinct term's postings in every source, and its document frequency over all.
+    found: dict[str, list[tuple[npt.NDArray[np.integer], npt.NDArray[np.integer]]]] = {}
+    idf: dict[str, float] = {}
+    for term in distinct:
+        per_source = [source.postings(hashes[term]) for source in sources]
+        df = sum(len(slots) for slots, _ in per_source)
+        if df == 0:
+            continue
+        found[term] = per_source
+        idf[term] = js_log((n - df + 0.5) / (df + 0.5) + 1)
+    if not found:
+        return []
+    work = sum(sum(len(s) for s, _ in found[t]) for t in tokens if t in found)
+    exact = len(tokens) <= EXACT_FOLD_TOKENS and work <= EXACT_FOLD_WORK
+    weights = Counter(tokens)
+    picked: list[tuple[npt.NDArray[np.float64], npt.NDArray[np.int64], int, npt.NDArray[np.int64]]]
+    picked = []
+    for index, source in enumerate(sources):
+        lengths = source.slot_lengths()
+        # idf * (tf * (k1 + 1) / (tf + k1 * (1 - b + b * (len / avgdl)))), the reference's
+        # arithmetic, per distinct term present here.
+        here: dict[str, tuple[npt.NDArray[np.integer], npt.NDArray[np.float64]]] = {}
+        for term, per_source in found.items():
+            slots, tfs = per_source[index]
+            if len(slots):
+                here[term] = (
+                    slots,
+                    idf[term]
+                    * ((tfs * k1_plus_1) / (tfs + k1 * (one_minus_b + b * (lengths[slots] / avgdl)))),
+                )
+        if not here:
+            continue
+        size = source.size
+        scores = np.zeros(size, dtype=np.float64)
+        if exact:
+            # The reference adds one term score per query token, in query order.
+            for token in tokens:
+                entry = here.get(token)
+                if entry is not None:
+                    scores[entry[0]] += entry[1]
+        else:
+            for term, (slots, contributions) in here.items():
+                w = weights[term]
+                scores[slots] += contributions if w == 1 else w * contributions
+        # The reference's order before its stable sort: by the first query term a document
+        # holds, then by the term's posting order (= insertion order = slot order).
+        first = np.full(size, len(distinct), dtype=np.int64)
+        for pos in range(len(distinct) - 1, -1, -1):
+            entry = here.get(distinct[pos])
+            if entry is not None:
+                first[entry[0]] = pos
+        candidates = np.flatnonzero(first < len(distinct))
+        values = scores[candidates]
+        keep = values >= min_score
+        if not keep.all():
+            candidates, values = candidates[keep], values[keep]
+        if len(candidates) > top_k:
+            kth = np.partition(values, len(values) - top_k)[len(values) - top_k]
+            keep = values >= kth  # ties at the cut stay in, the sort below settles them
+            candidates, values = candidates[keep], values[keep]
+        picked.append((values, first[candidates], index, candidates))
+    if not picked:
+        return []
+    values = np.concatenate([p[0] for p in picked])
+    firsts = np.concatenate([p[1] for p in picked])
+    owners = np.concatenate([np.full(len(p[3]), p[2], dtype=np.int64) for p in picked])
+    slots_all = np.concatenate([p[3] for p in picked])
+    order = np.lexsort((slots_all, owners, firsts, -values))[:top_k]
+    return list(
+        zip(owners[order].tolist(), slots_all[order].tolist(), values[order].tolist(), strict=True)
+    )

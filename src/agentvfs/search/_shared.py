@@ -1,0 +1,266 @@
+"""A published index attached by URL: many agents search one index, each with its own changes.
+
+``build_index`` publishes an index as immutable segments named in a manifest (``_bulk.py``).
+A workspace attaches it read-only (``Workspace(search_index_url=...)``): the segments of the
+newest manifest are fetched into a local cache by name (a name is the hash of the bytes, so
+a cached segment never goes stale) and mapped into memory, and searches run over them
+together with the workspace's own index, which holds only what this agent changed: files it
+indexed or wrote since, and the removals it made.
+
+A shared document is hidden once the local index has a document with its id, or of its source
+file, or the file was removed locally (a tombstone); the statistics of a search count only the
+documents not hidden, so scores are those of one index holding exactly what the agent sees.
+
+A newer manifest is looked for at most every ``refresh_interval`` seconds, in a thread of its
+own: searches keep using the segments they have until the new ones are fetched and mapped, then
+switch at once. A manifest that cannot be used (a missing or corrupt segment, other tokenizer
+options) is reported in the log and the segments in use stay.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..errors import SearchIndexError
+from ._ids import shared_path, source_of
+from ._segments import Segment
+
+__all__ = ["SegmentSource", "SharedIndex"]
+
+_log = logging.getLogger("agentvfs.search")
+
+class SegmentSource:
+    """A segment's postings and documents with some documents hidden (a `DocumentSource`)."""
+
+    def __init__(self, segment: Segment) -> None:
+        self.segment = segment
+        self._lengths = segment.lengths.astype(np.float64)
+        self._dead: npt.NDArray[np.bool_] | None = None
+        self.live_docs = segment.n_docs
+        self.live_length = segment.total_len
+
+    @property
+    def size(self) -> int:
+        return self.segment.n_docs
+
+    def slot_lengths(self) -> npt.NDArray[np.float64]:
+        return self._lengths
+
+    def postings(self, term: int) -> tuple[npt.NDArray[np.integer], npt.NDArray[np.integer]]:
+        slots, tfs = self.segment.postings(term)
+        dead = self._dead
+        if dead is not None and len(slots):
+            keep = ~dead[slots]
+            if not keep.all():
+                return slots[keep], tfs[keep]
+        return slots, tfs
+
+    def document(self, slot: int) -> tuple[str, str, dict[str, Any] | None, int | None]:
+        segment = self.segment
+        return (
+            segment.doc_id(slot),
+            segment.content(slot),
+            segment.metadata(slot),
+            segment.start_line(slot),
+        )
+
+    def hide(self, ids: Iterable[str]) -> None:
+        """Hide the documents ``ids`` and every document of their source files."""
+        segment = self.segment
+        dead = self._dead
+        changed = False
+        for id in ids:
+            for source in {id, source_of(id)}:
+                slots = segment.slots_of_source(source)
+                if len(slots):
+                    if dead is None:
+                        dead = np.zeros(segment.n_docs, dtype=np.bool_)
+                    dead[slots.start : slots.stop] = True
+                    changed = True
+            slot = segment.slot_of(id)
+            if slot is not None:
+                if dead is None:
+                    dead = np.zeros(segment.n_docs, dtype=np.bool_)
+                dead[slot] = True
+                changed = True
+        if changed and dead is not None:
+            self._dead = dead
+            self.live_docs = segment.n_docs - int(dead.sum())
+            self.live_length = segment.total_len - int(segment.lengths[dead].sum(dtype=np.int64))
+
+    def is_hidden(self, slot: int) -> bool:
+        return self._dead is not None and bool(self._dead[slot])
+
+
+class SharedIndex:
+    """The segments of a published index, fetched and kept current (see the module notes).
+
+    Parameters
+    ----------
+    url : str
+        The index's location (what ``build_index`` was given as ``index_url``).
+    cache_dir : str
+        Where fetched segments are kept (shared safely by several workspaces and processes:
+        files are named by their hash and written atomically).
+    tokenize : mapping
+        The tokenizer options of the local index; segments built with others are refused.
+    storage_options : mapping, optional
+        For the storage of ``url`` (fsspec options).
+    refresh_interval : float
+        Seconds between looks for a newer manifest (0: at every search, in the background).
+
+    Raises
+    ------
+    SearchIndexError
+        At `load`: no manifest, a segment missing or corrupt, or other tokenizer options (the
+        message names the segment and the difference).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        cache_dir: str,
+        tokenize: Mapping[str, Any],
+        storage_options: Mapping[str, Any] | None = None,
+        refresh_interval: float = 30.0,
+    ) -> None:
+        self.url = url
+        self.cache_dir = cache_dir
+        self._tokenize = dict(tokenize)
+        self._storage_options = dict(storage_options or {})
+        self.refresh_interval = refresh_interval
+        self._sources: tuple[SegmentSource, ...] = ()
+        self._manifest: Any = None
+        self._hidden: set[str] = set()
+        self._lock = threading.Lock()  # guards _hidden and the swap of _sources
+        self._refreshing = False
+        self._checked = 0.0
+        self.last_error: BaseException | None = None
+
+    # -- loading ----------------------------------------------------------------------------------
+
+    def load(self) -> None:
+        """Fetch the newest manifest's segments and use them (raises on any trouble)."""
+        from ._bulk import fetch_segment, read_manifest
+
+        manifest = read_manifest(self.url, storage_options=self._storage_options)
+        current = self._manifest
+        if current is not None and _manifest_number(current) == _manifest_number(manifest):
+            self._checked = time.monotonic()
+            return
+        os.makedirs(self.cache_dir, exist_ok=True)
+        sources = []
+        for ref in manifest.segments:
+            segment = fetch_segment(
+                self.url, ref, self.cache_dir, storage_options=self._storage_options
+            )
+            differences = _differences(segment.tokenize, self._tokenize)
+            if differences:
+                raise SearchIndexError(
+                    f"segment {segment.name} of the index {self.url} was built with other "
+                    f"tokenizer options ({'; '.join(differences)}); attach it to a workspace "
+                    "with the same bm25 tokenize options, or rebuild it with these"
+                )
+            sources.append(SegmentSource(segment))
+        with self._lock:
+            hidden = set(self._hidden)
+        for source in sources:
+            source.hide(hidden)
+        with self._lock:
+            # Ids hidden while the segments were fetched are hidden now, before the swap.
+            late = self._hidden - hidden
+            for source in sources:
+                source.hide(late)
+            self._sources = tuple(sources)
+            self._manifest = manifest
+        self._checked = time.monotonic()
+
+    def maybe_refresh(self) -> None:
+        """Look for a newer manifest in the background when ``refresh_interval`` has passed."""
+        if self._refreshing or time.monotonic() - self._checked < self.refresh_interval:
+            return
+        self._refreshing = True
+        threading.Thread(target=self._refresh, name="agentvfs-index-refresh", daemon=True).start()
+
+    def _refresh(self) -> None:
+        try:
+            self.load()
+            self.last_error = None
+        except Exception as exc:
+            # Keep answering from the segments in use; say why the newer ones are not used.
+            self.last_error = exc
+            self._checked = time.monotonic()
+            _log.warning("search index %s: keeping the segments in use: %s", self.url, exc)
+        finally:
+            self._refreshing = False
+
+    # -- local changes ------------------------------------------------------------------------------
+
+    def hide(self, ids: Iterable[str]) -> None:
+        """Hide the shared documents ``ids`` and all documents of their source files (the
+        local index has them now, or they were removed locally); ids in a workspace's form
+        (``docs/a.md``) name the published ``/docs/a.md``."""
+        wanted = [key for key in {shared_path(id) for id in ids} if key not in self._hidden]
+        if not wanted:
+            return
+        with self._lock:
+            self._hidden.update(wanted)
+            for source in self._sources:
+                source.hide(wanted)
+
+    def reset(self) -> None:
+        """Show every shared document again (the local index was cleared)."""
+        with self._lock:
+            self._hidden.clear()
+            self._sources = tuple(SegmentSource(source.segment) for source in self._sources)
+
+    # -- reading ------------------------------------------------------------------------------------
+
+    @property
+    def sources(self) -> tuple[SegmentSource, ...]:
+        """The segments in use, with the hidden documents left out."""
+        return self._sources
+
+    @property
+    def manifest(self) -> Any:
+        """The manifest in use (None before `load`)."""
+        return self._manifest
+
+    def records(self) -> dict[str, Any]:
+        """Each shared source file's record (size, mtime, ETag, digest, chunks), by its path
+        in the index (``/`` first, see :func:`shared_path`)."""
+        found: dict[str, Any] = {}
+        for source in self._sources:
+            found.update(source.segment.sources())
+        return found
+
+    def describe(self) -> dict[str, Any]:
+        """What is attached: the URL, manifest number, segments and live documents."""
+        return {
+            "url": self.url,
+            "manifest": _manifest_number(self._manifest) if self._manifest is not None else None,
+            "segments": len(self._sources),
+            "documents": sum(source.live_docs for source in self._sources),
+            "hidden": len(self._hidden),
+        }
+
+
+def _manifest_number(manifest: Any) -> Any:
+    return getattr(manifest, "number", None)
+
+
+def _differences(recorded: Mapping[str, Any], wanted: Mapping[str, Any]) -> list[str]:
+    return [
+        f"{key}: {recorded.get(key)!r} in the index, {wanted.get(key)!r} here"
+        for key in sorted(set(recorded) | set(wanted))
+        if recorded.get(key) != wanted.get(key)
+    ]
