@@ -360,7 +360,7 @@ def test_an_index_without_a_manifest_says_how_to_build_it(tmp_path: Path) -> Non
 def dask_client() -> Iterator[Any]:
     distributed = pytest.importorskip("distributed")
     with (
-        distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None) as cluster,
+        distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=":0") as cluster,
         distributed.Client(cluster, set_as_default=False) as client,
     ):
         yield client

@@ -1317,6 +1317,14 @@ def _index(args: argparse.Namespace) -> int:
         source = os.path.abspath(os.path.expanduser(source))
     if "://" not in out and "::" not in out:
         out = os.path.abspath(os.path.expanduser(out))
+    if args.workers is not None or args.scheduler is not None:
+        with contextlib.suppress(ImportError):
+            import logging
+
+            import distributed  # noqa: F401  (importing it sets its loggers to INFO)
+
+            # Dask's own progress lines (workers starting, keys released) only with -v.
+            logging.getLogger("distributed").setLevel(logging.getLogger().level)
     options = dict(args.options)
     # The -o options are the source's; an index on the same kind of storage shares them.
     index_options = options if protocol(out) == protocol(source) else {}

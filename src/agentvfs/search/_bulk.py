@@ -60,7 +60,6 @@ __all__ = [
     "TaskReport",
     "build_index",
     "fetch_segment",
-    "plan_tasks",
     "read_manifest",
 ]
 
@@ -613,6 +612,7 @@ class SegmentRef:
     listing_digest: str
 
     def to_dict(self) -> dict[str, Any]:
+        """The entry as the manifest's JSON holds it."""
         return {
             "name": self.name, "prefix": self.prefix, "docs": self.docs, "bytes": self.bytes,
             "listing_digest": self.listing_digest,
@@ -656,6 +656,7 @@ class Manifest:
         return sum(s.docs for s in self.segments)
 
     def to_dict(self) -> dict[str, Any]:
+        """The manifest's JSON object."""
         return {
             "format": MANIFEST_FORMAT,
             "version": MANIFEST_VERSION,
@@ -911,6 +912,7 @@ class BuildReport:
     planning_seconds: float
 
     def to_dict(self) -> dict[str, Any]:
+        """The report as JSON-friendly values (what ``agentvfs index --json`` prints)."""
         return {
             "manifest": self.manifest, "built": self.built, "reused": self.reused,
             "deleted": self.deleted, "docs": self.docs, "objects": self.objects,
@@ -971,7 +973,7 @@ def _dask_client(scheduler: str | None, workers: int | None, client: Any) -> Ite
         raise ValueError(f"workers must be at least 1, got {workers}")
     with (
         distributed.LocalCluster(  # type: ignore[no-untyped-call]
-            n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None
+            n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0"
         ) as cluster,
         distributed.Client(cluster, set_as_default=False) as made,  # type: ignore[no-untyped-call]
     ):
@@ -1013,9 +1015,10 @@ def _run_all(client: Any, calls: list[tuple[Any, ...]]) -> Iterator[dict[str, An
     try:
         for future in as_completed(futures, loop=client.loop):  # type: ignore[no-untyped-call]
             yield future.result()
-    finally:
-        for future in futures:
-            future.cancel()
+    except BaseException:
+        # One task failed (or the build was interrupted): the others are of no use now.
+        client.cancel([f for f in futures if not f.done()])
+        raise
 
 
 def build_index(
