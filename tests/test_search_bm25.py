@@ -28,6 +28,7 @@ from agentvfs.search._bm25 import BM25Index, js_log  # noqa: E402
 from agentvfs.search._tokenize import (  # noqa: E402
     DEFAULT_STOPWORDS,
     TokenizeOptions,
+    Tokenizer,
     find_line_range,
     make_tokenizer,
 )
@@ -197,6 +198,29 @@ def test_find_line_range() -> None:
     # Substrings do not count: "lazy" is in "lazybones" but no token is "lazy".
     assert find_line_range("lazybones\nlazy", ["lazy"], tok) == (2, 2)
     assert find_line_range("a\nb", ["b"], str.split) == (2, 2)
+
+
+@pytest.mark.parametrize(
+    "options", [None, {"min_length": 3}, {"lowercase": False}, {"stopwords": ["is", "and"]}]
+)
+def test_find_line_range_by_whole_words_agrees_with_tokenizing_each_line(options: Any) -> None:
+    tok = make_tokenizer(options)
+    assert isinstance(tok, Tokenizer) and tok.words_are_ascii_runs
+    rng = random.Random(11)
+    pieces = ["Lazy", "lazy", "lazybones", "dog_lazy", "x", "is", "and", "42", "a-b", "foo.bar", "_", "é"]
+    for _ in range(400):
+        lines = [
+            "".join(rng.choice([*pieces, " ", " ", "\t", ",", "(", ")"]) for _ in range(rng.randrange(8)))
+            for _ in range(rng.randrange(1, 7))
+        ]
+        content = "\n".join(lines)
+        query = tok(" ".join(rng.sample(pieces, rng.randrange(1, 4))))
+
+        def slow(text: str = content, wanted: frozenset[str] = frozenset(query)) -> tuple[int, int] | None:
+            hits = [i for i, line in enumerate(text.split("\n")) if wanted & set(tok(line))]
+            return (hits[0] + 1, hits[-1] + 1) if hits and wanted else None
+
+        assert find_line_range(content, query, tok) == slow(), (content, query)
 
 
 # --------------------------------------------------------------------------- scores

@@ -13,6 +13,7 @@ insertion order); across sources, earlier sources come first.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import struct
 from collections import Counter
@@ -117,6 +118,23 @@ def js_log(x: float) -> float:
     return dk * _LN2_HI - ((s * (f - r) - dk * _LN2_LO) - f)
 
 
+def _norms(source: PostingSource, avgdl: float, k1: float, b: float) -> npt.NDArray[np.float64]:
+    """``k1 * (1 - b + b * (len / avgdl))`` of every slot of ``source``: the same operations in
+    the same order as per posting (so the same bits), done once per collection state instead
+    of once per query term. Kept on the source until the average length or its size changes."""
+    lengths = source.slot_lengths()
+    key = (avgdl, k1, b, len(lengths))
+    cached = getattr(source, "_bm25_norms", None)
+    if cached is not None and cached[0] == key:
+        norms: npt.NDArray[np.float64] = cached[1]
+        return norms
+    norms = k1 * ((1 - b) + b * (lengths / avgdl))
+    # (A source that takes no attributes gets them computed every time.)
+    with contextlib.suppress(AttributeError):
+        source._bm25_norms = (key, norms)  # type: ignore[attr-defined]
+    return norms
+
+
 def rank(
     sources: Sequence[PostingSource],
     tokens: Sequence[str],
@@ -149,7 +167,7 @@ def rank(
     if n <= 0 or top_k <= 0:
         return []
     distinct = list(dict.fromkeys(tokens))
-    k1_plus_1, one_minus_b = k1 + 1, 1 - b
+    k1_plus_1 = k1 + 1
     avgdl = total_len / n
     # Each distinct term's postings in every source, and its document frequency over all.
     found: dict[str, list[tuple[npt.NDArray[np.integer], npt.NDArray[np.integer]]]] = {}
@@ -169,18 +187,14 @@ def rank(
     picked: list[tuple[npt.NDArray[np.float64], npt.NDArray[np.int64], int, npt.NDArray[np.int64]]]
     picked = []
     for index, source in enumerate(sources):
-        lengths = source.slot_lengths()
+        norms = _norms(source, avgdl, k1, b)
         # idf * (tf * (k1 + 1) / (tf + k1 * (1 - b + b * (len / avgdl)))), the reference's
         # arithmetic, per distinct term present here.
         here: dict[str, tuple[npt.NDArray[np.integer], npt.NDArray[np.float64]]] = {}
         for term, per_source in found.items():
             slots, tfs = per_source[index]
             if len(slots):
-                here[term] = (
-                    slots,
-                    idf[term]
-                    * ((tfs * k1_plus_1) / (tfs + k1 * (one_minus_b + b * (lengths[slots] / avgdl)))),
-                )
+                here[term] = (slots, idf[term] * ((tfs * k1_plus_1) / (tfs + norms[slots])))
         if not here:
             continue
         size = source.size

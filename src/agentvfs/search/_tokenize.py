@@ -9,6 +9,7 @@ Stemming is an addition, off by default.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -38,6 +39,7 @@ _JS_SPLIT = re.compile(f"[{_JS_SPACE}]+")
 # ``[\p{L}\p{N}_]``.
 _NOT_WORD_OR_SPACE = re.compile(f"[^\\w{_JS_SPACE}]")
 _WORD_RUNS = re.compile(r"\w+")
+_ASCII_WORD = re.compile(r"[A-Za-z0-9_]+")
 _ASCII_NON_WORD_TO_SPACE = bytes(
     byte if chr(byte).isalnum() or byte == ord("_") else ord(" ") for byte in range(128)
 ).ljust(256, b" ")
@@ -201,6 +203,12 @@ class Tokenizer:
         """Whether every token is a substring of the (lower-cased, if enabled) text."""
         return self._stem_words is None
 
+    @property
+    def words_are_ascii_runs(self) -> bool:
+        """Whether the tokens of ASCII text are its runs of ``[A-Za-z0-9_]`` (lower-cased if
+        enabled) that pass the length and stopword filters, nothing else."""
+        return self._fast and self._stem_words is None
+
     def __call__(self, text: str) -> list[str]:
         opts = self.options
         if opts.lowercase:
@@ -354,6 +362,24 @@ def find_line_range(
     if isinstance(tokenize, Tokenizer) and tokenize.tokens_are_substrings:
         # lower() never adds or removes "\n", so line numbers in the haystack are the content's.
         haystack = content.lower() if tokenize.options.lowercase else content
+        if (
+            tokenize.words_are_ascii_runs
+            and haystack.isascii()
+            and all(_ASCII_WORD.fullmatch(t) for t in terms)
+        ):
+            # The tokens of an ASCII line are its runs of [A-Za-z0-9_] that pass the filters,
+            # and the query's tokens passed the same filters: a line holds one of them exactly
+            # when the word occurs in it whole. One regular expression finds the first and
+            # last such lines, with no line tokenized.
+            pattern = _whole_words(tuple(sorted(terms)))
+            hit = pattern.search(haystack)
+            if hit is None:
+                return None
+            final = hit
+            for final in pattern.finditer(haystack, hit.end()):  # noqa: B007
+                pass
+            start = haystack.count("\n", 0, hit.start())
+            return start + 1, start + haystack.count("\n", hit.start(), final.start()) + 1
         first = _first_line(haystack, terms, matches)
         if first is None:
             return None
@@ -363,6 +389,13 @@ def find_line_range(
         return None
     last = next(i for i in range(len(lines) - 1, found - 1, -1) if i == found or matches(i))
     return found + 1, last + 1
+
+
+@functools.lru_cache(maxsize=256)
+def _whole_words(terms: tuple[str, ...]) -> re.Pattern[str]:
+    """Any of ``terms`` as a whole ASCII word (not inside a longer run of word characters)."""
+    alternatives = "|".join(re.escape(t) for t in sorted(terms, key=len, reverse=True))
+    return re.compile(f"(?<![A-Za-z0-9_])(?:{alternatives})(?![A-Za-z0-9_])")
 
 
 def _first_line(haystack: str, terms: frozenset[str], matches: Callable[[int], bool]) -> int | None:
