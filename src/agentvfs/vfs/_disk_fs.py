@@ -205,22 +205,28 @@ class DiskBackend(FsspecBackend):
             raise PermissionDenied(self.escape(rel, rel), "access") from None
         return _info_dict(host, own, seen, link)
 
+    def _native_attributes(self, info: dict[str, Any]) -> dict[str, Any]:
+        own: os.stat_result | None = info.get("own")
+        kind = stat_module.S_IFMT(own.st_mode) if own is not None else stat_module.S_IFREG
+        if own is not None and kind not in (stat_module.S_IFREG, stat_module.S_IFDIR):
+            return {}  # set by stat_of from the entry's own status
+        return {
+            "mode": stat_module.S_IMODE(info["mode"]),
+            "uid": info.get("uid"),
+            "gid": info.get("gid"),
+            "atime_ns": info.get("atime_ns"),
+            "mtime_ns": info.get("mtime_ns"),
+            "ctime_ns": info.get("ctime_ns"),
+            "inode": info.get("ino") if kind == stat_module.S_IFREG else None,
+            "nlink": info.get("nlink") if kind == stat_module.S_IFREG else None,
+        }
+
     def stat_of(self, rel: str, info: dict[str, Any]) -> FileStat:
         stat = super().stat_of(rel, info)
         own: os.stat_result | None = info.get("own")
         kind = stat_module.S_IFMT(own.st_mode) if own is not None else stat_module.S_IFREG
         if own is None or kind in (stat_module.S_IFREG, stat_module.S_IFDIR):
-            return dataclasses.replace(
-                stat,
-                mode=stat_module.S_IMODE(info["mode"]),
-                uid=info.get("uid"),
-                gid=info.get("gid"),
-                atime_ns=info.get("atime_ns"),
-                mtime_ns=info.get("mtime_ns"),
-                ctime_ns=info.get("ctime_ns"),
-                inode=info.get("ino") if kind == stat_module.S_IFREG else None,
-                nlink=info.get("nlink") if kind == stat_module.S_IFREG else None,
-            )
+            return stat  # its attributes were set as it was made (_native_attributes)
         # A symbolic link, FIFO, socket or device node: its own attributes (the followed
         # ones above are what a tool reading through a link sees). A link keeps the size of
         # what it points to, as stat(2) through it gives and as tools report; a mount shows

@@ -232,6 +232,7 @@ class FsspecBackend(Backend):
             etag=str(etag).strip('"') if etag is not None and kind == "file" else None,
             # A directory's too where the store keeps one (an object store's marker object).
             metadata=self._metadata_of(info),
+            **self._native_attributes(info),
         )
         if self.metadata_style is not None and stat.metadata:
             stat = with_posix_attributes(stat, attributes_from_metadata(stat.metadata))
@@ -239,6 +240,11 @@ class FsspecBackend(Backend):
         if self.seen is not None and kind == "file":
             self.seen(rel, stat.etag, stat.size, int(stat.modified_at.timestamp()))
         return stat
+
+    def _native_attributes(self, info: dict[str, Any]) -> dict[str, Any]:
+        """More :class:`FileStat` fields a store keeps natively (local disk: modes, owners,
+        times in ns), set as the stat is made: a listing of a large tree makes one per file."""
+        return {}
 
     def _saw(self, rel: str, info: dict[str, Any]) -> None:
         """Tell :attr:`seen` of a file a listing showed (only stores with versions of their own)."""
