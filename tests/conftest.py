@@ -29,6 +29,33 @@ from agentvfs.testing import (
     local_harness,
 )
 
+
+def _share_botocore_data_loader() -> None:
+    """One botocore data loader for every session this process makes.
+
+    Each test makes its own S3 clients (a new s3fs, a boto3 client), and each new botocore
+    session would read and parse the service models again: about 0.2 s a client, which the
+    S3 tests pay hundreds of times. The models are read-only data, which botocore already
+    shares between the clients of one session; they are the same for every session here.
+    """
+    try:
+        import botocore.loaders
+        import botocore.session
+    except ImportError:  # pragma: no cover - the test extras bring botocore
+        return
+    create = botocore.loaders.create_loader
+    loaders: dict[str | None, botocore.loaders.Loader] = {}
+
+    def shared(search_path_string: str | None = None) -> botocore.loaders.Loader:
+        if search_path_string not in loaders:
+            loaders[search_path_string] = create(search_path_string)
+        return loaders[search_path_string]
+
+    botocore.session.create_loader = shared
+
+
+_share_botocore_data_loader()
+
 S3_BUCKET = "agentvfs-test"
 GCS_BUCKET = "agentvfs-test"
 
