@@ -197,6 +197,24 @@ def test_build_over_s3_in_process(moto: MotoServer, tmp_path: Path) -> None:
 
 
 @pytest.mark.s3
+def test_a_large_directory_on_s3_is_split_by_key_range(moto: MotoServer, tmp_path: Path) -> None:
+    prefix = unique("flat")
+    keys = [f"logs/l{i:03d}.txt" for i in range(23)] + ["logs/sub/x.md", "other.md"]
+    files = _seed(moto, f"{prefix}/src", keys)
+    options = _options(moto)
+    source, index = f"s3://{S3_BUCKET}/{prefix}/src", f"s3://{S3_BUCKET}/{prefix}/index"
+    report = build_index(source, index, storage_options=options, index_storage_options=options, objects_per_task=5)
+    ranges = sorted(t.label for t in report.tasks if t.label.startswith("logs/ files"))
+    assert len(ranges) == 5
+    assert [t.objects for t in sorted(report.tasks, key=lambda t: t.label) if t.label in ranges] == [5, 5, 5, 5, 3]
+    assert sorted(_all_docs(index, options, tmp_path / "cache")) == _expected_ids(files)
+    files.update(_seed(moto, f"{prefix}/src", ["logs/l007.txt"], version=1))
+    again = build_index(source, index, storage_options=options, index_storage_options=options, objects_per_task=5)
+    assert _ran(again) == ["logs/ files (l004.txt..l009.txt]"]
+    assert _all_docs(index, options, tmp_path / "cache")["/logs/l007.txt"] == files["/logs/l007.txt"].decode()
+
+
+@pytest.mark.s3
 def test_a_rerun_indexes_only_the_prefixes_that_changed(moto: MotoServer, tmp_path: Path) -> None:
     prefix = unique("rerun")
     files = _seed(moto, f"{prefix}/src", LAYOUT)

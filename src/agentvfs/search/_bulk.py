@@ -147,27 +147,32 @@ def _is_file(info: Mapping[str, Any]) -> bool:
 
 
 def _version(info: Mapping[str, Any]) -> tuple[str | None, int]:
-    """The ETag (or generation) and the modification time in ns a listing shows."""
+    """The version (ETag or generation) and the modification time in ns a listing shows,
+    read as the storage backends read them (``FsspecBackend.stat_of``), so that a record
+    compares equal to what a workspace over the same storage sees."""
     etag = None
-    for key in ("ETag", "etag", "generation", "md5Hash"):
+    for key in ("generation", "ETag", "etag", "md5Hash", "VersionId"):
         value = info.get(key)
         if value not in (None, ""):
             etag = str(value).strip('"')
             break
     mtime_ns = 0
-    for key in ("LastModified", "mtime", "updated", "last_modified", "created"):
+    for key in ("mtime", "LastModified", "updated", "last_modified", "modified", "created", "timeCreated"):
         value = info.get(key)
         if value is None:
             continue
         if isinstance(value, datetime):
             mtime_ns = int(value.timestamp() * 1e9)
         elif isinstance(value, int | float):
-            mtime_ns = int(value * 1e9)
+            mtime_ns = int(datetime.fromtimestamp(value, UTC).timestamp() * 1e9)
         elif isinstance(value, str):
             with contextlib.suppress(ValueError):
                 mtime_ns = int(datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp() * 1e9)
         if mtime_ns:
             break
+    if etag is None and "ino" in info:
+        # Local disk has no version: the backends derive one that every write changes.
+        etag = f"{info.get('mtime')}-{info.get('size')}-{info['ino']}"
     return etag, mtime_ns
 
 
@@ -215,8 +220,10 @@ class Task:
         Names of child prefixes of ``prefix`` listed recursively.
     direct : bool
         Whether the files directly in ``prefix`` are included.
-    first, last : str or None
-        With ``direct``: only its files whose names lie in ``[first, last]`` (None: open).
+    after, last : str or None
+        With ``direct``: only its files whose names are after ``after`` and up to ``last``
+        (None: open); on S3 the listing starts there (``StartAfter``), so the tasks of one
+        large directory each list their part of it only.
     estimate : int
         Objects the planner expects.
     """
@@ -224,14 +231,14 @@ class Task:
     prefix: str
     children: tuple[str, ...] = ()
     direct: bool = False
-    first: str | None = None
+    after: str | None = None
     last: str | None = None
     estimate: int = 0
 
     @property
     def key(self) -> str:
         """A stable identity (the same on every run for the same prefixes)."""
-        text = json.dumps([self.prefix, list(self.children), self.direct, self.first, self.last])
+        text = json.dumps([self.prefix, list(self.children), self.direct, self.after, self.last])
         return hashlib.sha256(text.encode()).hexdigest()[:20]
 
     @property
@@ -243,7 +250,7 @@ class Task:
             kids = self.children[0] if len(self.children) == 1 else f"{{{self.children[0]}..{self.children[-1]}}}"
             parts.append(base + kids)
         if self.direct:
-            span = "" if self.first is None and self.last is None else f" [{self.first or ''}..{self.last or ''}]"
+            span = "" if self.after is None and self.last is None else f" ({self.after or ''}..{self.last or ''}]"
             parts.append(f"{base} files{span}")
         return " + ".join(parts)
 
@@ -364,7 +371,7 @@ def plan_tasks(
                 mean = round(sum(sizes) / len(sizes)) if sizes else 0
                 estimates = {c: counted.get((rel, c), mean) for c in children}
                 tasks.extend(_group(rel, files, children, estimates, limit, frontier))
-    tasks.sort(key=lambda t: (t.prefix, t.children, t.first or ""))
+    tasks.sort(key=lambda t: (t.prefix, t.children, t.after or ""))
     return tasks
 
 
@@ -387,9 +394,9 @@ def _group(
     elif files:
         for start in range(0, len(files), limit):
             part = files[start : start + limit]
-            first = part[0] if start else None
+            after = files[start - 1] if start else None
             last = part[-1] if start + limit < len(files) else None
-            out.append(Task(rel, (), True, first, last, len(part)))
+            out.append(Task(rel, (), True, after, last, len(part)))
 
     def flush() -> None:
         nonlocal group, size, direct
@@ -438,11 +445,16 @@ def _list_task(fs: fsspec.AbstractFileSystem, root: str, task: Task) -> list[_Li
         out.append(_Listed(rel, str(info["name"]), int(info.get("size") or 0), etag, mtime_ns))
 
     if task.direct:
-        for info in _ls(fs, base):
+        listing = (
+            _s3_range(fs, base, task.after, task.last)
+            if task.after is not None and callable(getattr(fs, "call_s3", None))
+            else _ls(fs, base)
+        )
+        for info in listing:
             name = _rel(base, str(info["name"]))
             if not name or "/" in name:
                 continue
-            if (task.first is None or name >= task.first) and (task.last is None or name <= task.last):
+            if (task.after is None or name > task.after) and (task.last is None or name <= task.last):
                 add(info)
     for child in task.children:
         path = _join(base, child)
@@ -456,6 +468,28 @@ def _list_task(fs: fsspec.AbstractFileSystem, root: str, task: Task) -> list[_Li
             add(info)
     out.sort(key=lambda item: item.rel)
     return out
+
+
+def _s3_range(fs: Any, base: str, after: str, last: str | None) -> Iterator[dict[str, Any]]:
+    """The files directly in ``base`` named after ``after`` and up to ``last``, listed from
+    there (``StartAfter``) as info records like ``ls`` gives."""
+    bucket, _, prefix = base.strip("/").partition("/")
+    prefix = f"{prefix}/" if prefix else ""
+    request: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix, "Delimiter": "/", "StartAfter": prefix + after}
+    while True:
+        page = fs.call_s3("list_objects_v2", **request)
+        for item in page.get("Contents", ()):
+            key = str(item["Key"])
+            if last is not None and key[len(prefix) :] > last:
+                return
+            yield {
+                "name": f"{bucket}/{key}", "type": "file", "size": item.get("Size", 0),
+                "ETag": item.get("ETag"), "LastModified": item.get("LastModified"),
+            }  # fmt: skip
+        token = page.get("NextContinuationToken")
+        if not page.get("IsTruncated") or not token:
+            return
+        request["ContinuationToken"] = token
 
 
 def _listing_digest(listed: Sequence[_Listed]) -> str:
