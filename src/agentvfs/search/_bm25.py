@@ -40,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.util
+import itertools
 import json
 import math
 import os
@@ -50,6 +51,7 @@ import weakref
 import zlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -78,6 +80,8 @@ FORMAT_VERSION = 1
 START_LINE_KEY = "_startLineOffset"
 
 _HASH_CACHE_SIZE = 250_000
+#: A batch of at least this many documents is compressed on a thread of its own.
+_PACK_ON_THREAD = 64
 #: On disk: postings of removed documents are dropped once they are as many as the live ones
 #: (and at least this many); SQL scoring also re-sorts once the unsorted tail is an eighth of
 #: the sorted postings (and at least this many). See `BM25Index.optimize`.
@@ -437,24 +441,24 @@ class BM25Index:
         (as `remove_source`), so a file re-indexed with fewer chunks leaves none behind.
         """
         self._check_writable()
-        batch: dict[str, _Prepared] = {}
+        checked: dict[str, tuple[str, str | None, int | None]] = {}
         for item in docs:
             if not isinstance(item, tuple | list) or not 2 <= len(item) <= 4:
                 raise TypeError(
                     "add_many takes (id, content, metadata, start_line_offset) tuples, "
                     f"got {item!r:.80}"
                 )
-            prepared = self._prepare(*item)
-            batch.pop(prepared.id, None)  # a repeated id moves to the end, as a re-add does
-            batch[prepared.id] = prepared
+            id, content, meta_json, offset = self._checked(*item)
+            checked.pop(id, None)  # a repeated id moves to the end, as a re-add does
+            checked[id] = (content, meta_json, offset)
         sources = list(replace_sources)
-        if not batch and not sources:
+        if not checked and not sources:
             return
-        items = list(batch.values())
+        items = self._prepare_many(checked)
         with self._locked():
             directory = self._directory()
             gone = {id for source in sources for id in directory.of_source(source)}
-            gone.update(id for id in batch if id in directory.docs)
+            gone.update(id for id in checked if id in directory.docs)
             replaced = sorted((*directory.docs[id], id) for id in gone)
             with self._transaction() as cur:
                 stats = self._stats(cur)
@@ -573,13 +577,14 @@ class BM25Index:
         finally:
             cur.unregister("bm25_new_postings")
 
-    def _prepare(
+    def _checked(
         self,
         id: str,
         content: str,
         metadata: Mapping[str, Any] | None = None,
         start_line_offset: int | None = None,
-    ) -> _Prepared:
+    ) -> tuple[str, str, str | None, int | None]:
+        """One document's fields checked: ``(id, content, metadata JSON, start line)``."""
         if not isinstance(id, str):
             raise TypeError(f"document id must be str, not {type(id).__name__}")
         if not isinstance(content, str):
@@ -605,20 +610,48 @@ class BM25Index:
                 f"start_line_offset of {id!r} must be an int or None, "
                 f"not {type(start_line_offset).__name__}"
             )
-        if isinstance(self._tokenizer, Tokenizer):
-            counts, length = self._tokenizer.counts(content)
-        else:
-            tokens = self._tokens(content)
-            counts, length = Counter(tokens), len(tokens)
-        return _Prepared(
-            id=id,
-            content=_pack(content),
-            metadata=meta_json,
-            start_line_offset=start_line_offset,
-            terms=_term_hashes(counts),
-            tfs=np.fromiter(counts.values(), np.int32, len(counts)),
-            length=length,
-        )
+        return id, content, meta_json, start_line_offset
+
+    def _prepare_many(self, checked: Mapping[str, tuple[str, str | None, int | None]]) -> list[_Prepared]:
+        """Tokenise, hash and compress a batch of checked documents.
+
+        The batch's distinct terms are hashed once (not once per document holding them) and
+        each document's terms mapped to them at C speed; the texts are compressed on a second
+        thread meanwhile (zlib lets go of the GIL), which on two cores hides most of it.
+        """
+        texts = [content for content, _, _ in checked.values()]
+        with contextlib.ExitStack() as stack:
+            packed_later = None
+            if len(texts) >= _PACK_ON_THREAD:
+                pool = stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix="agentvfs-pack"))
+                packed_later = pool.submit(lambda: [_pack(text) for text in texts])
+            tokenizer = self._tokenizer
+            counted: list[tuple[Mapping[str, int], int]] = []
+            for text in texts:
+                if isinstance(tokenizer, Tokenizer):
+                    counted.append(tokenizer.counts(text))
+                else:
+                    tokens = self._tokens(text)
+                    counted.append((Counter(tokens), len(tokens)))
+            vocabulary = list(dict.fromkeys(itertools.chain.from_iterable(c for c, _ in counted)))
+            hash_of = dict(zip(vocabulary, _term_hashes(vocabulary).tolist(), strict=True))
+            packed = packed_later.result() if packed_later is not None else [_pack(t) for t in texts]
+        out: list[_Prepared] = []
+        for (id, (_, meta_json, offset)), (counts, length), blob in zip(
+            checked.items(), counted, packed, strict=True
+        ):
+            out.append(
+                _Prepared(
+                    id=id,
+                    content=blob,
+                    metadata=meta_json,
+                    start_line_offset=offset,
+                    terms=np.fromiter(map(hash_of.__getitem__, counts), np.int64, len(counts)),
+                    tfs=np.fromiter(counts.values(), np.int32, len(counts)),
+                    length=length,
+                )
+            )
+        return out
 
     def remove(self, id: str) -> bool:
         """Remove a document; return whether it was there."""
