@@ -157,6 +157,11 @@ class Engine:
     def search(self, query: str, k: int = 10) -> list[str]:
         raise NotImplementedError
 
+    def reopen(self, where: Path) -> None:
+        """Drop what is open and open the index in ``where`` again, as a new process would
+        (the next search answers from what that opening found)."""
+        raise NotImplementedError
+
 
 def _disk(where: Path) -> int:
     if where.is_file():
@@ -192,7 +197,16 @@ class AgentvfsEngine(Engine):
         batch = 2000
         for i in range(0, len(docs), batch):
             self.index.add_many([(d, t, None, None) for d, t in docs[i : i + batch]])
-        self.index.close()  # checkpoint, as a real build ends
+        # As a workspace's index ends a build: its checkpoint written, the file closed.
+        self.index.write_checkpoint()
+        self.index.close()
+        self.reopen(where)
+
+    def reopen(self, where: Path) -> None:
+        from agentvfs.search._bm25 import BM25Index
+
+        if getattr(self, "index", None) is not None:
+            self.index.close()
         self.index = BM25Index(
             where / "bm25.duckdb",
             cache_postings=self.cache,
@@ -216,6 +230,12 @@ class SqliteEngine(Engine):
         )
         self.db.executemany("INSERT INTO fts(id, body) VALUES (?, ?)", docs)
         self.db.commit()
+
+    def reopen(self, where: Path) -> None:
+        import sqlite3
+
+        self.db.close()
+        self.db = sqlite3.connect(where / "fts.sqlite")
 
     def update(self, doc_id: str, text: str) -> None:
         self.db.execute("DELETE FROM fts WHERE id = ?", (doc_id,))
@@ -250,6 +270,14 @@ class TantivyEngine(Engine):
         self.writer.wait_merging_threads()
         self.writer = self.index.writer(heap_size=50_000_000, num_threads=1)
         self.index.reload()
+        self.searcher = self.index.searcher()
+
+    def reopen(self, where: Path) -> None:
+        import tantivy
+
+        del self.writer, self.searcher, self.index
+        self.index = tantivy.Index.open(str(where / "tantivy"))
+        self.writer = self.index.writer(heap_size=50_000_000, num_threads=1)
         self.searcher = self.index.searcher()
 
     def update(self, doc_id: str, text: str) -> None:
@@ -291,6 +319,16 @@ class Bm25sEngine(Engine):
         self.docs[doc_id] = text
         self._index()
 
+    def reopen(self, where: Path) -> None:
+        import bm25s
+
+        # Saved once (not timed), then loaded: what a new process does with a saved index.
+        saved = where / "bm25s"
+        if not saved.exists():
+            self.retriever.save(str(saved))
+        del self.retriever
+        self.retriever = bm25s.BM25.load(str(saved))
+
     def search(self, query: str, k: int = 10) -> list[str]:
         import bm25s
 
@@ -325,6 +363,17 @@ class DuckdbFtsEngine(Engine):
         self.con.executemany("INSERT INTO docs VALUES (?, ?)", docs)
         self.con.execute("PRAGMA create_fts_index('docs', 'id', 'body')")
         self.con.execute("CHECKPOINT")
+        self._ext = ext
+
+    def reopen(self, where: Path) -> None:
+        import duckdb
+
+        self.con.close()
+        self.con = duckdb.connect(
+            str(where / "fts.duckdb"),
+            config={"autoinstall_known_extensions": False, "autoload_known_extensions": False},
+        )
+        self.con.execute(f"LOAD '{self._ext}'")
 
     def update(self, doc_id: str, text: str) -> None:
         self.con.execute("UPDATE docs SET body = ? WHERE id = ?", (text, doc_id))
@@ -405,6 +454,13 @@ def run_engine(name: str, corpus_file: Path, n_queries: int, n_updates: int) -> 
         t0 = time.perf_counter()
         engine.search(queries[0])
         first_query = time.perf_counter() - t0
+        if isinstance(engine, Bm25sEngine):
+            engine.reopen(where)  # its save, untimed (it keeps nothing on disk by itself)
+        # Reopening the built index, as a new session does, and its first answer.
+        t0 = time.perf_counter()
+        engine.reopen(where)
+        engine.search(queries[1])
+        reopen = time.perf_counter() - t0
         for q in queries[:10]:
             engine.search(q)
         latencies = []
@@ -439,6 +495,7 @@ def run_engine(name: str, corpus_file: Path, n_queries: int, n_updates: int) -> 
         "build_s": build,
         "docs_per_s": len(docs) / build,
         "first_query_ms": first_query * 1000,
+        "reopen_ms": reopen * 1000,
         "query_p50_ms": percentile(latencies, 0.5),
         "query_p95_ms": percentile(latencies, 0.95),
         "query_after_updates_p50_ms": percentile(after, 0.5),
@@ -532,12 +589,13 @@ def markdown(report: dict[str, Any]) -> str:
         f"text); {report['queries']} queries.",
         "",
         "| engine | build s | docs/s | update 1 doc p50 ms (max) | query p50 ms | query p95 ms "
-        "| p50 / p95 after updates | first query ms (loads, compacts) | disk MB | peak RSS MB |",
-        "| --- | --: | --: | --: | --: | --: | --: | --: | --: | --: |",
+        "| p50 / p95 after updates | first query ms (loads, compacts) | reopen + first query ms "
+        "| disk MB | peak RSS MB |",
+        "| --- | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: |",
     ]
     for r in report["engines"]:
         if "skipped" in r:
-            lines.append(f"| {ENGINES[r['engine']]} | {r['skipped']} | | | | | | | | |")
+            lines.append(f"| {ENGINES[r['engine']]} | {r['skipped']} | | | | | | | | | |")
             continue
         missed = f", {r['updates_not_found']} not found" if r["updates_not_found"] else ""
         lines.append(
@@ -545,7 +603,8 @@ def markdown(report: dict[str, Any]) -> str:
             f"| {r['update_p50_ms']:,.1f} ({r['update_max_ms']:,.0f}; n={r['updates']}{missed}) "
             f"| {r['query_p50_ms']:.2f} | {r['query_p95_ms']:.2f} "
             f"| {r['query_after_updates_p50_ms']:.2f} / {r['query_after_updates_p95_ms']:.2f} "
-            f"| {r['first_query_ms']:,.0f} | {r['disk_mb']:.1f} | {r['peak_rss_mb']:.0f} |"
+            f"| {r['first_query_ms']:,.0f} | {r.get('reopen_ms', float('nan')):,.0f} "
+            f"| {r['disk_mb']:.1f} | {r['peak_rss_mb']:.0f} |"
         )
     if report.get("cranfield"):
         lines += [
