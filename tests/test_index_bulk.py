@@ -369,6 +369,10 @@ def test_an_index_without_a_manifest_says_how_to_build_it(tmp_path: Path) -> Non
         read_manifest(str(tmp_path / "nothing"))
     with pytest.raises(ValueError, match="not a segment name"):
         fetch_segment(str(tmp_path), "abc", tmp_path / "cache")
+    with pytest.raises(ValueError, match=r"Dask workers \(other processes\) cannot see"):
+        build_index("memory://nowhere", str(tmp_path / "index"), workers=2)
+    with pytest.raises(ValueError, match="scheduler or workers, not both"):
+        build_index(str(tmp_path), str(tmp_path / "index"), workers=2, scheduler="tcp://127.0.0.1:1")
 
 
 # ---------------------------------------------------------------------------------- Dask

@@ -114,6 +114,10 @@ def _open(url: str, storage_options: Mapping[str, Any] | None, what: str) -> tup
     return fs, str(path).rstrip("/") or ("/" if str(path).startswith("/") else "")
 
 
+def _protocols(fs: fsspec.AbstractFileSystem) -> tuple[str, ...]:
+    return (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
+
+
 def _join(root: str, rel: str) -> str:
     if not rel:
         return root
@@ -1121,6 +1125,11 @@ def build_index(
         raise ValueError("give scheduler or workers, not both")
     options = TokenizeOptions.from_value(tokenize).to_dict()
     fs, root = _open(source_url, storage_options, "source")
+    if (scheduler is not None or workers is not None or client is not None) and "memory" in _protocols(fs):
+        raise ValueError(
+            f"{source_url} is in this process's memory, which Dask workers (other processes) cannot "
+            "see; build it in this process (no scheduler or workers), or from shared storage"
+        )
     index_fs, index_root, backend = _index_backend(index_url, index_storage_options)
     if not _ls(fs, root) and not fs.exists(root):
         raise ValueError(f"the source URL {source_url} does not exist (nothing is listed there)")
