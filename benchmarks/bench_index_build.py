@@ -49,7 +49,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from agentvfs.search import Segment, SourceFile, build_index, build_segment  # noqa: E402
-from agentvfs.search._bulk import _list_task, plan_tasks  # noqa: E402
+from agentvfs.search._bulk import _list_task, local_cluster, plan_tasks  # noqa: E402
 from agentvfs.search._segments import segment_name  # noqa: E402
 
 # ------------------------------------------------------------------------------ the builds
@@ -94,11 +94,7 @@ def run_builds(args: argparse.Namespace, pages: list[tuple[str, str]]) -> list[s
 
             for n in args.workers:
                 started = time.perf_counter()
-                cluster = stack.enter_context(
-                    distributed.LocalCluster(  # type: ignore[no-untyped-call]
-                        n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0"
-                    )
-                )
+                cluster = stack.enter_context(local_cluster(n))
                 client = stack.enter_context(distributed.Client(cluster, set_as_default=False))  # type: ignore[no-untyped-call]
                 startups[f"Dask, {n} worker{'s' if n > 1 else ''}"] = time.perf_counter() - started
                 modes.append((f"Dask, {n} worker{'s' if n > 1 else ''}", client))

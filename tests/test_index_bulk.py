@@ -28,7 +28,7 @@ from agentvfs.search import (
     fetch_segment,
     read_manifest,
 )
-from agentvfs.search._bulk import _list_task, plan_tasks
+from agentvfs.search._bulk import _list_task, local_cluster, plan_tasks
 from agentvfs.search._workspace import file_documents
 from agentvfs.testing import MotoServer
 from conftest import S3_BUCKET, unique
@@ -382,9 +382,10 @@ def test_an_index_without_a_manifest_says_how_to_build_it(tmp_path: Path) -> Non
 def dask_client() -> Iterator[Any]:
     distributed = pytest.importorskip("distributed")
     with (
-        distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=":0") as cluster,
+        local_cluster(2) as cluster,
         distributed.Client(cluster, set_as_default=False) as client,
     ):
+        assert "MALLOC_TRIM_THRESHOLD_" not in client.run(lambda: dict(os.environ)).popitem()[1]
         yield client
 
 

@@ -1010,12 +1010,28 @@ def _dask_client(scheduler: str | None, workers: int | None, client: Any) -> Ite
     if workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers}")
     with (
-        distributed.LocalCluster(  # type: ignore[no-untyped-call]
-            n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0"
-        ) as cluster,
+        local_cluster(workers) as cluster,
         distributed.Client(cluster, set_as_default=False) as made,  # type: ignore[no-untyped-call]
     ):
         yield made
+
+
+def local_cluster(workers: int) -> Any:
+    """A ``distributed.LocalCluster`` of ``workers`` one-thread processes, set up for index
+    builds.
+
+    Dask starts its workers with ``MALLOC_TRIM_THRESHOLD_=65536`` (memory goes back to the
+    system sooner); every free of a block past 64 KiB then trims the heap, and a segment
+    build, which allocates and frees many such blocks, runs about 30 % slower. These workers
+    keep glibc's own, adaptive threshold.
+    """
+    import dask
+    import distributed
+
+    with dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}):
+        return distributed.LocalCluster(  # type: ignore[no-untyped-call]
+            n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0"
+        )
 
 
 def _probe_scheduler(address: str) -> None:
