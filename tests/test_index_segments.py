@@ -17,7 +17,7 @@ import pytest
 from agentvfs.errors import SearchIndexError
 from agentvfs.search import BM25Index, Segment, SourceFile, TokenizeOptions, build_segment
 from agentvfs.search._bm25 import _term_hashes
-from agentvfs.search._segments import ALIGN, MAGIC, segment_name
+from agentvfs.search._segments import ALIGN, MAGIC, SegmentBuilder, segment_name
 from agentvfs.search._tokenize import Tokenizer
 from agentvfs.search._workspace import file_documents
 
@@ -160,6 +160,12 @@ def test_bad_input_is_refused_by_name() -> None:
         build_segment([SourceFile("/a", b"x", 1), SourceFile("/a", b"y", 1)])
     with pytest.raises(ValueError, match="must start with '/'"):
         build_segment([SourceFile("a.md", b"x", 1)])
+    with SegmentBuilder() as builder:
+        builder.add(SourceFile("/b", b"x", 1))
+        with pytest.raises(ValueError, match="in path order: /a came after /b"):
+            builder.add(SourceFile("/a", b"y", 1))
+        assert builder.files == 1
+        assert builder.finish() == build_segment([SourceFile("/b", b"x", 1)])
     empty = Segment.from_bytes(build_segment([]))
     assert (empty.n_docs, empty.total_len, empty.n_terms, empty.sources()) == (0, 0, 0, {})
 

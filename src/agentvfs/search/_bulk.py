@@ -28,8 +28,10 @@ end of a build: what a builder killed half-way uploaded goes then.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -47,10 +49,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 import fsspec
+from fsspec.implementations.local import LocalFileSystem
 
 from ..errors import IndexConflictError, MissingExtraError, SearchIndexError
 from ..vfs import FsspecBackend, check_storage_options, fsspec_backend
-from ._segments import SEGMENTS_DIR, SUFFIX, Segment, SourceFile, build_segment, segment_name
+from ._segments import SEGMENTS_DIR, SUFFIX, Segment, SegmentBuilder, SourceFile, segment_name
 from ._tokenize import TokenizeOptions
 
 __all__ = [
@@ -81,6 +84,8 @@ PLAN_SAMPLE = 32
 #: Listings the planner, and files a task, have in flight at once.
 LIST_CONCURRENCY = 16
 READ_CONCURRENCY = 16
+#: Files read ahead of the one being indexed (what a task holds in memory beyond its segment).
+READ_AHEAD = 64
 #: Files larger than this are not indexed (as a workspace's index: ``max_file_bytes``).
 MAX_FILE_BYTES = 16 * 1024 * 1024
 #: Unreferenced segments younger than this are kept: they may be a running build's.
@@ -505,22 +510,34 @@ def _listing_digest(listed: Sequence[_Listed]) -> str:
     return h.hexdigest()
 
 
-def _read_all(fs: fsspec.AbstractFileSystem, paths: list[str]) -> dict[str, bytes | BaseException]:
-    """The bytes of ``paths``, ``READ_CONCURRENCY`` at a time."""
-    if not paths:
-        return {}
-    if getattr(fs, "async_impl", False):
-        got = fs.cat(paths, on_error="return", batch_size=READ_CONCURRENCY)
-        return {p: got.get(p, FileNotFoundError(p)) for p in paths}
+def _read_in_order(fs: fsspec.AbstractFileSystem, paths: Sequence[str]) -> Iterator[bytes | BaseException]:
+    """The bytes of each of ``paths`` (or why it could not be read), in order, read
+    ``READ_CONCURRENCY`` at a time and at most ``READ_AHEAD`` ahead of the consumer: the files
+    are indexed while the next ones are read."""
+    if isinstance(fs, LocalFileSystem):
+        def read(path: str) -> bytes:
+            # fsspec's local file object costs more per file than the read of a small file.
+            with open(path, "rb") as f:
+                return f.read()
+    else:
+        def read(path: str) -> bytes:
+            return bytes(fs.cat_file(path))
 
     def one(path: str) -> bytes | BaseException:
         try:
-            return bytes(fs.cat_file(path))
+            return read(path)
         except Exception as exc:
             return exc
 
-    with ThreadPoolExecutor(min(READ_CONCURRENCY, len(paths)), thread_name_prefix="agentvfs-read") as pool:
-        return dict(zip(paths, pool.map(one, paths), strict=True))
+    with ThreadPoolExecutor(READ_CONCURRENCY, thread_name_prefix="agentvfs-read") as pool:
+        pending = iter(paths)
+        window = collections.deque(pool.submit(one, p) for p in itertools.islice(pending, READ_AHEAD))
+        while window:
+            got = window.popleft().result()
+            following = next(pending, None)
+            if following is not None:
+                window.append(pool.submit(one, following))
+            yield got
 
 
 def run_task(
@@ -563,21 +580,18 @@ def run_task(
             return record
     wanted = [item for item in listed if item.size <= max_file_bytes]
     record["too_large"] = len(listed) - len(wanted)
-    data = _read_all(fs, [item.path for item in wanted])
-    sources: list[SourceFile] = []
-    for item in wanted:
-        raw = data.get(item.path)
-        if not isinstance(raw, bytes):
-            _log.warning("not indexing %s: it could not be read (%s)", item.path, raw)
-            record["failed"] += 1
-            continue
-        if len(raw) > max_file_bytes:
-            record["too_large"] += 1
-            continue
-        sources.append(SourceFile("/" + item.rel, raw, item.size, item.mtime_ns, item.etag))
-    del data
-    if sources:
-        blob = build_segment(sources, tokenize)
+    with SegmentBuilder(tokenize) as builder:
+        # The listing is in key order, the order a segment keeps its files in.
+        for item, raw in zip(wanted, _read_in_order(fs, [item.path for item in wanted]), strict=True):
+            if not isinstance(raw, bytes):
+                _log.warning("not indexing %s: it could not be read (%s)", item.path, raw)
+                record["failed"] += 1
+            elif len(raw) > max_file_bytes:
+                record["too_large"] += 1
+            else:
+                builder.add(SourceFile("/" + item.rel, raw, item.size, item.mtime_ns, item.etag))
+        blob = builder.finish() if builder.files else None
+    if blob is not None:
         name = segment_name(blob)
         _upload_segment(index_fs, index_root, backend, name, blob)
         record.update(segment=name, bytes=len(blob), docs=Segment.from_bytes(blob, name=name).n_docs)

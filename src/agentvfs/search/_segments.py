@@ -42,7 +42,7 @@ import mmap
 import os
 import struct
 from collections.abc import Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,7 +51,6 @@ import numpy.typing as npt
 
 from ..errors import SearchIndexError
 from ._bm25 import _pack, _term_hashes, _unpack
-from ._engine import Document
 from ._tokenize import TokenizeOptions, Tokenizer
 from ._workspace import _digest, file_documents
 
@@ -60,6 +59,7 @@ __all__ = [
     "MAGIC",
     "VERSION",
     "Segment",
+    "SegmentBuilder",
     "SourceFile",
     "SourceRecord",
     "build_segment",
@@ -224,129 +224,179 @@ def build_segment(
     ValueError
         Two files with one path, or a path not starting with ``/``.
     """
-    options = TokenizeOptions.from_value(tokenize)
-    tokenizer = Tokenizer(options)
-    ordered = sorted(files, key=lambda f: f.path)
-    ids: list[bytes] = []
-    contents: list[bytes] = []
-    metas: list[bytes] = []
-    start_lines: list[int] = []
-    has_start: list[int] = []
-    lengths: list[int] = []
-    # Every posting's term (as text) and tf, document after document; the distinct terms
-    # per document are what `Tokenizer.counts` gives, so this is the whole per-posting work.
-    terms: list[str] = []
-    tfs: list[int] = []
-    per_doc: list[int] = []
-    src_paths: list[bytes] = []
-    src_etags: list[bytes] = []
-    src_digests: list[bytes] = []
-    src_size: list[int] = []
-    src_mtime: list[int] = []
-    src_chunks: list[int] = []
-    src_first: list[int] = []
-    previous: str | None = None
-    documents: list[Document] = []
-    for source in ordered:
+    with SegmentBuilder(tokenize) as builder:
+        for source in sorted(files, key=lambda f: f.path):
+            builder.add(source)
+        return builder.finish()
+
+
+class SegmentBuilder:
+    """Builds one segment from files given one at a time in path order: what
+    :func:`build_segment` does, for a caller that reads the files while earlier ones are
+    indexed (each file is tokenised as it is added; only the postings' sort waits for the end).
+
+    Parameters
+    ----------
+    tokenize : TokenizeOptions or mapping, optional
+        As :func:`build_segment`.
+    """
+
+    def __init__(self, tokenize: TokenizeOptions | Mapping[str, Any] | None = None) -> None:
+        self.options = TokenizeOptions.from_value(tokenize)
+        self._tokenizer = Tokenizer(self.options)
+        self._ids: list[bytes] = []
+        self._metas: list[bytes] = []
+        self._start_lines: list[int] = []
+        self._has_start: list[int] = []
+        self._lengths: list[int] = []
+        # Every posting's term (as text) and tf, document after document; the distinct terms
+        # per document are what `Tokenizer.counts` gives, so this is the whole per-posting work.
+        self._terms: list[str] = []
+        self._tfs: list[int] = []
+        self._per_doc: list[int] = []
+        self._src_paths: list[bytes] = []
+        self._src_etags: list[bytes] = []
+        self._src_digests: list[bytes] = []
+        self._src_size: list[int] = []
+        self._src_mtime: list[int] = []
+        self._src_chunks: list[int] = []
+        self._src_first: list[int] = []
+        self._previous: str | None = None
+        # zlib releases the GIL: texts are compressed on a second thread while this one
+        # tokenises the next ones (a quarter of the build time on a free core).
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="agentvfs-segment")
+        self._texts: list[str] = []
+        self._packed: list[Future[list[bytes]]] = []
+
+    @property
+    def files(self) -> int:
+        """Files added so far."""
+        return len(self._src_paths)
+
+    def add(self, source: SourceFile) -> None:
+        """Index one more file; its path must sort after every path added before.
+
+        Raises
+        ------
+        ValueError
+            The path does not start with ``/``, or does not sort after the previous one
+            (given twice, or out of order).
+        """
         path = source.path
         if not isinstance(path, str) or not path.startswith("/"):
             raise ValueError(f"a source file's path must start with '/', got {path!r}")
-        if path == previous:
-            raise ValueError(f"the file {path} is given twice")
-        previous = path
-        made = file_documents(path, source.raw)
-        src_paths.append(path.encode("utf-8", "surrogatepass"))
-        src_etags.append((source.etag or "").encode("utf-8", "surrogatepass"))
-        src_digests.append(_digest(source.raw).encode("ascii"))
-        src_size.append(int(source.size))
-        src_mtime.append(int(source.mtime_ns))
-        src_chunks.append(len(made))
-        src_first.append(len(documents))
-        documents.extend(made)
-    texts = [doc.content for doc in documents]
-    # zlib releases the GIL: the texts are compressed on a second thread while this one
-    # tokenises them (a quarter of the build time on a free core).
-    with ThreadPoolExecutor(1, thread_name_prefix="agentvfs-segment") as pool:
-        packed = [
-            pool.submit(_pack_many, texts[i : i + _PACK_BATCH])
-            for i in range(0, len(texts), _PACK_BATCH)
-        ]
+        if self._previous is not None and path <= self._previous:
+            if path == self._previous:
+                raise ValueError(f"the file {path} is given twice")
+            raise ValueError(f"files must be added in path order: {path} came after {self._previous}")
+        self._previous = path
+        documents = file_documents(path, source.raw)
+        self._src_paths.append(path.encode("utf-8", "surrogatepass"))
+        self._src_etags.append((source.etag or "").encode("utf-8", "surrogatepass"))
+        self._src_digests.append(_digest(source.raw).encode("ascii"))
+        self._src_size.append(int(source.size))
+        self._src_mtime.append(int(source.mtime_ns))
+        self._src_chunks.append(len(documents))
+        self._src_first.append(len(self._ids))
+        counts_of = self._tokenizer.counts
         for doc in documents:
-            counts, length = tokenizer.counts(doc.content)
-            terms.extend(counts)
-            tfs.extend(counts.values())
-            per_doc.append(len(counts))
-            lengths.append(length)
-            ids.append(doc.id.encode("utf-8", "surrogatepass"))
+            counts, length = counts_of(doc.content)
+            self._terms.extend(counts)
+            self._tfs.extend(counts.values())
+            self._per_doc.append(len(counts))
+            self._lengths.append(length)
+            self._ids.append(doc.id.encode("utf-8", "surrogatepass"))
             # As the workspace's index shows it: metadata only when it has keys.
-            metas.append(json.dumps(dict(doc.metadata)).encode() if doc.metadata else b"")
+            self._metas.append(json.dumps(dict(doc.metadata)).encode() if doc.metadata else b"")
             offset = doc.start_line_offset
-            start_lines.append(offset if offset is not None else 0)
-            has_start.append(offset is not None)
-        for future in packed:
-            contents.extend(future.result())
-    del texts
-    n_docs = len(ids)
-    # Number each distinct term once (a dict keeps first occurrences in order, at C speed) and
-    # rank the numbers by hash; mapping every posting to its rank is one pass of C lookups.
-    vocabulary = dict.fromkeys(terms)
-    number = {term: i for i, term in enumerate(vocabulary)}
-    hashes = _term_hashes(vocabulary)
-    by_hash = np.argsort(hashes, kind="stable")
-    unique_terms = hashes[by_hash]
-    rank = np.empty(len(hashes), dtype=np.int64)
-    rank[by_hash] = np.arange(len(hashes), dtype=np.int64)
-    posting_rank = rank[np.fromiter(map(number.__getitem__, terms), np.int64, len(terms))]
-    posting_slots = np.repeat(np.arange(n_docs, dtype=np.int32), per_doc)
-    posting_tfs = np.fromiter(tfs, np.int32, len(tfs))
-    del terms, tfs, number, vocabulary
-    # Postings by (term hash, slot): they are in slot order already, so a stable sort by rank
-    # suffices (two 16-bit radix passes, twice as fast as a lexsort of both keys).
-    order = _stable_order(posting_rank)
-    posting_rank = posting_rank[order]
-    posting_slots = posting_slots[order]
-    posting_tfs = posting_tfs[order]
-    starts = np.searchsorted(posting_rank, np.arange(len(hashes) + 1, dtype=np.int64)).astype(np.int64)
-    id_bytes, id_offsets = _blob(ids)
-    content_bytes, content_offsets = _blob(contents)
-    meta_bytes, meta_offsets = _blob(metas)
-    path_bytes, path_offsets = _blob(src_paths)
-    etag_bytes, etag_offsets = _blob(src_etags)
-    arrays: dict[str, npt.NDArray[Any]] = {
-        "terms": unique_terms.astype("<i8"),
-        "starts": starts.astype("<i8"),
-        "slots": posting_slots.astype("<i4"),
-        "tfs": posting_tfs.astype("<i4"),
-        "lengths": np.array(lengths, dtype="<i4"),
-        "ids": id_bytes,
-        "id_offsets": id_offsets,
-        "content": content_bytes,
-        "content_offsets": content_offsets,
-        "metadata": meta_bytes,
-        "metadata_offsets": meta_offsets,
-        "start_line": np.array(start_lines, dtype="<i8"),
-        "has_start_line": np.array(has_start, dtype=np.uint8),
-        "src_path": path_bytes,
-        "src_path_offsets": path_offsets,
-        "src_size": np.array(src_size, dtype="<i8"),
-        "src_mtime_ns": np.array(src_mtime, dtype="<i8"),
-        "src_etag": etag_bytes,
-        "src_etag_offsets": etag_offsets,
-        "src_digest": np.frombuffer(b"".join(src_digests), dtype=np.uint8),
-        "src_chunks": np.array(src_chunks, dtype="<i4"),
-        "src_first_slot": np.array(src_first, dtype="<i8"),
-    }
-    header: dict[str, Any] = {
-        "format": FORMAT,
-        "version": VERSION,
-        "tokenize": options.to_dict(),
-        "docs": n_docs,
-        "total_len": int(sum(lengths)),
-        "sources": len(src_paths),
-        "postings": len(posting_slots),
-        "arrays": {},
-    }
-    return _serialise(header, arrays)
+            self._start_lines.append(offset if offset is not None else 0)
+            self._has_start.append(offset is not None)
+            self._texts.append(doc.content)
+        if len(self._texts) >= _PACK_BATCH:
+            self._packed.append(self._pool.submit(_pack_many, self._texts))
+            self._texts = []
+
+    def finish(self) -> bytes:
+        """The segment of the files added (the builder is closed after)."""
+        if self._texts:
+            self._packed.append(self._pool.submit(_pack_many, self._texts))
+            self._texts = []
+        contents = [blob for future in self._packed for blob in future.result()]
+        self.close()
+        terms, ids, lengths = self._terms, self._ids, self._lengths
+        n_docs = len(ids)
+        # Number each distinct term once (a dict keeps first occurrences in order, at C
+        # speed) and rank the numbers by hash; mapping every posting to its rank is one pass
+        # of C lookups.
+        vocabulary = dict.fromkeys(terms)
+        number = {term: i for i, term in enumerate(vocabulary)}
+        hashes = _term_hashes(vocabulary)
+        by_hash = np.argsort(hashes, kind="stable")
+        unique_terms = hashes[by_hash]
+        rank = np.empty(len(hashes), dtype=np.int64)
+        rank[by_hash] = np.arange(len(hashes), dtype=np.int64)
+        posting_rank = rank[np.fromiter(map(number.__getitem__, terms), np.int64, len(terms))]
+        posting_slots = np.repeat(np.arange(n_docs, dtype=np.int32), self._per_doc)
+        posting_tfs = np.fromiter(self._tfs, np.int32, len(self._tfs))
+        del number, vocabulary
+        self._terms, self._tfs = [], []
+        # Postings by (term hash, slot): they are in slot order already, so a stable sort by
+        # rank suffices (two 16-bit radix passes, twice as fast as a lexsort of both keys).
+        order = _stable_order(posting_rank)
+        posting_rank = posting_rank[order]
+        posting_slots = posting_slots[order]
+        posting_tfs = posting_tfs[order]
+        starts = np.searchsorted(posting_rank, np.arange(len(hashes) + 1, dtype=np.int64)).astype(np.int64)
+        id_bytes, id_offsets = _blob(ids)
+        content_bytes, content_offsets = _blob(contents)
+        meta_bytes, meta_offsets = _blob(self._metas)
+        path_bytes, path_offsets = _blob(self._src_paths)
+        etag_bytes, etag_offsets = _blob(self._src_etags)
+        arrays: dict[str, npt.NDArray[Any]] = {
+            "terms": unique_terms.astype("<i8"),
+            "starts": starts.astype("<i8"),
+            "slots": posting_slots.astype("<i4"),
+            "tfs": posting_tfs.astype("<i4"),
+            "lengths": np.array(lengths, dtype="<i4"),
+            "ids": id_bytes,
+            "id_offsets": id_offsets,
+            "content": content_bytes,
+            "content_offsets": content_offsets,
+            "metadata": meta_bytes,
+            "metadata_offsets": meta_offsets,
+            "start_line": np.array(self._start_lines, dtype="<i8"),
+            "has_start_line": np.array(self._has_start, dtype=np.uint8),
+            "src_path": path_bytes,
+            "src_path_offsets": path_offsets,
+            "src_size": np.array(self._src_size, dtype="<i8"),
+            "src_mtime_ns": np.array(self._src_mtime, dtype="<i8"),
+            "src_etag": etag_bytes,
+            "src_etag_offsets": etag_offsets,
+            "src_digest": np.frombuffer(b"".join(self._src_digests), dtype=np.uint8),
+            "src_chunks": np.array(self._src_chunks, dtype="<i4"),
+            "src_first_slot": np.array(self._src_first, dtype="<i8"),
+        }
+        header: dict[str, Any] = {
+            "format": FORMAT,
+            "version": VERSION,
+            "tokenize": self.options.to_dict(),
+            "docs": n_docs,
+            "total_len": int(sum(lengths)),
+            "sources": len(self._src_paths),
+            "postings": len(posting_slots),
+            "arrays": {},
+        }
+        return _serialise(header, arrays)
+
+    def close(self) -> None:
+        """Stop the compressing thread (idempotent)."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self) -> SegmentBuilder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _serialise(header: dict[str, Any], arrays: Mapping[str, npt.NDArray[Any]]) -> bytes:
