@@ -61,8 +61,14 @@ class PostingCache:
         slot_doc: npt.NDArray[np.int64],
         slot_len: npt.NDArray[np.int64],
     ) -> None:
-        self.version = version
         self._set_main(terms, slots, tfs)
+        self._set_documents(version, slot_doc, slot_len)
+
+    def _set_documents(
+        self, version: int, slot_doc: npt.NDArray[np.int64], slot_len: npt.NDArray[np.integer]
+    ) -> None:
+        """The documents by slot, all alive, and no delta yet."""
+        self.version = version
         self.slot_doc = _Buffer(slot_doc)
         self.slot_len = _Buffer(slot_len.astype(np.float64))
         self.alive = _Buffer(np.ones(len(slot_doc), dtype=np.bool_))
@@ -102,15 +108,9 @@ class PostingCache:
         """Postings already grouped by term (``keys[i]``'s are ``starts[i]:starts[i+1]``), as
         a checkpoint maps them: used as they are, not copied."""
         cache = cls.__new__(cls)
-        cache.version = version
         cache.keys, cache.starts = keys, starts
         cache.slots, cache.tfs = slots, tfs  # type: ignore[assignment]
-        cache.slot_doc = _Buffer(slot_doc)
-        cache.slot_len = _Buffer(slot_len.astype(np.float64))
-        cache.alive = _Buffer(np.ones(len(slot_doc), dtype=np.bool_))
-        cache.delta = {}
-        cache.delta_size = 0
-        cache.dead = 0
+        cache._set_documents(version, slot_doc, slot_len)
         return cache
 
     @classmethod

@@ -490,10 +490,13 @@ class DiskBackend(FsspecBackend):
         )
 
     def walk_sync(self, rel: str, display: str, max_depth: int, cancel: threading.Event = NEVER) -> list[FileEntry]:
-        host = self.bpath(rel)
+        return [self._walk_entry(entry) for entry in self._walked(rel, display, max_depth, cancel)]
+
+    def _walked(self, rel: str, display: str, max_depth: int, cancel: threading.Event) -> list[DiskEntry]:
+        """The disk's walk below ``rel`` (staging files left out), its errors translated."""
         try:
-            found = self.disk.walk(
-                host, max_depth=max_depth, skip=lambda name: TMP_MARK in name, stop=cancel.is_set
+            return self.disk.walk(
+                self.bpath(rel), max_depth=max_depth, skip=lambda name: TMP_MARK in name, stop=cancel.is_set
             )
         except FileNotFoundError:
             raise self.missing_dir(rel, display) from None
@@ -501,7 +504,6 @@ class DiskBackend(FsspecBackend):
             raise NotDirectory(display) from None
         except Exception as exc:
             raise self.refuse(exc, rel, display, "readdir") from exc
-        return [self._walk_entry(entry) for entry in found]
 
     def walk_stats_sync(
         self, rel: str, display: str, max_depth: int, cancel: threading.Event = NEVER
@@ -509,16 +511,7 @@ class DiskBackend(FsspecBackend):
         """The metadata of every file below ``rel`` (what :meth:`walk_sync` lists, with the
         status each entry was listed with); names relative to ``rel``."""
         host = self.bpath(rel)
-        try:
-            found = self.disk.walk(
-                host, max_depth=max_depth, skip=lambda name: TMP_MARK in name, stop=cancel.is_set
-            )
-        except FileNotFoundError:
-            raise self.missing_dir(rel, display) from None
-        except NotADirectoryError:
-            raise NotDirectory(display) from None
-        except Exception as exc:
-            raise self.refuse(exc, rel, display, "readdir") from exc
+        found = self._walked(rel, display, max_depth, cancel)
         out: list[tuple[str, FileStat]] = []
         # Files below a linked directory are not listed (a walk does not follow links).
         linked = tuple(e.name + "/" for e in found if e.is_dir and e.link is not None)
