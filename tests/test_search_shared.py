@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import sys
 import textwrap
@@ -228,6 +229,7 @@ def _workspace(
             "storage_options": _moto_options(moto),
             "cache_dir": str(where / "segments"),
             "refresh_interval": extra.pop("refresh_interval", 0),
+            "cache_grace": extra.pop("cache_grace", 3600),
         },
         **extra,
     )
@@ -306,7 +308,7 @@ async def test_two_processes_share_one_index_and_follow_a_new_manifest(
     done = await anyio.run_process([sys.executable, "-c", script], check=False)
     assert done.returncode == 0, done.stderr[-2000:].decode(errors="replace")
     remote = [tuple(x) for x in json.loads(done.stdout.decode().strip().splitlines()[-1])]
-    ws = _workspace(moto, prefix, index, tmp_path / "here")
+    ws = _workspace(moto, prefix, index, tmp_path / "here", cache_grace=0)
     async with ws:
         local = [(h.id, h.score) for h in await ws.search("kernel socket", top_k=50)]
         assert local == remote
@@ -331,6 +333,9 @@ async def test_two_processes_share_one_index_and_follow_a_new_manifest(
             raise AssertionError("the new manifest was never used")
         after = ws._search.shared.describe()  # type: ignore[union-attr]
         assert after["manifest"] == before["manifest"] + 1
+        # The segments of the old manifest left the cache (grace 0); the new ones are there.
+        current = {ref.name + ".seg" for ref in ws._search.shared.manifest.segments}  # type: ignore[union-attr]
+        assert set(os.listdir(tmp_path / "here" / "segments")) == current
 
 
 @pytest.mark.anyio

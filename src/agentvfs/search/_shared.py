@@ -19,6 +19,7 @@ options) is reported in the log and the segments in use stay.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -116,6 +117,9 @@ class SharedIndex:
         For the storage of ``url`` (fsspec options).
     refresh_interval : float
         Seconds between looks for a newer manifest (0: at every search, in the background).
+    cache_grace : float
+        Cached segments no manifest in use names are deleted once unmodified this long
+        (default a day).
 
     Raises
     ------
@@ -132,8 +136,10 @@ class SharedIndex:
         tokenize: Mapping[str, Any],
         storage_options: Mapping[str, Any] | None = None,
         refresh_interval: float = 30.0,
+        cache_grace: float = 24 * 3600.0,
     ) -> None:
         self.url = url
+        self.cache_grace = cache_grace
         self.cache_dir = cache_dir
         self._tokenize = dict(tokenize)
         self._storage_options = dict(storage_options or {})
@@ -183,6 +189,27 @@ class SharedIndex:
             self._sources = tuple(sources)
             self._manifest = manifest
         self._checked = time.monotonic()
+        self._prune_cache({source.segment.name for source in sources})
+
+    def _prune_cache(self, keep: set[str]) -> None:
+        """Delete cached segments of other manifests not used for ``cache_grace`` seconds.
+
+        The cache may be shared by other workspaces and processes: one still searching an
+        older manifest keeps its mapping (an unlinked file stays readable to who has it
+        mapped), and one opening it anew fetches it again.
+        """
+        cutoff = time.time() - self.cache_grace
+        try:
+            names = os.listdir(self.cache_dir)
+        except OSError:
+            return
+        for name in names:
+            if not name.endswith(".seg") or name.removesuffix(".seg") in keep:
+                continue
+            path = os.path.join(self.cache_dir, name)
+            with contextlib.suppress(OSError):
+                if os.stat(path, follow_symlinks=False).st_mtime < cutoff:
+                    os.unlink(path)
 
     def maybe_refresh(self) -> None:
         """Look for a newer manifest in the background when ``refresh_interval`` has passed."""

@@ -119,7 +119,8 @@ def parse_bm25_config(value: Any) -> tuple[float, float, TokenizeOptions | None]
 
 def parse_index_options(value: Mapping[str, Any] | None) -> dict[str, Any]:
     """``search_index_options`` with defaults: ``storage_options``, ``cache_dir``,
-    ``refresh_interval``.
+    ``refresh_interval`` and ``cache_grace`` (seconds a cached segment no manifest in use
+    names is kept).
 
     Raises
     ------
@@ -129,11 +130,11 @@ def parse_index_options(value: Mapping[str, Any] | None) -> dict[str, Any]:
     from ..vfs import default_cache_dir
 
     options = dict(value or {})
-    unknown = set(options) - {"storage_options", "cache_dir", "refresh_interval"}
+    unknown = set(options) - {"storage_options", "cache_dir", "refresh_interval", "cache_grace"}
     if unknown:
         raise ValueError(
             f"search_index_options: unknown key {sorted(unknown)[0]!r} (expected "
-            "'storage_options', 'cache_dir' and 'refresh_interval')"
+            "'storage_options', 'cache_dir', 'refresh_interval' and 'cache_grace')"
         )
     storage = options.get("storage_options") or {}
     if not isinstance(storage, Mapping):
@@ -145,16 +146,13 @@ def parse_index_options(value: Mapping[str, Any] | None) -> dict[str, Any]:
         cache_dir = os.path.join(default_cache_dir(), "index-segments")
     elif not isinstance(cache_dir, str | os.PathLike):
         raise ValueError(f"search_index_options cache_dir must be a path, got {cache_dir!r}")
-    interval = options.get("refresh_interval", 30.0)
-    if isinstance(interval, bool) or not isinstance(interval, int | float) or not interval >= 0:
-        raise ValueError(
-            f"search_index_options refresh_interval must be a number of seconds >= 0, got {interval!r}"
-        )
-    return {
-        "storage_options": dict(storage),
-        "cache_dir": os.fspath(cache_dir),
-        "refresh_interval": float(interval),
-    }
+    seconds: dict[str, float] = {}
+    for key, default in (("refresh_interval", 30.0), ("cache_grace", 24 * 3600.0)):
+        value = options.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+            raise ValueError(f"search_index_options {key} must be a number of seconds >= 0, got {value!r}")
+        seconds[key] = float(value)
+    return {"storage_options": dict(storage), "cache_dir": os.fspath(cache_dir), **seconds}
 
 
 @dataclass(frozen=True)
@@ -276,7 +274,9 @@ class WorkspaceSearch:
         only the local changes (see ``_shared.py``).
     index_options : mapping, optional
         For ``index_url``: ``storage_options`` (fsspec), ``cache_dir`` (where its segments are
-        kept; default ``<cache>/index-segments``) and ``refresh_interval`` (seconds, default 30).
+        kept; default ``<cache>/index-segments``), ``refresh_interval`` (seconds, default 30)
+        and ``cache_grace`` (seconds before a cached segment of an older manifest is deleted,
+        default a day).
 
     Attributes
     ----------
@@ -445,6 +445,7 @@ class WorkspaceSearch:
             tokenize=bm25.tokenizer_options(),
             storage_options=options["storage_options"],
             refresh_interval=options["refresh_interval"],
+            cache_grace=options["cache_grace"],
         )
         try:
             shared.load()
