@@ -399,3 +399,21 @@ async def test_attaching_refuses_what_cannot_be_searched_alike(
             await anyio.sleep(0.05)
         assert shared.last_error is not None and "0" * 64 in str(shared.last_error)
         assert [h.id for h in await ws.search("kernel")] == first
+
+
+@pytest.mark.parametrize(
+    ("array", "value", "why"),
+    [
+        ("slots", 10_000, "names a document outside"),
+        ("slots", -1, "names a document outside"),
+        ("tfs", 0, "term frequency is below 1"),
+        ("lengths", 999, "lengths do not add up"),
+    ],
+)
+def test_a_segment_with_unusable_postings_is_refused(array: str, value: int, why: str) -> None:
+    data = bytearray(build_segment(SourceFile(p, r, len(r)) for p, r in _corpus(4, 12).items()))
+    entry = Segment.from_bytes(bytes(data)).header["arrays"][array]
+    data[entry["offset"] : entry["offset"] + 4] = value.to_bytes(4, "little", signed=True)
+    forged = Segment.from_bytes(bytes(data))  # well-formed, named by its own bytes
+    with pytest.raises(SearchIndexError, match=f"segment {forged.name} cannot be searched: .*{why}"):
+        SegmentSource(forged)

@@ -169,7 +169,12 @@ def open_checkpoint(
             raise ValueError("not a checkpoint of this index")
         docs = _decode_docs(str(info["docs"]), segment.n_docs)
         version = int(info["version"])
-    except (KeyError, TypeError, ValueError, zlib.error):
+        if len(docs) > 1 and not bool(np.all(docs[1:] > docs[:-1])):
+            raise ValueError("its document numbers are not ascending")
+        from ._shared import check_postings  # (it builds on modules that build on this one)
+
+        check_postings(segment)
+    except (KeyError, TypeError, ValueError, zlib.error, SearchIndexError):
         segment.close()
         return None
     return Checkpoint(segment, version, docs)
