@@ -637,7 +637,7 @@ async def test_skill_read_refuses_a_file_swapped_for_a_huge_one_after_its_stat(t
 async def test_a_call_past_timeout_ms_fails_naming_the_tool_and_the_limit(tmp_path: Path) -> None:
     class Slow(LocalFilesystem):
         async def stat(self, path: str) -> Any:
-            await anyio.sleep(5)
+            await anyio.sleep(2.5)  # longer than the 2 s within which a timed-out call returns
             return await super().stat(path)
 
     (tmp_path / "a.txt").write_text("x")
