@@ -130,7 +130,7 @@ def test_hidden_documents_leave_the_statistics() -> None:
         local.add_many(
             [(d.id, d.content, d.metadata, d.start_line_offset) for d in file_documents(name, raw)]
         )
-    segment.hide(local.ids())
+    segment = segment.hidden(local.ids())
     expected = _single({**corpus, **rewritten})
     for query in [*QUERIES, "fresh"]:
         merged = local.search(query, top_k=500, before=[segment])
@@ -139,7 +139,7 @@ def test_hidden_documents_leave_the_statistics() -> None:
     assert segment.live_docs + len(local) == len(expected)
     # A removed file (a tombstone) hides all its chunks.
     long_file = next(n for n in names if n not in changed and len(file_documents(n, corpus[n])) > 1)
-    segment.hide([long_file])
+    segment = segment.hidden([long_file])
     assert all(
         source_of(h.id) != long_file for h in local.search("alpha", top_k=1000, before=[segment])
     )

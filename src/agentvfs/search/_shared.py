@@ -69,15 +69,32 @@ def check_postings(segment: Segment) -> None:
 
 
 class SegmentSource:
-    """A segment's postings and documents with some documents hidden (a `DocumentSource`)."""
+    """A segment's postings and documents with some documents hidden (a `DocumentSource`).
 
-    def __init__(self, segment: Segment) -> None:
-        check_postings(segment)
+    Immutable: :meth:`hidden` gives a new source, so a search that took a set of sources
+    scores with one consistent mask and the counts that go with it, whatever is hidden
+    while it runs.
+    """
+
+    def __init__(
+        self,
+        segment: Segment,
+        *,
+        _lengths: npt.NDArray[np.float64] | None = None,
+        _dead: npt.NDArray[np.bool_] | None = None,
+    ) -> None:
+        if _lengths is None:
+            check_postings(segment)
+            _lengths = segment.lengths.astype(np.float64)
         self.segment = segment
-        self._lengths = segment.lengths.astype(np.float64)
-        self._dead: npt.NDArray[np.bool_] | None = None
-        self.live_docs = segment.n_docs
-        self.live_length = segment.total_len
+        self._lengths = _lengths
+        self._dead = _dead
+        if _dead is None:
+            self.live_docs = segment.n_docs
+            self.live_length = segment.total_len
+        else:
+            self.live_docs = segment.n_docs - int(_dead.sum())
+            self.live_length = segment.total_len - int(segment.lengths[_dead].sum(dtype=np.int64))
 
     @property
     def size(self) -> int:
@@ -104,29 +121,28 @@ class SegmentSource:
             segment.start_line(slot),
         )
 
-    def hide(self, ids: Iterable[str]) -> None:
-        """Hide the documents ``ids`` and every document of their source files."""
+    def hidden(self, ids: Iterable[str]) -> SegmentSource:
+        """This source with the documents ``ids`` and every document of their source files
+        hidden too (itself when none of them is here)."""
         segment = self.segment
-        dead = self._dead
-        changed = False
+        dead: npt.NDArray[np.bool_] | None = None
         for id in ids:
-            for source in {id, source_of(id)}:
-                slots = segment.slots_of_source(source)
-                if len(slots):
-                    if dead is None:
-                        dead = np.zeros(segment.n_docs, dtype=np.bool_)
-                    dead[slots.start : slots.stop] = True
-                    changed = True
+            ranges = [segment.slots_of_source(source) for source in {id, source_of(id)}]
             slot = segment.slot_of(id)
             if slot is not None:
-                if dead is None:
-                    dead = np.zeros(segment.n_docs, dtype=np.bool_)
-                dead[slot] = True
-                changed = True
-        if changed and dead is not None:
-            self._dead = dead
-            self.live_docs = segment.n_docs - int(dead.sum())
-            self.live_length = segment.total_len - int(segment.lengths[dead].sum(dtype=np.int64))
+                ranges.append(range(slot, slot + 1))
+            for slots in ranges:
+                if len(slots):
+                    if dead is None:
+                        dead = (
+                            self._dead.copy()
+                            if self._dead is not None
+                            else np.zeros(segment.n_docs, dtype=np.bool_)
+                        )
+                    dead[slots.start : slots.stop] = True
+        if dead is None:
+            return self
+        return SegmentSource(segment, _lengths=self._lengths, _dead=dead)
 
     def is_hidden(self, slot: int) -> bool:
         return self._dead is not None and bool(self._dead[slot])
@@ -210,14 +226,11 @@ class SharedIndex:
             sources.append(SegmentSource(segment))
         with self._lock:
             hidden = set(self._hidden)
-        for source in sources:
-            source.hide(hidden)
+        sources = [source.hidden(hidden) for source in sources]
         with self._lock:
             # Ids hidden while the segments were fetched are hidden now, before the swap.
             late = self._hidden - hidden
-            for source in sources:
-                source.hide(late)
-            self._sources = tuple(sources)
+            self._sources = tuple(source.hidden(late) for source in sources)
             self._manifest = manifest
         self._checked = time.monotonic()
         self._prune_cache({source.segment.name for source in sources})
@@ -272,14 +285,15 @@ class SharedIndex:
             return
         with self._lock:
             self._hidden.update(wanted)
-            for source in self._sources:
-                source.hide(wanted)
+            self._sources = tuple(source.hidden(wanted) for source in self._sources)
 
     def reset(self) -> None:
         """Show every shared document again (the local index was cleared)."""
         with self._lock:
             self._hidden.clear()
-            self._sources = tuple(SegmentSource(source.segment) for source in self._sources)
+            self._sources = tuple(
+                SegmentSource(source.segment, _lengths=source.slot_lengths()) for source in self._sources
+            )
 
     # -- reading ------------------------------------------------------------------------------------
 
