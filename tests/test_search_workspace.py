@@ -677,3 +677,11 @@ async def test_closing_a_changed_index_writes_its_checkpoint(
     assert (await ws.init())["search"]["indexed"] == 1
     await ws.destroy()
     assert checkpoint.stat().st_mtime_ns != written
+    # A bulk index writes it at the end of the sync, before any close.
+    monkeypatch.setattr(search_workspace, "CHECKPOINT_AFTER_FILES", 20)
+    checkpoint.unlink()
+    ws = make()
+    await ws.init()
+    await ws.rebuild_search_index()
+    assert checkpoint.exists()
+    await ws.destroy()

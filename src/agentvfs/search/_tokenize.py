@@ -9,7 +9,6 @@ Stemming is an addition, off by default.
 
 from __future__ import annotations
 
-import functools
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -354,10 +353,12 @@ def find_line_range(
     if not query_tokens:
         return None
     terms = frozenset(query_tokens)
-    lines = content.split("\n")
+    split: list[str] = []
 
     def matches(i: int) -> bool:
-        return any(token in terms for token in tokenize(lines[i]))
+        if not split:
+            split.extend(content.split("\n"))  # only when a line must be tokenized
+        return any(token in terms for token in tokenize(split[i]))
 
     if isinstance(tokenize, Tokenizer) and tokenize.tokens_are_substrings:
         # lower() never adds or removes "\n", so line numbers in the haystack are the content's.
@@ -369,33 +370,51 @@ def find_line_range(
         ):
             # The tokens of an ASCII line are its runs of [A-Za-z0-9_] that pass the filters,
             # and the query's tokens passed the same filters: a line holds one of them exactly
-            # when the word occurs in it whole. One regular expression finds the first and
-            # last such lines, with no line tokenized.
-            pattern = _whole_words(tuple(sorted(terms)))
-            hit = pattern.search(haystack)
-            if hit is None:
+            # when the word occurs in it whole. The first and last whole occurrences (found
+            # with str.find from either end, no line tokenized) give the range.
+            firsts = [at for t in terms if (at := _first_whole(haystack, t)) >= 0]
+            if not firsts:
                 return None
-            final = hit
-            for final in pattern.finditer(haystack, hit.end()):  # noqa: B007
-                pass
-            start = haystack.count("\n", 0, hit.start())
-            return start + 1, start + haystack.count("\n", hit.start(), final.start()) + 1
+            first_at = min(firsts)
+            last_at = max(_last_whole(haystack, t) for t in terms)
+            start = haystack.count("\n", 0, first_at)
+            return start + 1, start + haystack.count("\n", first_at, last_at) + 1
         first = _first_line(haystack, terms, matches)
         if first is None:
             return None
         return first + 1, _last_line(haystack, terms, matches, first) + 1
-    found = next((i for i in range(len(lines)) if matches(i)), None)
+    count = content.count("\n") + 1
+    found = next((i for i in range(count) if matches(i)), None)
     if found is None:
         return None
-    last = next(i for i in range(len(lines) - 1, found - 1, -1) if i == found or matches(i))
+    last = next(i for i in range(count - 1, found - 1, -1) if i == found or matches(i))
     return found + 1, last + 1
 
 
-@functools.lru_cache(maxsize=256)
-def _whole_words(terms: tuple[str, ...]) -> re.Pattern[str]:
-    """Any of ``terms`` as a whole ASCII word (not inside a longer run of word characters)."""
-    alternatives = "|".join(re.escape(t) for t in sorted(terms, key=len, reverse=True))
-    return re.compile(f"(?<![A-Za-z0-9_])(?:{alternatives})(?![A-Za-z0-9_])")
+_ASCII_WORD_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
+
+
+def _whole_at(haystack: str, at: int, end: int) -> bool:
+    """Whether ``haystack[at:end]`` is not part of a longer run of ASCII word characters."""
+    return (at == 0 or haystack[at - 1] not in _ASCII_WORD_CHARS) and (
+        end == len(haystack) or haystack[end] not in _ASCII_WORD_CHARS
+    )
+
+
+def _first_whole(haystack: str, word: str) -> int:
+    """Where ``word`` first occurs whole in ``haystack``, or -1."""
+    at = haystack.find(word)
+    while at >= 0 and not _whole_at(haystack, at, at + len(word)):
+        at = haystack.find(word, at + 1)
+    return at
+
+
+def _last_whole(haystack: str, word: str) -> int:
+    """Where ``word`` last occurs whole in ``haystack``, or -1."""
+    at = haystack.rfind(word)
+    while at >= 0 and not _whole_at(haystack, at, at + len(word)):
+        at = haystack.rfind(word, 0, at + len(word) - 1)
+    return at
 
 
 def _first_line(haystack: str, terms: frozenset[str], matches: Callable[[int], bool]) -> int | None:

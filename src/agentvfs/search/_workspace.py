@@ -74,6 +74,8 @@ MAX_INDEX_FILE_BYTES = 16 * 1024 * 1024
 #: A persistent index of at least this many documents gets a checkpoint when it is closed
 #: after a change (see ``_checkpoint.py``); below it, loading from DuckDB is quick anyway.
 CHECKPOINT_MIN_DOCS = 2000
+#: A sync that indexed at least this many files writes the checkpoint at once.
+CHECKPOINT_AFTER_FILES = 1000
 
 
 
@@ -740,6 +742,11 @@ class WorkspaceSearch:
             counts["indexed"] += done
             counts["too_large"] += too_large
             counts["failed"] += len(batch) - done - too_large
+        store = self._store
+        if store is not None and counts["indexed"] >= CHECKPOINT_AFTER_FILES:
+            # A bulk (re)index ends with its checkpoint: this session's searches take hits'
+            # text from it too, and a process killed before close reopens fast all the same.
+            await anyio.to_thread.run_sync(self._checkpoint, store)
         if prune:
             wanted = set(files)
             for path in sorted(set(known) - wanted):
