@@ -500,8 +500,13 @@ class BM25Index:
             stats = shared.stats = self._stats(self._con)
         directory = shared.directory
         if directory is None or directory.version != stats.version:
-            rows = self._con.execute("SELECT id, doc, len, terms FROM bm25_docs").fetchall()
-            directory = shared.directory = _Directory(stats.version, rows)
+            columns = self._con.execute("SELECT id, doc, len, terms FROM bm25_docs").fetchnumpy()
+            numbers = zip(
+                columns["doc"].tolist(), columns["len"].tolist(), columns["terms"].tolist(), strict=True
+            )
+            directory = shared.directory = _Directory.of_rows(
+                stats.version, columns["id"].tolist(), list(numbers)
+            )
         return directory
 
     def _directory_after_write(
@@ -704,7 +709,7 @@ class BM25Index:
             stats = _Stats(0, 0, stats.next_doc, stats.version + 1, 0, 0, 0)
             self._set_stats(cur, stats)
             self._cache = None
-            self._shared.directory = _Directory(stats.version, ())
+            self._shared.directory = _Directory(stats.version, {})
         self._shared.stats = stats
 
     @staticmethod
@@ -1217,34 +1222,53 @@ class _Directory:
 
     Kept in memory beside the file (loaded by one scan of ``bm25_docs``, then patched by every
     write) so that replacing, removing and "is it indexed" cost a dictionary lookup: done in
-    DuckDB they cost 0.4 ms to 50 ms each, which made re-checking 24k files take 10 s.
+    DuckDB they cost 0.4 ms to 50 ms each, which made re-checking 24k files take 10 s. The
+    chunks of each source are grouped only when first asked for (a reopen that only checks
+    what is indexed never needs them).
     """
 
-    __slots__ = ("chunks", "docs", "version")
+    __slots__ = ("_chunks", "docs", "version")
 
-    def __init__(self, version: int, rows: Iterable[tuple[str, int, int, int]]) -> None:
+    def __init__(self, version: int, docs: dict[str, tuple[int, int, int]]) -> None:
         self.version = version
-        self.docs: dict[str, tuple[int, int, int]] = {}
-        self.chunks: dict[str, set[str]] = {}
-        for id, doc, length, terms in rows:
-            self.add(id, doc, length, terms)
+        self.docs = docs
+        self._chunks: dict[str, set[str]] | None = None
+
+    @classmethod
+    def of_rows(
+        cls, version: int, ids: Sequence[str], numbers: Sequence[tuple[int, int, int]]
+    ) -> _Directory:
+        return cls(version, dict(zip(ids, numbers, strict=True)))
+
+    @property
+    def chunks(self) -> dict[str, set[str]]:
+        found = self._chunks
+        if found is None:
+            found = {}
+            for id in self.docs:
+                match = CHUNK_ID.fullmatch(id)
+                if match is not None:
+                    found.setdefault(match.group(1), set()).add(id)
+            self._chunks = found
+        return found
 
     def add(self, id: str, doc: int, length: int, terms: int) -> None:
         self.docs[id] = (doc, length, terms)
-        match = CHUNK_ID.fullmatch(id)
-        if match is not None:
-            self.chunks.setdefault(match.group(1), set()).add(id)
+        if self._chunks is not None:
+            match = CHUNK_ID.fullmatch(id)
+            if match is not None:
+                self._chunks.setdefault(match.group(1), set()).add(id)
 
     def discard(self, id: str) -> None:
-        if self.docs.pop(id, None) is None:
+        if self.docs.pop(id, None) is None or self._chunks is None:
             return
         match = CHUNK_ID.fullmatch(id)
         if match is not None:
-            members = self.chunks.get(match.group(1))
+            members = self._chunks.get(match.group(1))
             if members is not None:
                 members.discard(id)
                 if not members:
-                    del self.chunks[match.group(1)]
+                    del self._chunks[match.group(1)]
 
     def of_source(self, source: str) -> list[str]:
         """``source`` itself and its chunks ``source#chunk-N``, those indexed."""

@@ -490,10 +490,19 @@ class WorkspaceSearch:
         if store is None:
             return dict(self._sources)
         with store.transaction() as cur:
-            rows = cur.execute(
+            # By column: tuples of 24k rows cost more than reading them.
+            columns = cur.execute(
                 "SELECT path, size, mtime_ns, etag, digest, chunks FROM agentvfs_sources"
-            ).fetchall()
-        return {r[0]: _Source(_Signature(r[1], r[2], r[3]), r[4], r[5]) for r in rows}
+            ).fetchnumpy()
+        # (A masked column's tolist() gives None for NULL, as fetchall would.)
+        rows = zip(
+            *(columns[name].tolist() for name in ("path", "size", "mtime_ns", "etag", "digest", "chunks")),
+            strict=True,
+        )
+        return {
+            path: _Source(_Signature(size, mtime, etag), digest, chunks)
+            for path, size, mtime, etag, digest, chunks in rows
+        }
 
     def _save_sources(self, changes: Mapping[str, _Source | None]) -> None:
         """Record (or, for None, forget) the sources of many paths in one transaction: a
