@@ -974,7 +974,7 @@ class BM25Index:
         checkpoint = self._open_checkpoint()
         if checkpoint is not None and checkpoint.version == version:
             segment = checkpoint.segment
-            arrays = segment._a  # the package's own format, read as arrays
+            arrays = segment.arrays
             return PostingCache.from_csr(
                 version,
                 keys=arrays["terms"],

@@ -44,6 +44,7 @@ import struct
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -613,6 +614,13 @@ class Segment:
     def terms(self) -> npt.NDArray[np.int64]:
         """The sorted term hashes."""
         return self._terms
+
+    @property
+    def arrays(self) -> Mapping[str, npt.NDArray[Any]]:
+        """Every array of the segment by name (read-only views of the mapping), for code that
+        works on the postings as a whole: ``starts`` (the CSR offsets of ``terms``),
+        ``slots``, ``tfs``, ``lengths`` and the rest of the format's arrays."""
+        return MappingProxyType(self._a)
 
     # -- documents -------------------------------------------------------------------------
 

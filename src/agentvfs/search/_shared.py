@@ -50,7 +50,7 @@ def check_postings(segment: Segment) -> None:
     SearchIndexError
         Naming the segment and what is wrong.
     """
-    arrays = segment._a  # the package's own format, read as arrays
+    arrays = segment.arrays
     terms, starts, slots, tfs = arrays["terms"], arrays["starts"], arrays["slots"], arrays["tfs"]
     lengths = segment.lengths
     why = None
