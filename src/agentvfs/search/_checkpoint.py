@@ -29,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import SearchIndexError
-from ._segments import Segment, _serialise
+from ._segments import Segment, encode_segment
 
 __all__ = ["Checkpoint", "open_checkpoint", "write_checkpoint"]
 
@@ -64,13 +64,6 @@ def _decode_docs(text: str, count: int) -> npt.NDArray[np.int64]:
     return np.cumsum(steps).astype(np.int64)
 
 
-def _blob(values: Sequence[bytes]) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
-    offsets = np.zeros(len(values) + 1, dtype="<i8")
-    if values:
-        np.cumsum([len(v) for v in values], out=offsets[1:])
-    return np.frombuffer(b"".join(values), dtype=np.uint8), offsets
-
-
 def write_checkpoint(
     path: str,
     *,
@@ -88,51 +81,26 @@ def write_checkpoint(
     """Write the checkpoint ``path`` atomically (a temporary file renamed over it).
 
     ``identity`` names the index (its instance and BM25 parameters): a reader finding another
-    ignores the file. ``keys``/``starts``/``slots``/``tfs`` are the term-sorted postings (CSR), slots numbering
-    ``docs`` (ascending document numbers); ``rows`` are each slot's ``(id, packed content,
-    metadata JSON, start line offset)``, content as the index stores it.
+    ignores the file. ``keys``/``starts``/``slots``/``tfs`` are the term-sorted postings
+    (CSR), slots numbering ``docs`` (ascending document numbers); ``rows`` are each slot's
+    ``(id, packed content, metadata JSON, start line offset)``, content as the index stores
+    it.
     """
-    ids, id_offsets = _blob([row[0].encode("utf-8", "surrogatepass") for row in rows])
-    content, content_offsets = _blob([row[1] for row in rows])
-    metadata, metadata_offsets = _blob([(row[2] or "").encode() for row in rows])
-    empty, zero = _blob([])
-    arrays: dict[str, npt.NDArray[Any]] = {
-        "terms": keys.astype("<i8"),
-        "starts": starts.astype("<i8"),
-        "slots": slots.astype("<i4"),
-        "tfs": tfs.astype("<i4"),
-        "lengths": lengths.astype("<i4"),
-        "ids": ids,
-        "id_offsets": id_offsets,
-        "content": content,
-        "content_offsets": content_offsets,
-        "metadata": metadata,
-        "metadata_offsets": metadata_offsets,
-        "start_line": np.array([row[3] or 0 for row in rows], dtype="<i8"),
-        "has_start_line": np.array([row[3] is not None for row in rows], dtype=np.uint8),
-        # A checkpoint records no source files (the index's own tables do).
-        "src_path": empty,
-        "src_path_offsets": zero,
-        "src_size": np.zeros(0, dtype="<i8"),
-        "src_mtime_ns": np.zeros(0, dtype="<i8"),
-        "src_etag": empty,
-        "src_etag_offsets": zero,
-        "src_digest": empty,
-        "src_chunks": np.zeros(0, dtype="<i4"),
-        "src_first_slot": np.zeros(0, dtype="<i8"),
-    }
-    header: dict[str, Any] = {
-        "format": "agentvfs-segment",
-        "version": 1,
-        "tokenize": tokenize,
-        "docs": len(rows),
-        "total_len": int(lengths.sum(dtype=np.int64)),
-        "sources": 0,
-        "postings": len(slots),
-        "checkpoint": {"version": int(version), "docs": _encode_docs(docs), "of": identity},
-        "arrays": {},
-    }
-    data = _serialise(header, arrays)
+    data = encode_segment(
+        tokenize=tokenize,
+        terms=keys,
+        starts=starts,
+        slots=slots,
+        tfs=tfs,
+        lengths=lengths,
+        ids=[row[0].encode("utf-8", "surrogatepass") for row in rows],
+        contents=[row[1] for row in rows],
+        metadata=[(row[2] or "").encode() for row in rows],
+        start_lines=np.array([row[3] or 0 for row in rows], dtype="<i8"),
+        has_start_line=np.array([row[3] is not None for row in rows], dtype=np.uint8),
+        # (A checkpoint records no source files: the index's own tables do.)
+        header={"checkpoint": {"version": int(version), "docs": _encode_docs(docs), "of": identity}},
+    )
     temporary = f"{path}.{os.getpid()}.tmp"
     try:
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)

@@ -41,7 +41,7 @@ import json
 import mmap
 import os
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -190,7 +190,7 @@ def _align(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
 
-def _blob(values: list[bytes]) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
+def _blob(values: Sequence[bytes]) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
     """Concatenated bytes and their ``n + 1`` offsets."""
     offsets = np.zeros(len(values) + 1, dtype=np.int64)
     if values:
@@ -348,46 +348,28 @@ class SegmentBuilder:
         posting_slots = posting_slots[order]
         posting_tfs = posting_tfs[order]
         starts = np.searchsorted(posting_rank, np.arange(len(hashes) + 1, dtype=np.int64)).astype(np.int64)
-        id_bytes, id_offsets = _blob(ids)
-        content_bytes, content_offsets = _blob(contents)
-        meta_bytes, meta_offsets = _blob(self._metas)
-        path_bytes, path_offsets = _blob(self._src_paths)
-        etag_bytes, etag_offsets = _blob(self._src_etags)
-        arrays: dict[str, npt.NDArray[Any]] = {
-            "terms": unique_terms.astype("<i8"),
-            "starts": starts.astype("<i8"),
-            "slots": posting_slots.astype("<i4"),
-            "tfs": posting_tfs.astype("<i4"),
-            "lengths": np.array(lengths, dtype="<i4"),
-            "ids": id_bytes,
-            "id_offsets": id_offsets,
-            "content": content_bytes,
-            "content_offsets": content_offsets,
-            "metadata": meta_bytes,
-            "metadata_offsets": meta_offsets,
-            "start_line": np.array(self._start_lines, dtype="<i8"),
-            "has_start_line": np.array(self._has_start, dtype=np.uint8),
-            "src_path": path_bytes,
-            "src_path_offsets": path_offsets,
-            "src_size": np.array(self._src_size, dtype="<i8"),
-            "src_mtime_ns": np.array(self._src_mtime, dtype="<i8"),
-            "src_etag": etag_bytes,
-            "src_etag_offsets": etag_offsets,
-            "src_digest": np.frombuffer(b"".join(self._src_digests), dtype=np.uint8),
-            "src_chunks": np.array(self._src_chunks, dtype="<i4"),
-            "src_first_slot": np.array(self._src_first, dtype="<i8"),
-        }
-        header: dict[str, Any] = {
-            "format": FORMAT,
-            "version": VERSION,
-            "tokenize": self.options.to_dict(),
-            "docs": n_docs,
-            "total_len": int(sum(lengths)),
-            "sources": len(self._src_paths),
-            "postings": len(posting_slots),
-            "arrays": {},
-        }
-        return _serialise(header, arrays)
+        return encode_segment(
+            tokenize=self.options.to_dict(),
+            terms=unique_terms,
+            starts=starts,
+            slots=posting_slots,
+            tfs=posting_tfs,
+            lengths=np.array(lengths, dtype="<i4"),
+            ids=ids,
+            contents=contents,
+            metadata=self._metas,
+            start_lines=np.array(self._start_lines, dtype="<i8"),
+            has_start_line=np.array(self._has_start, dtype=np.uint8),
+            sources=SourceColumns(
+                paths=self._src_paths,
+                etags=self._src_etags,
+                digests=self._src_digests,
+                sizes=self._src_size,
+                mtimes_ns=self._src_mtime,
+                chunks=self._src_chunks,
+                first_slots=self._src_first,
+            ),
+        )
 
     def close(self) -> None:
         """Stop the compressing thread (idempotent)."""
@@ -398,6 +380,83 @@ class SegmentBuilder:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@dataclass(frozen=True, slots=True)
+class SourceColumns:
+    """The source files' records of a segment, column by column (paths and ETags encoded,
+    digests as 64 ASCII hex bytes each)."""
+
+    paths: Sequence[bytes] = ()
+    etags: Sequence[bytes] = ()
+    digests: Sequence[bytes] = ()
+    sizes: Sequence[int] = ()
+    mtimes_ns: Sequence[int] = ()
+    chunks: Sequence[int] = ()
+    first_slots: Sequence[int] = ()
+
+
+def encode_segment(
+    *,
+    tokenize: dict[str, Any],
+    terms: npt.NDArray[np.int64],
+    starts: npt.NDArray[np.int64],
+    slots: npt.NDArray[np.integer],
+    tfs: npt.NDArray[np.integer],
+    lengths: npt.NDArray[np.integer],
+    ids: Sequence[bytes],
+    contents: Sequence[bytes],
+    metadata: Sequence[bytes],
+    start_lines: npt.NDArray[np.integer],
+    has_start_line: npt.NDArray[np.integer],
+    sources: SourceColumns = SourceColumns(),
+    header: Mapping[str, Any] | None = None,
+) -> bytes:
+    """The bytes of a segment: postings grouped by term (``terms[i]``'s are
+    ``starts[i]:starts[i+1]`` of ``slots`` and ``tfs``), each document's length, id, packed
+    text, metadata JSON (empty for none) and start line, and the source files' records.
+    ``header`` adds keys to the header (a checkpoint's own)."""
+    id_bytes, id_offsets = _blob(ids)
+    content_bytes, content_offsets = _blob(contents)
+    meta_bytes, meta_offsets = _blob(metadata)
+    path_bytes, path_offsets = _blob(sources.paths)
+    etag_bytes, etag_offsets = _blob(sources.etags)
+    arrays: dict[str, npt.NDArray[Any]] = {
+        "terms": terms.astype("<i8"),
+        "starts": starts.astype("<i8"),
+        "slots": slots.astype("<i4"),
+        "tfs": tfs.astype("<i4"),
+        "lengths": lengths.astype("<i4"),
+        "ids": id_bytes,
+        "id_offsets": id_offsets,
+        "content": content_bytes,
+        "content_offsets": content_offsets,
+        "metadata": meta_bytes,
+        "metadata_offsets": meta_offsets,
+        "start_line": start_lines.astype("<i8"),
+        "has_start_line": has_start_line.astype(np.uint8),
+        "src_path": path_bytes,
+        "src_path_offsets": path_offsets,
+        "src_size": np.array(sources.sizes, dtype="<i8"),
+        "src_mtime_ns": np.array(sources.mtimes_ns, dtype="<i8"),
+        "src_etag": etag_bytes,
+        "src_etag_offsets": etag_offsets,
+        "src_digest": np.frombuffer(b"".join(sources.digests), dtype=np.uint8),
+        "src_chunks": np.array(sources.chunks, dtype="<i4"),
+        "src_first_slot": np.array(sources.first_slots, dtype="<i8"),
+    }
+    head: dict[str, Any] = {
+        **(header or {}),
+        "format": FORMAT,
+        "version": VERSION,
+        "tokenize": tokenize,
+        "docs": len(ids),
+        "total_len": int(lengths.sum(dtype=np.int64)),
+        "sources": len(sources.paths),
+        "postings": len(slots),
+        "arrays": {},
+    }
+    return _serialise(head, arrays)
 
 
 def _serialise(header: dict[str, Any], arrays: Mapping[str, npt.NDArray[Any]]) -> bytes:
@@ -649,6 +708,10 @@ class Segment:
         if not 0 <= slot < self.n_docs:
             raise IndexError(f"slot {slot} out of range (0 to {self.n_docs - 1}) in segment {self.name}")
         return int(self._a["start_line"][slot]) if self._a["has_start_line"][slot] else None
+
+    def document(self, slot: int) -> tuple[str, str, dict[str, Any] | None, int | None]:
+        """``(id, text, metadata, start line)`` of the document in ``slot``."""
+        return self.doc_id(slot), self.content(slot), self.metadata(slot), self.start_line(slot)
 
     def ids(self) -> list[str]:
         """Every document id, by slot."""
