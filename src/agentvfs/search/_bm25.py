@@ -495,9 +495,7 @@ class BM25Index:
         """The in-memory directory of documents (see `_Directory`), loaded on first use; call
         with the lock held."""
         shared = self._shared
-        stats = shared.stats
-        if stats is None:
-            stats = shared.stats = self._stats(self._con)
+        stats = self._current_stats()
         directory = shared.directory
         if directory is None or directory.version != stats.version:
             columns = self._con.execute("SELECT id, doc, len, terms FROM bm25_docs").fetchnumpy()
@@ -861,55 +859,27 @@ class BM25Index:
         weights = Counter(tokens)
         distinct = list(weights)  # first-occurrence order
         hashes = _term_hashes(distinct)
-        order: list[tuple[int, int, float]] = []  # (source, slot or doc, score), best first
         with self._locked():
             cur = self._con
-            stats = self._shared.stats
-            if stats is None:
-                stats = self._shared.stats = self._stats(cur)
+            stats = self._current_stats()
             n, total = stats.n, stats.total_len
-            if before:
-                # One collection: the other sources' documents count in N, the average length
-                # and every document frequency, so scores are those of one index of them all.
-                cache = self._cache
-                if cache is None or cache.version != stats.version:
-                    cache = self._cache = self._load_cache(cur, stats.version)
-                cache.maybe_compact()
-                merged = rank(
-                    [*before, cache],
-                    tokens,
-                    dict(zip(distinct, hashes.tolist(), strict=True)),
-                    n=n + sum(source.live_docs for source in before),
-                    total_len=total + sum(source.live_length for source in before),
-                    k1=self._k1,
-                    b=self._b,
-                    top_k=top_k,
-                    min_score=min_score,
-                )
-                mine = len(before)
-                docs = cache.slot_doc.view()
-                ranked = [(int(docs[slot]), score) for owner, slot, score in merged if owner == mine]
-                order = merged
-            elif n == 0:
+            if n == 0 and not before:
                 return []
-            elif self._cache_postings:
-                ranked = self._rank_cached(
-                    cur, stats.version, tokens, distinct, hashes, n, total, top_k, min_score
+            # (source, slot of a source of ``before`` or this index's doc number, score)
+            order: list[tuple[int, int, float]]
+            if self._cache_postings or before:
+                order = self._rank_cached(
+                    cur, stats.version, tokens, distinct, hashes, n, total, top_k, min_score, before
                 )
             else:
                 self._compact_if_due(stats, for_queries=True)
                 ranked = self._rank_sql(cur, distinct, weights, hashes, n, total, top_k, min_score)
-            by_doc = self._documents([doc for doc, _ in ranked]) if ranked else {}
-        if not before:
-            order = [(0, doc, score) for doc, score in ranked]
+                order = [(0, doc, score) for doc, score in ranked]
+            mine = len(before)
+            by_doc = self._documents([doc for owner, doc, _ in order if owner == mine])
         hits: list[BM25Hit] = []
-        local = iter(ranked)
-        for owner, slot, score in order:
-            if not before or owner == len(before):
-                doc, _ = next(local)
-                id, content, metadata, offset = by_doc[doc]
-            else:
-                id, content, metadata, offset = before[owner].document(slot)
+        for owner, key, score in order:
+            id, content, metadata, offset = by_doc[key] if owner == mine else before[owner].document(key)
             hits.append(self._hit(id, score, content, metadata, offset, tokens))
         return hits
 
@@ -923,18 +893,12 @@ class BM25Index:
         missing = docs
         if checkpoint is not None:
             missing = []
-            segment = checkpoint.segment
             for doc in docs:
                 slot = checkpoint.slot_of_doc(doc)
                 if slot is None:
                     missing.append(doc)
                 else:
-                    found[doc] = (
-                        segment.doc_id(slot),
-                        segment.content(slot),
-                        segment.metadata(slot),
-                        segment.start_line(slot),
-                    )
+                    found[doc] = checkpoint.segment.document(slot)
         if missing:
             # Literal numbers (ours, so safe to inline) let DuckDB use the primary-key index.
             rows = self._con.execute(
@@ -1002,9 +966,7 @@ class BM25Index:
             cur = self._con
             stats = self._stats(cur)
             instance = self._ensure_instance()
-            cache = self._cache
-            if cache is None or cache.version != stats.version:
-                cache = self._cache = self._load_cache(cur, stats.version)
+            cache = self._posting_cache(cur, stats.version)
             cache.compact()
             rows = cur.execute(
                 "SELECT doc, id, content, metadata, start_line_offset FROM bm25_docs ORDER BY doc"
@@ -1042,10 +1004,7 @@ class BM25Index:
     def version(self) -> int:
         """Bumped by every write."""
         with self._locked():
-            stats = self._shared.stats
-            if stats is None:
-                stats = self._shared.stats = self._stats(self._con)
-            return stats.version
+            return self._current_stats().version
 
     def _identity(self, instance: str) -> dict[str, Any]:
         return {"instance": instance, "k1": self._k1, "b": self._b}
@@ -1121,24 +1080,47 @@ class BM25Index:
         total: int,
         top_k: int,
         min_score: float,
-    ) -> list[tuple[int, float]]:
-        cache = self._cache
-        if cache is None or cache.version != version:
-            cache = self._cache = self._load_cache(cur, version)
-        cache.maybe_compact()
+        before: Sequence[DocumentSource] = (),
+    ) -> list[tuple[int, int, float]]:
+        """Rank with the postings in memory, after the sources ``before`` when given: one
+        collection, whose documents all count in N, the average length and every document
+        frequency, so scores are those of one index of them all. Returns ``(source, key,
+        score)``, the key a slot of a source of ``before`` or a document number of this index
+        (source ``len(before)``)."""
+        cache = self._posting_cache(cur, version)
         ranked = rank(
-            [cache],
+            [*before, cache],
             tokens,
             dict(zip(distinct, hashes.tolist(), strict=True)),
-            n=n,
-            total_len=total,
+            n=n + sum(source.live_docs for source in before),
+            total_len=total + sum(source.live_length for source in before),
             k1=self._k1,
             b=self._b,
             top_k=top_k,
             min_score=min_score,
         )
+        mine = len(before)
         docs = cache.slot_doc.view()
-        return [(int(docs[slot]), score) for _, slot, score in ranked]
+        return [
+            (owner, int(docs[slot]) if owner == mine else slot, score) for owner, slot, score in ranked
+        ]
+
+    def _posting_cache(self, cur: duckdb.DuckDBPyConnection, version: int) -> PostingCache:
+        """The postings in memory at ``version``, loaded (or mapped) when they are not, with
+        any compaction due done (lock held)."""
+        cache = self._cache
+        if cache is None or cache.version != version:
+            cache = self._cache = self._load_cache(cur, version)
+        cache.maybe_compact()
+        return cache
+
+    def _current_stats(self) -> _Stats:
+        """The file's stats: those the last write in this process left, else read (lock
+        held)."""
+        stats = self._shared.stats
+        if stats is None:
+            stats = self._shared.stats = self._stats(self._con)
+        return stats
 
     def get(self, id: str) -> tuple[str, dict[str, Any] | None] | None:
         """Return ``(content, metadata)`` of a document, or None."""

@@ -113,13 +113,7 @@ class SegmentSource:
         return slots, tfs
 
     def document(self, slot: int) -> tuple[str, str, dict[str, Any] | None, int | None]:
-        segment = self.segment
-        return (
-            segment.doc_id(slot),
-            segment.content(slot),
-            segment.metadata(slot),
-            segment.start_line(slot),
-        )
+        return self.segment.document(slot)
 
     def hidden(self, ids: Iterable[str]) -> SegmentSource:
         """This source with the documents ``ids`` and every document of their source files
@@ -193,6 +187,7 @@ class SharedIndex:
         self.refresh_interval = refresh_interval
         self._sources: tuple[SegmentSource, ...] = ()
         self._manifest: Any = None
+        self._records: tuple[Any, dict[str, Any]] = (None, {})
         self._hidden: set[str] = set()
         self._lock = threading.Lock()  # guards _hidden and the swap of _sources
         self._refreshing = False
@@ -310,9 +305,15 @@ class SharedIndex:
     def records(self) -> dict[str, Any]:
         """Each shared source file's record (size, mtime, ETag, digest, chunks), by its path
         in the index (``/`` first, see :func:`shared_path`)."""
-        found: dict[str, Any] = {}
-        for source in self._sources:
-            found.update(source.segment.sources())
+        with self._lock:
+            manifest, sources = self._manifest, self._sources
+        made_for, found = self._records
+        if made_for is not manifest:
+            # Made once per manifest: a write through the tools asks it of every path.
+            found = {}
+            for source in sources:
+                found.update(source.segment.sources())
+            self._records = (manifest, found)
         return found
 
     def describe(self) -> dict[str, Any]:

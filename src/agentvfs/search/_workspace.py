@@ -787,9 +787,7 @@ class WorkspaceSearch:
         bm25 = engine.bm25
         if bm25 is None:
             return {path for path, _ in sources}
-        firsts = {
-            (path if source.chunks <= 1 else f"{path}#chunk-0"): path for path, source in sources
-        }
+        firsts = {_first_id(path, source): path for path, source in sources}
         held = await anyio.to_thread.run_sync(bm25.contains_many, firsts)
         return {firsts[first] for first in held}
 
@@ -800,8 +798,7 @@ class WorkspaceSearch:
         bm25 = engine.bm25
         if bm25 is None:
             return True
-        first = path if source.chunks <= 1 else f"{path}#chunk-0"
-        return first in bm25
+        return _first_id(path, source) in bm25
 
     def _check_model(self) -> None:
         """A different embedding model than the one the index was built with: forget every
@@ -960,8 +957,9 @@ class WorkspaceSearch:
     async def _drop(self, engine: SearchEngine, path: str) -> None:
         await engine.remove_source(path)
         await anyio.to_thread.run_sync(self._save_sources, {path: None})
-        if self.shared is not None and shared_path(path) in self.shared.records():
-            await anyio.to_thread.run_sync(self._add_tombstones, [shared_path(path)])
+        key = shared_path(path)
+        if self.shared is not None and key in self.shared.records():
+            await anyio.to_thread.run_sync(self._add_tombstones, [key])
 
     @staticmethod
     def _indexed(engine: SearchEngine, known: Mapping[str, _Source], path: str) -> bool:
@@ -1111,6 +1109,11 @@ async def scan_files_with_stats(
                     files.append(path)
                     stats[path] = listed
     return files, unlisted, stats
+
+
+def _first_id(path: str, source: _Source) -> str:
+    """The id of the first document the record ``source`` says ``path`` was indexed as."""
+    return path if source.chunks <= 1 else f"{path}#chunk-0"
 
 
 def _same_version(record: Any, signature: _Signature | None) -> bool:
