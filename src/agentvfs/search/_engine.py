@@ -25,7 +25,7 @@ from ._embedders import embed_texts, embedder_id
 from ._tokenize import find_line_range, make_tokenizer
 
 if TYPE_CHECKING:
-    from ._shared import SharedIndex
+    from ._shared import SegmentSource, SharedIndex
 
 __all__ = ["Document", "EmbeddingCache", "Fusion", "SearchEngine", "SearchMode", "SearchResult"]
 
@@ -212,20 +212,16 @@ class SearchEngine:
         False; raises :class:`EmbeddingError` naming them otherwise. BM25 holds every
         document either way.
         """
-        if replace_sources:
-            await self._remove_vectors_of(replace_sources)
-        if not docs:
-            if replace_sources and self.bm25 is not None:
-                bm25 = self.bm25
-                await anyio.to_thread.run_sync(lambda: bm25.remove_sources(replace_sources))
-            if self.shared is not None:
-                self.shared.hide(replace_sources)
-            return {}
         for doc in docs:
             if not isinstance(doc.content, str):
                 raise TypeError(
                     f"content of {doc.id!r} must be str, not {type(doc.content).__name__}"
                 )
+        if not docs:
+            await self.remove_sources(replace_sources)
+            return {}
+        if replace_sources:
+            await self._remove_vectors_of(replace_sources)
         if self.bm25 is not None:
             bm25 = self.bm25
             rows = [(d.id, d.content, dict(d.metadata or {}), d.start_line_offset) for d in docs]
@@ -426,13 +422,10 @@ class SearchEngine:
     async def _bm25(self, query: str, top_k: int, min_score: float) -> list[BM25Hit]:
         bm25 = self.bm25
         assert bm25 is not None
-        shared = self.shared
-        if shared is None:
-            return await anyio.to_thread.run_sync(
-                lambda: bm25.search(query, top_k=top_k, min_score=min_score)
-            )
-        shared.maybe_refresh()
-        before = shared.sources  # one set of segments for the whole search
+        before: Sequence[SegmentSource] = ()
+        if self.shared is not None:
+            self.shared.maybe_refresh()
+            before = self.shared.sources  # one set of segments for the whole search
         return await anyio.to_thread.run_sync(
             lambda: bm25.search(query, top_k=top_k, min_score=min_score, before=before)
         )
