@@ -29,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import SearchIndexError
-from ._segments import Segment, encode_segment
+from ._segments import Segment, check_postings, encode_segment
 
 __all__ = ["Checkpoint", "open_checkpoint", "write_checkpoint"]
 
@@ -139,8 +139,6 @@ def open_checkpoint(
         version = int(info["version"])
         if len(docs) > 1 and not bool(np.all(docs[1:] > docs[:-1])):
             raise ValueError("its document numbers are not ascending")
-        from ._shared import check_postings  # (it builds on modules that build on this one)
-
         check_postings(segment)
     except (KeyError, TypeError, ValueError, zlib.error, SearchIndexError):
         segment.close()

@@ -32,41 +32,11 @@ import numpy.typing as npt
 
 from ..errors import SearchIndexError
 from ._ids import shared_path, source_of
-from ._segments import Segment
+from ._segments import Segment, check_postings
 
-__all__ = ["SegmentSource", "SharedIndex", "check_postings"]
+__all__ = ["SegmentSource", "SharedIndex"]
 
 _log = logging.getLogger("agentvfs.search")
-
-def check_postings(segment: Segment) -> None:
-    """Refuse a segment whose postings a search could not use: terms not strictly ascending,
-    term ranges out of order, a slot outside its documents, a term frequency below 1, lengths
-    that do not add up. The name (a hash) proves the bytes are the ones published, not that
-    whoever published them wrote them well; an index from a bucket others can write is read
-    only after this (linear in the postings, milliseconds at 20k documents).
-
-    Raises
-    ------
-    SearchIndexError
-        Naming the segment and what is wrong.
-    """
-    arrays = segment.arrays
-    terms, starts, slots, tfs = arrays["terms"], arrays["starts"], arrays["slots"], arrays["tfs"]
-    lengths = segment.lengths
-    why = None
-    if len(terms) > 1 and not bool(np.all(terms[1:] > terms[:-1])):
-        why = "its terms are not in ascending order"
-    elif len(starts) and (int(starts[0]) != 0 or not bool(np.all(starts[1:] >= starts[:-1]))):
-        why = "its term ranges are out of order"
-    elif len(slots) and (int(slots.min()) < 0 or int(slots.max()) >= segment.n_docs):
-        why = f"a posting names a document outside its {segment.n_docs}"
-    elif len(tfs) and int(tfs.min()) < 1:
-        why = "a term frequency is below 1"
-    elif len(lengths) and (int(lengths.min()) < 0 or int(lengths.sum(dtype=np.int64)) != segment.total_len):
-        why = "its document lengths do not add up to its total length"
-    if why is not None:
-        raise SearchIndexError(f"segment {segment.name} cannot be searched: {why}")
-
 
 class SegmentSource:
     """A segment's postings and documents with some documents hidden (a `DocumentSource`).
