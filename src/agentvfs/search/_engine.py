@@ -22,7 +22,7 @@ import anyio.to_thread
 from ..errors import EmbeddingError
 from ._bm25 import BM25Hit, BM25Index
 from ._embedders import embed_texts, embedder_id
-from ._tokenize import find_line_range, make_tokenizer
+from ._tokenize import line_finder, make_tokenizer
 
 if TYPE_CHECKING:
     from ._shared import SegmentSource, SharedIndex
@@ -461,6 +461,7 @@ class SearchEngine:
                 return []  # nothing was ever indexed in this store
             raise
         tokens = self._tokenize(query)
+        lines = line_finder(tokens, self._tokenize)
         results: list[SearchResult] = []
         for item in raw:
             score = float(item["score"])
@@ -470,7 +471,7 @@ class SearchEngine:
             doc_id = str(meta.get("id") or item["id"])
             content = str(meta.get("text") or "")
             offset = meta.get(START_LINE_KEY)
-            span = find_line_range(content, tokens, self._tokenize) if tokens else None
+            span = lines(content)
             if span is not None and isinstance(offset, int):
                 span = (span[0] + offset - 1, span[1] + offset - 1)
             visible = {k: v for k, v in meta.items() if k not in _HIDDEN}

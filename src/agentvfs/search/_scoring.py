@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import math
 import struct
+import threading
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -118,6 +119,23 @@ def js_log(x: float) -> float:
     return dk * _LN2_HI - ((s * (f - r) - dk * _LN2_LO) - f)
 
 
+_IDF_MEMO: dict[tuple[int, int], float] = {}
+_IDF_MEMO_SIZE = 65_536
+
+
+def _idf(n: int, df: int) -> float:
+    """``ln((n - df + 0.5) / (df + 0.5) + 1)`` as the reference rounds it, remembered: the
+    fdlibm log is a few microseconds of Python, and an index's common terms come back in
+    query after query with the same ``n`` and ``df``."""
+    key = (n, df)
+    found = _IDF_MEMO.get(key)
+    if found is None:
+        if len(_IDF_MEMO) >= _IDF_MEMO_SIZE:
+            _IDF_MEMO.clear()  # (dict operations are atomic: other threads see old or none)
+        found = _IDF_MEMO[key] = js_log((n - df + 0.5) / (df + 0.5) + 1)
+    return found
+
+
 def _norms(source: PostingSource, avgdl: float, k1: float, b: float) -> npt.NDArray[np.float64]:
     """``k1 * (1 - b + b * (len / avgdl))`` of every slot of ``source``: the same operations in
     the same order as per posting (so the same bits), done once per collection state instead
@@ -133,6 +151,59 @@ def _norms(source: PostingSource, avgdl: float, k1: float, b: float) -> npt.NDAr
     with contextlib.suppress(AttributeError):
         source._bm25_norms = (key, norms)  # type: ignore[attr-defined]
     return norms
+
+
+_SCRATCH = threading.local()
+
+
+def _scratch_scores(size: int) -> npt.NDArray[np.float64]:
+    """``size`` zeros in this thread's scratch array (grown as needed, kept): a new array
+    per query would be fresh memory from the system each time, and its first touches cost
+    more than the arithmetic done in it."""
+    scratch: npt.NDArray[np.float64] | None = getattr(_SCRATCH, "scores", None)
+    if scratch is None or len(scratch) < size:
+        scratch = _SCRATCH.scores = np.empty(size, dtype=np.float64)
+    scores = scratch[:size]
+    scores.fill(0.0)
+    return scores
+
+
+def _candidates(
+    scores: npt.NDArray[np.float64],
+    here: dict[str, tuple[npt.NDArray[np.integer], npt.NDArray[np.float64]]],
+    positive: bool,
+    top_k: int,
+    min_score: float,
+) -> npt.NDArray[np.int64]:
+    """The slots that may be among the ``top_k`` of ``scores``: those holding a query term
+    (``here``) and scoring at least ``min_score``, less those surely below the cut.
+
+    Any subset's ``top_k``-th best score is at most the whole's, so the ``top_k``-th best
+    among the documents of the rarest term that has that many is a floor: every document at
+    or above the real cut (ties included) is at or above it. Typically it leaves a few dozen
+    candidates of thousands, and the full-length arrays are compared once instead of sorted.
+    """
+    floor = min_score
+    rare = min((slots for slots, _ in here.values() if len(slots) >= top_k), key=len, default=None)
+    if rare is not None:
+        sub = scores[rare]
+        floor = max(floor, float(np.partition(sub, len(sub) - top_k)[len(sub) - top_k]))
+    if positive:
+        # (0 scores only documents holding no term: a floor <= 0 only needs to exclude them.)
+        return np.flatnonzero(scores >= floor) if floor > 0 else np.flatnonzero(scores > 0)
+    holding = np.zeros(len(scores), dtype=np.bool_)
+    for slots, _ in here.values():
+        holding[slots] = True
+    return np.flatnonzero(holding & (scores >= floor))
+
+
+def _holds(slots: npt.NDArray[np.integer], candidates: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+    """Which of ``candidates`` are in the ascending ``slots``."""
+    if not len(slots):
+        return np.zeros(len(candidates), dtype=np.bool_)
+    at = np.searchsorted(slots, candidates)
+    np.minimum(at, len(slots) - 1, out=at)
+    return np.asarray(slots[at] == candidates)
 
 
 def rank(
@@ -169,6 +240,9 @@ def rank(
     distinct = list(dict.fromkeys(tokens))
     k1_plus_1 = k1 + 1
     avgdl = total_len / n
+    # With these parameters every term score is > 0 (idf > 0 as df <= N, tf >= 1 and the
+    # length norm >= 0), so the documents holding a query term are those scoring above 0.
+    positive = k1 >= 0 and 0 <= b <= 1
     # Each distinct term's postings in every source, and its document frequency over all.
     found: dict[str, list[tuple[npt.NDArray[np.integer], npt.NDArray[np.integer]]]] = {}
     idf: dict[str, float] = {}
@@ -178,7 +252,7 @@ def rank(
         if df == 0:
             continue
         found[term] = per_source
-        idf[term] = js_log((n - df + 0.5) / (df + 0.5) + 1)
+        idf[term] = _idf(n, df)
     if not found:
         return []
     work = sum(sum(len(s) for s, _ in found[t]) for t in tokens if t in found)
@@ -194,11 +268,19 @@ def rank(
         for term, per_source in found.items():
             slots, tfs = per_source[index]
             if len(slots):
-                here[term] = (slots, idf[term] * ((tfs * k1_plus_1) / (tfs + norms[slots])))
+                # (intp indexes: numpy gathers and scatters with them twice as fast; the
+                # operations in place, with the reference's operands in its order.)
+                at = slots.astype(np.intp, copy=False)
+                divisor = norms.take(at)
+                divisor += tfs
+                contributions = tfs * k1_plus_1
+                contributions /= divisor
+                contributions *= idf[term]
+                here[term] = (at, contributions.astype(np.float64, copy=False))
         if not here:
             continue
         size = source.size
-        scores = np.zeros(size, dtype=np.float64)
+        scores = _scratch_scores(size)
         if exact:
             # The reference adds one term score per query token, in query order.
             for token in tokens:
@@ -209,23 +291,20 @@ def rank(
             for term, (slots, contributions) in here.items():
                 w = weights[term]
                 scores[slots] += contributions if w == 1 else w * contributions
-        # The reference's order before its stable sort: by the first query term a document
-        # holds, then by the term's posting order (= insertion order = slot order).
-        first = np.full(size, len(distinct), dtype=np.int64)
-        for pos in range(len(distinct) - 1, -1, -1):
-            entry = here.get(distinct[pos])
-            if entry is not None:
-                first[entry[0]] = pos
-        candidates = np.flatnonzero(first < len(distinct))
+        candidates = _candidates(scores, here, positive, top_k, min_score)
         values = scores[candidates]
-        keep = values >= min_score
-        if not keep.all():
-            candidates, values = candidates[keep], values[keep]
         if len(candidates) > top_k:
             kth = np.partition(values, len(values) - top_k)[len(values) - top_k]
             keep = values >= kth  # ties at the cut stay in, the sort below settles them
             candidates, values = candidates[keep], values[keep]
-        picked.append((values, first[candidates], index, candidates))
+        # The reference's order before its stable sort: by the first query term a document
+        # holds, then by the term's posting order (= insertion order = slot order).
+        first = np.full(len(candidates), len(distinct), dtype=np.int64)
+        for pos in range(len(distinct) - 1, -1, -1):
+            entry = here.get(distinct[pos])
+            if entry is not None:
+                first[_holds(entry[0], candidates)] = pos
+        picked.append((values, first, index, candidates))
     if not picked:
         return []
     values = np.concatenate([p[0] for p in picked])

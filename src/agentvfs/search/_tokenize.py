@@ -20,6 +20,7 @@ __all__ = [
     "TokenizeOptions",
     "Tokenizer",
     "find_line_range",
+    "line_finder",
     "make_tokenizer",
 ]
 
@@ -346,75 +347,103 @@ def find_line_range(
     """Return the 1-based first and last lines of ``content`` holding any of ``query_tokens``.
 
     Each line (split on ``\\n``) is tokenized with ``tokenize``, as the reference does; None when no
-    line matches or there are no query tokens. With a `Tokenizer` that does not stem, every token
-    is a substring of its (lower-cased) line, so only lines found by a substring search from
-    either end are tokenized.
+    line matches or there are no query tokens. See `line_finder` (the same, prepared once for
+    several contents).
+    """
+    return line_finder(query_tokens, tokenize)(content)
+
+
+def line_finder(
+    query_tokens: Sequence[str], tokenize: Callable[[str], list[str]]
+) -> Callable[[str], tuple[int, int] | None]:
+    """`find_line_range` for ``query_tokens``, prepared once for the hits of one query.
+
+    With a `Tokenizer` that does not stem, every token is a substring of its (lower-cased)
+    line, so only lines found by a substring search from either end are tokenized; when the
+    tokens are runs of ASCII word characters too, an ASCII content needs no tokenizing at all.
     """
     if not query_tokens:
-        return None
+        return lambda content: None
     terms = frozenset(query_tokens)
-    split: list[str] = []
 
-    def matches(i: int) -> bool:
-        if not split:
-            split.extend(content.split("\n"))  # only when a line must be tokenized
-        return any(token in terms for token in tokenize(split[i]))
+    def by_lines(content: str) -> tuple[int, int] | None:
+        split: list[str] = []
 
-    if isinstance(tokenize, Tokenizer) and tokenize.tokens_are_substrings:
-        # lower() never adds or removes "\n", so line numbers in the haystack are the content's.
-        haystack = content.lower() if tokenize.options.lowercase else content
-        if (
-            tokenize.words_are_ascii_runs
-            and haystack.isascii()
-            and all(_ASCII_WORD.fullmatch(t) for t in terms)
-        ):
-            # The tokens of an ASCII line are its runs of [A-Za-z0-9_] that pass the filters,
-            # and the query's tokens passed the same filters: a line holds one of them exactly
-            # when the word occurs in it whole. The first and last whole occurrences (found
-            # with str.find from either end, no line tokenized) give the range.
-            firsts = [at for t in terms if (at := _first_whole(haystack, t)) >= 0]
-            if not firsts:
+        def matches(i: int) -> bool:
+            if not split:
+                split.extend(content.split("\n"))  # only when a line must be tokenized
+            return any(token in terms for token in tokenize(split[i]))
+
+        if not substrings:
+            count = content.count("\n") + 1
+            found = next((i for i in range(count) if matches(i)), None)
+            if found is None:
                 return None
-            first_at = min(firsts)
-            last_at = max(_last_whole(haystack, t) for t in terms)
-            start = haystack.count("\n", 0, first_at)
-            return start + 1, start + haystack.count("\n", first_at, last_at) + 1
+            last = next(i for i in range(count - 1, found - 1, -1) if i == found or matches(i))
+            return found + 1, last + 1
+        # lower() never adds or removes "\n", so line numbers in the haystack are the content's.
+        haystack = content.lower() if lower else content
         first = _first_line(haystack, terms, matches)
         if first is None:
             return None
         return first + 1, _last_line(haystack, terms, matches, first) + 1
-    count = content.count("\n") + 1
-    found = next((i for i in range(count) if matches(i)), None)
-    if found is None:
+
+    known = tokenize if isinstance(tokenize, Tokenizer) else None
+    substrings = known is not None and known.tokens_are_substrings
+    lower = known is not None and known.options.lowercase
+    if not (
+        known is not None
+        and known.words_are_ascii_runs
+        and all(_ASCII_WORD.fullmatch(t) for t in terms)
+    ):
+        return by_lines
+    words = tuple(terms)
+
+    def by_words(content: str) -> tuple[int, int] | None:
+        if not content.isascii():
+            return by_lines(content)
+        # The tokens of an ASCII line are its runs of [A-Za-z0-9_] that pass the filters, and
+        # the query's tokens passed the same filters: a line holds one of them exactly when
+        # the word occurs in it whole. The first and last whole occurrences (found with
+        # str.find from either end, no line tokenized) give the range.
+        haystack = content.lower() if lower else content
+        return _word_span(haystack, words)
+
+    return by_words
+
+
+def _word_span(haystack: str, words: tuple[str, ...]) -> tuple[int, int] | None:
+    """The 1-based lines of the first and last whole occurrences of any of ``words`` (runs of
+    ASCII word characters) in the ASCII ``haystack``, or None."""
+    size = len(haystack)
+    inner = _ASCII_WORD_CHARS
+    first = last = -1
+    for word in words:
+        # Whole occurrences of different words are different runs, so only one starting
+        # before the first found so far (after the last) can move it: search only there.
+        at = haystack.find(word, 0, size if first < 0 else first)
+        while at >= 0:
+            end = at + len(word)
+            if (at == 0 or haystack[at - 1] not in inner) and (end == size or haystack[end] not in inner):
+                first = at
+                break
+            at = haystack.find(word, at + 1, size if first < 0 else first)
+        if at < 0 and first < 0:
+            continue  # not in the content at all: no last occurrence either
+        at = haystack.rfind(word, last + 1)
+        while at >= 0:
+            end = at + len(word)
+            if (at == 0 or haystack[at - 1] not in inner) and (end == size or haystack[end] not in inner):
+                last = at
+                break
+            at = haystack.rfind(word, last + 1, end - 1)
+    if first < 0:
         return None
-    last = next(i for i in range(count - 1, found - 1, -1) if i == found or matches(i))
-    return found + 1, last + 1
+    start = haystack.count("\n", 0, first)
+    return start + 1, start + haystack.count("\n", first, last) + 1
 
 
 _ASCII_WORD_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
-
-
-def _whole_at(haystack: str, at: int, end: int) -> bool:
-    """Whether ``haystack[at:end]`` is not part of a longer run of ASCII word characters."""
-    return (at == 0 or haystack[at - 1] not in _ASCII_WORD_CHARS) and (
-        end == len(haystack) or haystack[end] not in _ASCII_WORD_CHARS
-    )
-
-
-def _first_whole(haystack: str, word: str) -> int:
-    """Where ``word`` first occurs whole in ``haystack``, or -1."""
-    at = haystack.find(word)
-    while at >= 0 and not _whole_at(haystack, at, at + len(word)):
-        at = haystack.find(word, at + 1)
-    return at
-
-
-def _last_whole(haystack: str, word: str) -> int:
-    """Where ``word`` last occurs whole in ``haystack``, or -1."""
-    at = haystack.rfind(word)
-    while at >= 0 and not _whole_at(haystack, at, at + len(word)):
-        at = haystack.rfind(word, 0, at + len(word) - 1)
-    return at
 
 
 def _first_line(haystack: str, terms: frozenset[str], matches: Callable[[int], bool]) -> int | None:
