@@ -8,6 +8,7 @@ import math
 import os
 import struct
 import time
+import zlib
 from collections import Counter
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import pytest
 from agentvfs.errors import SearchIndexError
 from agentvfs.search import BM25Index, Segment, SourceFile, TokenizeOptions, build_segment
 from agentvfs.search._bm25 import _term_hashes
-from agentvfs.search._segments import ALIGN, MAGIC, SegmentBuilder, segment_name
+from agentvfs.search._segments import ALIGN, MAGIC, SegmentBuilder, encode_segment, segment_name
 from agentvfs.search._tokenize import Tokenizer
 from agentvfs.search._workspace import file_documents
 
@@ -143,7 +144,7 @@ def test_the_layout_is_the_documented_one_and_the_bytes_are_deterministic() -> N
     assert data[:8] == MAGIC
     (length,) = struct.unpack_from("<I", data, 8)
     header = json.loads(data[12 : 12 + length])
-    assert header["format"] == "agentvfs-segment" and header["version"] == 1
+    assert header["format"] == "agentvfs-segment" and header["version"] == 2
     assert header["tokenize"] == TokenizeOptions().to_dict()
     assert header["docs"] == Segment.from_bytes(data).n_docs
     assert set(data[12 + length : min(a["offset"] for a in header["arrays"].values())]) <= {0}
@@ -153,6 +154,35 @@ def test_the_layout_is_the_documented_one_and_the_bytes_are_deterministic() -> N
     other = build_segment(_files(), tokenize={"stem": True})
     assert Segment.from_bytes(other).tokenize["stem"] == "english"
     assert segment_name(other) != segment_name(data)
+
+
+def test_a_version_1_segment_with_zlib_texts_is_read() -> None:
+    texts = ["first text\nwith lazy words", "second text"]
+    data = encode_segment(
+        tokenize=TokenizeOptions().to_dict(),
+        terms=np.zeros(0, dtype=np.int64),
+        starts=np.zeros(1, dtype=np.int64),
+        slots=np.zeros(0, dtype=np.int32),
+        tfs=np.zeros(0, dtype=np.int32),
+        lengths=np.array([4, 2], dtype=np.int32),
+        ids=[b"/a", b"/b"],
+        contents=[zlib.compress(t.encode(), 1) for t in texts],
+        metadata=[b"", b'{"k": 1}'],
+        start_lines=np.array([0, 7], dtype=np.int64),
+        has_start_line=np.array([0, 1], dtype=np.uint8),
+    )
+    (length,) = struct.unpack_from("<I", data, 8)
+    header = json.loads(data[12 : 12 + length])
+    assert header["version"] == 2
+    old = json.dumps(dict(header, version=1), sort_keys=True, separators=(",", ":")).encode()
+    data = data[:12] + old.ljust(length) + data[12 + length :]
+    segment = Segment.from_bytes(data)
+    assert segment.header["version"] == 1
+    assert segment.document(0) == ("/a", texts[0], None, None)
+    assert segment.document(1) == ("/b", texts[1], {"k": 1}, 7)
+    assert [segment.content(i) for i in range(2)] == texts
+    with pytest.raises(IndexError, match="slot 2 out of range"):
+        segment.document(2)
 
 
 def test_bad_input_is_refused_by_name() -> None:
@@ -219,7 +249,7 @@ def test_damaged_segments_raise_naming_the_file_and_the_fault(tmp_path: Path) ->
             Segment.open(path)
         assert str(path) in str(caught.value), label
     for key, value, why in (
-        ("version", 2, "format version 2"),
+        ("version", 3, "format version 3"),
         ("format", "something-else", "format 'something-else'"),
     ):
         changed = dict(header, **{key: value})

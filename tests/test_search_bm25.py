@@ -12,6 +12,7 @@ import sys
 import textwrap
 import threading
 import time
+import zlib
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -611,6 +612,62 @@ def test_option_mismatch_names_the_difference(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="custom"):
         BM25Index(path, tokenize=str.split)
     BM25Index(path, k1=1.5, b=0.75, tokenize={"minLength": 2}).close()  # same options
+
+
+def test_a_version_1_index_with_zlib_texts_is_read_and_marked_version_2_when_written(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "bm25.duckdb"
+    with BM25Index(path) as ix:
+        ix.add("old", "an old zlib text about lazy foxes\nsecond line")
+        ix.add("new", "a text stored as zstd")
+    # Make it a file as version 1 wrote it: zlib texts, format_version 1.
+    con = duckdb.connect(str(path))
+    con.execute(
+        "UPDATE bm25_docs SET content = ? WHERE id = 'old'",
+        [zlib.compress(b"an old zlib text about lazy foxes\nsecond line", 1)],
+    )
+    con.execute("UPDATE bm25_meta SET value = '1' WHERE key = 'format_version'")
+    con.close()
+
+    def version() -> str:
+        con = duckdb.connect(str(path), read_only=True)
+        try:
+            row = con.execute("SELECT value FROM bm25_meta WHERE key = 'format_version'").fetchone()
+        finally:
+            con.close()
+        assert row is not None
+        return str(row[0])
+
+    with BM25Index(path, read_only=True) as ro:
+        (hit,) = ro.search("lazy")
+        assert hit.content == "an old zlib text about lazy foxes\nsecond line"
+        assert hit.line_range == (1, 1)
+        assert ro.get("new") == ("a text stored as zstd", None)
+    assert version() == "1"  # a reader changes nothing
+    BM25Index(path).close()
+    assert version() == "2"  # an older agentvfs would misread zstd texts: it refuses the file
+    with BM25Index(path) as ix:
+        ix.add("newer", "lazy again")
+        assert [h.id for h in ix.search("lazy")] == ["newer", "old"]
+        assert ix.get("old") == ("an old zlib text about lazy foxes\nsecond line", None)
+    con = duckdb.connect(str(path), read_only=True)
+    blob = con.execute("SELECT content FROM bm25_docs WHERE id = 'newer'").fetchone()
+    con.close()
+    assert blob is not None and bytes(blob[0])[:4] == b"\x28\xb5\x2f\xfd"  # zstd
+
+
+def test_an_index_of_a_newer_format_is_refused_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "bm25.duckdb"
+    with BM25Index(path) as ix:
+        ix.add("a", "alpha")
+    con = duckdb.connect(str(path))
+    con.execute("UPDATE bm25_meta SET value = '3' WHERE key = 'format_version'")
+    con.close()
+    before = path.read_bytes()
+    with pytest.raises(BM25FileError, match=r"format version 3, this version reads 1 and 2; it was left untouched"):
+        BM25Index(path)
+    assert path.read_bytes() == before
 
 
 def test_corrupt_and_foreign_files_are_left_alone(tmp_path: Path) -> None:

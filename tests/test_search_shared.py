@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import struct
 import sys
 import textwrap
 import time
@@ -417,3 +418,19 @@ def test_a_segment_with_unusable_postings_is_refused(array: str, value: int, why
     forged = Segment.from_bytes(bytes(data))  # well-formed, named by its own bytes
     with pytest.raises(SearchIndexError, match=f"segment {forged.name} cannot be searched: .*{why}"):
         SegmentSource(forged)
+
+
+def test_a_segment_whose_term_lists_a_document_twice_or_out_of_order_is_refused() -> None:
+    data = bytearray(build_segment(SourceFile(p, r, len(r)) for p, r in _corpus(4, 12).items()))
+    segment = Segment.from_bytes(bytes(data))
+    starts = segment.arrays["starts"]
+    term = next(i for i in range(len(starts) - 1) if starts[i + 1] - starts[i] >= 2)
+    at = segment.header["arrays"]["slots"]["offset"] + 4 * int(starts[term])
+    first, second = struct.unpack_from("<ii", data, at)
+    for forged_slots in ((second, first), (first, first)):
+        forged = bytearray(data)
+        struct.pack_into("<ii", forged, at, *forged_slots)
+        bad = Segment.from_bytes(bytes(forged))
+        with pytest.raises(SearchIndexError, match=f"segment {bad.name} cannot be searched: .*not in ascending order"):
+            SegmentSource(bad)
+    SegmentSource(segment)  # the original passes

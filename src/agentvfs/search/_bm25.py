@@ -3,7 +3,8 @@
 Storage (tables prefixed ``bm25_`` so other tables can share the file):
 
 * ``bm25_docs(doc, id, len, terms, content, metadata, start_line_offset)``: one row per
-  document (content as zlib-compressed UTF-8, metadata as JSON). ``doc`` is a number that only
+  document (content as zstd-compressed UTF-8, or zlib in files from format version 1;
+  metadata as JSON). ``doc`` is a number that only
   grows, so the order of ``doc`` is the order documents were (last) added, the reference's tie
   order, and a ``doc`` is never reused.
 * ``bm25_postings(term, doc, tf)``: one row per distinct term of a document. ``term`` is a 63-bit
@@ -58,6 +59,7 @@ from typing import TYPE_CHECKING, Any
 import duckdb
 import numpy as np
 import numpy.typing as npt
+import zstandard
 
 from ..errors import BM25FileError
 from ._duckdb import connect, table_names, transaction, trouble
@@ -65,7 +67,7 @@ from ._ids import CHUNK_ID
 from ._postings import PostingCache
 from ._scoring import DocumentSource, rank
 from ._scoring import js_log as js_log  # re-exported: tests and benchmarks use it here
-from ._tokenize import TokenizeOptions, Tokenizer, find_line_range, make_tokenizer
+from ._tokenize import TokenizeOptions, Tokenizer, line_finder, make_tokenizer
 
 if TYPE_CHECKING:
     from ._checkpoint import Checkpoint
@@ -76,7 +78,11 @@ __all__ = ["BM25Hit", "BM25Index"]
 CHECKPOINT_SUFFIX = ".checkpoint.seg"
 
 FORMAT = "agentvfs-bm25"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: Versions this one opens. Version 2 stores texts as zstd; a version 1 file is read as it is
+#: and marked version 2 when opened for writing (its new texts are zstd, its old ones stay
+#: zlib; each says which it is), so an older agentvfs refuses it instead of misreading it.
+_READABLE_VERSIONS = ("1", "2")
 START_LINE_KEY = "_startLineOffset"
 
 _HASH_CACHE_SIZE = 250_000
@@ -337,10 +343,10 @@ class BM25Index:
                     + "); it was left untouched",
                     where,
                 )
-            if meta.get("format_version") != str(FORMAT_VERSION):
+            if meta.get("format_version") not in _READABLE_VERSIONS:
                 raise BM25FileError(
                     f"{where} holds a BM25 index of format version {meta.get('format_version')}, "
-                    f"this version reads {FORMAT_VERSION}; it was left untouched",
+                    f"this version reads {' and '.join(_READABLE_VERSIONS)}; it was left untouched",
                     where,
                 )
             recorded = json.loads(meta.get("options", "{}"))
@@ -361,6 +367,11 @@ class BM25Index:
                 f"BM25 index {where} was built with other options: {'; '.join(differences)}. "
                 "Open it with the recorded options, or rebuild it"
             )
+        if meta.get("format_version") != str(FORMAT_VERSION) and not self._read_only:
+            with self._transaction() as cur:
+                cur.execute(
+                    "UPDATE bm25_meta SET value = ? WHERE key = 'format_version'", [str(FORMAT_VERSION)]
+                )
 
     # ----------------------------------------------------------------------- transactions
 
@@ -620,7 +631,7 @@ class BM25Index:
 
         The batch's distinct terms are hashed once (not once per document holding them) and
         each document's terms mapped to them at C speed; the texts are compressed on a second
-        thread meanwhile (zlib lets go of the GIL), which on two cores hides most of it.
+        thread meanwhile (zstd lets go of the GIL), which on two cores hides most of it.
         """
         texts = [content for content, _, _ in checked.values()]
         with contextlib.ExitStack() as stack:
@@ -878,9 +889,10 @@ class BM25Index:
             mine = len(before)
             by_doc = self._documents([doc for owner, doc, _ in order if owner == mine])
         hits: list[BM25Hit] = []
+        lines = line_finder(tokens, self.tokenize)
         for owner, key, score in order:
             id, content, metadata, offset = by_doc[key] if owner == mine else before[owner].document(key)
-            hits.append(self._hit(id, score, content, metadata, offset, tokens))
+            hits.append(self._hit(id, score, content, metadata, offset, lines))
         return hits
 
     def _documents(
@@ -893,12 +905,12 @@ class BM25Index:
         missing = docs
         if checkpoint is not None:
             missing = []
-            for doc in docs:
-                slot = checkpoint.slot_of_doc(doc)
-                if slot is None:
+            segment = checkpoint.segment
+            for doc, slot in zip(docs, checkpoint.slots_of_docs(docs), strict=True):
+                if slot < 0:
                     missing.append(doc)
                 else:
-                    found[doc] = checkpoint.segment.document(slot)
+                    found[doc] = segment.document(slot)
         if missing:
             # Literal numbers (ours, so safe to inline) let DuckDB use the primary-key index.
             rows = self._con.execute(
@@ -1024,13 +1036,13 @@ class BM25Index:
         content: str,
         metadata: dict[str, Any] | None,
         offset: int | None,
-        tokens: list[str],
+        lines: Callable[[str], tuple[int, int] | None],
     ) -> BM25Hit:
         if metadata is not None and START_LINE_KEY in metadata:
             recorded = metadata.pop(START_LINE_KEY)
             if offset is None and isinstance(recorded, int) and not isinstance(recorded, bool):
                 offset = recorded
-        span = find_line_range(content, tokens, self.tokenize)
+        span = lines(content)
         if span is not None and offset is not None:
             span = (span[0] + offset - 1, span[1] + offset - 1)
         return BM25Hit(
@@ -1299,14 +1311,32 @@ def _shared_state(path: str | None) -> _SharedState:
         return state
 
 
+#: The first bytes of a zstd frame. A zlib stream never starts with them (its first two
+#: bytes, read as a big-endian number, are a multiple of 31; 0x28B5 is not), so a stored text
+#: says itself how it was compressed.
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+_CODECS = threading.local()
+
+
 def _pack(text: str) -> bytes:
-    """Document text as stored: UTF-8 (lone surrogates kept), zlib level 1 (about 2.5x smaller
-    on text; DuckDB does not compress long strings itself)."""
-    return zlib.compress(text.encode("utf-8", "surrogatepass"), 1)
+    """Document text as stored: UTF-8 (lone surrogates kept), zstd level 1 with its size in
+    the frame (2.6x smaller on text, about 3x faster to compress and 2x faster to expand than
+    zlib; DuckDB does not compress long strings itself)."""
+    compressor = getattr(_CODECS, "compressor", None)
+    if compressor is None:  # (a context per thread: they are not thread-safe, and costly to make)
+        compressor = _CODECS.compressor = zstandard.ZstdCompressor(level=1)
+    return compressor.compress(text.encode("utf-8", "surrogatepass"))
 
 
 def _unpack(blob: bytes) -> str:
-    return zlib.decompress(blob).decode("utf-8", "surrogatepass")
+    """The text of a stored ``blob``: zstd, or zlib as format version 1 stored it."""
+    if blob[:4] != _ZSTD_MAGIC:
+        return zlib.decompress(blob).decode("utf-8", "surrogatepass")
+    decompressor = getattr(_CODECS, "decompressor", None)
+    if decompressor is None:
+        decompressor = _CODECS.decompressor = zstandard.ZstdDecompressor()
+    data: bytes = decompressor.decompress(blob)
+    return data.decode("utf-8", "surrogatepass")
 
 
 _PANDAS_MISSING = importlib.util.find_spec("pandas") is None

@@ -50,6 +50,14 @@ class Checkpoint:
         i = int(np.searchsorted(docs, doc))
         return i if i < len(docs) and int(docs[i]) == doc else None
 
+    def slots_of_docs(self, docs: Sequence[int]) -> list[int]:
+        """The slot holding each of the document numbers ``docs``, -1 for one it lacks."""
+        if not len(docs) or not len(self.docs):
+            return [-1] * len(docs)
+        wanted = np.asarray(docs, dtype=np.int64)
+        at = np.minimum(np.searchsorted(self.docs, wanted), len(self.docs) - 1)
+        return np.where(self.docs[at] == wanted, at, -1).tolist()  # type: ignore[no-any-return]
+
 
 def _encode_docs(docs: npt.NDArray[np.int64]) -> str:
     steps = np.diff(docs, prepend=np.int64(0)).astype("<i8")

@@ -12,7 +12,7 @@ Layout (all numbers little-endian)::
     b"AVFSSEG1"  u32 header length  JSON header  zero padding to 64 bytes
     array, zero padding to 64 bytes, array, ...
 
-The header holds ``format`` ("agentvfs-segment"), ``version`` (1), ``tokenize`` (the
+The header holds ``format`` ("agentvfs-segment"), ``version`` (2; 1 is read too), ``tokenize`` (the
 `TokenizeOptions` used, as ``to_dict()``), ``docs``, ``total_len``, ``sources`` and
 ``arrays``: for each array its absolute ``offset`` (a multiple of 64), ``dtype`` and
 ``count``. The arrays:
@@ -22,8 +22,9 @@ The header holds ``format`` ("agentvfs-segment"), ``version`` (1), ``tokenize`` 
   term) and ``tfs`` (int32);
 * per document (slot order = insertion order: files sorted by path, each file's documents in
   order): ``lengths`` (int32, tokens), ``ids`` / ``id_offsets``, ``content`` /
-  ``content_offsets`` (each text zlib-compressed), ``metadata`` / ``metadata_offsets`` (JSON;
-  empty for none), ``start_line`` (int64) and ``has_start_line`` (uint8);
+  ``content_offsets`` (each text zstd-compressed; zlib in version 1), ``metadata`` /
+  ``metadata_offsets`` (JSON; empty for none), ``start_line`` (int64) and ``has_start_line``
+  (uint8);
 * per source file, sorted by path: ``src_path`` / ``src_path_offsets``, ``src_size``,
   ``src_mtime_ns``, ``src_etag`` / ``src_etag_offsets`` (empty for none), ``src_digest``
   (SHA-256 hex of the bytes, 64 ASCII bytes each), ``src_chunks`` (int32: its documents) and
@@ -72,7 +73,9 @@ __all__ = [
 
 MAGIC = b"AVFSSEG1"
 FORMAT = "agentvfs-segment"
-VERSION = 1
+VERSION = 2
+#: Versions this one reads: 1 differs only in its texts being zlib (each text says which).
+READABLE_VERSIONS = (1, 2)
 #: Every array starts at a multiple of this (a cache line; also what SIMD loads like).
 ALIGN = 64
 #: Where a segment lives below an index URL, and its file name's suffix.
@@ -266,7 +269,7 @@ class SegmentBuilder:
         self._src_chunks: list[int] = []
         self._src_first: list[int] = []
         self._previous: str | None = None
-        # zlib releases the GIL: texts are compressed on a second thread while this one
+        # zstd releases the GIL: texts are compressed on a second thread while this one
         # tokenises the next ones (a quarter of the build time on a free core).
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="agentvfs-segment")
         self._texts: list[str] = []
@@ -493,7 +496,8 @@ _EMPTY_I32: npt.NDArray[np.int32] = np.zeros(0, dtype=np.int32)
 
 def check_postings(segment: Segment) -> None:
     """Refuse a segment whose postings a search could not use: terms not strictly ascending,
-    term ranges out of order, a slot outside its documents, a term frequency below 1, lengths
+    term ranges out of order, a slot outside its documents, a term's slots not strictly
+    ascending, a term frequency below 1, lengths
     that do not add up. The name (a hash) proves the bytes are the ones published, not that
     whoever published them wrote them well; an index from a bucket others can write is read
     only after this (linear in the postings, milliseconds at 20k documents).
@@ -513,12 +517,25 @@ def check_postings(segment: Segment) -> None:
         why = "its term ranges are out of order"
     elif len(slots) and (int(slots.min()) < 0 or int(slots.max()) >= segment.n_docs):
         why = f"a posting names a document outside its {segment.n_docs}"
+    elif not _ascending_per_term(slots, starts):
+        why = "a term's documents are not in ascending order (or one is listed twice)"
     elif len(tfs) and int(tfs.min()) < 1:
         why = "a term frequency is below 1"
     elif len(lengths) and (int(lengths.min()) < 0 or int(lengths.sum(dtype=np.int64)) != segment.total_len):
         why = "its document lengths do not add up to its total length"
     if why is not None:
         raise SearchIndexError(f"segment {segment.name} cannot be searched: {why}")
+
+
+def _ascending_per_term(slots: npt.NDArray[np.integer], starts: npt.NDArray[np.integer]) -> bool:
+    """Whether each term's slots rise strictly (searches find a document in a term's postings
+    by bisection and add its score once)."""
+    if len(slots) < 2:
+        return True
+    rising = np.diff(slots.astype(np.int64)) > 0
+    cuts = starts[1:-1].astype(np.int64) - 1  # where one term's range ends and the next starts
+    rising[cuts[(cuts >= 0) & (cuts < len(rising))]] = True
+    return bool(rising.all())
 
 
 class Segment:
@@ -623,8 +640,11 @@ class Segment:
         if not isinstance(header, dict) or header.get("format") != FORMAT:
             found = header.get("format") if isinstance(header, dict) else None
             raise self._bad(f"format {found!r}, expected {FORMAT!r}")
-        if header.get("version") != VERSION:
-            raise self._bad(f"format version {header.get('version')!r}; this version reads {VERSION}")
+        if header.get("version") not in READABLE_VERSIONS:
+            raise self._bad(
+                f"format version {header.get('version')!r}; this version reads "
+                + " and ".join(map(str, READABLE_VERSIONS))
+            )
         for key, kind in (("docs", int), ("total_len", int), ("sources", int), ("tokenize", dict), ("arrays", dict)):
             if not isinstance(header.get(key), kind):
                 raise self._bad(f"its header has no valid {key!r}")
@@ -744,7 +764,19 @@ class Segment:
 
     def document(self, slot: int) -> tuple[str, str, dict[str, Any] | None, int | None]:
         """``(id, text, metadata, start line)`` of the document in ``slot``."""
-        return self.doc_id(slot), self.content(slot), self.metadata(slot), self.start_line(slot)
+        if not 0 <= slot < self.n_docs:
+            raise IndexError(f"slot {slot} out of range (0 to {self.n_docs - 1}) in segment {self.name}")
+        # (What doc_id, content, metadata and start_line do, with one bounds check and one
+        # conversion per array: this runs for every hit of every search.)
+        a = self._a
+        lo, hi = a["id_offsets"][slot : slot + 2].tolist()
+        id = a["ids"][lo:hi].tobytes().decode("utf-8", "surrogatepass")
+        lo, hi = a["content_offsets"][slot : slot + 2].tolist()
+        text = _unpack(a["content"][lo:hi].tobytes())
+        lo, hi = a["metadata_offsets"][slot : slot + 2].tolist()
+        raw = a["metadata"][lo:hi].tobytes()
+        start = int(a["start_line"][slot]) if a["has_start_line"][slot] else None
+        return id, text, json.loads(raw) if raw else None, start
 
     def ids(self) -> list[str]:
         """Every document id, by slot."""
