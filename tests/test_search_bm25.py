@@ -182,9 +182,20 @@ def test_stemming_is_opt_in() -> None:
 def test_counts_match_tokens() -> None:
     rng = random.Random(3)
     words = ["Alpha", "beta,", "the", "x", "Ünï", "snake_case", "42", "a-b", "\U0001d400", "é"]
-    for options in (None, {"stem": True}, {"min_length": 1}, {"removePunctuation": False}):
+    words += ["ab", "abc", "中", "中文", "\U0001d400\U0001d400", "_", "Q"]
+    options: Any
+    for options in (
+        None,
+        {"stem": True},
+        {"min_length": 1},
+        {"min_length": 3},
+        {"min_length": 3, "stopwords": ["beta", "é", "中文"]},
+        {"stopwords": []},
+        {"lowercase": False},
+        {"removePunctuation": False},
+    ):
         tok = make_tokenizer(options)
-        for _ in range(50):
+        for _ in range(80):
             text = " ".join(rng.choice(words) for _ in range(rng.randrange(12)))
             tokens = tok(text)
             assert tok.counts(text) == (Counter(tokens), len(tokens))  # type: ignore[attr-defined]
@@ -927,3 +938,38 @@ def test_a_foreign_damaged_or_planted_checkpoint_is_ignored(tmp_path: Path) -> N
     os.symlink(tmp_path / "elsewhere.seg", checkpoint)
     planted = BM25Index(path)
     assert planted.checkpoint_version is None and _answers(planted) == expected
+
+
+def test_registered_columns_take_the_first_values_type_and_leave_the_setting_as_it_was() -> None:
+    import numpy as np
+
+    from agentvfs.search._duckdb import registered
+
+    con = duckdb.connect()
+    con.execute("SET pandas_analyze_sample = 777")
+    con.execute("CREATE TABLE t(id VARCHAR, body BLOB, n BIGINT)")
+    columns = {
+        "id": np.array(["a", "b", "ü"], dtype=object),
+        "body": np.array([b"\x00\x01", b"", b"\xff"], dtype=object),
+        "n": np.arange(3, dtype=np.int64),
+    }
+    with registered(con, "new_rows", columns):
+        con.execute("INSERT INTO t SELECT * FROM new_rows")
+    assert con.execute("SELECT * FROM t ORDER BY n").fetchall() == [
+        ("a", b"\x00\x01", 0), ("b", b"", 1), ("ü", b"\xff", 2)
+    ]
+    with pytest.raises(duckdb.CatalogException):
+        con.execute("SELECT * FROM new_rows")  # unregistered
+    with pytest.raises(duckdb.Error), registered(con, "new_rows", columns):
+        con.execute("INSERT INTO t SELECT * FROM no_such_view")
+    assert con.execute("SELECT current_setting('pandas_analyze_sample')").fetchone() == (777,)
+    con.close()
+
+
+def test_texts_are_packed_as_zstd_and_unpacked_whatever_they_hold() -> None:
+    for texts in ([], [""], ["", ""], ["a", "", "é\ud800 lone surrogate", "x" * 100_000]):
+        packed = _bm25._pack_many(texts)
+        assert len(packed) == len(texts)
+        assert all(blob[:4] == b"\x28\xb5\x2f\xfd" for blob in packed)
+        assert [_bm25._unpack(blob) for blob in packed] == texts
+    assert _bm25._unpack(zlib.compress("old text".encode(), 1)) == "old text"

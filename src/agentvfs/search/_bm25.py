@@ -62,7 +62,7 @@ import numpy.typing as npt
 import zstandard
 
 from ..errors import BM25FileError
-from ._duckdb import connect, table_names, transaction, trouble
+from ._duckdb import connect, registered, table_names, transaction, trouble
 from ._ids import CHUNK_ID
 from ._postings import PostingCache
 from ._scoring import DocumentSource, rank
@@ -182,22 +182,30 @@ class _Prepared:
     length: int
 
 
-_HASHES: dict[str, int] = {}
+class _HashTable(dict[str, int]):
+    """Term -> 63-bit hash, computed on first lookup (from C: ``map(table.__getitem__, ...)``
+    hashes a batch's terms without a Python loop over the known ones)."""
+
+    def __missing__(self, term: str) -> int:
+        digest = hashlib.blake2b(term.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+        value = self[term] = int.from_bytes(digest, "little") >> 1
+        return value
+
+
+_HASHES = _HashTable()
+
+
+def _hash_table() -> _HashTable:
+    """The table of known term hashes, emptied first when it has grown past its bound (at
+    most one batch's new terms over it: callers take it once per batch)."""
+    if len(_HASHES) > _HASH_CACHE_SIZE:
+        _HASHES.clear()  # (atomic: another thread's lookups then compute again)
+    return _HASHES
 
 
 def _term_hashes(terms: Iterable[str]) -> npt.NDArray[np.int64]:
     """63-bit BLAKE2b hashes of ``terms`` as int64 (stable across processes and versions)."""
-    cache = _HASHES
-    out: list[int] = []
-    for term in terms:
-        value = cache.get(term)
-        if value is None:
-            digest = hashlib.blake2b(term.encode("utf-8", "surrogatepass"), digest_size=8).digest()
-            value = int.from_bytes(digest, "little") >> 1
-            if len(cache) < _HASH_CACHE_SIZE:
-                cache[term] = value
-        out.append(value)
-    return np.array(out, dtype=np.int64)
+    return np.fromiter(map(_hash_table().__getitem__, terms), np.int64)
 
 
 class BM25Index:
@@ -569,15 +577,12 @@ class BM25Index:
                 "start_line_offset": np.array([o or 0 for o in offsets], dtype=np.int64),
                 "has_offset": np.array([o is not None for o in offsets], dtype=np.bool_),
             }
-            cur.register("bm25_new_docs", new_docs)
-            try:
+            with registered(cur, "bm25_new_docs", new_docs):
                 cur.execute(
                     "INSERT INTO bm25_docs SELECT doc, id, len, terms, content,"
                     " nullif(metadata, ''),"
                     " CASE WHEN has_offset THEN start_line_offset END FROM bm25_new_docs"
                 )
-            finally:
-                cur.unregister("bm25_new_docs")
         new_postings = {
             "term": np.concatenate([p.terms for p in items]),
             "doc": np.repeat(doc_numbers, [len(p.terms) for p in items]),
@@ -585,11 +590,8 @@ class BM25Index:
         }
         if not len(new_postings["term"]):
             return
-        cur.register("bm25_new_postings", new_postings)
-        try:
+        with registered(cur, "bm25_new_postings", new_postings):
             cur.execute("INSERT INTO bm25_postings SELECT * FROM bm25_new_postings")
-        finally:
-            cur.unregister("bm25_new_postings")
 
     def _checked(
         self,
@@ -638,7 +640,7 @@ class BM25Index:
             packed_later = None
             if len(texts) >= _PACK_ON_THREAD:
                 pool = stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix="agentvfs-pack"))
-                packed_later = pool.submit(lambda: [_pack(text) for text in texts])
+                packed_later = pool.submit(_pack_many, texts)
             tokenizer = self._tokenizer
             counted: list[tuple[Mapping[str, int], int]] = []
             for text in texts:
@@ -647,12 +649,24 @@ class BM25Index:
                 else:
                     tokens = self._tokens(text)
                     counted.append((Counter(tokens), len(tokens)))
-            vocabulary = list(dict.fromkeys(itertools.chain.from_iterable(c for c, _ in counted)))
-            hash_of = dict(zip(vocabulary, _term_hashes(vocabulary).tolist(), strict=True))
-            packed = packed_later.result() if packed_later is not None else [_pack(t) for t in texts]
+            # Every document's terms and frequencies in two arrays (one pass each from C),
+            # then a view of them per document.
+            sizes = [len(counts) for counts, _ in counted]
+            total = sum(sizes)
+            terms = np.fromiter(
+                map(_hash_table().__getitem__, itertools.chain.from_iterable(c for c, _ in counted)),
+                np.int64,
+                total,
+            )
+            tfs = np.fromiter(
+                itertools.chain.from_iterable(c.values() for c, _ in counted), np.int32, total
+            )
+            bounds = np.cumsum(sizes).tolist()
+            packed = packed_later.result() if packed_later is not None else _pack_many(texts)
         out: list[_Prepared] = []
-        for (id, (_, meta_json, offset)), (counts, length), blob in zip(
-            checked.items(), counted, packed, strict=True
+        start = 0
+        for (id, (_, meta_json, offset)), (_, length), blob, end in zip(
+            checked.items(), counted, packed, bounds, strict=True
         ):
             out.append(
                 _Prepared(
@@ -660,11 +674,12 @@ class BM25Index:
                     content=blob,
                     metadata=meta_json,
                     start_line_offset=offset,
-                    terms=np.fromiter(map(hash_of.__getitem__, counts), np.int64, len(counts)),
-                    tfs=np.fromiter(counts.values(), np.int32, len(counts)),
+                    terms=terms[start:end],
+                    tfs=tfs[start:end],
                     length=length,
                 )
             )
+            start = end
         return out
 
     def remove(self, id: str) -> bool:
@@ -1318,14 +1333,31 @@ _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _CODECS = threading.local()
 
 
-def _pack(text: str) -> bytes:
-    """Document text as stored: UTF-8 (lone surrogates kept), zstd level 1 with its size in
-    the frame (2.6x smaller on text, about 3x faster to compress and 2x faster to expand than
-    zlib; DuckDB does not compress long strings itself)."""
-    compressor = getattr(_CODECS, "compressor", None)
+def _compressor() -> zstandard.ZstdCompressor:
+    compressor: zstandard.ZstdCompressor | None = getattr(_CODECS, "compressor", None)
     if compressor is None:  # (a context per thread: they are not thread-safe, and costly to make)
         compressor = _CODECS.compressor = zstandard.ZstdCompressor(level=1)
-    return compressor.compress(text.encode("utf-8", "surrogatepass"))
+    return compressor
+
+
+def _pack_many(texts: Sequence[str]) -> list[bytes]:
+    """Documents' texts as stored: UTF-8 (lone surrogates kept), zstd level 1 with the size
+    in each frame (2.6x smaller on text, about 3x faster to compress and 2x faster to expand
+    than zlib; DuckDB does not compress long strings itself).
+
+    Compressed in one call that holds no GIL throughout. Run on a second thread beside tokenising, one call per text would hardly
+    run at all: a thread that gives the GIL up for each text waits for it back behind a busy
+    one (a switch interval each time), so the work would not overlap."""
+    data: list[bytes | bytearray | memoryview[int]]
+    data = [text.encode("utf-8", "surrogatepass") for text in texts]
+    compressor = _compressor()
+    if not any(data):  # (the batch call refuses to have nothing at all to compress)
+        return [compressor.compress(item) for item in data]
+    try:
+        frames = compressor.multi_compress_to_buffer(data, threads=1)
+    except NotImplementedError:  # (a backend without the batch call: CFFI)
+        return [compressor.compress(item) for item in data]
+    return [frames[i].tobytes() for i in range(len(data))]
 
 
 def _unpack(blob: bytes) -> str:

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterator
-from typing import Literal
+from collections.abc import Iterator, Mapping
+from typing import Any, Literal
 
 import duckdb
 
-__all__ = ["FileTrouble", "connect", "table_names", "transaction", "trouble"]
+__all__ = ["FileTrouble", "connect", "registered", "table_names", "transaction", "trouble"]
 
 #: Why a DuckDB file cannot be used.
 FileTrouble = Literal["locked", "not_duckdb", "corrupt", "other"]
@@ -74,3 +74,28 @@ def transaction(con: duckdb.DuckDBPyConnection) -> Iterator[duckdb.DuckDBPyConne
         with contextlib.suppress(duckdb.Error):
             con.execute("ROLLBACK")
         raise
+
+
+@contextlib.contextmanager
+def registered(
+    con: duckdb.DuckDBPyConnection, name: str, columns: Mapping[str, Any]
+) -> Iterator[None]:
+    """``columns`` (NumPy arrays of equal length) as the view ``name`` for the block.
+
+    A column of Python objects must hold values of one type, and not only None: its type is
+    taken from its first value. By default DuckDB looks at a thousand values of such a column
+    (each conversion also trying to import pandas), which took longer than inserting them;
+    the connection's setting is put back afterwards.
+    """
+    row = con.execute("SELECT current_setting('pandas_analyze_sample')").fetchone()
+    previous = int(row[0]) if row is not None else None
+    con.execute("SET pandas_analyze_sample = 1")
+    try:
+        con.register(name, columns)
+        try:
+            yield
+        finally:
+            con.unregister(name)
+    finally:
+        if previous is not None:
+            con.execute(f"SET pandas_analyze_sample = {previous}")

@@ -52,7 +52,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import SearchIndexError
-from ._bm25 import _pack, _term_hashes, _unpack
+from ._bm25 import _pack_many, _term_hashes, _unpack
 from ._tokenize import TokenizeOptions, Tokenizer
 from ._workspace import _digest, file_documents
 
@@ -174,10 +174,6 @@ class SourceRecord:
 def segment_name(data: bytes | memoryview) -> str:
     """The name of a segment: the BLAKE2b-256 hex digest of its bytes."""
     return hashlib.blake2b(data, digest_size=32).hexdigest()
-
-
-def _pack_many(texts: list[str]) -> list[bytes]:
-    return [_pack(text) for text in texts]
 
 
 def _stable_order(keys: npt.NDArray[np.int64]) -> npt.NDArray[np.intp]:

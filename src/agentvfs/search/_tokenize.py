@@ -40,6 +40,7 @@ _JS_SPLIT = re.compile(f"[{_JS_SPACE}]+")
 _NOT_WORD_OR_SPACE = re.compile(f"[^\\w{_JS_SPACE}]")
 _WORD_RUNS = re.compile(r"\w+")
 _ASCII_WORD = re.compile(r"[A-Za-z0-9_]+")
+_ASCII_WORD_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
 _ASCII_NON_WORD_TO_SPACE = bytes(
     byte if chr(byte).isalnum() or byte == ord("_") else ord(" ") for byte in range(128)
 ).ljust(256, b" ")
@@ -178,7 +179,7 @@ class TokenizeOptions:
 class Tokenizer:
     """A tokenizer built from `TokenizeOptions`: ``tokenizer(text) -> list[str]``."""
 
-    __slots__ = ("_fast", "_split", "_stem_cache", "_stem_words", "options")
+    __slots__ = ("_ascii_drop", "_fast", "_split", "_stem_cache", "_stem_words", "options")
 
     options: TokenizeOptions
 
@@ -197,6 +198,14 @@ class Tokenizer:
             _stemmer(options.stem) if isinstance(options.stem, str) else None
         )
         self._stem_cache: dict[str, str] = {}
+        # Every ASCII word the filters drop, when there are few: the stopwords and, below a
+        # minimum length of 2, the single characters. Counting then drops them with one set
+        # intersection instead of a length and stopword test per distinct word.
+        self._ascii_drop: frozenset[str] | None = (
+            options.stopwords | (_ASCII_WORD_CHARS if options.min_length == 2 else frozenset())
+            if self._fast and options.min_length <= 2
+            else None
+        )
 
     @property
     def tokens_are_substrings(self) -> bool:
@@ -232,21 +241,35 @@ class Tokenizer:
     def counts(self, text: str) -> tuple[dict[str, int], int]:
         """Return the term frequencies of ``text`` and its length in tokens.
 
-        The same as counting ``self(text)``, faster: on ASCII text the filters and the stemmer
-        run once per distinct word instead of once per occurrence.
+        The same as counting ``self(text)``, faster: with the default split and punctuation
+        rule the filters and the stemmer run once per distinct word instead of once per
+        occurrence.
         """
         opts = self.options
-        if not (self._fast and text.isascii()):
+        if not self._fast:
             tokens = self(text)
             return Counter(tokens), len(tokens)
         if opts.lowercase:
             text = text.lower()
-        words = text.encode("ascii").translate(_ASCII_NON_WORD_TO_SPACE).decode("ascii")
-        counts = Counter(words.split())
         minimum = opts.min_length
         stopwords = opts.stopwords
-        for word in [w for w in counts if len(w) < minimum or w in stopwords]:
-            del counts[word]
+        drop = self._ascii_drop
+        if text.isascii():
+            words = text.encode("ascii").translate(_ASCII_NON_WORD_TO_SPACE).decode("ascii")
+            counts = Counter(words.split())
+        else:
+            # The same runs as __call__ finds, counted before filtering (once per distinct
+            # word); a word shorter than the minimum may still pass by its UTF-16 length.
+            counts = Counter(_WORD_RUNS.findall(text))
+            for word in [w for w in counts if len(w) < minimum and _utf16_length(w) < minimum]:
+                del counts[word]
+            drop = stopwords
+        if drop is not None:
+            for word in counts.keys() & drop:
+                del counts[word]
+        else:
+            for word in [w for w in counts if len(w) < minimum or w in stopwords]:
+                del counts[word]
         if self._stem_words is not None and counts:
             words_list = list(counts)
             stemmed: dict[str, int] = {}
@@ -441,9 +464,6 @@ def _word_span(haystack: str, words: tuple[str, ...]) -> tuple[int, int] | None:
         return None
     start = haystack.count("\n", 0, first)
     return start + 1, start + haystack.count("\n", first, last) + 1
-
-
-_ASCII_WORD_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
 
 
 def _first_line(haystack: str, terms: frozenset[str], matches: Callable[[int], bool]) -> int | None:

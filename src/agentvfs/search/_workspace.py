@@ -42,6 +42,7 @@ from ..vfs import (
 )
 from ._bm25 import CHECKPOINT_SUFFIX, BM25Index
 from ._chunking import split_into_chunks
+from ._duckdb import registered
 from ._embedders import embedder_id
 from ._engine import Document, Fusion, SearchEngine, SearchResult
 from ._ids import shared_path
@@ -535,15 +536,12 @@ class WorkspaceSearch:
                 {"paths": list(changes)},
             )
             if kept:
-                cur.register("agentvfs_new_sources", rows)
-                try:
+                with registered(cur, "agentvfs_new_sources", rows):
                     cur.execute(
                         "INSERT INTO agentvfs_sources SELECT path, size, mtime_ns,"
                         " CASE WHEN has_etag THEN etag END, digest, chunks"
                         " FROM agentvfs_new_sources"
                     )
-                finally:
-                    cur.unregister("agentvfs_new_sources")
 
     def _load_tombstones(self) -> set[str]:
         store = self._store
