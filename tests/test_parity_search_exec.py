@@ -6,6 +6,7 @@ that ends in blank lines."""
 from __future__ import annotations
 
 import math
+import random
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 from agentvfs import LocalFilesystem, Workspace, WorkspaceTool
 from agentvfs.sandbox import LocalSandbox
 from agentvfs.search import Chunk, split_into_chunks
+from agentvfs.search._chunking import _cut
 
 pytestmark = pytest.mark.anyio
 
@@ -121,6 +123,45 @@ def test_lengths_are_utf16_code_units() -> None:
         Chunk("\U0001f600\ufffd", 1),
         Chunk("\ufffd\U0001f600", 1),
     ]
+
+
+def _chunks_line_by_line(content: str, limit: int, overlap: int) -> list[Chunk]:
+    """The chunking rule stated plainly, one line at a time (the oracle of the test below)."""
+    def units(text: str) -> int:
+        return len(text.encode("utf-16-le", "surrogatepass")) // 2
+
+    if units(content) <= limit:
+        return [Chunk(content, 1)]
+    lines = content.split("\n")
+    chunks: list[Chunk] = []
+    start = 0
+    while start < len(lines):
+        end, size = start, 0
+        while end < len(lines):
+            extra = units(lines[end]) + (1 if end > start else 0)
+            if end > start and size + extra > limit:
+                break
+            size += extra
+            end += 1
+        if size <= limit:
+            chunks.append(Chunk("\n".join(lines[start:end]), start + 1))
+        else:
+            chunks.extend(Chunk(piece, start + 1) for piece in _cut(lines[start], limit))  # one line
+        start = end - overlap if end - overlap > start else end
+    return chunks
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_chunks_agree_with_the_rule_taken_line_by_line(seed: int) -> None:
+    rng = random.Random(seed)
+    pieces = ["", "a", "word", "x" * 30, "é", "\U0001f600", "ab\U0001f600cd", "y" * 95]
+    for _ in range(150):
+        lines = ["".join(rng.choice(pieces) for _ in range(rng.randrange(4))) for _ in range(rng.randrange(60))]
+        text = "\n".join(lines) + rng.choice(["", "\n"])
+        limit, overlap = rng.choice([1, 2, 5, 40, 100, 4000]), rng.choice([0, 1, 3, 7])
+        assert split_into_chunks(text, limit, overlap) == _chunks_line_by_line(text, limit, overlap), (
+            text, limit, overlap,
+        )
 
 
 def test_bad_sizes_are_refused() -> None:

@@ -972,4 +972,19 @@ def test_texts_are_packed_as_zstd_and_unpacked_whatever_they_hold() -> None:
         assert len(packed) == len(texts)
         assert all(blob[:4] == b"\x28\xb5\x2f\xfd" for blob in packed)
         assert [_bm25._unpack(blob) for blob in packed] == texts
-    assert _bm25._unpack(zlib.compress("old text".encode(), 1)) == "old text"
+    assert _bm25._unpack(zlib.compress(b"old text", 1)) == "old text"
+
+
+def test_posting_documents_are_found_by_table_or_bisection_alike() -> None:
+    import numpy as np
+
+    rng = np.random.default_rng(5)
+    for universe, count in ((60, 50), (100_000, 40), (10, 0)):
+        slot_doc = np.sort(rng.choice(universe, count, replace=False)).astype(np.int64)
+        docs = rng.integers(-3, universe + 3, 500).astype(np.int64)
+        slots = _postings._slots_of(slot_doc, docs)
+        present = np.isin(docs, slot_doc)
+        found = (slots < len(slot_doc)) & (slot_doc[np.minimum(slots, max(len(slot_doc) - 1, 0))] == docs) if count else np.zeros(500, bool)
+        assert np.array_equal(found, present)
+        if count:
+            assert np.array_equal(slots[present], np.searchsorted(slot_doc, docs[present]))

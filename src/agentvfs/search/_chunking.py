@@ -17,6 +17,9 @@ Basic Multilingual Plane counts twice), so the cut points match the reference's.
 
 from __future__ import annotations
 
+import bisect
+import itertools
+import operator
 from dataclasses import dataclass
 
 from ..vfs import from_units, to_units, unit_length
@@ -73,20 +76,16 @@ def split_into_chunks(
     if unit_length(content) <= max_chunk_chars:
         return [Chunk(content, 1)]
     lines = content.split("\n")
-    sizes = [unit_length(line) for line in lines]
+    sizes = map(len, lines) if content.isascii() else map(unit_length, lines)
+    # ends[i]: the length of lines[:i] joined, plus one (a newline after each line), so the
+    # lines start..end-1 joined take ends[end] - ends[start] - 1 units.
+    ends = [0, *itertools.accumulate(map(operator.add, sizes, itertools.repeat(1)))]
     chunks: list[Chunk] = []
     start = 0
     while start < len(lines):
-        end = start
-        size = 0
-        while end < len(lines):
-            extra = sizes[end] + (1 if end > start else 0)
-            # The first line is always taken, however long, so every chunk moves forward.
-            if end > start and size + extra > max_chunk_chars:
-                break
-            size += extra
-            end += 1
-        if size <= max_chunk_chars:
+        # As many lines as fit, and the first line however long, so every chunk moves on.
+        end = max(start + 1, bisect.bisect_right(ends, ends[start] + max_chunk_chars + 1) - 1)
+        if ends[end] - ends[start] - 1 <= max_chunk_chars:
             chunks.append(Chunk("\n".join(lines[start:end]), start + 1))
         else:
             # Only a single over-long line gets here: cut it into pieces on its line number.

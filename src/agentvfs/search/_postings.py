@@ -44,6 +44,20 @@ class _Buffer:
         self.size += count
 
 
+def _slots_of(slot_doc: npt.NDArray[np.int64], docs: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """Where each of ``docs`` is in the ascending ``slot_doc``, or a slot whose number differs
+    (``len(slot_doc)`` or another) where it is not there: by a table of the numbers' range
+    when they are dense enough, a bisection per posting otherwise (3x slower at millions)."""
+    if not len(slot_doc):
+        return np.zeros(len(docs), dtype=np.int64)
+    first, span = int(slot_doc[0]), int(slot_doc[-1]) - int(slot_doc[0]) + 1
+    if span > 4 * len(slot_doc) + 4096:
+        return np.searchsorted(slot_doc, docs).astype(np.int64)
+    table = np.full(span, len(slot_doc), dtype=np.int64)
+    table[slot_doc - first] = np.arange(len(slot_doc), dtype=np.int64)
+    return table[np.clip(docs - first, 0, span - 1)]
+
+
 class PostingCache:
     """The postings of one index in memory: term-sorted arrays plus a delta of recent adds.
 
@@ -123,7 +137,7 @@ class PostingCache:
         terms = np.asarray(postings["term"], dtype=np.int64)
         tfs = np.asarray(postings["tf"], dtype=np.int32)
         doc_of = np.asarray(postings["doc"], dtype=np.int64)
-        slots = np.searchsorted(slot_doc, doc_of).astype(np.int64)
+        slots = _slots_of(slot_doc, doc_of)
         # Postings of removed documents stay on disk until a compaction: leave them out.
         live = slots < len(slot_doc)
         live[live] = slot_doc[slots[live]] == doc_of[live]
