@@ -988,3 +988,38 @@ def test_posting_documents_are_found_by_table_or_bisection_alike() -> None:
         assert np.array_equal(found, present)
         if count:
             assert np.array_equal(slots[present], np.searchsorted(slot_doc, docs[present]))
+
+
+def test_term_scores_kept_between_queries_follow_every_change_of_the_postings() -> None:
+    # Same size and average length before and after: only the postings' generation tells
+    # the kept term scores are stale.
+    ix = BM25Index()
+    ix.add_many([("a", "alpha beta"), ("b", "alpha gamma"), ("c", "delta delta")])
+    first = [(h.id, h.score) for h in ix.search("alpha delta")]
+    assert first == [(h.id, h.score) for h in ix.search("alpha delta")]  # kept, same answer
+    ix.remove("c")
+    assert ix._cache is not None
+    ix._cache.compact()
+    ix.add("d", "alpha alpha")  # three documents of total length 6 again
+    want = reference_search([("a", "alpha beta"), ("b", "alpha gamma"), ("d", "alpha alpha")], "alpha delta")
+    assert_same_ranking(ix.search("alpha delta"), want, exact=True)
+    ix.close()
+
+
+def test_the_term_cache_keeps_the_most_recent_terms_within_its_budget() -> None:
+    import numpy as np
+
+    from agentvfs.search._scoring import _TermCache
+
+    cache = _TermCache(("key",), budget=10)
+
+    def part(size: int) -> tuple[Any, Any]:
+        return np.arange(size, dtype=np.intp), np.ones(size)
+
+    cache.put(1, part(4))
+    cache.put(2, part(4))
+    assert cache.get(1) is not None  # 1 is now the most recent
+    cache.put(3, part(4))  # 12 > 10: the least recent (2) goes
+    assert cache.get(2) is None and cache.get(1) is not None and cache.get(3) is not None
+    cache.put(4, part(11))  # larger than the whole budget: not kept
+    assert cache.get(4) is None and cache.get(1) is not None

@@ -884,7 +884,7 @@ class BM25Index:
             return []
         weights = Counter(tokens)
         distinct = list(weights)  # first-occurrence order
-        hashes = _term_hashes(distinct)
+        hashes = list(map(_hash_table().__getitem__, distinct))
         with self._locked():
             cur = self._con
             stats = self._current_stats()
@@ -1069,14 +1069,14 @@ class BM25Index:
         cur: duckdb.DuckDBPyConnection,
         distinct: list[str],
         weights: Counter[str],
-        hashes: npt.NDArray[np.int64],
+        hashes: list[int],
         n: int,
         total: int,
         top_k: int,
         min_score: float,
     ) -> list[tuple[int, float]]:
         params = {
-            "terms": hashes.tolist(),
+            "terms": hashes,
             "pos": list(range(len(distinct))),
             "weights": [float(weights[t]) for t in distinct],
             "n": float(n),
@@ -1091,7 +1091,7 @@ class BM25Index:
         # Literal term numbers let DuckDB prune row groups by their zone maps (a subquery would
         # not); past a few thousand terms the subquery is cheaper to plan.
         terms = (
-            ",".join(map(str, params["terms"])) if len(distinct) <= 2000 else "SELECT term FROM q"
+            ",".join(map(str, hashes)) if len(distinct) <= 2000 else "SELECT term FROM q"
         )
         sql = _SEARCH_SQL.format(terms=terms)
         return [(int(doc), float(score)) for doc, score in cur.execute(sql, params).fetchall()]
@@ -1102,7 +1102,7 @@ class BM25Index:
         version: int,
         tokens: list[str],
         distinct: list[str],
-        hashes: npt.NDArray[np.int64],
+        hashes: list[int],
         n: int,
         total: int,
         top_k: int,
@@ -1118,7 +1118,7 @@ class BM25Index:
         ranked = rank(
             [*before, cache],
             tokens,
-            dict(zip(distinct, hashes.tolist(), strict=True)),
+            dict(zip(distinct, hashes, strict=True)),
             n=n + sum(source.live_docs for source in before),
             total_len=total + sum(source.live_length for source in before),
             k1=self._k1,

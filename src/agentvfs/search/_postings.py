@@ -7,6 +7,7 @@ amortised constant cost per write. Searches score from these arrays without touc
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,6 +17,10 @@ import numpy.typing as npt
 
 __all__ = ["PostingCache"]
 
+
+#: Numbers for the states of postings in memory: each change takes a new one, so what was
+#: derived from one state (per-term scores kept between queries) is known stale.
+_GENERATIONS = itertools.count()
 
 #: The in-memory postings are re-sorted once the recent adds and removals reach this many
 #: postings, or half the sorted ones, whichever is more (amortised constant cost per write).
@@ -83,6 +88,7 @@ class PostingCache:
     ) -> None:
         """The documents by slot, all alive, and no delta yet."""
         self.version = version
+        self.generation = next(_GENERATIONS)
         self.slot_doc = _Buffer(slot_doc)
         self.slot_len = _Buffer(slot_len.astype(np.float64))
         self.alive = _Buffer(np.ones(len(slot_doc), dtype=np.bool_))
@@ -149,6 +155,7 @@ class PostingCache:
         self, doc: int, length: int, terms: npt.NDArray[np.int64], tfs: npt.NDArray[np.int32]
     ) -> None:
         slot = self.slot_doc.size
+        self.generation = next(_GENERATIONS)
         self.slot_doc.append([doc])
         self.slot_len.append([float(length)])
         self.alive.append([True])
@@ -165,6 +172,7 @@ class PostingCache:
     def remove(self, doc: int) -> None:
         slot = int(np.searchsorted(self.slot_doc.view(), doc))
         if slot < self.slot_doc.size and self.slot_doc.data[slot] == doc:
+            self.generation = next(_GENERATIONS)
             self.alive.data[slot] = False
             self.dead += 1
 
@@ -179,9 +187,10 @@ class PostingCache:
 
     def postings(self, term: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int32]]:
         """Slots (ascending) and term frequencies of the live documents holding ``term``."""
-        i = int(np.searchsorted(self.keys, term))
-        if i < len(self.keys) and self.keys[i] == term:
-            lo, hi = self.starts[i], self.starts[i + 1]
+        keys = self.keys
+        i = int(keys.searchsorted(term))
+        if i < len(keys) and int(keys[i]) == term:
+            lo, hi = self.starts[i : i + 2].tolist()
             slots, tfs = self.slots[lo:hi], self.tfs[lo:hi]
         else:
             slots, tfs = self.slots[:0], self.tfs[:0]
@@ -213,6 +222,7 @@ class PostingCache:
         slots number the live documents densely, in insertion order."""
         if not self.delta_size and not self.dead:
             return
+        self.generation = next(_GENERATIONS)
         delta_terms = np.fromiter(
             (t for t, (s, _) in self.delta.items() for _ in s), np.int64, self.delta_size
         )

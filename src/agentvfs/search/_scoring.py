@@ -17,7 +17,7 @@ import contextlib
 import math
 import struct
 import threading
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -139,9 +139,10 @@ def _idf(n: int, df: int) -> float:
 def _norms(source: PostingSource, avgdl: float, k1: float, b: float) -> npt.NDArray[np.float64]:
     """``k1 * (1 - b + b * (len / avgdl))`` of every slot of ``source``: the same operations in
     the same order as per posting (so the same bits), done once per collection state instead
-    of once per query term. Kept on the source until the average length or its size changes."""
+    of once per query term. Kept on the source until the average length, its size or its
+    ``generation`` (see `_term_cache`) changes."""
     lengths = source.slot_lengths()
-    key = (avgdl, k1, b, len(lengths))
+    key = (avgdl, k1, b, len(lengths), getattr(source, "generation", None))
     cached = getattr(source, "_bm25_norms", None)
     if cached is not None and cached[0] == key:
         norms: npt.NDArray[np.float64] = cached[1]
@@ -152,6 +153,80 @@ def _norms(source: PostingSource, avgdl: float, k1: float, b: float) -> npt.NDAr
         source._bm25_norms = (key, norms)  # type: ignore[attr-defined]
     return norms
 
+
+#: A query term's postings in one source: the slots holding it and its score in each.
+_Terms = dict[str, tuple[npt.NDArray[np.intp], npt.NDArray[np.float64]]]
+#: A term's postings in one source: the slots holding it, and ``tf * (k1 + 1) / (tf + norm)``
+#: of each (its score before the idf, which depends on the whole collection).
+_Part = tuple[npt.NDArray[np.intp], npt.NDArray[np.float64]]
+
+#: Term parts a source keeps between queries, in postings per document it holds (at least
+#: ``_TERM_CACHE_MIN``): about a quarter of a typical index's postings, 16 bytes each at most.
+_TERM_CACHE_PER_DOC = 32
+_TERM_CACHE_MIN = 65_536
+
+
+def _tf_part(
+    slots: npt.NDArray[np.integer], tfs: npt.NDArray[np.integer], norms: npt.NDArray[np.float64], k1_plus_1: float
+) -> _Part:
+    """A term's :data:`_Part` from its postings, with the reference's operands in its order."""
+    # (intp indexes: numpy gathers and scatters with them twice as fast.)
+    at = slots.astype(np.intp, copy=False)
+    divisor = norms.take(at)
+    divisor += tfs
+    part = tfs * k1_plus_1
+    part /= divisor
+    return at, part.astype(np.float64, copy=False)
+
+
+class _TermCache:
+    """The :data:`_Part` of recent query terms of one source, least recently used dropped
+    first past the budget. One source's postings and one average length: a change to either
+    makes a new cache (see `_term_cache`)."""
+
+    __slots__ = ("_budget", "_entries", "_held", "_lock", "key")
+
+    def __init__(self, key: tuple[Any, ...], budget: int) -> None:
+        self.key = key
+        self._budget = budget
+        self._entries: OrderedDict[int, _Part] = OrderedDict()
+        self._held = 0
+        self._lock = threading.Lock()
+
+    def get(self, term: int) -> _Part | None:
+        with self._lock:
+            part = self._entries.get(term)
+            if part is not None:
+                self._entries.move_to_end(term)
+            return part
+
+    def put(self, term: int, part: _Part) -> None:
+        size = len(part[0])
+        if size > self._budget:
+            return
+        with self._lock:
+            if term in self._entries:
+                return
+            self._entries[term] = part
+            self._held += size
+            while self._held > self._budget:
+                _, (old, _) = self._entries.popitem(last=False)
+                self._held -= len(old)
+
+
+def _term_cache(source: PostingSource, avgdl: float, k1: float, b: float) -> _TermCache | None:
+    """The term cache of ``source`` for this average length and these parameters (None for a
+    source that takes no attributes). A source whose postings change (`PostingCache`) has a
+    ``generation`` that changes with them; others are taken as immutable."""
+    key = (avgdl, k1, b, source.size, getattr(source, "generation", None))
+    cache: _TermCache | None = getattr(source, "_bm25_terms", None)
+    if cache is None or cache.key != key:
+        cache = _TermCache(key, max(_TERM_CACHE_MIN, _TERM_CACHE_PER_DOC * source.size))
+        try:
+            source._bm25_terms = cache  # type: ignore[attr-defined]
+        except AttributeError:
+            return None
+    return cache
 
 _SCRATCH = threading.local()
 
@@ -170,7 +245,7 @@ def _scratch_scores(size: int) -> npt.NDArray[np.float64]:
 
 def _candidates(
     scores: npt.NDArray[np.float64],
-    here: dict[str, tuple[npt.NDArray[np.integer], npt.NDArray[np.float64]]],
+    here: _Terms,
     positive: bool,
     top_k: int,
     min_score: float,
@@ -195,6 +270,16 @@ def _candidates(
     for slots, _ in here.values():
         holding[slots] = True
     return np.flatnonzero(holding & (scores >= floor))
+
+
+def _first_terms(here: _Terms, distinct: list[str], candidates: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """The position in ``distinct`` of the first query term each of ``candidates`` holds."""
+    first = np.full(len(candidates), len(distinct), dtype=np.int64)
+    for pos in range(len(distinct) - 1, -1, -1):
+        entry = here.get(distinct[pos])
+        if entry is not None:
+            first[_holds(entry[0], candidates)] = pos
+    return first
 
 
 def _holds(slots: npt.NDArray[np.integer], candidates: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
@@ -243,40 +328,47 @@ def rank(
     # With these parameters every term score is > 0 (idf > 0 as df <= N, tf >= 1 and the
     # length norm >= 0), so the documents holding a query term are those scoring above 0.
     positive = k1 >= 0 and 0 <= b <= 1
-    # Each distinct term's postings in every source, and its document frequency over all.
-    found: dict[str, list[tuple[npt.NDArray[np.integer], npt.NDArray[np.integer]]]] = {}
+    # Each distinct term's postings in every source with their scores less the idf (kept by
+    # the source between queries while its postings and the average length stay), and its
+    # document frequency over all.
+    norms = [_norms(source, avgdl, k1, b) for source in sources]
+    caches = [_term_cache(source, avgdl, k1, b) for source in sources]
+    found: dict[str, list[_Part]] = {}
     idf: dict[str, float] = {}
+    weights = Counter(tokens)
+    work = 0  # postings added up, duplicates counted
     for term in distinct:
-        per_source = [source.postings(hashes[term]) for source in sources]
-        df = sum(len(slots) for slots, _ in per_source)
+        key = hashes[term]
+        per_source: list[_Part] = []
+        df = 0
+        for index, source in enumerate(sources):
+            cache = caches[index]
+            part = cache.get(key) if cache is not None else None
+            if part is None:
+                slots, tfs = source.postings(key)
+                part = _tf_part(slots, tfs, norms[index], k1_plus_1)
+                if cache is not None:
+                    cache.put(key, part)
+            per_source.append(part)
+            df += len(part[0])
         if df == 0:
             continue
         found[term] = per_source
         idf[term] = _idf(n, df)
+        work += df * weights[term]
     if not found:
         return []
-    work = sum(sum(len(s) for s, _ in found[t]) for t in tokens if t in found)
     exact = len(tokens) <= EXACT_FOLD_TOKENS and work <= EXACT_FOLD_WORK
-    weights = Counter(tokens)
-    picked: list[tuple[npt.NDArray[np.float64], npt.NDArray[np.int64], int, npt.NDArray[np.int64]]]
+    picked: list[tuple[npt.NDArray[np.float64], _Terms, int, npt.NDArray[np.int64]]]
     picked = []
     for index, source in enumerate(sources):
-        norms = _norms(source, avgdl, k1, b)
         # idf * (tf * (k1 + 1) / (tf + k1 * (1 - b + b * (len / avgdl)))), the reference's
         # arithmetic, per distinct term present here.
-        here: dict[str, tuple[npt.NDArray[np.integer], npt.NDArray[np.float64]]] = {}
+        here: _Terms = {}
         for term, per_source in found.items():
-            slots, tfs = per_source[index]
-            if len(slots):
-                # (intp indexes: numpy gathers and scatters with them twice as fast; the
-                # operations in place, with the reference's operands in its order.)
-                at = slots.astype(np.intp, copy=False)
-                divisor = norms.take(at)
-                divisor += tfs
-                contributions = tfs * k1_plus_1
-                contributions /= divisor
-                contributions *= idf[term]
-                here[term] = (at, contributions.astype(np.float64, copy=False))
+            at, before_idf = per_source[index]
+            if len(at):
+                here[term] = (at, before_idf * idf[term])
         if not here:
             continue
         size = source.size
@@ -297,21 +389,20 @@ def rank(
             kth = np.partition(values, len(values) - top_k)[len(values) - top_k]
             keep = values >= kth  # ties at the cut stay in, the sort below settles them
             candidates, values = candidates[keep], values[keep]
-        # The reference's order before its stable sort: by the first query term a document
-        # holds, then by the term's posting order (= insertion order = slot order).
-        first = np.full(len(candidates), len(distinct), dtype=np.int64)
-        for pos in range(len(distinct) - 1, -1, -1):
-            entry = here.get(distinct[pos])
-            if entry is not None:
-                first[_holds(entry[0], candidates)] = pos
-        picked.append((values, first, index, candidates))
+        picked.append((values, here, index, candidates))
     if not picked:
         return []
     values = np.concatenate([p[0] for p in picked])
-    firsts = np.concatenate([p[1] for p in picked])
     owners = np.concatenate([np.full(len(p[3]), p[2], dtype=np.int64) for p in picked])
     slots_all = np.concatenate([p[3] for p in picked])
-    order = np.lexsort((slots_all, owners, firsts, -values))[:top_k]
+    ordered = np.sort(values)
+    if not (ordered[1:] == ordered[:-1]).any():
+        order = np.argsort(-values, kind="stable")[:top_k]  # no equal scores: no tie to settle
+    else:
+        # The reference's order before its stable sort: by the first query term a document
+        # holds, then by the term's posting order (= insertion order = slot order).
+        firsts = np.concatenate([_first_terms(p[1], distinct, p[3]) for p in picked])
+        order = np.lexsort((slots_all, owners, firsts, -values))[:top_k]
     return list(
         zip(owners[order].tolist(), slots_all[order].tolist(), values[order].tolist(), strict=True)
     )
