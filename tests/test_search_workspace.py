@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
@@ -579,9 +580,78 @@ async def test_indexing_holds_a_bounded_round_of_text(tmp_path: Path, monkeypatc
     search = search_workspace.WorkspaceSearch(bm25=True)
     counts = await search.sync(LocalFilesystem(tmp_path), ["."])
     assert counts["indexed"] == 40
-    # Each round of reads (8 files of about 1.5 KB) passes 3000 bytes: indexed before the next.
-    assert committed[:-1] == [8] * 5 and committed[-1] == 0
+    # Each round of reads (8 files of about 1.5 KB) passes 3000 bytes: indexed before the next
+    # is, while the next is read (nothing is left for a last round).
+    assert committed == [8] * 5
     assert len(await search.search("words", mode="bm25", top_k=50)) == 40
+
+
+async def test_a_round_is_indexed_while_the_next_is_read_one_at_a_time_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for i in range(40):
+        (tmp_path / f"f{i:02d}.txt").write_text(f"file {i} words\n" * 100)
+    monkeypatch.setattr(search_workspace, "ROUND_BYTES", 3000)
+    events: list[str] = []
+    original = search_workspace.WorkspaceSearch._commit
+    running = 0
+
+    async def slow(
+        self: Any, engine: Any, docs: list[Document], sources: dict[str, Any], replacing: list[str]
+    ) -> int:
+        nonlocal running
+        running += 1
+        assert running == 1, "two rounds indexed at once"
+        first = min(sources)
+        events.append(f"commit {first}")
+        await anyio.sleep(0.05)  # meanwhile the next round is read
+        try:
+            return await original(self, engine, docs, sources, replacing)
+        finally:
+            events.append(f"done {first}")
+            running -= 1
+
+    real_read_many = search_workspace.read_many  # type: ignore[attr-defined]
+
+    async def reading(fs: Any, paths: list[str], **kwargs: Any) -> Any:
+        events.append(f"read {min(paths)}")
+        return await real_read_many(fs, paths, **kwargs)
+
+    monkeypatch.setattr(search_workspace.WorkspaceSearch, "_commit", slow)
+    monkeypatch.setattr(search_workspace, "read_many", reading)
+    search = search_workspace.WorkspaceSearch(bm25=True)
+    counts = await search.sync(LocalFilesystem(tmp_path), ["."])
+    assert (counts["indexed"], counts["failed"]) == (40, 0)
+    commits = [e for e in events if e.startswith("commit")]
+    assert commits == sorted(commits) and len(commits) == 5  # in order
+    # Each round was read before the one before it was done indexing.
+    for before, after in (("f00", "f08"), ("f08", "f16"), ("f16", "f24"), ("f24", "f32")):
+        assert events.index(f"read {after}.txt") < events.index(f"done {before}.txt")
+    assert len(await search.search("words", mode="bm25", top_k=50)) == 40
+
+
+async def test_an_error_recording_a_round_is_raised_as_itself_after_the_round_in_progress(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for i in range(40):
+        (tmp_path / f"f{i:02d}.txt").write_text(f"file {i} words\n" * 100)
+    monkeypatch.setattr(search_workspace, "ROUND_BYTES", 3000)
+    search = search_workspace.WorkspaceSearch(bm25=True, index_dir=str(tmp_path / "index"))
+    original = search.__class__._save_sources
+    saved: list[int] = []
+
+    def failing(self: Any, sources: dict[str, Any]) -> None:
+        if len(saved) == 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        saved.append(len(sources))
+        original(self, sources)
+
+    monkeypatch.setattr(search.__class__, "_save_sources", failing)
+    with pytest.raises(OSError, match="No space left") as caught:
+        await search.sync(LocalFilesystem(tmp_path), ["."])
+    assert type(caught.value) is OSError  # not wrapped in an exception group
+    assert saved == [8]  # the first round was recorded, the second failed, no third began
+    await search.close()
 
 
 # -- a storage outage during the sync at init() ---------------------------------------------------------

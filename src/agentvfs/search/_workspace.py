@@ -20,11 +20,12 @@ import os
 import posixpath
 import stat
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import anyio.abc
 import anyio.to_thread
 import numpy as np
 
@@ -66,7 +67,8 @@ READ_CONCURRENCY = 8
 ROUND = 1024
 #: What has been read is indexed (and recorded) once it holds this many bytes, before more is
 #: read: indexing holds some 15 to 17 times the text in memory at its peak (16 MiB of prose in
-#: one file or in 256 took 250 to 270 MiB).
+#: one file or in 256 took 250 to 270 MiB), and a sync holds two such rounds (one indexed while
+#: the next is read).
 ROUND_BYTES = 16 * 1024 * 1024
 #: Auto-indexed files larger than this are not indexed (``WorkspaceSearch(max_file_bytes=...)``):
 #: skipped with a warning and counted as ``too_large`` by :meth:`WorkspaceSearch.sync`. The
@@ -177,6 +179,59 @@ class _Source:
     signature: _Signature
     digest: str
     chunks: int
+
+
+class _Commits:
+    """Rounds of a (re)index committed one at a time, in order, each in the background of the
+    reading and chunking of the next (`WorkspaceSearch.sync`): at most two rounds are held.
+
+    `submit` waits for the round before to be done, starts this one and returns 0; `wait`
+    waits for the last. What a round indexes is added to `indexed`; an error of a round is
+    raised by the next `submit` or `wait`.
+    """
+
+    def __init__(
+        self,
+        commit: Callable[[SearchEngine, list[Document], dict[str, _Source], list[str]], Awaitable[int]],
+        group: anyio.abc.TaskGroup,
+    ) -> None:
+        self._commit = commit
+        self._group = group
+        self._done: anyio.Event | None = None
+        self._error: Exception | None = None
+        self.indexed = 0
+
+    async def submit(
+        self, engine: SearchEngine, docs: list[Document], sources: dict[str, _Source], replacing: list[str]
+    ) -> int:
+        await self.wait()
+        if not docs and not sources and not replacing:
+            return 0
+        done = self._done = anyio.Event()
+        self._group.start_soon(self._run, engine, docs, sources, replacing, done)
+        return 0
+
+    async def _run(
+        self,
+        engine: SearchEngine,
+        docs: list[Document],
+        sources: dict[str, _Source],
+        replacing: list[str],
+        done: anyio.Event,
+    ) -> None:
+        try:
+            self.indexed += await self._commit(engine, docs, sources, replacing)
+        except Exception as exc:
+            self._error = exc
+        finally:
+            done.set()
+
+    async def wait(self) -> None:
+        if self._done is not None:
+            await self._done.wait()
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
 
 
 def _digest(data: bytes) -> str:
@@ -744,12 +799,26 @@ class WorkspaceSearch:
                 counts["unchanged"] += 1
             else:
                 todo.append(path)
-        for start in range(0, len(todo), ROUND):
-            batch = todo[start : start + ROUND]
-            done, too_large = await self._index_files(engine, fs, batch, known, signatures)
-            counts["indexed"] += done
-            counts["too_large"] += too_large
-            counts["failed"] += len(batch) - done - too_large
+        # Each round is read and prepared while the one before is indexed (on a worker
+        # thread: tokenising, compressing, DuckDB), one round indexing at a time, in order.
+        failure: Exception | None = None
+        async with anyio.create_task_group() as group:
+            commits = _Commits(self._commit, group)
+            try:
+                for start in range(0, len(todo), ROUND):
+                    batch = todo[start : start + ROUND]
+                    _, too_large = await self._index_files(
+                        engine, fs, batch, known, signatures, commit=commits.submit
+                    )
+                    counts["too_large"] += too_large
+                    counts["failed"] += len(batch) - too_large
+                await commits.wait()
+            except Exception as exc:  # raised as itself once the round in progress is done
+                failure = exc
+        if failure is not None:
+            raise failure
+        counts["indexed"] = commits.indexed
+        counts["failed"] -= commits.indexed
         store = self._store
         if store is not None and counts["indexed"] >= CHECKPOINT_AFTER_FILES:
             # A bulk (re)index ends with its checkpoint: this session's searches take hits'
@@ -822,13 +891,18 @@ class WorkspaceSearch:
         paths: Sequence[str],
         known: Mapping[str, _Source],
         signatures: Mapping[str, _Signature],
+        commit: Callable[[SearchEngine, list[Document], dict[str, _Source], list[str]], Awaitable[int]]
+        | None = None,
     ) -> tuple[int, int]:
         """Index ``paths``: how many were indexed, and how many were too large.
 
         Files are read :data:`READ_CONCURRENCY` at a time, none past :attr:`max_file_bytes`
         (those listed larger are not read at all), and what was read is indexed whenever it
         reaches :data:`ROUND_BYTES`, so memory stays bounded by those, not by the files.
+        ``commit`` indexes and records what was read (by default `_commit`, awaited: a
+        `_Commits` returns at once and counts what it indexes itself).
         """
+        commit = commit or self._commit
         cap = self.max_file_bytes
         indexed = too_large = 0
         docs: list[Document] = []
@@ -859,9 +933,9 @@ class WorkspaceSearch:
                 )
             del data
             if held >= ROUND_BYTES:
-                indexed += await self._commit(engine, docs, sources, replacing)
+                indexed += await commit(engine, docs, sources, replacing)
                 docs, sources, replacing, held = [], {}, [], 0
-        indexed += await self._commit(engine, docs, sources, replacing)
+        indexed += await commit(engine, docs, sources, replacing)
         return indexed, too_large
 
     async def _too_large(self, engine: SearchEngine, known: Mapping[str, _Source], path: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import operator
 import os
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal
@@ -15,6 +16,10 @@ from ._base import new_id
 from ._disk import Disk
 from ._disk_fs import DiskBackend, DiskFilesystem
 from ._records import FileStat
+
+_FIELDS = [field.name for field in dataclasses.fields(FileStat)]
+_STAT_FIELDS = operator.attrgetter(*_FIELDS)
+_NAME, _PATH = _FIELDS.index("name"), _FIELDS.index("path")
 
 __all__ = ["LocalFilesystem"]
 
@@ -181,10 +186,12 @@ class LocalFilesystem(DiskFilesystem):
         host = "/" + stat.path
         relative = self._public_path(stat.path)
         # Only the name and path change: the disk's modes, owners, times and link targets
-        # stay (a FUSE mount of this filesystem shows them).
-        return dataclasses.replace(
-            stat, name=os.path.basename(host) if relative else os.path.basename(self.base_path), path=relative
-        )
+        # stay (a FUSE mount of this filesystem shows them). (The same copy as
+        # ``dataclasses.replace``, which checks field by field and takes twice as long.)
+        values = list(_STAT_FIELDS(stat))
+        values[_NAME] = os.path.basename(host) if relative else os.path.basename(self.base_path)
+        values[_PATH] = relative
+        return FileStat(*values)
 
     async def setup(self) -> None:
         """Create ``base_path`` (``mkdir -p``)."""
