@@ -467,3 +467,24 @@ def test_the_cli_without_dask_names_the_extra(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=cli_env(), timeout=60, check=False)
     assert done.returncode == 1
     assert "pip install 'agentvfs[dask]'" in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_files_are_read_in_order_and_a_file_that_cannot_be_read_is_reported_in_its_place(
+    tmp_path: Path,
+) -> None:
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    from agentvfs.search._bulk import _read_in_order
+
+    for i in range(30):
+        (tmp_path / f"f{i:02d}").write_bytes(b"x" * i)
+    names = [f"f{i:02d}" for i in range(30)]
+    names.insert(7, "gone")  # listed, then deleted before it was read
+    local = list(_read_in_order(LocalFileSystem(), [str(tmp_path / n) for n in names]))
+    memory = MemoryFileSystem()
+    for i in range(30):
+        memory.pipe_file(f"/bulk-read/f{i:02d}", b"x" * i)
+    remote = list(_read_in_order(memory, [f"/bulk-read/{n}" for n in names]))  # read by threads
+    for got in (local, remote):
+        assert isinstance(got[7], FileNotFoundError)
+        assert [g for k, g in enumerate(got) if k != 7] == [b"x" * i for i in range(30)]
