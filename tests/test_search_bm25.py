@@ -948,16 +948,24 @@ def test_registered_columns_take_the_first_values_type_and_leave_the_setting_as_
     con = duckdb.connect()
     con.execute("SET pandas_analyze_sample = 777")
     con.execute("CREATE TABLE t(id VARCHAR, body BLOB, n BIGINT)")
+    ids = ["a", "b", "ü"] + [f"d{i}" for i in range(200)]  # many: the setting is changed
+    bodies = [b"\x00\x01", b"", b"\xff"] + [bytes([i]) * i for i in range(200)]
     columns = {
-        "id": np.array(["a", "b", "ü"], dtype=object),
-        "body": np.array([b"\x00\x01", b"", b"\xff"], dtype=object),
-        "n": np.arange(3, dtype=np.int64),
+        "id": np.array(ids, dtype=object),
+        "body": np.array(bodies, dtype=object),
+        "n": np.arange(len(ids), dtype=np.int64),
     }
+    seen: list[Any] = []
     with registered(con, "new_rows", columns):
+        seen.append(con.execute("SELECT current_setting('pandas_analyze_sample')").fetchone())
         con.execute("INSERT INTO t SELECT * FROM new_rows")
-    assert con.execute("SELECT * FROM t ORDER BY n").fetchall() == [
-        ("a", b"\x00\x01", 0), ("b", b"", 1), ("ü", b"\xff", 2)
-    ]
+    assert seen == [(1,)]
+    assert con.execute("SELECT * FROM t ORDER BY n").fetchall() == list(zip(ids, bodies, range(len(ids)), strict=True))
+    few = {"id": np.array(["x"], dtype=object), "body": np.array([b"y"], dtype=object), "n": np.array([-1])}
+    with registered(con, "new_rows", few):  # few rows: DuckDB's own look costs less
+        seen.append(con.execute("SELECT current_setting('pandas_analyze_sample')").fetchone())
+        con.execute("INSERT INTO t SELECT * FROM new_rows")
+    assert seen[-1] == (777,) and con.execute("SELECT id FROM t WHERE n = -1").fetchone() == ("x",)
     with pytest.raises(duckdb.CatalogException):
         con.execute("SELECT * FROM new_rows")  # unregistered
     with pytest.raises(duckdb.Error), registered(con, "new_rows", columns):

@@ -14,6 +14,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any, Literal
 
 import duckdb
+import numpy as np
 
 __all__ = ["FileTrouble", "connect", "registered", "table_names", "transaction", "trouble"]
 
@@ -87,9 +88,13 @@ def registered(
     (each conversion also trying to import pandas), which took longer than inserting them;
     the connection's setting is put back afterwards.
     """
-    row = con.execute("SELECT current_setting('pandas_analyze_sample')").fetchone()
-    previous = int(row[0]) if row is not None else None
-    con.execute("SET pandas_analyze_sample = 1")
+    rows = min((len(column) for column in columns.values()), default=0)
+    objects = any(getattr(column, "dtype", None) == np.dtype(object) for column in columns.values())
+    previous: int | None = None
+    if objects and rows > _SAMPLE_WORTH_SETTING:  # (three statements: only worth it for many)
+        row = con.execute("SELECT current_setting('pandas_analyze_sample')").fetchone()
+        previous = int(row[0]) if row is not None else None
+        con.execute("SET pandas_analyze_sample = 1")
     try:
         con.register(name, columns)
         try:
@@ -99,3 +104,8 @@ def registered(
     finally:
         if previous is not None:
             con.execute(f"SET pandas_analyze_sample = {previous}")
+
+
+#: Rows of Python objects below which DuckDB's look at them costs less than changing the
+#: setting for one registration.
+_SAMPLE_WORTH_SETTING = 64
