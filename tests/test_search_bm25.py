@@ -906,6 +906,47 @@ def test_a_checkpoint_serves_postings_and_text_of_the_version_it_was_written_at(
     assert _answers(BM25Index(path)) == after
 
 
+def test_a_writer_killed_while_writing_its_checkpoint_leaves_a_usable_index_and_no_litter(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "ix.duckdb"
+    checkpoint = str(path) + _bm25.CHECKPOINT_SUFFIX
+    writer = """
+        import sys
+        from agentvfs.search._bm25 import BM25Index
+        ix = BM25Index(sys.argv[1])
+        ix.add_many([(f"doc{i}", f"steady words item{i} " * 200, None, None) for i in range(3000)])
+        n = 0
+        while True:
+            ix.add(f"extra{n}", f"extra words number{n}")
+            ix.write_checkpoint()
+            n += 1
+            print(n, flush=True)
+    """
+    rng = random.Random(4)
+    for _ in range(3):
+        proc = _python(writer, str(path))
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line, proc.stderr.read() if proc.stderr else ""
+        time.sleep(rng.random() * 0.4)  # somewhere in a write, often
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    # One more left over for certain, as a writer killed mid-write leaves it.
+    Path(f"{checkpoint}.4000000.tmp").write_bytes(b"AVFSSEG1 half a checkpoint")
+    with BM25Index(path) as ix:
+        want = [(h.id, h.score, h.content) for h in ix.search("steady item7 number1")]
+        assert want and want[0][0] == "doc7"
+        assert ix.write_checkpoint()
+    assert not [name for name in os.listdir(tmp_path) if name.endswith(".tmp")]
+    with BM25Index(path) as ix:
+        assert ix.checkpoint_version == ix.version  # the new checkpoint is used...
+        assert [(h.id, h.score, h.content) for h in ix.search("steady item7 number1")] == want
+    os.unlink(checkpoint)
+    with BM25Index(path) as ix:  # ...and answers as the index alone does
+        assert [(h.id, h.score, h.content) for h in ix.search("steady item7 number1")] == want
+
+
 def test_a_foreign_damaged_or_planted_checkpoint_is_ignored(tmp_path: Path) -> None:
     path = tmp_path / "ix.duckdb"
     index = BM25Index(path)

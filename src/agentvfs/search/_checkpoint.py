@@ -110,6 +110,7 @@ def write_checkpoint(
         header={"checkpoint": {"version": int(version), "docs": _encode_docs(docs), "of": identity}},
     )
     temporary = f"{path}.{os.getpid()}.tmp"
+    _remove_left_temporaries(path, keep=temporary)
     try:
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         with os.fdopen(fd, "wb") as out:
@@ -121,6 +122,24 @@ def write_checkpoint(
         with contextlib.suppress(OSError):
             os.unlink(temporary)
         raise
+
+
+def _remove_left_temporaries(path: str, keep: str) -> None:
+    """Delete the temporary checkpoints (``<path>.<pid>.tmp``) a writer killed while writing
+    left: each is as large as a checkpoint. Only the one process writing the index writes its
+    checkpoint (DuckDB lets one process open a file for writing), so any other is left over."""
+    directory, name = os.path.split(path)
+    try:
+        entries = os.listdir(directory or ".")
+    except OSError:
+        return
+    for entry in entries:
+        pid = entry[len(name) + 1 : -len(".tmp")]
+        if entry.startswith(name + ".") and entry.endswith(".tmp") and pid.isdigit():
+            where = os.path.join(directory, entry)
+            if where != keep:
+                with contextlib.suppress(OSError):
+                    os.unlink(where)
 
 
 def open_checkpoint(
