@@ -1072,3 +1072,20 @@ def test_the_term_cache_keeps_the_most_recent_terms_within_its_budget() -> None:
     assert cache.get(2) is None and cache.get(1) is not None and cache.get(3) is not None
     cache.put(4, part(11))  # larger than the whole budget: not kept
     assert cache.get(4) is None and cache.get(1) is not None
+
+
+def test_an_index_of_documents_without_tokens_answers_nothing_without_arithmetic_errors(
+    cached: bool,
+) -> None:
+    import warnings
+
+    import numpy as np
+
+    ix = BM25Index(cache_postings=cached)
+    ix.add_many([("a", "!!! ..."), ("b", "")])  # every length 0: the average length is 0
+    with warnings.catch_warnings(), np.errstate(all="raise"):
+        warnings.simplefilter("error")
+        assert ix.search("日本語") == [] and ix.search("gamma alpha", top_k=2) == []
+    ix.add("c", "alpha")
+    assert [h.id for h in ix.search("gamma alpha")] == ["c"]
+    ix.close()

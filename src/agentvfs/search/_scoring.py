@@ -160,6 +160,8 @@ _Terms = dict[str, tuple[npt.NDArray[np.intp], npt.NDArray[np.float64]]]
 #: of each (its score before the idf, which depends on the whole collection).
 _Part = tuple[npt.NDArray[np.intp], npt.NDArray[np.float64]]
 
+_NO_PART: _Part = (np.zeros(0, dtype=np.intp), np.zeros(0, dtype=np.float64))
+
 #: Term parts a source keeps between queries, in postings per document it holds (at least
 #: ``_TERM_CACHE_MIN``): about a quarter of a typical index's postings, 16 bytes each at most.
 _TERM_CACHE_PER_DOC = 32
@@ -331,7 +333,9 @@ def rank(
     # Each distinct term's postings in every source with their scores less the idf (kept by
     # the source between queries while its postings and the average length stay), and its
     # document frequency over all.
-    norms = [_norms(source, avgdl, k1, b) for source in sources]
+    # (Norms only once a source holds a query term: with no term found the average length may
+    # be 0, every document empty of tokens.)
+    norms: list[npt.NDArray[np.float64] | None] = [None] * len(sources)
     caches = [_term_cache(source, avgdl, k1, b) for source in sources]
     found: dict[str, list[_Part]] = {}
     idf: dict[str, float] = {}
@@ -346,7 +350,13 @@ def rank(
             part = cache.get(key) if cache is not None else None
             if part is None:
                 slots, tfs = source.postings(key)
-                part = _tf_part(slots, tfs, norms[index], k1_plus_1)
+                if not len(slots):
+                    part = _NO_PART
+                else:
+                    source_norms = norms[index]
+                    if source_norms is None:
+                        source_norms = norms[index] = _norms(source, avgdl, k1, b)
+                    part = _tf_part(slots, tfs, source_norms, k1_plus_1)
                 if cache is not None:
                     cache.put(key, part)
             per_source.append(part)
