@@ -146,6 +146,24 @@ def test_a_local_build_refuses_other_tokenizer_options_and_collects_garbage(tmp_
     assert names == newest
 
 
+def test_old_manifests_go_past_the_newest_kept_and_the_grace_period(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agentvfs.search import _bulk
+
+    monkeypatch.setattr(_bulk, "MANIFESTS_KEPT", 3)
+    source, index = tmp_path / "src", tmp_path / "index"
+    _make_tree(source, LAYOUT)
+    for _ in range(4):  # recent: all kept with a grace period
+        assert build_index(str(source), str(index), objects_per_task=6).manifests_deleted == 0
+    assert sorted(p.name for p in (index / "manifests").iterdir())[0] == f"{1:010d}.json"
+    reports = [build_index(str(source), str(index), objects_per_task=6, gc_grace=0) for _ in range(3)]
+    assert [r.manifests_deleted for r in reports] == [2, 1, 1]
+    assert sorted(p.name for p in (index / "manifests").iterdir()) == [f"{n:010d}.json" for n in (5, 6, 7)]
+    assert read_manifest(str(index)).number == 7
+    assert reports[-1].to_dict()["manifests_deleted"] == 1
+
+
 def _manifest_refs(index: Path, number: int) -> list[Any]:
     from agentvfs.search._bulk import Manifest
 

@@ -1357,7 +1357,8 @@ def _index(args: argparse.Namespace) -> int:
     print(
         f"agentvfs index: manifest {report.manifest} of {out}: {report.docs} documents from {report.objects} "
         f"objects in {len(report.tasks)} tasks; segments built {report.built}, kept {report.reused}, deleted "
-        f"{report.deleted}; {report.seconds:.1f} s (planning {report.planning_seconds:.1f} s)",
+        f"{report.deleted}; old manifests deleted {report.manifests_deleted}; {report.seconds:.1f} s "
+        f"(planning {report.planning_seconds:.1f} s)",
         file=sys.stderr,
     )
     return 0

@@ -23,7 +23,8 @@ highest manifest that parses and validates.
 Re-runs. A task records the digest of its listing (sorted key, size, version); a re-run whose
 task lists the same digest keeps the segment it had, without reading a file. Segments that no
 manifest among the newest two references, and older than a grace period, are deleted at the
-end of a build: what a builder killed half-way uploaded goes then.
+end of a build: what a builder killed half-way uploaded goes then. So are manifests past the
+newest :data:`MANIFESTS_KEPT` that are older than the grace period (readers take the newest).
 """
 
 from __future__ import annotations
@@ -71,6 +72,9 @@ _log = logging.getLogger("agentvfs.search")
 MANIFEST_FORMAT = "agentvfs-index-manifest"
 MANIFEST_VERSION = 1
 MANIFESTS_DIR = "manifests"
+#: Manifests a build keeps (the newest ones); older ones go once past the grace period. A
+#: reader takes the newest that is valid, and falls back to one before only when it is not.
+MANIFESTS_KEPT = 10
 #: Digits of a manifest's number in its name, so names sort as numbers.
 _DIGITS = 10
 _MANIFEST_NAME = re.compile(rf"^(\d{{{_DIGITS}}})\.json$")
@@ -953,6 +957,8 @@ class BuildReport:
         Each task, in prefix order.
     built, reused, deleted : int
         Segments built, kept from the previous manifest, and garbage-collected.
+    manifests_deleted : int
+        Old manifests deleted (past the newest :data:`MANIFESTS_KEPT` and the grace period).
     docs, objects : int
         Documents in the index, and objects listed.
     seconds, planning_seconds : float
@@ -968,12 +974,14 @@ class BuildReport:
     objects: int
     seconds: float
     planning_seconds: float
+    manifests_deleted: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """The report as JSON-friendly values (what ``agentvfs index --json`` prints)."""
         return {
             "manifest": self.manifest, "built": self.built, "reused": self.reused,
-            "deleted": self.deleted, "docs": self.docs, "objects": self.objects,
+            "deleted": self.deleted, "manifests_deleted": self.manifests_deleted,
+            "docs": self.docs, "objects": self.objects,
             "seconds": round(self.seconds, 3), "planning_seconds": round(self.planning_seconds, 3),
             "tasks": [
                 {
@@ -1226,6 +1234,7 @@ def build_index(
     )
     _write_manifest(index_fs, index_root, backend, index_url, manifest)
     deleted = _collect_garbage(index_fs, index_root, backend, gc_grace)
+    manifests_deleted = _collect_manifests(index_fs, index_root, backend, gc_grace)
     return BuildReport(
         manifest=number,
         tasks=tuple(_task_report(r) for r in records),
@@ -1236,6 +1245,7 @@ def build_index(
         objects=manifest.totals["objects"],
         seconds=time.monotonic() - started,
         planning_seconds=planning,
+        manifests_deleted=manifests_deleted,
     )
 
 
@@ -1267,6 +1277,30 @@ def _write_manifest(
             "build's manifest was not written. Run the build again to index on top of it",
             manifest.number,
         ) from None
+
+
+def _collect_manifests(fs: fsspec.AbstractFileSystem, root: str, backend: FsspecBackend, grace: float) -> int:
+    """Delete the manifests past the newest :data:`MANIFESTS_KEPT` that are older than
+    ``grace`` seconds; how many were deleted."""
+    listed: list[tuple[int, Mapping[str, Any]]] = []
+    for info in _ls(fs, _join(root, MANIFESTS_DIR)):
+        match = _MANIFEST_NAME.match(posixpath.basename(str(info["name"]).rstrip("/")))
+        if match and _is_file(info):
+            listed.append((int(match.group(1)), info))
+    listed.sort(key=lambda item: item[0])
+    now = time.time()
+    deleted = 0
+    for number, entry in listed[:-MANIFESTS_KEPT]:
+        _, mtime_ns = _version(entry)
+        if (mtime_ns and now - mtime_ns / 1e9 < grace) or (not mtime_ns and grace > 0):
+            continue  # recent, or of no known age: kept (only a grace of 0 removes those)
+        rel = _manifest_rel(number)
+        try:
+            backend.delete_sync(rel, rel)
+        except FileNotFoundError:
+            continue  # another build deleted it
+        deleted += 1
+    return deleted
 
 
 def _collect_garbage(fs: fsspec.AbstractFileSystem, root: str, backend: FsspecBackend, grace: float) -> int:
