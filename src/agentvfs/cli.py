@@ -206,6 +206,50 @@ async def _demo_search(files: Any, say: Any) -> None:
             say("  mastra_workspace_search {'query': 'TODO', 'topK': 2}")
             for line in str(output).splitlines():
                 say(f"    {line}")
+    await _demo_shared_index(files, say)
+
+
+async def _demo_shared_index(files: Any, say: Any) -> None:
+    """Publish an index of the demo files (``build_index``: segments and a manifest, here in a
+    local directory; on a bucket, from a Dask cluster) and search it from an agent's workspace
+    that attaches it read-only, together with what the agent changed."""
+    from . import LocalFilesystem, Workspace
+    from .search import build_index
+
+    with tempfile.TemporaryDirectory(prefix="agentvfs-shared-") as shared:
+        bucket, published = os.path.join(shared, "bucket"), os.path.join(shared, "index")
+        # (A copy of the files on local disk stands for the bucket the index is built from.)
+        for entry in await files.readdir(".", recursive=True):
+            if entry.type == "file":
+                target = anyio.Path(bucket, entry.name)
+                await target.parent.mkdir(parents=True, exist_ok=True)
+                await target.write_bytes(bytes(await files.read_file(entry.name)))
+        report = await anyio.to_thread.run_sync(functools.partial(build_index, bucket, published))
+        say(
+            f"build_index <tmp>/bucket -> <tmp>/index: manifest {report.manifest}, {report.docs} "
+            f"documents in {report.built} segment(s)"
+        )
+        agent = Workspace(
+            filesystem=LocalFilesystem(bucket),
+            bm25=True,
+            auto_index_paths=["."],
+            index_dir=os.path.join(shared, "agent"),
+            search_index_url=published,
+            search_index_options={"cache_dir": os.path.join(shared, "segments")},
+        )
+        async with agent:
+
+            async def show(note: str) -> None:
+                results = await agent.search("TODO", mode="bm25", top_k=3)
+                say(f"  search 'TODO' ({note}): " + ", ".join(f"{r.id} {r.score:.3f}" for r in results))
+
+            await show("an agent with the published index attached; nothing indexed of its own")
+            done = "def main():\n    return 'hello, agent'  # greets by name now\n"
+            note = "a TODO only this agent wrote\n"
+            for path, text in (("src/app.py", done), ("notes/mine.md", note)):
+                await agent.filesystem.write_file(path, text)  # type: ignore[union-attr]
+                await agent.index(path, text)
+            await show("after it rewrote src/app.py and wrote notes/mine.md; the published src/app.py is hidden")
 
 
 @contextlib.contextmanager
