@@ -1291,16 +1291,22 @@ def _collect_manifests(fs: fsspec.AbstractFileSystem, root: str, backend: Fsspec
     now = time.time()
     deleted = 0
     for number, entry in listed[:-MANIFESTS_KEPT]:
-        _, mtime_ns = _version(entry)
-        if (mtime_ns and now - mtime_ns / 1e9 < grace) or (not mtime_ns and grace > 0):
-            continue  # recent, or of no known age: kept (only a grace of 0 removes those)
-        rel = _manifest_rel(number)
-        try:
-            backend.delete_sync(rel, rel)
-        except FileNotFoundError:
-            continue  # another build deleted it
-        deleted += 1
+        deleted += _delete_if_old(backend, _manifest_rel(number), entry, now, grace)
     return deleted
+
+
+def _delete_if_old(backend: FsspecBackend, rel: str, info: Mapping[str, Any], now: float, grace: float) -> bool:
+    """Delete ``rel`` (listed as ``info``) if it is older than ``grace`` seconds (one of no
+    known age only with a grace of 0); whether it was deleted here (not first by another
+    build)."""
+    _, mtime_ns = _version(info)
+    if (mtime_ns and now - mtime_ns / 1e9 < grace) or (not mtime_ns and grace > 0):
+        return False
+    try:
+        backend.delete_sync(rel, rel)
+    except FileNotFoundError:
+        return False  # another build deleted it
+    return True
 
 
 def _collect_garbage(fs: fsspec.AbstractFileSystem, root: str, backend: FsspecBackend, grace: float) -> int:
@@ -1317,15 +1323,5 @@ def _collect_garbage(fs: fsspec.AbstractFileSystem, root: str, backend: FsspecBa
         name = base.removesuffix(SUFFIX)
         if not _is_file(info) or not base.endswith(SUFFIX) or not _SEGMENT_NAME.match(name) or name in keep:
             continue
-        _, mtime_ns = _version(info)
-        if mtime_ns and now - mtime_ns / 1e9 < grace:
-            continue
-        if not mtime_ns and grace > 0:
-            continue  # no age known: only an explicit grace of 0 removes it
-        rel = _segment_rel(name)
-        try:
-            backend.delete_sync(rel, rel)
-        except FileNotFoundError:
-            continue  # another build collected it
-        deleted += 1
+        deleted += _delete_if_old(backend, _segment_rel(name), info, now, grace)
     return deleted
