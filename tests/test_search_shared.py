@@ -434,3 +434,39 @@ def test_a_segment_whose_term_lists_a_document_twice_or_out_of_order_is_refused(
         with pytest.raises(SearchIndexError, match=f"segment {bad.name} cannot be searched: .*not in ascending order"):
             SegmentSource(bad)
     SegmentSource(segment)  # the original passes
+
+
+@pytest.mark.anyio
+async def test_on_a_local_directory_published_hits_are_named_as_the_workspace_names_files(
+    tmp_path: Path,
+) -> None:
+    files = tmp_path / "files"
+    long_text = "".join(f"line {i} about kernels and sockets\n" for i in range(400))
+    for name, text in {"d0/a.md": "kernel notes\n", "d1/long.txt": long_text}.items():
+        (files / name).parent.mkdir(parents=True, exist_ok=True)
+        (files / name).write_text(text)
+    index = str(tmp_path / "index")
+    build_index(str(files), index)
+
+    def workspace(patterns: list[str]) -> Workspace:
+        return Workspace(
+            filesystem=LocalFilesystem(files),
+            bm25=True,
+            auto_index_paths=patterns,
+            index_dir=str(tmp_path / "own"),
+            search_index_url=index,
+            search_index_options={"cache_dir": str(tmp_path / "segments")},
+        )
+
+    async with workspace(["."]) as ws:
+        hits = await ws.search("kernel kernels", top_k=20)
+        assert hits and all(not h.id.startswith("/") for h in hits)
+        assert "d0/a.md" in {h.id for h in hits}
+        chunk = next(h for h in hits if "#chunk-" in h.id)
+        assert chunk.id.startswith("d1/long.txt#chunk-") and (chunk.metadata or {})["source_file"] == "d1/long.txt"
+        for hit in hits:  # every hit names a file the workspace can open
+            path = (hit.metadata or {}).get("source_file", hit.id)
+            assert await ws.filesystem.read_file(path)  # type: ignore[union-attr]
+        await ws.filesystem.write_file("d0/a.md", "nothing left here\n")  # type: ignore[union-attr]
+        await ws.index("d0/a.md", "nothing left here\n")
+        assert "d0/a.md" not in {h.id for h in await ws.search("kernel kernels", top_k=20)}  # hidden

@@ -440,7 +440,11 @@ class Workspace:
             parse_index_options(options)
         except ValueError as exc:
             raise WorkspaceError(str(exc), "INVALID_SEARCH_CONFIG", self._id) from None
-        self._search.attach(url, options)
+        # Published ids are paths from the index's root, "/" first; they are shown in the form
+        # this workspace's own ids take (relative unless a pattern starts with "/"), so a hit
+        # can be opened (a local directory refuses "/src/app.py").
+        relative = not any(str(pattern).startswith("/") for pattern in self._auto_index_paths)
+        self._search.attach(url, options, relative_ids=relative)
 
     def _default_index_dir(self) -> str | None:
         """Next to the mounts when filesystems are mounted into a local sandbox, else None

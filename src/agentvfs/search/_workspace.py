@@ -13,6 +13,7 @@ embedding calls; a change of embedding model forces re-embedding.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import hashlib
 import logging
@@ -179,6 +180,17 @@ class _Source:
     signature: _Signature
     digest: str
     chunks: int
+
+
+def _relative(result: SearchResult) -> SearchResult:
+    """A published hit (``/docs/a.md``, chunks' ``source_file`` too) named without its root."""
+    if not result.id.startswith("/"):
+        return result
+    metadata = result.metadata
+    source = (metadata or {}).get("source_file")
+    if isinstance(source, str) and source.startswith("/"):
+        metadata = {**(metadata or {}), "source_file": source.lstrip("/")}
+    return dataclasses.replace(result, id=result.id.lstrip("/"), metadata=metadata)
 
 
 class _Commits:
@@ -372,6 +384,7 @@ class WorkspaceSearch:
         self._open_lock = anyio.Lock()
         self.index_url = index_url
         self._index_options = parse_index_options(index_options)
+        self._relative_ids = False
         if index_url is not None and self._bm25_config is None:
             raise ValueError(
                 "search_index_url needs bm25: the published index is searched with BM25 (set "
@@ -383,8 +396,10 @@ class WorkspaceSearch:
         self._tombstones: set[str] = set()
         self._embeddings: dict[tuple[str, str], list[float]] = {}
 
-    def attach(self, url: str, options: Mapping[str, Any] | None = None) -> None:
+    def attach(self, url: str, options: Mapping[str, Any] | None = None, *, relative_ids: bool = False) -> None:
         """Search the published index at ``url`` beside this one (before the index is opened).
+        With ``relative_ids``, its hits' ids (``/docs/a.md``) are shown without the leading
+        ``/`` (``docs/a.md``), as a workspace of relative paths names its own.
 
         Raises
         ------
@@ -397,6 +412,7 @@ class WorkspaceSearch:
             raise ValueError("attach a published index before the search index is opened")
         self._index_options = parse_index_options(options)
         self.index_url = url
+        self._relative_ids = relative_ids
 
     @property
     def can_bm25(self) -> bool:
@@ -688,7 +704,10 @@ class WorkspaceSearch:
 
     async def search(self, query: str, **options: Any) -> list[SearchResult]:
         engine = await self.engine()
-        return await engine.search(query, **options)
+        results = await engine.search(query, **options)
+        if self._relative_ids and engine.shared is not None:
+            results = [_relative(result) for result in results]
+        return results
 
     async def clear(self) -> None:
         """Empty BM25 and forget the file records (the vector store is left as it is)."""
