@@ -34,10 +34,8 @@ overlays writing into one upper filesystem at once would overwrite each other's 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import json
-import operator
 import os
 import shutil
 import tempfile
@@ -78,7 +76,7 @@ from ._base import (
     run_sync,
     upload_file,
 )
-from ._records import Capabilities, FileEntry, FileStat
+from ._records import Capabilities, FileEntry, FileStat, _replace_stat
 
 __all__ = ["CommitReport", "OverlayFilesystem"]
 
@@ -97,10 +95,6 @@ Layer = Literal["upper", "base"]
 #: Prefixes of the versions the overlay shows, so that a version seen in one layer never
 #: matches a version of the other (two memory stores both count ``m1``, ``m2``...).
 _TAGS: dict[Layer, str] = {"upper": "u:", "base": "b:"}
-
-
-_STAT_FIELDS = operator.attrgetter(*(f.name for f in dataclasses.fields(FileStat)))
-_ETAG = [f.name for f in dataclasses.fields(FileStat)].index("etag")
 
 
 class _Found(NamedTuple):
@@ -457,10 +451,7 @@ class OverlayFilesystem(WorkspaceFilesystem):
         """``found`` as the view shows it: its version tagged with its layer."""
         stat = found.stat
         if stat.etag is not None:
-            # ``dataclasses.replace`` validates field by field; this is the same copy, in C.
-            values = list(_STAT_FIELDS(stat))
-            values[_ETAG] = _TAGS[found.layer] + stat.etag
-            stat = FileStat(*values)
+            stat = _replace_stat(stat, etag=_TAGS[found.layer] + stat.etag)
         self._known.remember(stat)
         return stat
 
