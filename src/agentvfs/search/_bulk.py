@@ -775,13 +775,18 @@ class Manifest:
         )
 
 
-def _manifest_numbers(fs: fsspec.AbstractFileSystem, root: str) -> list[int]:
-    numbers = []
+def _manifest_listing(fs: fsspec.AbstractFileSystem, root: str) -> list[tuple[int, dict[str, Any]]]:
+    """Each manifest's number and listing entry, in number order."""
+    found = []
     for info in _ls(fs, _join(root, MANIFESTS_DIR)):
         match = _MANIFEST_NAME.match(posixpath.basename(str(info["name"]).rstrip("/")))
         if match and _is_file(info):
-            numbers.append(int(match.group(1)))
-    return sorted(numbers)
+            found.append((int(match.group(1)), info))
+    return sorted(found, key=lambda item: item[0])
+
+
+def _manifest_numbers(fs: fsspec.AbstractFileSystem, root: str) -> list[int]:
+    return [number for number, _ in _manifest_listing(fs, root)]
 
 
 def _manifest_rel(number: int) -> str:
@@ -1282,15 +1287,9 @@ def _write_manifest(
 def _collect_manifests(fs: fsspec.AbstractFileSystem, root: str, backend: FsspecBackend, grace: float) -> int:
     """Delete the manifests past the newest :data:`MANIFESTS_KEPT` that are older than
     ``grace`` seconds; how many were deleted."""
-    listed: list[tuple[int, Mapping[str, Any]]] = []
-    for info in _ls(fs, _join(root, MANIFESTS_DIR)):
-        match = _MANIFEST_NAME.match(posixpath.basename(str(info["name"]).rstrip("/")))
-        if match and _is_file(info):
-            listed.append((int(match.group(1)), info))
-    listed.sort(key=lambda item: item[0])
     now = time.time()
     deleted = 0
-    for number, entry in listed[:-MANIFESTS_KEPT]:
+    for number, entry in _manifest_listing(fs, root)[:-MANIFESTS_KEPT]:
         deleted += _delete_if_old(backend, _manifest_rel(number), entry, now, grace)
     return deleted
 
