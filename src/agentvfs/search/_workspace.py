@@ -193,6 +193,11 @@ def _relative(result: SearchResult) -> SearchResult:
     return dataclasses.replace(result, id=result.id.lstrip("/"), metadata=metadata)
 
 
+#: What indexes and records a round of files read: ``(engine, docs, sources, replacing)`` ->
+#: how many files were indexed.
+_Commit = Callable[[SearchEngine, list[Document], dict[str, _Source], list[str]], Awaitable[int]]
+
+
 class _Commits:
     """Rounds of a (re)index committed one at a time, in order, each in the background of the
     reading and chunking of the next (`WorkspaceSearch.sync`): at most two rounds are held.
@@ -204,7 +209,7 @@ class _Commits:
 
     def __init__(
         self,
-        commit: Callable[[SearchEngine, list[Document], dict[str, _Source], list[str]], Awaitable[int]],
+        commit: _Commit,
         group: anyio.abc.TaskGroup,
     ) -> None:
         self._commit = commit
@@ -910,8 +915,7 @@ class WorkspaceSearch:
         paths: Sequence[str],
         known: Mapping[str, _Source],
         signatures: Mapping[str, _Signature],
-        commit: Callable[[SearchEngine, list[Document], dict[str, _Source], list[str]], Awaitable[int]]
-        | None = None,
+        commit: _Commit | None = None,
     ) -> tuple[int, int]:
         """Index ``paths``: how many were indexed, and how many were too large.
 
