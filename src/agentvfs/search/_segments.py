@@ -736,47 +736,52 @@ class Segment:
 
     # -- documents -------------------------------------------------------------------------
 
+    def _check_slot(self, slot: int) -> None:
+        if not 0 <= slot < self.n_docs:
+            raise IndexError(f"slot {slot} out of range (0 to {self.n_docs - 1}) in segment {self.name}")
+
+    # (Unchecked reads of one document's fields: the public readers check the slot first,
+    # `document` once for all four, as it runs for every hit of every search.)
+
     def _bytes(self, data: str, offsets: str, slot: int) -> bytes:
-        a = self._a
-        off = a[offsets]
-        if not 0 <= slot < len(off) - 1:
-            raise IndexError(f"slot {slot} out of range (0 to {len(off) - 2}) in segment {self.name}")
-        return a[data][int(off[slot]) : int(off[slot + 1])].tobytes()
+        lo, hi = self._a[offsets][slot : slot + 2].tolist()
+        return self._a[data][lo:hi].tobytes()
+
+    def _id_at(self, slot: int) -> str:
+        return self._bytes("ids", "id_offsets", slot).decode("utf-8", "surrogatepass")
+
+    def _metadata_at(self, slot: int) -> dict[str, Any] | None:
+        raw = self._bytes("metadata", "metadata_offsets", slot)
+        return json.loads(raw) if raw else None
+
+    def _start_line_at(self, slot: int) -> int | None:
+        return int(self._a["start_line"][slot]) if self._a["has_start_line"][slot] else None
 
     def doc_id(self, slot: int) -> str:
         """The id of the document in ``slot``."""
-        return self._bytes("ids", "id_offsets", slot).decode("utf-8", "surrogatepass")
+        self._check_slot(slot)
+        return self._id_at(slot)
 
     def content(self, slot: int) -> str:
         """The text of the document in ``slot``."""
+        self._check_slot(slot)
         return _unpack(self._bytes("content", "content_offsets", slot))
 
     def metadata(self, slot: int) -> dict[str, Any] | None:
         """The metadata of the document in ``slot`` (None when it has none)."""
-        raw = self._bytes("metadata", "metadata_offsets", slot)
-        return json.loads(raw) if raw else None
+        self._check_slot(slot)
+        return self._metadata_at(slot)
 
     def start_line(self, slot: int) -> int | None:
         """The line of its file the document in ``slot`` starts at (chunks), else None."""
-        if not 0 <= slot < self.n_docs:
-            raise IndexError(f"slot {slot} out of range (0 to {self.n_docs - 1}) in segment {self.name}")
-        return int(self._a["start_line"][slot]) if self._a["has_start_line"][slot] else None
+        self._check_slot(slot)
+        return self._start_line_at(slot)
 
     def document(self, slot: int) -> tuple[str, str, dict[str, Any] | None, int | None]:
         """``(id, text, metadata, start line)`` of the document in ``slot``."""
-        if not 0 <= slot < self.n_docs:
-            raise IndexError(f"slot {slot} out of range (0 to {self.n_docs - 1}) in segment {self.name}")
-        # (What doc_id, content, metadata and start_line do, with one bounds check and one
-        # conversion per array: this runs for every hit of every search.)
-        a = self._a
-        lo, hi = a["id_offsets"][slot : slot + 2].tolist()
-        id = a["ids"][lo:hi].tobytes().decode("utf-8", "surrogatepass")
-        lo, hi = a["content_offsets"][slot : slot + 2].tolist()
-        text = _unpack(a["content"][lo:hi].tobytes())
-        lo, hi = a["metadata_offsets"][slot : slot + 2].tolist()
-        raw = a["metadata"][lo:hi].tobytes()
-        start = int(a["start_line"][slot]) if a["has_start_line"][slot] else None
-        return id, text, json.loads(raw) if raw else None, start
+        self._check_slot(slot)
+        text = _unpack(self._bytes("content", "content_offsets", slot))
+        return self._id_at(slot), text, self._metadata_at(slot), self._start_line_at(slot)
 
     def ids(self) -> list[str]:
         """Every document id, by slot."""
