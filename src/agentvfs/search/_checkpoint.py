@@ -44,12 +44,6 @@ class Checkpoint:
     version: int
     docs: npt.NDArray[np.int64]
 
-    def slot_of_doc(self, doc: int) -> int | None:
-        """The slot holding document number ``doc``, or None."""
-        docs = self.docs
-        i = int(np.searchsorted(docs, doc))
-        return i if i < len(docs) and int(docs[i]) == doc else None
-
     def slots_of_docs(self, docs: Sequence[int]) -> list[int]:
         """The slot holding each of the document numbers ``docs``, -1 for one it lacks."""
         if not len(docs) or not len(self.docs):
