@@ -1072,6 +1072,10 @@ def test_the_term_cache_keeps_the_most_recent_terms_within_its_budget() -> None:
     assert cache.get(2) is None and cache.get(1) is not None and cache.get(3) is not None
     cache.put(4, part(11))  # larger than the whole budget: not kept
     assert cache.get(4) is None and cache.get(1) is not None
+    for term in range(100, 120):  # terms the source lacks count too: they cannot pile up
+        cache.put(term, part(0))
+    assert cache.get(1) is None and cache.get(3) is None
+    assert sum(cache.get(term) is not None for term in range(100, 120)) == 10
 
 
 def test_an_index_of_documents_without_tokens_answers_nothing_without_arithmetic_errors(

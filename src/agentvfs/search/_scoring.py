@@ -203,7 +203,7 @@ class _TermCache:
             return part
 
     def put(self, term: int, part: _Part) -> None:
-        size = len(part[0])
+        size = _cost(part)
         if size > self._budget:
             return
         with self._lock:
@@ -212,8 +212,14 @@ class _TermCache:
             self._entries[term] = part
             self._held += size
             while self._held > self._budget:
-                _, (old, _) = self._entries.popitem(last=False)
-                self._held -= len(old)
+                _, old = self._entries.popitem(last=False)
+                self._held -= _cost(old)
+
+
+def _cost(part: _Part) -> int:
+    """What a kept part counts against the budget: its postings, and at least one (a term
+    the source lacks is kept too, and a session may ask for unboundedly many of those)."""
+    return max(1, len(part[0]))
 
 
 def _term_cache(source: PostingSource, avgdl: float, k1: float, b: float) -> _TermCache | None:
@@ -229,6 +235,7 @@ def _term_cache(source: PostingSource, avgdl: float, k1: float, b: float) -> _Te
         except AttributeError:
             return None
     return cache
+
 
 _SCRATCH = threading.local()
 
