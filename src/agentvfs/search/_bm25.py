@@ -1345,9 +1345,10 @@ def _pack_many(texts: Sequence[str]) -> list[bytes]:
     in each frame (2.6x smaller on text, about 3x faster to compress and 2x faster to expand
     than zlib; DuckDB does not compress long strings itself).
 
-    Compressed in one call that holds no GIL throughout. Run on a second thread beside tokenising, one call per text would hardly
-    run at all: a thread that gives the GIL up for each text waits for it back behind a busy
-    one (a switch interval each time), so the work would not overlap."""
+    Compressed in one call that holds no GIL throughout. Run on a second thread beside
+    tokenising, one call per text would hardly run at all: a thread that gives the GIL up for
+    each text waits for it back behind a busy one (a switch interval each time), so the work
+    would not overlap."""
     data: list[bytes | bytearray | memoryview[int]]
     data = [text.encode("utf-8", "surrogatepass") for text in texts]
     compressor = _compressor()
