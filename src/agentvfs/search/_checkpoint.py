@@ -29,6 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import SearchIndexError
+from ._scoring import positions
 from ._segments import Segment, check_postings, encode_segment
 
 __all__ = ["Checkpoint", "open_checkpoint", "write_checkpoint"]
@@ -46,11 +47,8 @@ class Checkpoint:
 
     def slots_of_docs(self, docs: Sequence[int]) -> list[int]:
         """The slot holding each of the document numbers ``docs``, -1 for one it lacks."""
-        if not len(docs) or not len(self.docs):
-            return [-1] * len(docs)
-        wanted = np.asarray(docs, dtype=np.int64)
-        at = np.minimum(np.searchsorted(self.docs, wanted), len(self.docs) - 1)
-        return np.where(self.docs[at] == wanted, at, -1).tolist()  # type: ignore[no-any-return]
+        at, present = positions(self.docs, np.asarray(docs, dtype=np.int64))
+        return np.where(present, at, -1).tolist()  # type: ignore[no-any-return]
 
 
 def _encode_docs(docs: npt.NDArray[np.int64]) -> str:

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["DocumentSource", "PostingSource", "js_log", "rank"]
+__all__ = ["DocumentSource", "PostingSource", "js_log", "positions", "rank"]
 
 #: Above this many query tokens, or this much posting work, duplicates are weighted instead of
 #: added one by one (the scores then differ from the reference's in the last bits only).
@@ -287,17 +287,20 @@ def _first_terms(here: _Terms, distinct: list[str], candidates: npt.NDArray[np.i
     for pos in range(len(distinct) - 1, -1, -1):
         entry = here.get(distinct[pos])
         if entry is not None:
-            first[_holds(entry[0], candidates)] = pos
+            first[positions(entry[0], candidates)[1]] = pos
     return first
 
 
-def _holds(slots: npt.NDArray[np.integer], candidates: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
-    """Which of ``candidates`` are in the ascending ``slots``."""
-    if not len(slots):
-        return np.zeros(len(candidates), dtype=np.bool_)
-    at = np.searchsorted(slots, candidates)
-    np.minimum(at, len(slots) - 1, out=at)
-    return np.asarray(slots[at] == candidates)
+def positions(
+    ascending: npt.NDArray[np.integer], values: npt.NDArray[np.integer]
+) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.bool_]]:
+    """Where each of ``values`` is in ``ascending`` (by bisection), and whether it is there
+    (where it is not, its position is any valid one)."""
+    if not len(ascending):
+        return np.zeros(len(values), dtype=np.intp), np.zeros(len(values), dtype=np.bool_)
+    at = np.searchsorted(ascending, values)
+    np.minimum(at, len(ascending) - 1, out=at)
+    return at, np.asarray(ascending[at] == values)
 
 
 def rank(
