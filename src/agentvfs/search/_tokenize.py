@@ -438,32 +438,34 @@ def line_finder(
 def _word_span(haystack: str, words: tuple[str, ...]) -> tuple[int, int] | None:
     """The 1-based lines of the first and last whole occurrences of any of ``words`` (runs of
     ASCII word characters) in the ASCII ``haystack``, or None."""
-    size = len(haystack)
-    inner = _ASCII_WORD_CHARS
     first = last = -1
     for word in words:
         # Whole occurrences of different words are different runs, so only one starting
         # before the first found so far (after the last) can move it: search only there.
-        at = haystack.find(word, 0, size if first < 0 else first)
-        while at >= 0:
-            end = at + len(word)
-            if (at == 0 or haystack[at - 1] not in inner) and (end == size or haystack[end] not in inner):
-                first = at
-                break
-            at = haystack.find(word, at + 1, size if first < 0 else first)
-        if at < 0 and first < 0:
+        bound = len(haystack) if first < 0 else first
+        at = haystack.find(word, 0, bound)
+        while at >= 0 and not _is_whole(haystack, at, at + len(word)):
+            at = haystack.find(word, at + 1, bound)
+        if at >= 0:
+            first = at
+        elif first < 0:
             continue  # not in the content at all: no last occurrence either
         at = haystack.rfind(word, last + 1)
-        while at >= 0:
-            end = at + len(word)
-            if (at == 0 or haystack[at - 1] not in inner) and (end == size or haystack[end] not in inner):
-                last = at
-                break
-            at = haystack.rfind(word, last + 1, end - 1)
+        while at >= 0 and not _is_whole(haystack, at, at + len(word)):
+            at = haystack.rfind(word, last + 1, at + len(word) - 1)
+        if at >= 0:
+            last = at
     if first < 0:
         return None
     start = haystack.count("\n", 0, first)
     return start + 1, start + haystack.count("\n", first, last) + 1
+
+
+def _is_whole(haystack: str, at: int, end: int) -> bool:
+    """Whether ``haystack[at:end]`` is not part of a longer run of ASCII word characters."""
+    return (at == 0 or haystack[at - 1] not in _ASCII_WORD_CHARS) and (
+        end == len(haystack) or haystack[end] not in _ASCII_WORD_CHARS
+    )
 
 
 def _first_line(haystack: str, terms: frozenset[str], matches: Callable[[int], bool]) -> int | None:
