@@ -2,7 +2,9 @@
 
 Metadata values are kept as JSON per vector and, for filtering, as typed rows (one per key
 and scalar value, lists expanded) in DuckDB. Filters (``$eq $ne $in $exists $and $or`` on
-metadata keys) parse into a small tree that the store evaluates against those rows.
+metadata keys) parse into a small tree that the store evaluates against those rows, and that
+``compile_filter``/``matches`` evaluate in Python, with the same semantics, for metadata that is
+not in a store.
 """
 
 from __future__ import annotations
@@ -10,13 +12,21 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["FilterNode", "attr_rows", "metadata_json", "parse_filter", "values_sql"]
+__all__ = [
+    "FilterNode",
+    "attr_rows",
+    "compile_filter",
+    "matches",
+    "metadata_json",
+    "parse_filter",
+    "values_sql",
+]
 
 _Labels = npt.NDArray[np.int64]
 
@@ -79,18 +89,27 @@ def _encode(value: Any) -> tuple[int, str | None, float | None]:
             return _STR, value, None
         return _STR_DIGEST, hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest(), None
     if isinstance(value, list | tuple | Mapping):
-        try:
-            text = json.dumps(
-                _normalize(value),
-                sort_keys=True,
-                separators=(",", ":"),
-                ensure_ascii=False,
-                allow_nan=False,
-            )
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"{value!r} is not JSON-compatible ({exc})") from exc
+        text = _json_text(value)
         return _JSON_DIGEST, hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest(), None
     raise ValueError(f"{value!r} ({type(value).__name__}) is not a JSON value")
+
+
+def _json_text(value: Any) -> str:
+    """The canonical JSON text of a list or object, whose digest ``_encode`` stores.
+
+    Shared by ``_encode`` and ``compile_filter`` so that both see the same whole-value equality
+    (sorted keys, integral floats as ints, no spaces).
+    """
+    try:
+        return json.dumps(
+            _normalize(value),
+            sort_keys=True,
+            separators=(",", ":"),
+            ensure_ascii=False,
+            allow_nan=False,
+        )
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{value!r} is not JSON-compatible ({exc})") from exc
 
 
 def attr_rows(labels: _Labels, metas: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -225,3 +244,152 @@ def values_sql(values: Sequence[Any]) -> tuple[str, list[Any]]:
     if null:
         clauses.append(f"t = {_NULL}")
     return " OR ".join(clauses), params
+
+
+# -- filter evaluation in Python -----------------------------------------------------------
+
+#: A compiled filter: whether one item's metadata passes it.
+Matcher = Callable[[Mapping[str, Any]], bool]
+
+_MISSING: Final = object()
+
+
+def _always(meta: Mapping[str, Any]) -> bool:
+    return True
+
+
+def compile_filter(node: FilterNode) -> Matcher:
+    """A function telling whether one item's metadata passes ``node``, as the store decides.
+
+    The filter values are encoded once here, so applying the result to many items costs one
+    set lookup per metadata value (or list element) looked at.
+
+    Parameters
+    ----------
+    node : FilterNode
+        A tree from ``parse_filter``.
+
+    Returns
+    -------
+    Callable[[Mapping[str, Any]], bool]
+        Takes one item's metadata (a mapping of top-level keys, as given to ``upsert``).
+
+    Raises
+    ------
+    ValueError
+        ``node`` is not a filter tree, or one of its values is not a JSON value.
+
+    Notes
+    -----
+    The semantics are those of ``HnswVectorStore`` over ``attr_rows``: ``("match", key,
+    values)`` holds when ``key`` is present and its value, or (for a list) one of its elements,
+    equals one of ``values`` by ``_encode``: the same JSON type, numbers as doubles (``1 == 1.0``,
+    ``True != 1``), strings exactly, lists and objects as whole normalised JSON values. Elements
+    are not expanded further, so an element that is itself a list matches only that whole list.
+    ``("exists", key)`` holds when ``key`` is a top-level key, whatever its value (``None`` too).
+    The store rejects metadata that is not JSON; here such a value (NaN, a set, a number too
+    large for a double) equals no filter value, but its key still exists.
+    """
+    kind = node[0] if isinstance(node, tuple) and node else None
+    if kind == "all":
+        return _always
+    if kind in ("and", "or"):
+        children = tuple(compile_filter(child) for child in node[1])
+        if len(children) == 1:
+            return children[0]
+        if kind == "and":
+            return lambda meta: all(child(meta) for child in children)
+        return lambda meta: any(child(meta) for child in children)
+    if kind == "not":
+        inner = compile_filter(node[1])
+        return lambda meta: not inner(meta)
+    if kind == "exists":
+        key = node[1]
+        # The store looks for the key's own row (not an element row); every top-level key has
+        # one, whatever its value.
+        return lambda meta: key in meta
+    if kind == "match":
+        return _compile_match(node[1], node[2])
+    raise ValueError(f"Not a filter tree: {node!r}")
+
+
+def matches(node: FilterNode, meta: Mapping[str, Any]) -> bool:
+    """Whether ``meta`` (one item's metadata) passes ``node``, exactly as in the store.
+
+    Parameters
+    ----------
+    node : FilterNode
+        A tree from ``parse_filter``.
+    meta : Mapping[str, Any]
+        One item's metadata.
+
+    Returns
+    -------
+    bool
+
+    See Also
+    --------
+    compile_filter : The same, compiled once for many items, and the semantics.
+    """
+    return compile_filter(node)(meta)
+
+
+def _compile_match(key: str, values: Sequence[Any]) -> Matcher:
+    """The matcher of ``("match", key, values)``: the filter values grouped by their tag."""
+    null = False
+    bools: set[bool] = set()
+    numbers: set[float] = set()
+    strings: set[str] = set()
+    jsons: set[str] = set()
+    for value in values:
+        tag, _, number = _encode(value)  # the store's tags, and its errors for bad values
+        if tag == _NULL:
+            null = True
+        elif tag == _BOOL:
+            bools.add(bool(value))
+        elif tag == _NUM:
+            assert number is not None
+            numbers.add(number)
+        elif tag in (_STR, _STR_DIGEST):
+            # Equal strings have equal lengths, so the same tag, and the same SHA-256 digest
+            # exactly when they are equal: plain comparison is the store's equality, unhashed.
+            strings.add(value)
+        else:
+            # Likewise the canonical text stands for its digest.
+            jsons.add(_json_text(value))
+
+    def equal(value: Any) -> bool:
+        """Whether one value (the key's own or an element) has the row of a filter value."""
+        if value is None:
+            return null
+        if isinstance(value, bool):  # before int: True is an int in Python, not in JSON
+            return value in bools
+        if isinstance(value, int | float):
+            if not numbers:
+                return False
+            try:
+                # As _encode: the store compares doubles, so 2**53 + 1 == 2**53 there too.
+                return float(value) in numbers
+            except OverflowError:
+                return False
+        if isinstance(value, str):
+            return value in strings
+        if isinstance(value, list | tuple | Mapping):
+            if not jsons:  # skip serialising values that no filter value could equal
+                return False
+            try:
+                return _json_text(value) in jsons
+            except ValueError:
+                return False
+        return False
+
+    def match(meta: Mapping[str, Any]) -> bool:
+        value = meta.get(key, _MISSING)
+        if value is _MISSING:
+            return False
+        if equal(value):
+            return True
+        # attr_rows adds one row per element of a list (not of an object), one level deep.
+        return isinstance(value, list | tuple) and any(equal(element) for element in value)
+
+    return match
