@@ -22,6 +22,7 @@ from agentvfs.cli import main
 from agentvfs.errors import IndexConflictError, SearchIndexError
 from agentvfs.search import (
     BuildReport,
+    HashingEmbedder,
     Segment,
     TaskReport,
     build_index,
@@ -426,6 +427,28 @@ def test_a_dask_cluster_builds_the_same_segments(moto: MotoServer, dask_client: 
     rerun = build_index(source, index, storage_options=options, index_storage_options=options,
                         objects_per_task=8, client=dask_client)  # fmt: skip
     assert len(_ran(rerun)) == 1 and rerun.manifest == 2
+
+
+@pytest.mark.s3
+def test_dask_workers_embed_the_same_vector_shards(moto: MotoServer, dask_client: Any, tmp_path: Path) -> None:
+    """The embedder travels to the workers (pickled) and the shards they build are byte for
+    byte the ones built in this process."""
+    prefix = unique("dask-vectors")
+    _seed(moto, f"{prefix}/src", LAYOUT[:12])
+    options = _options(moto)
+    source = f"s3://{S3_BUCKET}/{prefix}/src"
+    reports = [
+        build_index(source, f"s3://{S3_BUCKET}/{prefix}/{where}", storage_options=options,
+                    index_storage_options=options, objects_per_task=4, embedder=HashingEmbedder(32), client=client)
+        for where, client in (("here", None), ("there", dask_client))
+    ]  # fmt: skip
+    here, there = reports
+    assert [t.segment for t in there.tasks] == [t.segment for t in here.tasks] and len(there.tasks) >= 3
+    assert there.embedder == "agentvfs-hashing-32" and there.embed_failed == 0
+    index = f"s3://{S3_BUCKET}/{prefix}/there"
+    for ref in read_manifest(index, options).segments:
+        segment = fetch_segment(index, ref, tmp_path / "cache", options)
+        assert segment.vector_info is not None and segment.vector_info["count"] == segment.n_docs == ref.docs
 
 
 @pytest.mark.s3

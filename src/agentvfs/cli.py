@@ -1326,6 +1326,13 @@ def _add_index_parser(add_parser: Any) -> None:
         "--gc-grace", metavar="SECONDS", type=float, default=3600.0,
         help="keep unreferenced segments younger than this: they may be a running build's (3600)",
     )  # fmt: skip
+    idx.add_argument(
+        "--embedder", metavar="SPEC",
+        help="also embed every document into a vector shard per segment: 'hashing' or 'hashing:DIM' "
+        "(the bundled HashingEmbedder), or MODULE:NAME of an embedder (a function, an object, or a "
+        "class made with no arguments); workspaces attaching the index with the same embedder search "
+        "it by vector",
+    )  # fmt: skip
     idx.add_argument("--json", action="store_true", help="print the report as JSON")
     idx.add_argument(
         "-o", dest="options", action="append", type=_storage_option, default=[], metavar="KEY=VALUE",
@@ -1348,6 +1355,12 @@ def _index(args: argparse.Namespace) -> int:
         return fail(f"--workers must be at least 1, got {args.workers}", 2)
     if args.gc_grace < 0:
         return fail(f"--gc-grace must be 0 or more seconds, got {args.gc_grace}", 2)
+    embedder = None
+    if args.embedder is not None:
+        try:
+            embedder = _load_embedder(args.embedder)
+        except (ImportError, ValueError, TypeError, AttributeError) as exc:
+            return fail(f"--embedder {args.embedder}: {exc}", 2)
 
     def protocol(of: str) -> str:
         return of.split("://", 1)[0] if "://" in of else "file"
@@ -1378,7 +1391,7 @@ def _index(args: argparse.Namespace) -> int:
         report = build_index(
             source, out, scheduler=args.scheduler, workers=args.workers, storage_options=options,
             index_storage_options=index_options, objects_per_task=args.objects_per_task,
-            gc_grace=args.gc_grace,
+            gc_grace=args.gc_grace, embedder=embedder,
         )  # fmt: skip
     except IndexConflictError as exc:
         return fail(str(exc), 1)
@@ -1405,7 +1418,35 @@ def _index(args: argparse.Namespace) -> int:
         f"(planning {report.planning_seconds:.1f} s)",
         file=sys.stderr,
     )
+    if report.embedder is not None:
+        failed = f"; {report.embed_failed} without a vector (retried by the next build)" if report.embed_failed else ""
+        print(f"agentvfs index: vectors by {report.embedder}{failed}", file=sys.stderr)
     return 0
+
+
+def _load_embedder(spec: str) -> Any:
+    """The embedder ``--embedder SPEC`` names: ``hashing[:DIM]``, or ``MODULE:NAME`` of a
+    callable (a class is made with no arguments)."""
+    import importlib
+
+    from .search import HashingEmbedder
+
+    if spec == "hashing" or spec.startswith("hashing:"):
+        _, _, size = spec.partition(":")
+        if size and not size.isdigit():
+            raise ValueError(f"the dimension {size!r} is not a number (hashing:384)")
+        return HashingEmbedder(int(size)) if size else HashingEmbedder()
+    module, sep, name = spec.partition(":")
+    if not sep or not module or not name:
+        raise ValueError("expected 'hashing', 'hashing:DIM' or MODULE:NAME (mypkg.embed:model)")
+    found: Any = importlib.import_module(module)
+    for part in name.split("."):
+        found = getattr(found, part)
+    if isinstance(found, type):
+        found = found()
+    if not callable(found):
+        raise TypeError(f"{spec} is a {type(found).__name__}, not an embedder (a callable)")
+    return found
 
 
 def _add_common_arguments(parser: argparse.ArgumentParser, *, given_only: bool = False) -> None:

@@ -54,6 +54,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from ..errors import IndexConflictError, MissingExtraError, SearchIndexError
 from ..vfs import FsspecBackend, check_storage_options, fsspec_backend
+from ._embedders import embedder_id
 from ._segments import SEGMENTS_DIR, SUFFIX, Segment, SegmentBuilder, SourceFile, segment_name
 from ._tokenize import TokenizeOptions
 
@@ -559,17 +560,20 @@ def run_task(
     tokenize: Mapping[str, Any],
     previous: Mapping[str, Any] | None = None,
     max_file_bytes: int = MAX_FILE_BYTES,
+    embedder: Any = None,
 ) -> dict[str, Any]:
-    """Index one task: list it, and unless its listing is ``previous``'s, read its files,
-    build a segment and upload it. Runs in a Dask worker as well as in-process (its arguments
-    pickle).
+    """Index one task: list it, and unless its listing is ``previous``'s (and its segment was
+    built with the same embedder, every embedding done), read its files, build a segment
+    (with a vector shard when there is an ``embedder``) and upload it. Runs in a Dask worker
+    as well as in-process (its arguments pickle).
 
     Returns
     -------
     dict
         The task's record: ``task``, ``prefix``, ``label``, ``estimate``, ``objects``,
         ``listing_digest``, ``segment`` (name, or None for no files), ``docs``, ``bytes``,
-        ``too_large``, ``failed``, ``reused``, ``seconds``.
+        ``too_large``, ``failed``, ``embedder`` (its id, or None), ``embed_failed``,
+        ``reused``, ``seconds``.
     """
     started = time.monotonic()
     fs, root = _open(source_url, storage_options, "source")
@@ -578,10 +582,17 @@ def run_task(
     record: dict[str, Any] = {
         "task": task.key, "prefix": task.prefix, "label": task.label, "estimate": task.estimate,
         "objects": len(listed), "listing_digest": digest, "segment": None, "docs": 0, "bytes": 0,
-        "too_large": 0, "failed": 0, "reused": False,
+        "too_large": 0, "failed": 0, "embedder": embedder_id(embedder) if embedder is not None else None,
+        "embed_failed": 0, "reused": False,
     }  # fmt: skip
     index_fs, index_root, backend = _index_backend(index_url, index_storage_options)
-    if previous is not None and previous.get("listing_digest") == digest:
+    if (
+        previous is not None
+        and previous.get("listing_digest") == digest
+        # Vectors of another embedder (or none) are no use, and failed embeddings are retried.
+        and previous.get("embedder") == record["embedder"]
+        and not previous.get("embed_failed")
+    ):
         name = previous.get("segment")
         if name is None or _stored_size(index_fs, _join(index_root, _segment_rel(name))) == previous.get("bytes"):
             record.update(segment=name, docs=previous.get("docs", 0), bytes=previous.get("bytes", 0))
@@ -590,7 +601,7 @@ def run_task(
             return record
     wanted = [item for item in listed if item.size <= max_file_bytes]
     record["too_large"] = len(listed) - len(wanted)
-    with SegmentBuilder(tokenize) as builder:
+    with SegmentBuilder(tokenize, embedder=embedder) as builder:
         # The listing is in key order, the order a segment keeps its files in.
         for item, raw in zip(wanted, _read_in_order(fs, [item.path for item in wanted]), strict=True):
             if not isinstance(raw, bytes):
@@ -601,6 +612,11 @@ def run_task(
             else:
                 builder.add(SourceFile("/" + item.rel, raw, item.size, item.mtime_ns, item.etag))
         blob = builder.finish() if builder.files else None
+    failures = builder.embedding_failures
+    if failures:
+        record["embed_failed"] = len(failures)
+        shown = "; ".join(list(failures.values())[:3])
+        _log.warning("%d documents of %s have no vector (retried by the next build): %s", len(failures), task.label, shown)
     if blob is not None:
         name = segment_name(blob)
         _upload_segment(index_fs, index_root, backend, name, blob)
@@ -702,6 +718,8 @@ class Manifest:
         re-run compares its listings with.
     totals : dict
         ``segments``, ``docs``, ``bytes``, ``objects``.
+    embedder : str or None
+        The id of the embedder of the segments' vector shards (None: no vectors).
     """
 
     number: int
@@ -711,6 +729,7 @@ class Manifest:
     segments: tuple[SegmentRef, ...]
     tasks: tuple[dict[str, Any], ...] = ()
     totals: dict[str, Any] = field(default_factory=dict)
+    embedder: str | None = None
 
     @property
     def docs(self) -> int:
@@ -726,6 +745,7 @@ class Manifest:
             "created": self.created,
             "source": self.source,
             "tokenize": self.tokenize,
+            "embedder": self.embedder,
             "segments": [s.to_dict() for s in self.segments],
             "tasks": list(self.tasks),
             "totals": self.totals,
@@ -764,6 +784,9 @@ class Manifest:
             refs.append(ref)
         tasks = value.get("tasks", [])
         totals = value.get("totals")
+        embedder = value.get("embedder")
+        if embedder is not None and not isinstance(embedder, str):
+            raise bad(f"its embedder {embedder!r} is not a string")
         return cls(
             number=int(value.get("number", 0)),
             created=str(value.get("created", "")),
@@ -772,6 +795,7 @@ class Manifest:
             segments=tuple(refs),
             tasks=tuple(t for t in tasks if isinstance(t, dict)) if isinstance(tasks, list) else (),
             totals=totals if isinstance(totals, dict) else {},
+            embedder=embedder,
         )
 
 
@@ -936,6 +960,9 @@ class TaskReport:
         Files not indexed: larger than the limit, or unreadable.
     seconds : float
         Time it took in its worker.
+    embed_failed : int
+        Documents without a vector: the embedder failed on them (the task is built again by
+        the next build).
     """
 
     label: str
@@ -948,6 +975,7 @@ class TaskReport:
     too_large: int
     failed: int
     seconds: float
+    embed_failed: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -968,6 +996,10 @@ class BuildReport:
         Documents in the index, and objects listed.
     seconds, planning_seconds : float
         The whole build, and the planning part of it.
+    embedder : str or None
+        The id of the embedder of the segments' vector shards (None: BM25 only).
+    embed_failed : int
+        Documents without a vector (see :attr:`TaskReport.embed_failed`).
     """
 
     manifest: int
@@ -980,19 +1012,23 @@ class BuildReport:
     seconds: float
     planning_seconds: float
     manifests_deleted: int = 0
+    embedder: str | None = None
+    embed_failed: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """The report as JSON-friendly values (what ``agentvfs index --json`` prints)."""
         return {
             "manifest": self.manifest, "built": self.built, "reused": self.reused,
             "deleted": self.deleted, "manifests_deleted": self.manifests_deleted,
-            "docs": self.docs, "objects": self.objects,
+            "docs": self.docs, "objects": self.objects, "embedder": self.embedder,
+            "embed_failed": self.embed_failed,
             "seconds": round(self.seconds, 3), "planning_seconds": round(self.planning_seconds, 3),
             "tasks": [
                 {
                     "label": t.label, "estimate": t.estimate, "objects": t.objects, "docs": t.docs,
                     "bytes": t.bytes, "segment": t.segment, "reused": t.reused,
-                    "too_large": t.too_large, "failed": t.failed, "seconds": round(t.seconds, 3),
+                    "too_large": t.too_large, "failed": t.failed, "embed_failed": t.embed_failed,
+                    "seconds": round(t.seconds, 3),
                 }
                 for t in self.tasks
             ],
@@ -1122,6 +1158,7 @@ def build_index(
     gc_grace: float = GC_GRACE,
     max_file_bytes: int = MAX_FILE_BYTES,
     progress: Callable[[TaskReport], None] | None = None,
+    embedder: Any = None,
 ) -> BuildReport:
     """Index every file below ``source_url`` into segments under ``index_url`` and write its
     next manifest (see the module documentation).
@@ -1152,6 +1189,12 @@ def build_index(
         Larger files are not indexed (counted in each task's ``too_large``).
     progress : callable, optional
         Called with each task's report as it finishes.
+    embedder : callable, optional
+        Also embed every document into a vector shard per segment (unit vectors and their
+        hnswlib graph), for workspaces that attach the index with the same embedder (same
+        :func:`embedder_id`). It runs where the tasks run, so on Dask it must pickle (a
+        module-level function or an object such as :class:`HashingEmbedder`). A build with
+        another embedder than the index's previous one builds every segment again.
 
     Returns
     -------
@@ -1198,7 +1241,7 @@ def build_index(
     calls = [
         (
             source_url, dict(storage_options or {}), index_url, dict(index_storage_options or {}),
-            task, options, previous.get(task.key), max_file_bytes,
+            task, options, previous.get(task.key), max_file_bytes, embedder,
         )
         for task in tasks
     ]
@@ -1236,6 +1279,7 @@ def build_index(
             "segments": len(segments), "docs": sum(s.docs for s in segments),
             "bytes": sum(s.bytes for s in segments), "objects": sum(r["objects"] for r in records),
         },
+        embedder=embedder_id(embedder) if embedder is not None else None,
     )
     _write_manifest(index_fs, index_root, backend, index_url, manifest)
     deleted = _collect_garbage(index_fs, index_root, backend, gc_grace)
@@ -1251,6 +1295,8 @@ def build_index(
         seconds=time.monotonic() - started,
         planning_seconds=planning,
         manifests_deleted=manifests_deleted,
+        embedder=manifest.embedder,
+        embed_failed=sum(int(r.get("embed_failed", 0)) for r in records),
     )
 
 
@@ -1259,7 +1305,7 @@ def _task_report(record: Mapping[str, Any]) -> TaskReport:
         label=record["label"], estimate=record["estimate"], objects=record["objects"],
         docs=record["docs"], bytes=record["bytes"], segment=record["segment"],
         reused=record["reused"], too_large=record["too_large"], failed=record["failed"],
-        seconds=float(record.get("seconds", 0.0)),
+        seconds=float(record.get("seconds", 0.0)), embed_failed=int(record.get("embed_failed", 0)),
     )  # fmt: skip
 
 

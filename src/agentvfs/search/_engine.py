@@ -27,7 +27,15 @@ from ._tokenize import line_finder, make_tokenizer
 if TYPE_CHECKING:
     from ._shared import SegmentSource, SharedIndex
 
-__all__ = ["Document", "EmbeddingCache", "Fusion", "SearchEngine", "SearchMode", "SearchResult"]
+__all__ = [
+    "Document",
+    "EmbeddingCache",
+    "Fusion",
+    "SearchEngine",
+    "SearchMode",
+    "SearchResult",
+    "store_metadata",
+]
 
 _log = logging.getLogger("agentvfs.search")
 
@@ -97,6 +105,22 @@ def _content_hash(content: str) -> str:
     return hashlib.sha256(content.encode("utf-8", "surrogatepass")).hexdigest()
 
 
+def store_metadata(
+    id: str, content: str, metadata: Mapping[str, Any] | None, start_line_offset: int | None
+) -> dict[str, Any]:
+    """A document's metadata as the vector store keeps it (and as filters see it): its id,
+    text, own metadata, content hash and, for a chunk, the line it starts at."""
+    meta: dict[str, Any] = {
+        "id": id,
+        "text": content,
+        **dict(metadata or {}),
+        CONTENT_HASH_KEY: _content_hash(content),
+    }
+    if start_line_offset is not None:
+        meta[START_LINE_KEY] = start_line_offset
+    return meta
+
+
 class SearchEngine:
     """BM25 and vector search over one set of documents.
 
@@ -114,9 +138,10 @@ class SearchEngine:
     fusion : {"linear", "minmax", "rrf"}
         How hybrid search mixes the two result lists (see the module documentation).
     shared : SharedIndex, optional
-        A published index: BM25 searches run over its segments and ``bm25`` together, and
-        whatever ``bm25`` indexes or removes hides the shared documents of the same ids and
-        source files.
+        A published index: BM25 searches run over its segments and ``bm25`` together (vector
+        searches over its vector shards and the vector store together, when it has shards of
+        this embedder), and whatever ``bm25`` indexes or removes hides the shared documents of
+        the same ids and source files.
     """
 
     def __init__(
@@ -276,17 +301,7 @@ class SearchEngine:
 
     async def _upsert(self, docs: Sequence[Document], vectors: Sequence[Sequence[float]]) -> None:
         store = self.vector_store
-        metadata: list[dict[str, Any]] = []
-        for doc in docs:
-            meta: dict[str, Any] = {
-                "id": doc.id,
-                "text": doc.content,
-                **dict(doc.metadata or {}),
-                CONTENT_HASH_KEY: _content_hash(doc.content),
-            }
-            if doc.start_line_offset is not None:
-                meta[START_LINE_KEY] = doc.start_line_offset
-            metadata.append(meta)
+        metadata = [store_metadata(d.id, d.content, d.metadata, d.start_line_offset) for d in docs]
         ids = [d.id for d in docs]
         async with self._lock:
             if not self._index_ready:
@@ -454,12 +469,19 @@ class SearchEngine:
         self, query: str, top_k: int, min_score: float | None, filter: Mapping[str, Any] | None
     ) -> list[SearchResult]:
         vector = await self._embed_query(query)
+        raw: list[dict[str, Any]] = []
         try:
-            raw = await self.vector_store.query(self.index_name, vector, top_k, filter)
+            raw = list(await self.vector_store.query(self.index_name, vector, top_k, filter))
         except Exception as exc:
-            if not self._index_ready and _looks_missing(exc):
-                return []  # nothing was ever indexed in this store
-            raise
+            if self._index_ready or not _looks_missing(exc):
+                raise
+            # Nothing was ever indexed in this store.
+        shared = self.shared
+        if shared is not None and shared.has_vectors:
+            shared.maybe_refresh()
+            published = await anyio.to_thread.run_sync(lambda: shared.vector_search(vector, top_k, filter))
+            # One ranking of both, as one store would rank them (ties: the agent's own first).
+            raw = sorted([*raw, *published], key=lambda item: -float(item["score"]))[:top_k]
         tokens = self._tokenize(query)
         lines = line_finder(tokens, self._tokenize)
         results: list[SearchResult] = []

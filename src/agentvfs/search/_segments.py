@@ -31,6 +31,14 @@ The header holds ``format`` ("agentvfs-segment"), ``version`` (2; 1 is read too)
   ``src_first_slot`` (int64: its documents are consecutive slots).
 
 Variable-length values are one byte array plus int64 offsets (``n + 1``, from 0).
+
+A segment built with an embedder also holds a vector shard, and its header a ``vectors``
+object: ``embedder`` (the embedder's id), ``metric`` ("cosine"), ``dimension``, ``count`` and
+the graph's ``M`` and ``ef_construction``. Its arrays: ``vectors`` (float32, ``count`` rows of
+``dimension``, each of unit length or zero), ``vector_slots`` (int32, the document of each row,
+strictly ascending: a document whose embedding failed has none) and ``hnsw`` (the hnswlib graph
+of the rows, as hnswlib saves it, its labels the row numbers; empty when there are no rows).
+A reader of a segment without them (or one that ignores them) searches it with BM25 only.
 """
 
 from __future__ import annotations
@@ -65,6 +73,7 @@ __all__ = [
     "SourceColumns",
     "SourceFile",
     "SourceRecord",
+    "VectorColumns",
     "build_segment",
     "check_postings",
     "encode_segment",
@@ -108,6 +117,9 @@ _DTYPES: dict[str, str] = {
     "src_chunks": "<i4",
     "src_first_slot": "<i8",
 }
+#: The arrays of a vector shard, present when the header has ``vectors``.
+_VECTOR_DTYPES: dict[str, str] = {"vectors": "<f4", "vector_slots": "<i4", "hnsw": "|u1"}
+_ALL_DTYPES = {**_DTYPES, **_VECTOR_DTYPES}
 _DIGEST_CHARS = 64
 #: Texts compressed per job of the compressing thread.
 _PACK_BATCH = 256
@@ -201,7 +213,10 @@ def _blob(values: Sequence[bytes]) -> tuple[npt.NDArray[np.uint8], npt.NDArray[n
 
 
 def build_segment(
-    files: Iterable[SourceFile], tokenize: TokenizeOptions | Mapping[str, Any] | None = None
+    files: Iterable[SourceFile],
+    tokenize: TokenizeOptions | Mapping[str, Any] | None = None,
+    *,
+    embedder: Any = None,
 ) -> bytes:
     """Index ``files`` into the bytes of one segment (see the module documentation).
 
@@ -216,6 +231,12 @@ def build_segment(
     tokenize : TokenizeOptions or mapping, optional
         Tokenizer options (not a custom callable: a segment records its options, and a reader
         must be able to tokenise queries the same way).
+    embedder : callable, optional
+        An embedder (as a workspace takes: ``fn(text)``, sync or async, or a batch function):
+        the segment then also holds a vector shard of every document, with the embedder's
+        id (:func:`embedder_id`), so a workspace with the same embedder searches it by
+        vector too. A document whose embedding fails has no vector (see
+        :attr:`SegmentBuilder.embedding_failures`).
 
     Returns
     -------
@@ -227,7 +248,7 @@ def build_segment(
     ValueError
         Two files with one path, or a path not starting with ``/``.
     """
-    with SegmentBuilder(tokenize) as builder:
+    with SegmentBuilder(tokenize, embedder=embedder) as builder:
         for source in sorted(files, key=lambda f: f.path):
             builder.add(source)
         return builder.finish()
@@ -242,10 +263,19 @@ class SegmentBuilder:
     ----------
     tokenize : TokenizeOptions or mapping, optional
         As :func:`build_segment`.
+    embedder : callable, optional
+        Embeds every document into the segment's vector shard (see :func:`build_segment`).
     """
 
-    def __init__(self, tokenize: TokenizeOptions | Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self, tokenize: TokenizeOptions | Mapping[str, Any] | None = None, *, embedder: Any = None
+    ) -> None:
         self.options = TokenizeOptions.from_value(tokenize)
+        self.embedder = embedder
+        #: Documents whose embedding failed (id -> why), after :meth:`finish`.
+        self.embedding_failures: dict[str, str] = {}
+        # Every document's text and id, kept for the embedder (None without one).
+        self._embed: tuple[list[str], list[str]] | None = ([], []) if embedder is not None else None
         self._tokenizer = Tokenizer(self.options)
         self._ids: list[bytes] = []
         self._metas: list[bytes] = []
@@ -315,6 +345,9 @@ class SegmentBuilder:
             self._start_lines.append(offset if offset is not None else 0)
             self._has_start.append(offset is not None)
             self._texts.append(doc.content)
+            if self._embed is not None:
+                self._embed[0].append(doc.content)
+                self._embed[1].append(doc.id)
         if len(self._texts) >= _PACK_BATCH:
             self._packed.append(self._pool.submit(_pack_many, self._texts))
             self._texts = []
@@ -324,8 +357,14 @@ class SegmentBuilder:
         if self._texts:
             self._packed.append(self._pool.submit(_pack_many, self._texts))
             self._texts = []
+        shard: Future[tuple[VectorColumns, dict[str, str]]] | None = None
+        if self._embed is not None:
+            from ._shards import embed_shard  # hnswlib and the embedder only when asked for
+
+            # On the compressing thread: the postings below are sorted meanwhile.
+            shard = self._pool.submit(embed_shard, self.embedder, *self._embed)
+            self._embed = None
         contents = [blob for future in self._packed for blob in future.result()]
-        self.close()
         terms, ids, lengths = self._terms, self._ids, self._lengths
         n_docs = len(ids)
         # Number each distinct term once (a dict keeps first occurrences in order, at C
@@ -350,6 +389,10 @@ class SegmentBuilder:
         posting_slots = posting_slots[order]
         posting_tfs = posting_tfs[order]
         starts = np.searchsorted(posting_rank, np.arange(len(hashes) + 1, dtype=np.int64)).astype(np.int64)
+        vectors: VectorColumns | None = None
+        if shard is not None:
+            vectors, self.embedding_failures = shard.result()
+        self.close()
         return encode_segment(
             tokenize=self.options.to_dict(),
             terms=unique_terms,
@@ -371,6 +414,7 @@ class SegmentBuilder:
                 chunks=self._src_chunks,
                 first_slots=self._src_first,
             ),
+            vectors=vectors,
         )
 
     def close(self) -> None:
@@ -398,6 +442,28 @@ class SourceColumns:
     first_slots: Sequence[int] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class VectorColumns:
+    """A segment's vector shard: the header's ``vectors`` object and the three arrays.
+
+    Attributes
+    ----------
+    info : dict
+        ``embedder``, ``metric``, ``dimension``, ``count``, ``M``, ``ef_construction``.
+    matrix : ndarray of float32
+        ``count x dimension`` rows, unit length (or zero).
+    slots : ndarray of int32
+        The document of each row, strictly ascending.
+    graph : bytes
+        The hnswlib graph of the rows (labels are row numbers); empty for no rows.
+    """
+
+    info: dict[str, Any]
+    matrix: npt.NDArray[np.float32]
+    slots: npt.NDArray[np.int32]
+    graph: bytes
+
+
 def encode_segment(
     *,
     tokenize: dict[str, Any],
@@ -413,11 +479,12 @@ def encode_segment(
     has_start_line: npt.NDArray[np.integer],
     sources: SourceColumns = SourceColumns(),
     header: Mapping[str, Any] | None = None,
+    vectors: VectorColumns | None = None,
 ) -> bytes:
     """The bytes of a segment: postings grouped by term (``terms[i]``'s are
     ``starts[i]:starts[i+1]`` of ``slots`` and ``tfs``), each document's length, id, packed
-    text, metadata JSON (empty for none) and start line, and the source files' records.
-    ``header`` adds keys to the header (a checkpoint's own)."""
+    text, metadata JSON (empty for none) and start line, the source files' records, and the
+    vector shard when there is one. ``header`` adds keys to the header (a checkpoint's own)."""
     id_bytes, id_offsets = _blob(ids)
     content_bytes, content_offsets = _blob(contents)
     meta_bytes, meta_offsets = _blob(metadata)
@@ -458,6 +525,11 @@ def encode_segment(
         "postings": len(slots),
         "arrays": {},
     }
+    if vectors is not None:
+        head["vectors"] = dict(vectors.info)
+        arrays["vectors"] = np.ascontiguousarray(vectors.matrix, dtype="<f4").ravel()
+        arrays["vector_slots"] = vectors.slots.astype("<i4")
+        arrays["hnsw"] = np.frombuffer(vectors.graph, dtype=np.uint8)
     return _serialise(head, arrays)
 
 
@@ -470,7 +542,7 @@ def _serialise(header: dict[str, Any], arrays: Mapping[str, npt.NDArray[Any]]) -
         position = data_start
         table: dict[str, Any] = {}
         for name, array in arrays.items():
-            table[name] = {"offset": position, "dtype": _DTYPES[name], "count": int(array.size)}
+            table[name] = {"offset": position, "dtype": _ALL_DTYPES[name], "count": int(array.size)}
             position = _align(position + array.nbytes)
         header["arrays"] = table
         encoded = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
@@ -574,6 +646,9 @@ class Segment:
         self.total_len: int = header["total_len"]
         self.tokenize: dict[str, Any] = header["tokenize"]
         arrays = self._arrays(view, header)
+        arrays.update(self._vector_arrays(view, header))
+        #: The vector shard's header (``embedder``, ``dimension``, ``count``...), None without one.
+        self.vector_info: dict[str, Any] | None = header.get("vectors")
         self._terms = arrays["terms"]
         self._starts = arrays["starts"]
         self._slots = arrays["slots"]
@@ -650,23 +725,47 @@ class Segment:
                 raise self._bad(f"its header has no valid {key!r}")
         return header
 
+    def _array(self, view: memoryview, table: Mapping[str, Any], name: str, dtype: str) -> npt.NDArray[Any]:
+        """The array ``name`` as the header's table places it, checked to lie in the file."""
+        entry = table.get(name)
+        if not isinstance(entry, dict):
+            raise self._bad(f"the array {name!r} is missing")
+        offset, count = entry.get("offset"), entry.get("count")
+        if entry.get("dtype") != dtype or not isinstance(offset, int) or not isinstance(count, int):
+            raise self._bad(f"the array {name!r} is described wrongly ({entry})")
+        item = np.dtype(dtype).itemsize
+        if offset % ALIGN or offset < _PREAMBLE.size or count < 0 or offset + count * item > len(view):
+            raise self._bad(
+                f"the array {name!r} ({count} x {dtype} at {offset}) lies outside the file "
+                f"({len(view)} bytes): truncated or damaged"
+            )
+        return np.frombuffer(view, dtype=dtype, count=count, offset=offset)
+
+    def _vector_arrays(self, view: memoryview, header: dict[str, Any]) -> dict[str, npt.NDArray[Any]]:
+        """The vector shard's arrays, when the header describes one, checked against it."""
+        info = header.get("vectors")
+        if info is None:
+            return {}
+        if not isinstance(info, dict):
+            raise self._bad("its 'vectors' header is not an object")
+        for key, kind in (("embedder", str), ("metric", str), ("dimension", int), ("count", int)):
+            if not isinstance(info.get(key), kind) or isinstance(info.get(key), bool):
+                raise self._bad(f"its 'vectors' header has no valid {key!r}")
+        if info["metric"] != "cosine":
+            raise self._bad(f"its vectors use the metric {info['metric']!r}; this version reads 'cosine'")
+        dimension, count = info["dimension"], info["count"]
+        if not (1 <= dimension <= 1 << 16 or dimension == count == 0) or not 0 <= count <= header["docs"]:
+            raise self._bad(f"its vectors ({count} of dimension {dimension}) do not fit its {header['docs']} documents")
+        out = {name: self._array(view, header["arrays"], name, dtype) for name, dtype in _VECTOR_DTYPES.items()}
+        if len(out["vectors"]) != count * dimension or len(out["vector_slots"]) != count:
+            raise self._bad(f"its vector arrays do not hold {count} vectors of dimension {dimension}")
+        if (len(out["hnsw"]) == 0) != (count == 0):
+            raise self._bad("its vector graph is missing" if count else "it has a vector graph of no vectors")
+        return out
+
     def _arrays(self, view: memoryview, header: dict[str, Any]) -> dict[str, npt.NDArray[Any]]:
         table = header["arrays"]
-        out: dict[str, npt.NDArray[Any]] = {}
-        for name, dtype in _DTYPES.items():
-            entry = table.get(name)
-            if not isinstance(entry, dict):
-                raise self._bad(f"the array {name!r} is missing")
-            offset, count = entry.get("offset"), entry.get("count")
-            if entry.get("dtype") != dtype or not isinstance(offset, int) or not isinstance(count, int):
-                raise self._bad(f"the array {name!r} is described wrongly ({entry})")
-            item = np.dtype(dtype).itemsize
-            if offset % ALIGN or offset < _PREAMBLE.size or count < 0 or offset + count * item > len(view):
-                raise self._bad(
-                    f"the array {name!r} ({count} x {dtype} at {offset}) lies outside the file "
-                    f"({len(view)} bytes): truncated or damaged"
-                )
-            out[name] = np.frombuffer(view, dtype=dtype, count=count, offset=offset)
+        out = {name: self._array(view, table, name, dtype) for name, dtype in _DTYPES.items()}
         n = header["docs"]
         n_src = header.get("sources")
         expect = {
@@ -733,6 +832,27 @@ class Segment:
         works on the postings as a whole: ``starts`` (the CSR offsets of ``terms``),
         ``slots``, ``tfs``, ``lengths`` and the rest of the format's arrays."""
         return MappingProxyType(self._a)
+
+    # -- vectors ---------------------------------------------------------------------------
+
+    @property
+    def vector_matrix(self) -> npt.NDArray[np.float32]:
+        """The shard's vectors, one row per vector (``count x dimension``; empty without a shard)."""
+        info = self.vector_info
+        if info is None:
+            return np.zeros((0, 0), dtype=np.float32)
+        matrix: npt.NDArray[np.float32] = self._a["vectors"].reshape(info["count"], info["dimension"])
+        return matrix
+
+    @property
+    def vector_slots(self) -> npt.NDArray[np.int32]:
+        """The document slot of each vector row (ascending; empty without a shard)."""
+        return self._a.get("vector_slots", _EMPTY_I32)
+
+    @property
+    def graph_bytes(self) -> npt.NDArray[np.uint8]:
+        """The hnswlib graph of the vector rows, as saved (empty without vectors)."""
+        return self._a.get("hnsw", np.zeros(0, dtype=np.uint8))
 
     # -- documents -------------------------------------------------------------------------
 

@@ -11,6 +11,11 @@ A shared document is hidden once the local index has a document with its id, or 
 file, or the file was removed locally (a tombstone); the statistics of a search count only the
 documents not hidden, so scores are those of one index holding exactly what the agent sees.
 
+With an embedder configured, segments that hold a vector shard of the same embedder are
+searched by vector too (``_shards``): each shard's visible vectors, merged with the workspace's
+vector store by score. A shard of another embedder is refused (its vectors mean nothing to this
+one's queries); a segment without one is found by BM25 only.
+
 A newer manifest is looked for at most every ``refresh_interval`` seconds, in a thread of its
 own: searches keep using the segments they have until the new ones are fetched and mapped, then
 switch at once. A manifest that cannot be used (a missing or corrupt segment, other tokenizer
@@ -24,19 +29,25 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
 from ..errors import SearchIndexError
+from ._engine import store_metadata
 from ._ids import shared_path, source_of
 from ._segments import Segment, check_postings
+from ._vector_filters import compile_filter, parse_filter
+
+if TYPE_CHECKING:
+    from ._shards import VectorShard
 
 __all__ = ["SegmentSource", "SharedIndex"]
 
 _log = logging.getLogger("agentvfs.search")
+
 
 class SegmentSource:
     """A segment's postings and documents with some documents hidden (a `DocumentSource`).
@@ -50,6 +61,7 @@ class SegmentSource:
         self,
         segment: Segment,
         *,
+        shard: VectorShard | None = None,
         _lengths: npt.NDArray[np.float64] | None = None,
         _dead: npt.NDArray[np.bool_] | None = None,
     ) -> None:
@@ -57,8 +69,11 @@ class SegmentSource:
             check_postings(segment)
             _lengths = segment.lengths.astype(np.float64)
         self.segment = segment
+        #: Its vector shard, when it has one of the workspace's embedder.
+        self.shard = shard
         self._lengths = _lengths
         self._dead = _dead
+        self._live_rows: npt.NDArray[np.bool_] | None = None
         if _dead is None:
             self.live_docs = segment.n_docs
             self.live_length = segment.total_len
@@ -106,10 +121,30 @@ class SegmentSource:
                     dead[slots.start : slots.stop] = True
         if dead is None:
             return self
-        return SegmentSource(segment, _lengths=self._lengths, _dead=dead)
+        return SegmentSource(segment, shard=self.shard, _lengths=self._lengths, _dead=dead)
+
+    def shown(self) -> SegmentSource:
+        """This source with nothing hidden."""
+        return SegmentSource(self.segment, shard=self.shard, _lengths=self._lengths)
 
     def is_hidden(self, slot: int) -> bool:
         return self._dead is not None and bool(self._dead[slot])
+
+    def live_rows(self) -> npt.NDArray[np.bool_] | None:
+        """Per row of its vector shard, whether the document is visible (None: all are)."""
+        if self._dead is None or self.shard is None:
+            return None
+        if self._live_rows is None:
+            self._live_rows = ~self._dead[self.shard.slots]
+        return self._live_rows
+
+    @property
+    def live_vectors(self) -> int:
+        """Visible documents with a vector."""
+        if self.shard is None:
+            return 0
+        live = self.live_rows()
+        return len(self.shard) if live is None else int(np.count_nonzero(live))
 
 
 class SharedIndex:
@@ -131,12 +166,22 @@ class SharedIndex:
     cache_grace : float
         Cached segments no manifest in use names are deleted once unmodified this long
         (default a day).
+    embedder : str, optional
+        The id of the workspace's embedder (:func:`embedder_id`): segments with vectors of
+        this embedder are searched by vector too, those with another's are refused. None:
+        vectors are not searched.
+    relative_ids : bool
+        Vector hits and the metadata filters see are named without the leading ``/``
+        (``docs/a.md``, chunks' ``source_file`` too), as the workspace names its own.
+    exact_limit : int, optional
+        With more visible vectors than this in all its shards together, the index is searched
+        through each shard's hnswlib graph; else exactly (default 5,000, as the vector store).
 
     Raises
     ------
     SearchIndexError
-        At `load`: no manifest, a segment missing or corrupt, or other tokenizer options (the
-        message names the segment and the difference).
+        At `load`: no manifest, a segment missing or corrupt, other tokenizer options, or
+        vectors of another embedder (the message names the segment and the difference).
     """
 
     def __init__(
@@ -148,8 +193,16 @@ class SharedIndex:
         storage_options: Mapping[str, Any] | None = None,
         refresh_interval: float = 30.0,
         cache_grace: float = 24 * 3600.0,
+        embedder: str | None = None,
+        exact_limit: int | None = None,
+        relative_ids: bool = False,
     ) -> None:
+        from ._shards import EXACT_LIMIT
+
         self.url = url
+        self.embedder = embedder
+        self.relative_ids = relative_ids
+        self.exact_limit = EXACT_LIMIT if exact_limit is None else exact_limit
         self.cache_grace = cache_grace
         self.cache_dir = cache_dir
         self._tokenize = dict(tokenize)
@@ -188,7 +241,18 @@ class SharedIndex:
                     f"tokenizer options ({'; '.join(differences)}); attach it to a workspace "
                     "with the same bm25 tokenize options, or rebuild it with these"
                 )
-            sources.append(SegmentSource(segment))
+            sources.append(SegmentSource(segment, shard=self._shard(segment)))
+        shards = [source.shard for source in sources if source.shard is not None and len(source.shard)]
+        dimensions = {shard.dimension for shard in shards}
+        if len(dimensions) > 1:
+            raise SearchIndexError(
+                f"the segments of the index {self.url} hold vectors of different dimensions "
+                f"({', '.join(map(str, sorted(dimensions)))}) from one embedder; rebuild the index"
+            )
+        if sum(map(len, shards)) > self.exact_limit:
+            # Searched through their graphs: checked and loaded here, not at a search.
+            for shard in shards:
+                shard.load_graph()
         with self._lock:
             hidden = set(self._hidden)
         sources = [source.hidden(hidden) for source in sources]
@@ -199,6 +263,23 @@ class SharedIndex:
             self._manifest = manifest
         self._checked = time.monotonic()
         self._prune_cache({source.segment.name for source in sources})
+
+    def _shard(self, segment: Segment) -> VectorShard | None:
+        """The segment's vector shard, checked, when it has one and this index searches
+        vectors."""
+        info = segment.vector_info
+        if self.embedder is None or info is None:
+            return None
+        if info["embedder"] != self.embedder:
+            raise SearchIndexError(
+                f"segment {segment.name} of the index {self.url} holds vectors of the embedder "
+                f"{info['embedder']!r}, and this workspace embeds with {self.embedder!r}: its queries "
+                "would be compared with vectors of another model. Attach it with that embedder, or "
+                "rebuild the index with this one (build_index(..., embedder=...))"
+            )
+        from ._shards import VectorShard
+
+        return VectorShard(segment)
 
     def _prune_cache(self, keep: set[str]) -> None:
         """Delete cached segments of other manifests not used for ``cache_grace`` seconds.
@@ -256,9 +337,7 @@ class SharedIndex:
         """Show every shared document again (the local index was cleared)."""
         with self._lock:
             self._hidden.clear()
-            self._sources = tuple(
-                SegmentSource(source.segment, _lengths=source.slot_lengths()) for source in self._sources
-            )
+            self._sources = tuple(source.shown() for source in self._sources)
 
     # -- reading ------------------------------------------------------------------------------------
 
@@ -266,6 +345,49 @@ class SharedIndex:
     def sources(self) -> tuple[SegmentSource, ...]:
         """The segments in use, with the hidden documents left out."""
         return self._sources
+
+    @property
+    def has_vectors(self) -> bool:
+        """Whether a segment in use has a vector shard of the embedder."""
+        return any(source.shard is not None for source in self._sources)
+
+    def vector_search(
+        self, vector: Sequence[float], top_k: int, filter: Mapping[str, Any] | None = None
+    ) -> list[dict[str, Any]]:
+        """The ``top_k`` visible shared documents nearest to ``vector``, as a vector store's
+        ``query`` answers: ``{"id", "score", "metadata"}`` with the store's metadata (id,
+        text, the document's metadata, content hash, start line), best first.
+
+        Raises
+        ------
+        ValueError
+            A bad filter, or a query vector of another dimension than the shards'.
+        """
+        from ._shards import query_vector
+
+        sources = self._sources  # one set of segments for the whole search
+        searched = [(i, source) for i, source in enumerate(sources) if source.shard is not None and len(source.shard)]
+        if not searched or top_k < 1:
+            return []
+        passes = compile_filter(parse_filter(filter)) if filter is not None else None
+        q = query_vector(vector, searched[0][1].shard.dimension)  # type: ignore[union-attr]
+        # As one store of them all: exact up to exact_limit visible vectors, else the graphs.
+        exact = sum(source.live_vectors for _, source in searched) <= self.exact_limit
+        found: list[tuple[float, int, int]] = []
+        for i, source in searched:
+            accept = None
+            if passes is not None:
+                accept = _filter_of(source, passes, self.relative_ids)
+            shard = source.shard
+            assert shard is not None
+            hits = shard.search(q, top_k, source.live_rows(), accept, exact=exact)
+            found.extend((-score, i, slot) for score, slot in hits)
+        found.sort()
+        out = []
+        for negative, i, slot in found[:top_k]:
+            meta = _item_metadata(sources[i], slot, self.relative_ids)
+            out.append({"id": meta["id"], "score": -negative, "metadata": meta})
+        return out
 
     @property
     def manifest(self) -> Any:
@@ -293,8 +415,30 @@ class SharedIndex:
             "manifest": _manifest_number(self._manifest) if self._manifest is not None else None,
             "segments": len(self._sources),
             "documents": sum(source.live_docs for source in self._sources),
+            "vectors": sum(source.live_vectors for source in self._sources),
             "hidden": len(self._hidden),
         }
+
+
+def _item_metadata(source: SegmentSource, slot: int, relative: bool) -> dict[str, Any]:
+    """A shared document's metadata as the vector store keeps its items' (what filters test
+    and hits carry), named as the workspace names files when ``relative``."""
+    id, text, metadata, start = source.document(slot)
+    if relative:
+        id = id.lstrip("/")
+        named = (metadata or {}).get("source_file")
+        if isinstance(named, str):
+            metadata = {**(metadata or {}), "source_file": named.lstrip("/")}
+    return store_metadata(id, text, metadata, start)
+
+
+def _filter_of(source: SegmentSource, passes: Any, relative: bool) -> Any:
+    """``accept(slot)`` of a filter on ``source``'s documents."""
+
+    def accept(slot: int) -> bool:
+        return bool(passes(_item_metadata(source, slot, relative)))
+
+    return accept
 
 
 def _manifest_number(manifest: Any) -> Any:

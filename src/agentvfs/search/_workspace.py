@@ -526,6 +526,8 @@ class WorkspaceSearch:
             storage_options=options["storage_options"],
             refresh_interval=options["refresh_interval"],
             cache_grace=options["cache_grace"],
+            embedder=embedder_id(self._embedder) if self.can_vector else None,
+            relative_ids=self._relative_ids,
         )
         try:
             shared.load()
@@ -535,6 +537,12 @@ class WorkspaceSearch:
             raise SearchIndexError(
                 f"The search index {self.index_url} cannot be attached: {exc}"
             ) from exc
+        if self.can_vector and shared.manifest.segments and not shared.has_vectors:
+            _log.warning(
+                "search index %s has no vectors of the embedder %s: its documents are found by BM25 "
+                "only (build it with build_index(..., embedder=...) to search them by vector)",
+                self.index_url, embedder_id(self._embedder),
+            )
         self._tombstones = self._load_tombstones()
         shared.hide([*bm25.ids(), *self._tombstones])
         self.shared = shared

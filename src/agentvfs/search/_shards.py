@@ -1,0 +1,277 @@
+"""Vector shards of segments: a segment's documents embedded into unit vectors and an hnswlib
+graph when the segment is built, and searched, with some documents hidden, once attached.
+
+A shard scores as the workspace's vector store (:class:`HnswVectorStore`) does, with the same
+arithmetic: vectors are turned to float32 and scaled to unit length, a score is the clipped dot
+product. So an exact search over a published shard and the agent's own store together ranks as
+one store holding what the agent sees. As that store, an index of at most ``exact_limit``
+visible vectors (all its shards together) is searched exactly (a product with the memory-mapped
+rows); a larger one through each shard's hnswlib graph, with hidden documents left out after
+the search (more neighbours are fetched the more are hidden), and exactly again where too few
+visible ones remain among them.
+
+The graph comes from storage that others may write: it is checked in full
+(:func:`~._vector_graphs.check_graph`) before hnswlib reads it, and never unpickled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import tempfile
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import anyio
+import numpy as np
+
+from ..errors import SearchIndexError
+from . import _vector_graphs, _vector_math
+from ._embedders import embed_texts, embedder_id
+from ._segments import Segment, VectorColumns
+from ._vector_math import Floats, Mask
+
+__all__ = ["EF_SEARCH", "EXACT_LIMIT", "GRAPH_EF_CONSTRUCTION", "GRAPH_M", "VectorShard", "embed_shard"]
+
+#: hnswlib ``M`` and ``ef_construction`` of a shard's graph (the vector store's defaults).
+GRAPH_M = 16
+GRAPH_EF_CONSTRUCTION = 200
+#: The graph's random seed: a rebuilt segment of the same files has the same bytes.
+GRAPH_SEED = 100
+#: Shards of at most this many visible vectors are searched exactly (the store's default).
+EXACT_LIMIT = 5000
+#: hnswlib ``ef`` of a graph search (the store's default).
+EF_SEARCH = 128
+
+#: ``(score, slot)`` of a shard's hit.
+ShardHit = tuple[float, int]
+
+
+def embed_shard(embedder: Any, texts: Sequence[str], ids: Sequence[str]) -> tuple[VectorColumns, dict[str, str]]:
+    """Embed a segment's documents (``texts``, in slot order) into its vector shard.
+
+    Runs its own event loop: call it from a thread without one (the segment builder's).
+
+    Returns
+    -------
+    VectorColumns, dict
+        The shard, and the documents without a vector (id -> why: the embedder failed, or
+        returned an unusable vector).
+    """
+
+    async def run() -> tuple[list[list[float] | None], dict[int, str]]:
+        return await embed_texts(embedder, texts, names=ids)
+
+    vectors, failed = anyio.run(run)
+    failures = {ids[i]: why for i, why in failed.items()}
+    rows = [i for i, vector in enumerate(vectors) if vector is not None]
+    dimension = len(vectors[rows[0]]) if rows else 0  # type: ignore[arg-type]
+    with np.errstate(over="ignore"):  # too large for float32 becomes inf, refused below
+        matrix = np.asarray([vectors[i] for i in rows], dtype=np.float64).reshape(len(rows), dimension)
+        matrix32 = matrix.astype(np.float32)
+    finite = np.isfinite(matrix32).all(axis=1)
+    for i in np.flatnonzero(~finite).tolist():
+        failures[ids[rows[i]]] = f"{ids[rows[i]]}: the vector has numbers too large for float32"
+    unit = _vector_math.prepare("cosine", matrix32[finite])
+    slots = np.asarray(rows, dtype=np.int32)[finite]
+    info = {
+        "embedder": embedder_id(embedder),
+        "metric": "cosine",
+        "dimension": dimension,
+        "count": len(slots),
+        "M": GRAPH_M,
+        "ef_construction": GRAPH_EF_CONSTRUCTION,
+    }
+    return VectorColumns(info, unit, slots, build_graph(unit) if len(slots) else b""), failures
+
+
+def build_graph(unit: Floats) -> bytes:
+    """The hnswlib graph of ``unit`` (rows labelled by their numbers), as hnswlib saves it."""
+    count, dimension = unit.shape
+    graph = _vector_graphs.hnswlib().Index(space="cosine", dim=dimension)
+    graph.init_index(max_elements=count, M=GRAPH_M, ef_construction=GRAPH_EF_CONSTRUCTION, random_seed=GRAPH_SEED)
+    # One thread: the same rows give the same graph (and segment name) on every build.
+    graph.add_items(unit, np.arange(count, dtype=np.int64), num_threads=1)
+    with tempfile.TemporaryDirectory(prefix="agentvfs-graph-") as tmp:
+        path = os.path.join(tmp, "graph.hnsw")
+        graph.save_index(path)
+        with open(path, "rb") as f:
+            return f.read()
+
+
+class VectorShard:
+    """The vector side of one segment (see the module documentation).
+
+    Parameters
+    ----------
+    segment : Segment
+        A segment with a vector shard.
+    ef_search : int
+        hnswlib ``ef`` of a graph search.
+
+    Raises
+    ------
+    SearchIndexError
+        The shard cannot be searched (its rows name documents outside the segment, or hold
+        NaN or infinity).
+    """
+
+    def __init__(self, segment: Segment, *, ef_search: int = EF_SEARCH) -> None:
+        info = segment.vector_info
+        if info is None:
+            raise ValueError(f"segment {segment.name} has no vectors")
+        self.segment = segment
+        self.embedder: str = info["embedder"]
+        self.dimension: int = info["dimension"]
+        self.matrix = segment.vector_matrix
+        self.slots = segment.vector_slots
+        self.ef_search = ef_search
+        self._graph: Any = None
+        self._lock = threading.Lock()  # hnswlib's ef is one setting per graph
+        self._check()
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+    def _check(self) -> None:
+        slots, n = self.slots, self.segment.n_docs
+        why = None
+        if len(slots) and (int(slots[0]) < 0 or int(slots[-1]) >= n or not bool(np.all(slots[1:] > slots[:-1]))):
+            why = f"its vectors' documents are not ascending slots among its {n}"
+        elif not bool(np.isfinite(self.matrix).all()):
+            why = "a vector holds NaN or infinity"
+        if why is not None:
+            raise SearchIndexError(f"segment {self.segment.name} cannot be searched by vector: {why}")
+
+    def load_graph(self) -> None:
+        """Check the graph and load it into hnswlib (once; a search loads it when needed)."""
+        with self._lock:
+            if self._graph is not None:
+                return
+            data = self.segment.graph_bytes
+            try:
+                _vector_graphs.check_graph(data.data, count=len(self.slots), dimension=self.dimension)
+            except ValueError as exc:
+                raise SearchIndexError(
+                    f"segment {self.segment.name} cannot be searched by vector: its graph is not one "
+                    f"hnswlib can use safely ({exc})"
+                ) from None
+            # hnswlib loads from a path only: a file of our own, gone once loaded.
+            fd, path = tempfile.mkstemp(prefix="agentvfs-shard-", suffix=".hnsw")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data.data)
+                graph = _vector_graphs.hnswlib().Index(space="cosine", dim=self.dimension)
+                graph.load_index(path)
+            finally:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+            graph.set_ef(self.ef_search)
+            self._graph = graph
+
+    def search(
+        self,
+        q: Floats,
+        k: int,
+        live: Mask | None,
+        accept: Callable[[int], bool] | None = None,
+        *,
+        exact: bool = True,
+    ) -> list[ShardHit]:
+        """The best ``k`` visible vectors for the unit query ``q``, as ``(score, slot)``,
+        best first (ties: lower slot first).
+
+        Parameters
+        ----------
+        live : ndarray of bool, optional
+            Per vector row, whether its document is visible (None: all are).
+        accept : callable, optional
+            ``accept(slot)``: whether a document passes a filter.
+        exact : bool
+            Score every visible vector; else search the graph (exactly still when too few
+            visible ones that pass ``accept`` are among the neighbours it finds).
+        """
+        count = len(self.slots)
+        visible = count if live is None else int(np.count_nonzero(live))
+        if k <= 0 or visible == 0:
+            return []
+        k = min(k, visible)
+        if not exact:
+            hits = self._approximate(q, k, live, visible, accept)
+            if hits is not None:
+                return hits
+        return self._exact(q, k, live, accept)
+
+    def _exact(self, q: Floats, k: int, live: Mask | None, accept: Callable[[int], bool] | None) -> list[ShardHit]:
+        scores = _vector_math.score("cosine", self.matrix, q)
+        rows = np.flatnonzero(live) if live is not None else np.arange(len(scores))
+        picked = scores[rows]
+        if accept is None:
+            top = np.argpartition(-picked, k - 1)[:k] if len(rows) > k else np.arange(len(rows))
+            order = top[np.lexsort((rows[top], -picked[top]))]
+        else:
+            order = np.lexsort((rows, -picked))  # all of them: the filter decides how far to go
+        slots = self.slots
+        out: list[ShardHit] = []
+        for i in order.tolist():
+            slot = int(slots[rows[i]])
+            if accept is None or accept(slot):
+                out.append((float(picked[i]), slot))
+                if len(out) == k:
+                    break
+        return out
+
+    def _approximate(
+        self, q: Floats, k: int, live: Mask | None, visible: int, accept: Callable[[int], bool] | None
+    ) -> list[ShardHit] | None:
+        """The graph's nearest visible vectors; None when fewer than ``k`` are among those
+        fetched (the caller then searches exactly)."""
+        self.load_graph()
+        count = len(self.slots)
+        share = visible / count
+        fetch = k if live is None and accept is None else min(count, math.ceil(4 * k / share))
+        with self._lock:
+            graph = self._graph
+            graph.set_ef(min(max(math.ceil(self.ef_search / share), fetch), count))
+            try:
+                labels, distances = graph.knn_query(q.reshape(1, -1), k=fetch)
+            except RuntimeError:
+                return None  # hnswlib reached fewer than `fetch` items
+            finally:
+                graph.set_ef(self.ef_search)
+        rows = labels[0].astype(np.int64)
+        scores = _vector_math.scores_from_distances("cosine", distances[0])
+        out: list[ShardHit] = []
+        for row, score in zip(rows.tolist(), scores.tolist(), strict=True):
+            if live is not None and not live[row]:
+                continue
+            slot = int(self.slots[row])
+            if accept is None or accept(slot):
+                out.append((float(score), slot))
+                if len(out) == k:
+                    return sorted(out, key=lambda hit: (-hit[0], hit[1]))
+        return None
+
+
+def query_vector(vector: Sequence[float], dimension: int) -> Floats:
+    """``vector`` as a shard searches with it: float32, unit length.
+
+    Raises
+    ------
+    ValueError
+        Another dimension than the shards', or NaN or infinity.
+    """
+    q = np.asarray(vector, dtype=np.float64)
+    if q.ndim != 1 or len(q) != dimension:
+        raise ValueError(
+            f"the query vector has {len(q) if q.ndim == 1 else q.shape} dimensions; the published index's "
+            f"vectors have {dimension}"
+        )
+    with np.errstate(over="ignore"):
+        q32 = q.astype(np.float32)
+    if not bool(np.isfinite(q32).all()):
+        raise ValueError("the query vector contains NaN or infinity")
+    prepared: Floats = _vector_math.prepare("cosine", q32.reshape(1, -1))[0]
+    return prepared
