@@ -16,7 +16,14 @@ import numpy as np
 import pytest
 
 from agentvfs.errors import SearchIndexError
-from agentvfs.search import BM25Index, Segment, SourceFile, TokenizeOptions, build_segment
+from agentvfs.search import (
+    BM25Index,
+    Segment,
+    SourceFile,
+    TokenizeOptions,
+    build_segment,
+    fetch_segment,
+)
 from agentvfs.search._bm25 import _term_hashes
 from agentvfs.search._segments import ALIGN, MAGIC, SegmentBuilder, encode_segment, segment_name
 from agentvfs.search._tokenize import Tokenizer
@@ -274,3 +281,40 @@ def test_a_segment_file_stays_readable_while_views_of_it_are_alive(tmp_path: Pat
     segment.close()  # a view is still held: the mapping stays until it goes
     assert int(lengths.sum()) > 0
     os.unlink(path)
+
+
+def test_a_published_text_that_expands_past_its_bound_is_refused_not_allocated(tmp_path: Path) -> None:
+    """A forged segment's text (a zstd frame declaring gigabytes, one expanding to more than a
+    document can hold, a zlib bomb, bytes that are no frame) fails its search with the
+    segment named; the workspace's own checkpoints, which hold any text, are not bounded."""
+    import zstandard
+
+    big = b"a" * (2 << 20)
+    blobs = [
+        zstandard.ZstdCompressor().compress(big),  # declares 2 MiB
+        zstandard.ZstdCompressor(write_content_size=False).compress(big),  # declares nothing
+        zlib.compress(big),
+        b"\x28\xb5\x2f\xfd garbage",
+    ]
+    data = encode_segment(
+        tokenize=TokenizeOptions().to_dict(),
+        terms=np.zeros(0, dtype=np.int64),
+        starts=np.zeros(1, dtype=np.int64),
+        slots=np.zeros(0, dtype=np.int32),
+        tfs=np.zeros(0, dtype=np.int32),
+        lengths=np.zeros(len(blobs), dtype=np.int32),
+        ids=[f"/{i}".encode() for i in range(len(blobs))],
+        contents=blobs,
+        metadata=[b""] * len(blobs),
+        start_lines=np.zeros(len(blobs), dtype=np.int64),
+        has_start_line=np.zeros(len(blobs), dtype=np.uint8),
+    )
+    name = segment_name(data)
+    (tmp_path / "index" / "segments").mkdir(parents=True)
+    (tmp_path / "index" / "segments" / f"{name}.seg").write_bytes(data)
+    published = fetch_segment(str(tmp_path / "index"), name, tmp_path / "cache")
+    for slot in range(len(blobs)):
+        with pytest.raises(SearchIndexError, match=f"segment {name}: the text of document {slot} cannot be read"):
+            published.document(slot)
+    trusted = Segment.from_bytes(data)
+    assert trusted.content(0) == trusted.content(1) == trusted.content(2) == big.decode()

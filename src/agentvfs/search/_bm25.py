@@ -1361,14 +1361,44 @@ def _pack_many(texts: Sequence[str]) -> list[bytes]:
     return [frames[i].tobytes() for i in range(len(data))]
 
 
-def _unpack(blob: bytes) -> str:
-    """The text of a stored ``blob``: zstd, or zlib as format version 1 stored it."""
+def _unpack(blob: bytes, limit: int | None = None) -> str:
+    """The text of a stored ``blob``: zstd, or zlib as format version 1 stored it.
+
+    ``limit`` bounds the bytes it may expand to (a frame can declare, or expand to, any size:
+    bytes from someone else's storage must not make each search allocate gigabytes).
+
+    Raises
+    ------
+    ValueError
+        The blob expands past ``limit``, or is not a valid frame or UTF-8.
+    """
     if blob[:4] != _ZSTD_MAGIC:
-        return zlib.decompress(blob).decode("utf-8", "surrogatepass")
+        if limit is None:
+            return zlib.decompress(blob).decode("utf-8", "surrogatepass")
+        inflater = zlib.decompressobj()
+        try:
+            raw = inflater.decompress(blob, limit)
+        except zlib.error as exc:
+            raise ValueError(f"a stored text is not valid zlib ({exc})") from None
+        if inflater.unconsumed_tail:
+            raise ValueError(f"a stored text expands past {limit} bytes")
+        return raw.decode("utf-8", "surrogatepass")
     decompressor = getattr(_CODECS, "decompressor", None)
     if decompressor is None:
         decompressor = _CODECS.decompressor = zstandard.ZstdDecompressor()
-    data: bytes = decompressor.decompress(blob)
+    try:
+        if limit is not None:
+            declared = zstandard.frame_content_size(blob)
+            if declared > limit:
+                raise ValueError(f"a stored text declares {declared} bytes, past {limit}")
+            data: bytes = decompressor.decompress(blob, max_output_size=limit if declared < 0 else 0)
+        elif zstandard.frame_content_size(blob) >= 0:
+            data = decompressor.decompress(blob)
+        else:  # (every frame written here has its size; one without it expands by streaming)
+            data = decompressor.decompressobj().decompress(blob)
+    except zstandard.ZstdError as exc:
+        bound = f", or expands past {limit} bytes" if limit is not None else ""
+        raise ValueError(f"a stored text is not a valid zstd frame{bound} ({exc})") from None
     return data.decode("utf-8", "surrogatepass")
 
 

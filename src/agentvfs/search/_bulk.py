@@ -55,7 +55,15 @@ from fsspec.implementations.local import LocalFileSystem
 from ..errors import IndexConflictError, MissingExtraError, SearchIndexError
 from ..vfs import FsspecBackend, check_storage_options, fsspec_backend
 from ._embedders import embedder_id
-from ._segments import SEGMENTS_DIR, SUFFIX, Segment, SegmentBuilder, SourceFile, segment_name
+from ._segments import (
+    PUBLISHED_TEXT_LIMIT,
+    SEGMENTS_DIR,
+    SUFFIX,
+    Segment,
+    SegmentBuilder,
+    SourceFile,
+    segment_name,
+)
 from ._tokenize import TokenizeOptions
 
 __all__ = [
@@ -896,6 +904,7 @@ def fetch_segment(
     if os.path.exists(local) and (expected is None or os.path.getsize(local) == expected):
         try:
             segment = Segment.open(local)
+            segment.text_limit = PUBLISHED_TEXT_LIMIT
             if not verify_cached or _file_name(local) == name:
                 return segment
             segment.close()
@@ -925,7 +934,9 @@ def fetch_segment(
         with contextlib.suppress(OSError):
             os.unlink(staged)
         raise
-    return Segment.open(local)
+    segment = Segment.open(local)
+    segment.text_limit = PUBLISHED_TEXT_LIMIT
+    return segment
 
 
 def _file_name(path: str) -> str:

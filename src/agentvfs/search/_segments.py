@@ -121,6 +121,10 @@ _DTYPES: dict[str, str] = {
 _VECTOR_DTYPES: dict[str, str] = {"vectors": "<f4", "vector_slots": "<i4", "hnsw": "|u1"}
 _ALL_DTYPES = {**_DTYPES, **_VECTOR_DTYPES}
 _DIGEST_CHARS = 64
+#: The bound on a published segment's document texts: each is a file of at most 4,000
+#: characters or one chunk of one (``file_documents``), at most 12,000 bytes of UTF-8. A
+#: forged text that expands past it is refused instead of allocated.
+PUBLISHED_TEXT_LIMIT = 1 << 20
 #: Texts compressed per job of the compressing thread.
 _PACK_BATCH = 256
 
@@ -657,6 +661,9 @@ class Segment:
         self._a = arrays
         self._slot_of: dict[str, int] | None = None
         self._sources: dict[str, SourceRecord] | None = None
+        #: The most bytes a document's text may expand to (None: no bound; see
+        #: :data:`PUBLISHED_TEXT_LIMIT`).
+        self.text_limit: int | None = None
 
     # -- opening ---------------------------------------------------------------------------
 
@@ -882,10 +889,16 @@ class Segment:
         self._check_slot(slot)
         return self._id_at(slot)
 
+    def _text_at(self, slot: int) -> str:
+        try:
+            return _unpack(self._bytes("content", "content_offsets", slot), self.text_limit)
+        except ValueError as exc:
+            raise SearchIndexError(f"segment {self.name}: the text of document {slot} cannot be read: {exc}") from None
+
     def content(self, slot: int) -> str:
         """The text of the document in ``slot``."""
         self._check_slot(slot)
-        return _unpack(self._bytes("content", "content_offsets", slot))
+        return self._text_at(slot)
 
     def metadata(self, slot: int) -> dict[str, Any] | None:
         """The metadata of the document in ``slot`` (None when it has none)."""
@@ -900,7 +913,7 @@ class Segment:
     def document(self, slot: int) -> tuple[str, str, dict[str, Any] | None, int | None]:
         """``(id, text, metadata, start line)`` of the document in ``slot``."""
         self._check_slot(slot)
-        text = _unpack(self._bytes("content", "content_offsets", slot))
+        text = self._text_at(slot)
         return self._id_at(slot), text, self._metadata_at(slot), self._start_line_at(slot)
 
     def ids(self) -> list[str]:
