@@ -529,3 +529,34 @@ def test_files_are_read_in_order_and_a_file_that_cannot_be_read_is_reported_in_i
     for got in (local, remote):
         assert isinstance(got[7], FileNotFoundError)
         assert [g for k, g in enumerate(got) if k != 7] == [b"x" * i for i in range(30)]
+
+
+@pytest.mark.gcs
+def test_a_gcs_bucket_is_indexed_and_a_racing_builder_is_told(fake_gcs: Any, tmp_path: Path) -> None:
+    """From and to fake-gcs-server: the segments and manifest land in the bucket, a builder
+    that read no manifest loses to one that wrote it first (the create-only put is a
+    generation precondition there), and a re-run keeps every segment."""
+    from conftest import GCS_BUCKET
+
+    raw = fake_gcs.gcsfs()
+    prefix = unique("gcs-index")
+    files = {f"{prefix}/src/{key}": f"gcs page {key}\nkernel socket {len(key)}\n".encode() for key in LAYOUT[:10]}
+    raw.pipe({f"{GCS_BUCKET}/{key}": data for key, data in files.items()})
+    options = {"token": "anon", "project": "test", "endpoint_url": fake_gcs.endpoint_url}
+    source, index = f"gcs://{GCS_BUCKET}/{prefix}/src", f"gcs://{GCS_BUCKET}/{prefix}/index"
+    winner: list[BuildReport] = []
+
+    def meanwhile(_: TaskReport) -> None:
+        if not winner:
+            winner.append(build_index(source, index, storage_options=options, index_storage_options=options,
+                                      objects_per_task=4, embedder=HashingEmbedder(16)))  # fmt: skip
+
+    with pytest.raises(IndexConflictError, match="another build wrote manifest 1"):
+        build_index(source, index, storage_options=options, index_storage_options=options, objects_per_task=4,
+                    embedder=HashingEmbedder(16), progress=meanwhile)  # fmt: skip
+    manifest = read_manifest(index, options)
+    assert manifest.number == 1 and manifest.docs == 10 and manifest.embedder == "agentvfs-hashing-16"
+    assert sorted(_all_docs(index, options, tmp_path / "cache")) == sorted("/" + k.split("/src/", 1)[1] for k in files)
+    rerun = build_index(source, index, storage_options=options, index_storage_options=options,
+                        objects_per_task=4, embedder=HashingEmbedder(16))  # fmt: skip
+    assert rerun.manifest == 2 and rerun.built == 0 and rerun.reused == len(manifest.segments)
