@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import struct
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from agentvfs.search import HashingEmbedder, HnswVectorStore, build_index, read_
 from agentvfs.search._engine import store_metadata
 from agentvfs.search._segments import Segment, SourceFile, build_segment
 from agentvfs.search._shards import VectorShard, query_vector
-from agentvfs.search._shared import SharedIndex
+from agentvfs.search._shared import SegmentSource, SharedIndex
 from agentvfs.search._tokenize import TokenizeOptions
 from agentvfs.search._workspace import file_documents
 from agentvfs.testing import MotoServer
@@ -195,6 +196,130 @@ def test_a_hostile_shard_is_refused_before_it_is_searched() -> None:
         shard.search(query_vector(HashingEmbedder(DIM)(["kernel"])[0], DIM), 3, None, exact=False)
 
 
+def _graph_parts(graph: bytes) -> tuple[tuple[Any, ...], int, list[int]]:
+    """An hnswlib graph's header, record size, and each element's level."""
+    head = struct.Struct("<6QiI3QdQ")
+    header = head.unpack_from(graph, 0)
+    count, record = header[2], header[3]
+    at, levels = head.size + count * record, []
+    for _ in range(count):
+        (size,) = struct.unpack_from("<I", graph, at)
+        levels.append(size // (4 * header[8] + 4))
+        at += 4 + size
+    return header, head.size, levels
+
+
+@pytest.mark.parametrize("poison", [False, True])
+def test_a_forged_graph_neither_misleads_nor_hides(poison: bool) -> None:
+    """A graph that no link leads to the best documents in passes the memory checks: the
+    graph path still finds them, as the exact search does. One whose copy of the vectors
+    differs from the checked vectors (negated, a NaN) is refused."""
+    embedder = HashingEmbedder(DIM)
+    files = [SourceFile(f"/{rel}", raw, len(raw)) for rel, raw in _corpus(5, 200).items()]
+    good = build_segment(files, embedder=embedder)
+    segment = Segment.from_bytes(good)
+    graph = bytearray(segment.graph_bytes.tobytes())
+    header, start, levels = _graph_parts(bytes(graph))
+    record, data_at = header[3], header[5]
+    q = query_vector(embedder(["kernel socket network"])[0], DIM)
+    exact = VectorShard(segment).search(q, 8, None)
+    # No level-0 link to the best five documents that live on level 0 only (no upper level
+    # names them); with poison, also every stored vector negated, one NaN.
+    best = [slot for _, slot in exact if levels[slot] == 0 and slot != header[7]][:5]
+    assert best
+    for element in range(header[2]):
+        at = start + element * record
+        values = np.frombuffer(graph, "<f4", DIM, at + data_at).copy()
+        if poison:
+            values = -values if element != 1 else np.full(DIM, np.nan, np.float32)
+            graph[at + data_at : at + data_at + 4 * DIM] = values.tobytes()
+        listed = int.from_bytes(graph[at : at + 2], "little")
+        links = [i for i in np.frombuffer(graph, "<u4", listed, at + 4).tolist() if i not in best]
+        graph[at : at + 2] = len(links).to_bytes(2, "little")
+        graph[at + 4 : at + 4 + 4 * len(links)] = np.array(links, "<u4").tobytes()
+    entry = segment.header["arrays"]["hnsw"]
+    forged = bytearray(good)
+    forged[entry["offset"] : entry["offset"] + entry["count"]] = graph
+    shard = VectorShard(Segment.from_bytes(bytes(forged)))
+    if poison:
+        with pytest.raises(SearchIndexError, match="graph's copy of the vectors differs"):
+            shard.search(q, 8, None, exact=False)
+    else:
+        assert shard.search(q, 8, None, exact=False) == exact
+
+
+def test_a_shard_of_rows_not_of_unit_length_is_refused() -> None:
+    """A row scaled up would outscore every true neighbour (scores are clipped dot products)."""
+    files = [SourceFile(f"/{rel}", raw, len(raw)) for rel, raw in _corpus(5, 60).items()]
+    good = build_segment(files, embedder=HashingEmbedder(DIM))
+
+    def scale(v: Any) -> None:
+        v[40 * DIM : 41 * DIM] *= 1000
+
+    with pytest.raises(SearchIndexError, match="neither of unit length nor zero"):
+        VectorShard(Segment.from_bytes(_patched(good, "vectors", scale)))
+
+
+def test_a_reset_while_a_new_manifest_loads_is_kept(tmp_path: Path) -> None:
+    """The agent clears its index while the refresh thread maps a newer manifest: what was
+    hidden is shown again in the new segments too."""
+    embedder = HashingEmbedder(DIM)
+    bucket, index = tmp_path / "bucket", tmp_path / "index"
+    _write(bucket, _corpus(3, 12))
+    build_index(str(bucket), str(index), embedder=embedder)
+    shared = SharedIndex(str(index), cache_dir=str(tmp_path / "cache"),
+                         tokenize=TokenizeOptions.from_value(None).to_dict(), embedder=embedder.model_id)  # fmt: skip
+    shared.load()
+    shared.hide(["d0/f004.txt"])
+    (bucket / "d1" / "new.txt").write_bytes(b"kernel new\n")
+    build_index(str(bucket), str(index), embedder=embedder)
+    original = SegmentSource.hidden
+    calls: list[int] = []
+
+    def hidden(self: SegmentSource, ids: Any) -> SegmentSource:
+        if not calls:
+            calls.append(1)
+            shared.reset()  # between the load's look at what is hidden and its swap
+        return original(self, ids)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(SegmentSource, "hidden", hidden)
+        shared.load()
+    assert calls and shared.describe()["hidden"] == 0
+    text = (bucket / "d0" / "f004.txt").read_text()
+    assert "/d0/f004.txt" in {h["id"] for h in shared.vector_search(embedder([text])[0], 100)}
+
+
+def test_a_filter_on_published_documents_reads_their_text_only_when_it_names_it(tmp_path: Path) -> None:
+    """The rows a filter allows are worked out once per segment and filter (segments never
+    change), from ids and metadata; the text is expanded only for a filter on it."""
+    embedder = HashingEmbedder(DIM)
+    bucket, index = tmp_path / "bucket", tmp_path / "index"
+    _write(bucket, _corpus(6, 40))
+    build_index(str(bucket), str(index), embedder=embedder)
+    shared = SharedIndex(str(index), cache_dir=str(tmp_path / "cache"),
+                         tokenize=TokenizeOptions.from_value(None).to_dict(), embedder=embedder.model_id)  # fmt: skip
+    shared.load()
+    q = embedder(["kernel socket"])[0]
+    expanded: list[int] = []
+    original = Segment._text_at
+
+    def counting(self: Segment, slot: int) -> str:
+        expanded.append(slot)
+        return original(self, slot)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Segment, "_text_at", counting)
+        for _ in range(3):
+            hits = shared.vector_search(q, 5, {"source_file": {"$exists": False}})
+        assert len(hits) == 5 and len(expanded) == 3 * 5  # only the hits' own texts
+        expanded.clear()
+        first = shared.vector_search(q, 5, {"text": {"$ne": ""}})
+        assert len(expanded) > 5
+        expanded.clear()
+        assert shared.vector_search(q, 5, {"text": {"$ne": ""}}) == first and len(expanded) == 5
+
+
 # -- searching --------------------------------------------------------------------------------
 
 
@@ -246,6 +371,10 @@ async def test_vector_search_ranks_published_and_own_documents_as_one_store(tmp_
         assert all(r.id != gone for r in await ws.search("kernel", mode="vector", top_k=500))
         hybrid = {r.id: r for r in await ws.search("quokka zebra kernel", top_k=5)}
         assert hybrid["d3/new.txt"].score_details["vector"] == pytest.approx(1.0)
+        # A published document found both ways is one result with both scores.
+        fused = await ws.search("kernel socket", top_k=25)
+        assert len({r.id for r in fused}) == len(fused)
+        assert any(set(r.score_details) == {"bm25", "vector"} and r.id.split("#")[0] in files for r in fused)
         published = [r for r in await ws.search("omega sigma", top_k=10) if r.id.split("#")[0] not in (changed, "d3/new.txt")]
         assert any("vector" in r.score_details for r in published)
         for result in await ws.search("kernel", mode="vector", top_k=20):

@@ -26,6 +26,7 @@ from typing import Any
 
 import anyio
 import numpy as np
+import numpy.typing as npt
 
 from ..errors import SearchIndexError
 from . import _vector_graphs, _vector_math
@@ -47,6 +48,15 @@ EF_SEARCH = 128
 
 #: ``(score, slot)`` of a shard's hit.
 ShardHit = tuple[float, int]
+#: How far a row's length may be from 1 (float32 rounding of unit vectors is far below it).
+_NORM_TOLERANCE = 1e-3
+#: How far the graph's copy of a unit vector may be from the row (hnswlib normalises it
+#: again in float32; a few units in the last place).
+_COPY_TOLERANCE = 1e-5
+#: Rows checked at a time at attach.
+_CHECK_ROWS = 4096
+#: Filters whose allowed rows a shard keeps.
+_FILTERS_KEPT = 16
 
 
 def embed_shard(embedder: Any, texts: Sequence[str], ids: Sequence[str]) -> tuple[VectorColumns, dict[str, str]]:
@@ -114,8 +124,9 @@ class VectorShard:
     Raises
     ------
     SearchIndexError
-        The shard cannot be searched (its rows name documents outside the segment, or hold
-        NaN or infinity).
+        The shard cannot be searched: its rows name documents outside the segment, or hold
+        NaN, infinity, or a vector that is neither of unit length nor zero (such a row would
+        outscore every true neighbour).
     """
 
     def __init__(self, segment: Segment, *, ef_search: int = EF_SEARCH) -> None:
@@ -129,7 +140,9 @@ class VectorShard:
         self.slots = segment.vector_slots
         self.ef_search = ef_search
         self._graph: Any = None
+        self._stray = np.zeros(0, dtype=np.int64)  # rows no graph search can reach
         self._lock = threading.Lock()  # hnswlib's ef is one setting per graph
+        self._allowed: dict[Any, Mask] = {}  # filter -> rows whose documents pass it
         self._check()
 
     def __len__(self) -> int:
@@ -140,8 +153,16 @@ class VectorShard:
         why = None
         if len(slots) and (int(slots[0]) < 0 or int(slots[-1]) >= n or not bool(np.all(slots[1:] > slots[:-1]))):
             why = f"its vectors' documents are not ascending slots among its {n}"
-        elif not bool(np.isfinite(self.matrix).all()):
-            why = "a vector holds NaN or infinity"
+        else:
+            for start in range(0, len(slots), _CHECK_ROWS):  # in pieces: no matrix-sized temporaries
+                part = self.matrix[start : start + _CHECK_ROWS]
+                if not bool(np.isfinite(part).all()):
+                    why = "a vector holds NaN or infinity"
+                    break
+                norms = np.sqrt(_vector_math.rowdot(part, part))
+                if not bool(np.all((np.abs(norms - 1.0) <= _NORM_TOLERANCE) | (norms == 0.0))):
+                    why = "a vector is neither of unit length nor zero"
+                    break
         if why is not None:
             raise SearchIndexError(f"segment {self.segment.name} cannot be searched by vector: {why}")
 
@@ -151,13 +172,27 @@ class VectorShard:
             if self._graph is not None:
                 return
             data = self.segment.graph_bytes
+            count = len(self.slots)
             try:
-                _vector_graphs.check_graph(data.data, count=len(self.slots), dimension=self.dimension)
+                _vector_graphs.check_graph(data.data, count=count, dimension=self.dimension)
             except ValueError as exc:
                 raise SearchIndexError(
                     f"segment {self.segment.name} cannot be searched by vector: its graph is not one "
                     f"hnswlib can use safely ({exc})"
                 ) from None
+            # The graph walks by its own copy of the vectors: it must be the checked one, or a
+            # forged copy would lead every search away from the true neighbours.
+            labels, stored = _vector_graphs.stored_vectors(data.data, count=count, dimension=self.dimension)
+            for start in range(0, count, _CHECK_ROWS):
+                part = slice(start, start + _CHECK_ROWS)
+                apart = np.abs(stored[part] - self.matrix[labels[part]])
+                if not bool(np.all(apart <= _COPY_TOLERANCE)):  # (NaN is never within)
+                    raise SearchIndexError(
+                        f"segment {self.segment.name} cannot be searched by vector: its graph's copy "
+                        "of the vectors differs from its vectors"
+                    )
+            # Rows the graph leads no search to are scored exactly beside it at every search.
+            self._stray = np.flatnonzero(~_vector_graphs.reachable(data.data, count=count, dimension=self.dimension))
             # hnswlib loads from a path only: a file of our own, gone once loaded.
             fd, path = tempfile.mkstemp(prefix="agentvfs-shard-", suffix=".hnsw")
             try:
@@ -171,88 +206,74 @@ class VectorShard:
             graph.set_ef(self.ef_search)
             self._graph = graph
 
-    def search(
-        self,
-        q: Floats,
-        k: int,
-        live: Mask | None,
-        accept: Callable[[int], bool] | None = None,
-        *,
-        exact: bool = True,
-    ) -> list[ShardHit]:
-        """The best ``k`` visible vectors for the unit query ``q``, as ``(score, slot)``,
-        best first (ties: lower slot first).
+    def allowed(self, key: Any, passes: Callable[[int], bool]) -> Mask:
+        """The rows whose documents pass a filter (``passes(slot)``), kept by ``key``: the
+        segment never changes, and the engine sends the same filter with every query."""
+        with self._lock:
+            found = self._allowed.get(key)
+        if found is None:
+            found = np.fromiter(map(passes, self.slots.tolist()), dtype=np.bool_, count=len(self.slots))
+            found.flags.writeable = False
+            with self._lock:
+                if len(self._allowed) >= _FILTERS_KEPT:
+                    del self._allowed[next(iter(self._allowed))]
+                self._allowed[key] = found
+        return found
+
+    def search(self, q: Floats, k: int, live: Mask | None, *, exact: bool = True) -> list[ShardHit]:
+        """The best ``k`` rows among ``live`` for the unit query ``q``, as ``(score, slot)``,
+        best first (ties: lower slot first). Scores are exact either way.
 
         Parameters
         ----------
         live : ndarray of bool, optional
-            Per vector row, whether its document is visible (None: all are).
-        accept : callable, optional
-            ``accept(slot)``: whether a document passes a filter.
+            Per row, whether its document may be found: visible, and passing the filter
+            (None: all may).
         exact : bool
-            Score every visible vector; else search the graph (exactly still when too few
-            visible ones that pass ``accept`` are among the neighbours it finds).
+            Score every row; else search the graph (exactly still when too few rows of
+            ``live`` are among the neighbours it finds).
         """
         count = len(self.slots)
         visible = count if live is None else int(np.count_nonzero(live))
         if k <= 0 or visible == 0:
             return []
         k = min(k, visible)
+        rows: npt.NDArray[np.intp] | None = None
         if not exact:
-            hits = self._approximate(q, k, live, visible, accept)
-            if hits is not None:
-                return hits
-        return self._exact(q, k, live, accept)
-
-    def _exact(self, q: Floats, k: int, live: Mask | None, accept: Callable[[int], bool] | None) -> list[ShardHit]:
-        scores = _vector_math.score("cosine", self.matrix, q)
-        rows = np.flatnonzero(live) if live is not None else np.arange(len(scores))
-        picked = scores[rows]
-        if accept is None:
-            top = np.argpartition(-picked, k - 1)[:k] if len(rows) > k else np.arange(len(rows))
-            order = top[np.lexsort((rows[top], -picked[top]))]
+            rows = self._neighbours(q, k, live, visible)
+        if rows is None:
+            rows = np.flatnonzero(live) if live is not None else np.arange(count)
+        # Scored from the checked rows, never from the graph's own copy of the vectors; many
+        # rows at once in one pass over the matrix (cheaper than copying them out).
+        if 6 * len(rows) > count:
+            scores = _vector_math.score("cosine", self.matrix, q)[rows]
         else:
-            order = np.lexsort((rows, -picked))  # all of them: the filter decides how far to go
+            scores = _vector_math.score("cosine", self.matrix[rows], q)
+        top = np.argpartition(-scores, k - 1)[:k] if len(rows) > k else np.arange(len(rows))
+        order = top[np.lexsort((rows[top], -scores[top]))]
         slots = self.slots
-        out: list[ShardHit] = []
-        for i in order.tolist():
-            slot = int(slots[rows[i]])
-            if accept is None or accept(slot):
-                out.append((float(picked[i]), slot))
-                if len(out) == k:
-                    break
-        return out
+        return [(float(scores[i]), int(slots[rows[i]])) for i in order.tolist()]
 
-    def _approximate(
-        self, q: Floats, k: int, live: Mask | None, visible: int, accept: Callable[[int], bool] | None
-    ) -> list[ShardHit] | None:
-        """The graph's nearest visible vectors; None when fewer than ``k`` are among those
-        fetched (the caller then searches exactly)."""
+    def _neighbours(self, q: Floats, k: int, live: Mask | None, visible: int) -> npt.NDArray[np.intp] | None:
+        """The rows of ``live`` among the graph's nearest (and the rows it cannot reach); None
+        when fewer than ``k`` (the caller then scores every row of ``live``)."""
         self.load_graph()
         count = len(self.slots)
         share = visible / count
-        fetch = k if live is None and accept is None else min(count, math.ceil(4 * k / share))
+        fetch = k if live is None else min(count, math.ceil(4 * k / share))
         with self._lock:
             graph = self._graph
             graph.set_ef(min(max(math.ceil(self.ef_search / share), fetch), count))
             try:
-                labels, distances = graph.knn_query(q.reshape(1, -1), k=fetch)
+                labels, _ = graph.knn_query(q.reshape(1, -1), k=fetch)
             except RuntimeError:
                 return None  # hnswlib reached fewer than `fetch` items
             finally:
                 graph.set_ef(self.ef_search)
-        rows = labels[0].astype(np.int64)
-        scores = _vector_math.scores_from_distances("cosine", distances[0])
-        out: list[ShardHit] = []
-        for row, score in zip(rows.tolist(), scores.tolist(), strict=True):
-            if live is not None and not live[row]:
-                continue
-            slot = int(self.slots[row])
-            if accept is None or accept(slot):
-                out.append((float(score), slot))
-                if len(out) == k:
-                    return sorted(out, key=lambda hit: (-hit[0], hit[1]))
-        return None
+        rows = np.union1d(labels[0].astype(np.intp), self._stray)
+        if live is not None:
+            rows = rows[live[rows]]
+        return rows if len(rows) >= k else None
 
 
 def query_vector(vector: Sequence[float], dimension: int) -> Floats:

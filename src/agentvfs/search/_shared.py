@@ -29,17 +29,17 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
 from ..errors import SearchIndexError
-from ._engine import store_metadata
+from ._engine import CONTENT_HASH_KEY, store_metadata
 from ._ids import shared_path, source_of
 from ._segments import Segment, check_postings
-from ._vector_filters import compile_filter, parse_filter
+from ._vector_filters import FilterNode, compile_filter, filter_keys, parse_filter
 
 if TYPE_CHECKING:
     from ._shards import VectorShard
@@ -176,6 +176,8 @@ class SharedIndex:
     exact_limit : int, optional
         With more visible vectors than this in all its shards together, the index is searched
         through each shard's hnswlib graph; else exactly (default 5,000, as the vector store).
+    ef_search : int, optional
+        hnswlib ``ef`` of those graph searches (default 128, as the vector store).
 
     Raises
     ------
@@ -196,10 +198,12 @@ class SharedIndex:
         embedder: str | None = None,
         exact_limit: int | None = None,
         relative_ids: bool = False,
+        ef_search: int | None = None,
     ) -> None:
-        from ._shards import EXACT_LIMIT
+        from ._shards import EF_SEARCH, EXACT_LIMIT
 
         self.url = url
+        self.ef_search = EF_SEARCH if ef_search is None else ef_search
         self.embedder = embedder
         self.relative_ids = relative_ids
         self.exact_limit = EXACT_LIMIT if exact_limit is None else exact_limit
@@ -212,7 +216,8 @@ class SharedIndex:
         self._manifest: Any = None
         self._records: tuple[Any, dict[str, Any]] = (None, {})
         self._hidden: set[str] = set()
-        self._lock = threading.Lock()  # guards _hidden and the swap of _sources
+        self._resets = 0  # bumped by reset(): a load in flight then hides from scratch
+        self._lock = threading.Lock()  # guards _hidden, _resets and the swap of _sources
         self._refreshing = False
         self._checked = 0.0
         self.last_error: BaseException | None = None
@@ -254,10 +259,14 @@ class SharedIndex:
             for shard in shards:
                 shard.load_graph()
         with self._lock:
-            hidden = set(self._hidden)
-        sources = [source.hidden(hidden) for source in sources]
+            hidden, resets = set(self._hidden), self._resets
+        fresh = sources
+        sources = [source.hidden(hidden) for source in fresh]
         with self._lock:
-            # Ids hidden while the segments were fetched are hidden now, before the swap.
+            # Ids hidden while the segments were fetched are hidden now, before the swap; after
+            # a reset in the meantime, only what is hidden now.
+            if self._resets != resets:
+                sources, hidden = fresh, set()
             late = self._hidden - hidden
             self._sources = tuple(source.hidden(late) for source in sources)
             self._manifest = manifest
@@ -279,7 +288,7 @@ class SharedIndex:
             )
         from ._shards import VectorShard
 
-        return VectorShard(segment)
+        return VectorShard(segment, ef_search=self.ef_search)
 
     def _prune_cache(self, keep: set[str]) -> None:
         """Delete cached segments of other manifests not used for ``cache_grace`` seconds.
@@ -337,6 +346,7 @@ class SharedIndex:
         """Show every shared document again (the local index was cleared)."""
         with self._lock:
             self._hidden.clear()
+            self._resets += 1
             self._sources = tuple(source.shown() for source in self._sources)
 
     # -- reading ------------------------------------------------------------------------------------
@@ -369,23 +379,26 @@ class SharedIndex:
         searched = [(i, source) for i, source in enumerate(sources) if source.shard is not None and len(source.shard)]
         if not searched or top_k < 1:
             return []
-        passes = compile_filter(parse_filter(filter)) if filter is not None else None
+        node = parse_filter(filter) if filter is not None else None
         q = query_vector(vector, searched[0][1].shard.dimension)  # type: ignore[union-attr]
         # As one store of them all: exact up to exact_limit visible vectors, else the graphs.
         exact = sum(source.live_vectors for _, source in searched) <= self.exact_limit
         found: list[tuple[float, int, int]] = []
         for i, source in searched:
-            accept = None
-            if passes is not None:
-                accept = _filter_of(source, passes, self.relative_ids)
             shard = source.shard
             assert shard is not None
-            hits = shard.search(q, top_k, source.live_rows(), accept, exact=exact)
+            live = source.live_rows()
+            if node is not None:
+                allowed = shard.allowed((repr(node), self.relative_ids), _filter_of(source, node, self.relative_ids))
+                live = allowed if live is None else live & allowed
+            hits = shard.search(q, top_k, live, exact=exact)
             found.extend((-score, i, slot) for score, slot in hits)
         found.sort()
         out = []
         for negative, i, slot in found[:top_k]:
-            meta = _item_metadata(sources[i], slot, self.relative_ids)
+            # Named as published ("/docs/a.md"), as BM25 hits are: hybrid search fuses the two
+            # by id, and the workspace renames both alike afterwards.
+            meta = _item_metadata(sources[i], slot, relative=False)
             out.append({"id": meta["id"], "score": -negative, "metadata": meta})
         return out
 
@@ -420,23 +433,33 @@ class SharedIndex:
         }
 
 
-def _item_metadata(source: SegmentSource, slot: int, relative: bool) -> dict[str, Any]:
+def _item_metadata(source: SegmentSource, slot: int, *, relative: bool, text: bool = True) -> dict[str, Any]:
     """A shared document's metadata as the vector store keeps its items' (what filters test
-    and hits carry), named as the workspace names files when ``relative``."""
-    id, text, metadata, start = source.document(slot)
+    and hits carry), named as the workspace names files when ``relative``; without ``text``
+    (and the content hash) when a filter does not look at them, which spares expanding it."""
+    segment = source.segment
+    if text:
+        id, content, metadata, start = segment.document(slot)
+    else:
+        id, content, metadata, start = segment.doc_id(slot), "", segment.metadata(slot), segment.start_line(slot)
     if relative:
         id = id.lstrip("/")
         named = (metadata or {}).get("source_file")
         if isinstance(named, str):
             metadata = {**(metadata or {}), "source_file": named.lstrip("/")}
-    return store_metadata(id, text, metadata, start)
+    meta = store_metadata(id, content, metadata, start)
+    if not text:
+        del meta["text"], meta[CONTENT_HASH_KEY]
+    return meta
 
 
-def _filter_of(source: SegmentSource, passes: Any, relative: bool) -> Any:
-    """``accept(slot)`` of a filter on ``source``'s documents."""
+def _filter_of(source: SegmentSource, node: FilterNode, relative: bool) -> Callable[[int], bool]:
+    """``passes(slot)``: whether a document of ``source`` passes the filter ``node``."""
+    passes = compile_filter(node)
+    text = not {"text", CONTENT_HASH_KEY}.isdisjoint(filter_keys(node))
 
     def accept(slot: int) -> bool:
-        return bool(passes(_item_metadata(source, slot, relative)))
+        return bool(passes(_item_metadata(source, slot, relative=relative, text=text)))
 
     return accept
 

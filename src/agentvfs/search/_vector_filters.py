@@ -22,6 +22,7 @@ __all__ = [
     "FilterNode",
     "attr_rows",
     "compile_filter",
+    "filter_keys",
     "matches",
     "metadata_json",
     "parse_filter",
@@ -311,6 +312,18 @@ def compile_filter(node: FilterNode) -> Matcher:
     if kind == "match":
         return _compile_match(node[1], node[2])
     raise ValueError(f"Not a filter tree: {node!r}")
+
+
+def filter_keys(node: FilterNode) -> set[str]:
+    """The metadata keys a filter looks at."""
+    kind = node[0]
+    if kind in ("and", "or"):
+        return set().union(*(filter_keys(child) for child in node[1]))
+    if kind == "not":
+        return filter_keys(node[1])
+    if kind in ("exists", "match"):
+        return {node[1]}
+    return set()
 
 
 def matches(node: FilterNode, meta: Mapping[str, Any]) -> bool:

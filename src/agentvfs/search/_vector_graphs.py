@@ -18,7 +18,7 @@ import numpy.typing as npt
 
 from ._vector_math import Floats, Labels, Mask
 
-__all__ = ["GraphFile", "check_graph", "fsync_and_crc", "fsync_dir", "hnswlib", "read_graph"]
+__all__ = ["GraphFile", "check_graph", "fsync_and_crc", "fsync_dir", "hnswlib", "reachable", "read_graph", "stored_vectors"]
 
 # hnswlib's file header (hnswalg.h saveIndex): offsetLevel0, max_elements, cur_element_count,
 # size_data_per_element, label_offset, offsetData (size_t), maxlevel (int), enterpoint (uint32),
@@ -411,3 +411,42 @@ def read_graph(
         return raw.view("<f4").reshape(len(positions), dimension).astype(np.float32)
 
     return graph, labels, deleted, vectors
+
+
+def reachable(data: bytes | memoryview, *, count: int, dimension: int) -> Mask:
+    """Which labels a walk over level 0 from the entry point reaches, for a graph that
+    :func:`check_graph` accepted.
+
+    A search goes down the levels and then spreads over level 0 from where it landed: an
+    element no level-0 link leads to from the entry point is found by no search. hnswlib's
+    own graphs rarely have such elements; a forged one can hide any it likes this way.
+    """
+    header = _HEADER.unpack_from(data, 0)
+    record, label_offset = header[3], header[4]
+    enterpoint, max_m0 = header[7], header[9]
+    records = np.frombuffer(data, dtype=np.uint8, count=count * record, offset=_HEADER.size).reshape(count, record)
+    listed = np.ascontiguousarray(records[:, 0:2]).view("<u2").ravel()
+    links = np.ascontiguousarray(records[:, 4 : 4 + 4 * max_m0]).view("<u4").reshape(count, max_m0)
+    valid = np.arange(max_m0) < listed[:, None]
+    seen = np.zeros(count, dtype=np.bool_)
+    seen[enterpoint] = True
+    frontier = np.array([enterpoint], dtype=np.int64)
+    while len(frontier):
+        found = np.unique(links[frontier][valid[frontier]])
+        frontier = found[~seen[found]].astype(np.int64)
+        seen[frontier] = True
+    labels = np.ascontiguousarray(records[:, label_offset : label_offset + 8]).view("<u8").ravel()
+    out = np.zeros(count, dtype=np.bool_)
+    out[labels[seen].astype(np.int64)] = True
+    return out
+
+
+def stored_vectors(data: bytes | memoryview, *, count: int, dimension: int) -> tuple[Labels, Floats]:
+    """The labels and the vectors of a graph's elements, by element (views of ``data``, for a
+    graph that :func:`check_graph` accepted)."""
+    header = _HEADER.unpack_from(data, 0)
+    record, label_offset, data_offset = header[3], header[4], header[5]
+    records = np.frombuffer(data, dtype=np.uint8, count=count * record, offset=_HEADER.size).reshape(count, record)
+    labels = np.ascontiguousarray(records[:, label_offset : label_offset + 8]).view("<u8").ravel().astype(np.int64)
+    vectors = np.ascontiguousarray(records[:, data_offset:label_offset]).view("<f4").reshape(count, dimension)
+    return labels, vectors

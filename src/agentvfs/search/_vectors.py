@@ -185,6 +185,16 @@ class HnswVectorStore:
         """The store's directory, or ``None`` in memory."""
         return self._store.dir
 
+    @property
+    def exact_limit(self) -> int:
+        """Indexes of at most this many items are searched exactly."""
+        return self._store.exact_limit
+
+    @property
+    def ef_search(self) -> int:
+        """hnswlib ``ef`` of its graph searches."""
+        return self._store.ef_search
+
     def adopt_directory(self, path: str | os.PathLike[str]) -> bool:
         """Give a store made without a ``path`` a directory, before its first use: a
         Workspace with an ``index_dir`` keeps the vectors beside its BM25 index this way.

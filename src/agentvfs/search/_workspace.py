@@ -528,6 +528,9 @@ class WorkspaceSearch:
             cache_grace=options["cache_grace"],
             embedder=embedder_id(self._embedder) if self.can_vector else None,
             relative_ids=self._relative_ids,
+            # Searched as the workspace's own store would search them all.
+            exact_limit=getattr(self._vector_store, "exact_limit", None),
+            ef_search=getattr(self._vector_store, "ef_search", None),
         )
         try:
             shared.load()
