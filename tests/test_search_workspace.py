@@ -8,6 +8,7 @@ import errno
 import logging
 import math
 import os
+import random
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -315,6 +316,34 @@ async def test_a_new_workspace_on_the_same_index_dir_reindexes_only_what_changed
         auto_index_paths=["."], index_dir=str(index_dir),
     ):  # fmt: skip
         assert len(embedder2.texts) == 20
+
+
+async def test_the_embedding_cache_keeps_vectors_exactly_and_reads_an_older_index(tmp_path: Path) -> None:
+    """Vectors come back bit for bit (kept as float64 bytes, thousands in one statement), and
+    an index written when they were kept as DOUBLE[] in agentvfs_embeddings is still read."""
+    ws = Workspace(
+        filesystem=LocalFilesystem(tmp_path / "f"), bm25=True, vector_store=DotStore(),
+        embedder=CountingEmbedder(), index_dir=str(tmp_path / "idx"),
+    )  # fmt: skip
+    async with ws:
+        search = ws._search
+        assert search is not None
+        await search.engine()
+        rng = random.Random(3)
+        vectors = {f"d{i}": [rng.uniform(-1, 1), 1 / 3, -0.0, 1e-300, float(i)] for i in range(3000)}
+        search.put_embeddings("m", vectors)
+        got = search.get_embeddings("m", [*vectors, "missing"])
+        assert got == vectors and all(math.copysign(1, v[2]) == -1 for v in got.values())
+        assert search.get_embeddings("other-model", ["d1"]) == {}
+        store = search._store
+        assert store is not None
+        with store.transaction() as cur:
+            cur.execute(
+                "CREATE TABLE agentvfs_embeddings (digest VARCHAR, model VARCHAR, vector DOUBLE[], "
+                "PRIMARY KEY (digest, model))"
+            )
+            cur.execute("INSERT INTO agentvfs_embeddings VALUES ('old', 'm', [0.5, 0.25]), ('d1', 'm', [9.0])")
+        assert search.get_embeddings("m", ["old", "d1"]) == {"old": [0.5, 0.25], "d1": vectors["d1"]}
 
 
 async def test_destroy_keeps_a_persistent_index_and_drops_an_in_memory_one(tmp_path: Path) -> None:

@@ -40,12 +40,10 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.util
 import itertools
 import json
 import math
 import os
-import sys
 import threading
 import uuid
 import weakref
@@ -62,7 +60,7 @@ import numpy.typing as npt
 import zstandard
 
 from ..errors import BM25FileError
-from ._duckdb import connect, registered, table_names, transaction, trouble
+from ._duckdb import connect, no_pandas_lookups, registered, table_names, transaction, trouble
 from ._ids import CHUNK_ID
 from ._postings import PostingCache
 from ._scoring import DocumentSource, rank
@@ -390,7 +388,7 @@ class BM25Index:
         An I/O error from DuckDB (a corrupt block found only now, a full disk) becomes a
         `BM25FileError` naming the file.
         """
-        with self._lock, _no_pandas_lookups():
+        with self._lock, no_pandas_lookups():
             self._check_open()
             try:
                 yield
@@ -1400,29 +1398,6 @@ def _unpack(blob: bytes, limit: int | None = None) -> str:
         bound = f", or expands past {limit} bytes" if limit is not None else ""
         raise ValueError(f"a stored text is not a valid zstd frame{bound} ({exc})") from None
     return data.decode("utf-8", "surrogatepass")
-
-
-_PANDAS_MISSING = importlib.util.find_spec("pandas") is None
-
-
-@contextlib.contextmanager
-def _no_pandas_lookups() -> Iterator[None]:
-    """Make DuckDB's per-value ``import pandas`` fail fast while it converts Python objects.
-
-    DuckDB tries to import pandas for every Python object it converts (list parameters, object
-    columns); when pandas is not installed each failed import searches ``sys.path`` (about
-    0.1 ms, i.e. seconds per batch). A ``None`` in ``sys.modules`` makes the import fail at
-    once; pandas is absent anyway, so no import can be affected but these failing ones.
-    """
-    if not _PANDAS_MISSING or "pandas" in sys.modules:
-        yield
-        return
-    sys.modules["pandas"] = None  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        if sys.modules.get("pandas", 0) is None:
-            del sys.modules["pandas"]
 
 
 def _finite(name: str, value: float) -> float:
