@@ -369,6 +369,9 @@ async def test_vector_search_ranks_published_and_own_documents_as_one_store(tmp_
             assert got and len(got) == len(want), filter
             _same_ranking(got, want)
         assert all(r.id != gone for r in await ws.search("kernel", mode="vector", top_k=500))
+        for mode in ("vector", "hybrid"):  # a bad filter is the store's ValueError, not a group
+            with pytest.raises(ValueError, match="Unsupported filter operator"):
+                await ws.search("kernel", mode=mode, filter={"$bad": 1})
         hybrid = {r.id: r for r in await ws.search("quokka zebra kernel", top_k=5)}
         assert hybrid["d3/new.txt"].score_details["vector"] == pytest.approx(1.0)
         # A published document found both ways is one result with both scores.

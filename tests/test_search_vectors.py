@@ -168,6 +168,13 @@ async def test_missing_index_is_a_clear_error(store: HnswVectorStore) -> None:
     ):
         with pytest.raises(LookupError, match="Vector index 'nope' does not exist"):
             await call
+    # Known missing (answered without the database), until it is made.
+    await store.create_index("nope", 1)
+    await store.upsert("nope", [[1.0]], ids=["a"])
+    assert [hit["id"] for hit in await store.query("nope", [1.0])] == ["a"]
+    await store.delete_index("nope")
+    with pytest.raises(LookupError, match="Vector index 'nope' does not exist"):
+        await store.query("nope", [1.0])
 
 
 # -- writes --------------------------------------------------------------------------------

@@ -9,10 +9,11 @@ and mixes them with the vector scores by ``vector_weight`` (the reference's fusi
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -470,18 +471,29 @@ class SearchEngine:
     ) -> list[SearchResult]:
         vector = await self._embed_query(query)
         raw: list[dict[str, Any]] = []
-        try:
-            raw = list(await self.vector_store.query(self.index_name, vector, top_k, filter))
-        except Exception as exc:
-            if self._index_ready or not _looks_missing(exc):
-                raise
-            # Nothing was ever indexed in this store.
-        shared = self.shared
-        if shared is not None and shared.has_vectors:
+        published: list[dict[str, Any]] = []
+
+        async def own() -> None:
+            nonlocal raw
+            try:
+                raw = list(await self.vector_store.query(self.index_name, vector, top_k, filter))
+            except Exception as exc:
+                if self._index_ready or not _looks_missing(exc):
+                    raise
+                # Nothing was ever indexed in this store.
+
+        async def shared_part(shared: SharedIndex) -> None:
+            nonlocal published
             shared.maybe_refresh()
             published = await anyio.to_thread.run_sync(lambda: shared.vector_search(vector, top_k, filter))
+
+        shared = self.shared
+        if shared is not None and shared.has_vectors:
+            await _together(own, functools.partial(shared_part, shared))
             # One ranking of both, as one store would rank them (ties: the agent's own first).
             raw = sorted([*raw, *published], key=lambda item: -float(item["score"]))[:top_k]
+        else:
+            await own()
         tokens = self._tokenize(query)
         lines = line_finder(tokens, self._tokenize)
         results: list[SearchResult] = []
@@ -529,9 +541,7 @@ class SearchEngine:
             nonlocal bm25_hits
             bm25_hits = await self._bm25(query, k, 0.0)
 
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(run_vector)
-            tg.start_soon(run_bm25)
+        await _together(run_vector, run_bm25)
         combined = self._fuse(vector_hits, bm25_hits, weight)
         ranked = sorted(combined, key=lambda r: r.score, reverse=True)  # stable: ties keep order
         if min_score is not None:
@@ -587,6 +597,22 @@ class SearchEngine:
         if self.bm25 is not None:
             bm25 = self.bm25
             await anyio.to_thread.run_sync(bm25.close)
+
+
+async def _together(*calls: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Run ``calls`` at once; one that fails fails the whole as its own exception (the first,
+    when several do), not as a group: callers expect the search's ``ValueError`` itself."""
+    error: BaseException | None = None
+    try:
+        async with anyio.create_task_group() as tg:
+            for call in calls:
+                tg.start_soon(call)
+    except BaseExceptionGroup as group:
+        error = group
+        while isinstance(error, BaseExceptionGroup):
+            error = error.exceptions[0]
+    if error is not None:
+        raise error  # (outside the handler: its context stays its own)
 
 
 def _dimension_of(vectors: Mapping[str, Sequence[float]]) -> int | None:

@@ -261,16 +261,21 @@ class VectorShard:
         count = len(self.slots)
         share = visible / count
         fetch = k if live is None else min(count, math.ceil(4 * k / share))
+        ef = min(max(math.ceil(self.ef_search / share), fetch), count)
         with self._lock:
             graph = self._graph
-            graph.set_ef(min(max(math.ceil(self.ef_search / share), fetch), count))
+            if ef != self.ef_search:
+                graph.set_ef(ef)
             try:
-                labels, _ = graph.knn_query(q.reshape(1, -1), k=fetch)
+                labels, _ = graph.knn_query(q.reshape(1, -1), k=fetch, num_threads=1)
             except RuntimeError:
                 return None  # hnswlib reached fewer than `fetch` items
             finally:
-                graph.set_ef(self.ef_search)
-        rows = np.union1d(labels[0].astype(np.intp), self._stray)
+                if ef != self.ef_search:
+                    graph.set_ef(self.ef_search)
+        rows = labels[0].astype(np.intp)
+        if len(self._stray):
+            rows = np.union1d(rows, self._stray)
         if live is not None:
             rows = rows[live[rows]]
         return rows if len(rows) >= k else None

@@ -485,6 +485,7 @@ class _Store:
         self._dir_key: str | None = None
         self._finalizer: weakref.finalize[Any, Any] | None = None
         self._indexes: dict[str, _Index] = {}
+        self._absent: set[str] = set()  # names looked up and not found
         self._next_label = 0
         self._next_kid = 0
         self._attrs_sorted = 0  # rows of vector_attrs in (kid, value) order, and appended since
@@ -578,6 +579,7 @@ class _Store:
                 except Exception as exc:  # the log still holds the changes; keep closing
                     failure = failure or exc
             self._indexes.clear()
+            self._absent.clear()
             if self._finalizer is not None:
                 self._finalizer.detach()
             self._con.close()
@@ -621,6 +623,7 @@ class _Store:
                 )
                 cur.execute("UPDATE vector_store SET next_seq = ?", [seq + 1])
             self._next_seq = seq + 1
+            self._absent.discard(name)
 
     def list_indexes(self) -> list[str]:
         with self._lock:
@@ -690,7 +693,15 @@ class _Store:
         """The index in memory, loaded on first use."""
         ix = self._indexes.get(name)
         if ix is None:
-            ix = self._load(name)
+            if name in self._absent:
+                # Known missing: this store is its database's only writer, and only
+                # create_index makes one. (A search engine queries before its first upsert.)
+                raise LookupError(f"Vector index {name!r} does not exist")
+            try:
+                ix = self._load(name)
+            except LookupError:
+                self._absent.add(name)
+                raise
             self._indexes[name] = ix
         return ix
 
