@@ -48,18 +48,22 @@ DIM = 384
 
 
 class CachedEmbedder:
-    """``HashingEmbedder(384)`` with its vectors of known texts looked up (same id)."""
+    """``HashingEmbedder(384)`` with its vectors of known texts looked up (same id). They are
+    kept in one array: tens of thousands of lists of floats would make every collection of
+    the garbage collector slow down whatever runs in this process."""
 
     batch = True
     max_batch_size = 512
 
-    def __init__(self, cache: dict[str, list[float]]) -> None:
+    def __init__(self, texts: Sequence[str], vectors: list[list[float]]) -> None:
         self.inner = HashingEmbedder(DIM)
         self.model_id = self.inner.model_id
-        self.cache = cache
+        self.row = {text: i for i, text in enumerate(texts)}
+        self.matrix = np.asarray(vectors, dtype=np.float64)
 
     def __call__(self, texts: Sequence[str]) -> list[list[float]]:
-        return [self.cache[t] if t in self.cache else self.inner([t])[0] for t in texts]
+        rows = [self.row.get(t) for t in texts]
+        return [self.matrix[i].tolist() if i is not None else self.inner([t])[0] for i, t in zip(rows, texts, strict=True)]
 
 
 def corpus(where: Path, limit: int) -> tuple[list[str], list[str]]:
@@ -104,8 +108,8 @@ async def run(args: argparse.Namespace) -> None:
         started = time.perf_counter()
         vectors = HashingEmbedder(DIM)(texts)
         embed_s = time.perf_counter() - started
-        cache = dict(zip(texts, vectors, strict=True))
-        embedder = CachedEmbedder(cache)
+        embedder = CachedEmbedder(texts, vectors)
+        del vectors
         print(f"{len(paths)} pages, {len(texts)} documents; HashingEmbedder({DIM}) alone: {len(texts) / embed_s:,.0f} docs/s")
         # -- build
         times: dict[str, list[float]] = {"bm25 only": [], "bm25 + vector shards": []}
@@ -153,7 +157,7 @@ async def run(args: argparse.Namespace) -> None:
                 hits = await ws.search(query, mode="vector", top_k=10)
                 lat[name].append((time.perf_counter() - started) * 1000)
                 found[name].append([h.id.lstrip("/") for h in hits])
-        matrix = np.asarray([cache[t] for t in texts], dtype=np.float32)
+        matrix = embedder.matrix.astype(np.float32)
         ids = [d.id for rel in paths for d in file_documents(rel, (bucket / rel).read_bytes())]
         truth = []
         for query in queries:

@@ -520,3 +520,11 @@ async def test_a_bucket_index_with_vectors_serves_a_workspace_on_s3(moto: MotoSe
         got = [(r.id, r.score) for r in await ws.search("kernel socket", mode="vector", top_k=200)]
         want = await _reference({f"/{rel}": raw for rel, raw in files.items()}, embedder, "kernel socket", 200)
         _same_ranking(got, want)
+
+
+def test_an_embedder_of_too_many_dimensions_is_refused_when_the_segment_is_built() -> None:
+    def huge(text: str) -> list[float]:
+        return [1.0] * ((1 << 16) + 1)
+
+    with pytest.raises(ValueError, match="65537 dimensions; a segment holds at most 65536"):
+        build_segment([SourceFile("/a.txt", b"alpha", 5)], embedder=huge)

@@ -120,6 +120,8 @@ _DTYPES: dict[str, str] = {
 #: The arrays of a vector shard, present when the header has ``vectors``.
 _VECTOR_DTYPES: dict[str, str] = {"vectors": "<f4", "vector_slots": "<i4", "hnsw": "|u1"}
 _ALL_DTYPES = {**_DTYPES, **_VECTOR_DTYPES}
+#: The most dimensions a segment's vectors may have.
+MAX_DIMENSION = 1 << 16
 _DIGEST_CHARS = 64
 #: The bound on a published segment's document texts: each is a file of at most 4,000
 #: characters or one chunk of one (``file_documents``), at most 12,000 bytes of UTF-8. A
@@ -761,7 +763,7 @@ class Segment:
         if info["metric"] != "cosine":
             raise self._bad(f"its vectors use the metric {info['metric']!r}; this version reads 'cosine'")
         dimension, count = info["dimension"], info["count"]
-        if not (1 <= dimension <= 1 << 16 or dimension == count == 0) or not 0 <= count <= header["docs"]:
+        if not (1 <= dimension <= MAX_DIMENSION or dimension == count == 0) or not 0 <= count <= header["docs"]:
             raise self._bad(f"its vectors ({count} of dimension {dimension}) do not fit its {header['docs']} documents")
         out = {name: self._array(view, header["arrays"], name, dtype) for name, dtype in _VECTOR_DTYPES.items()}
         if len(out["vectors"]) != count * dimension or len(out["vector_slots"]) != count:

@@ -31,7 +31,7 @@ import numpy.typing as npt
 from ..errors import SearchIndexError
 from . import _vector_graphs, _vector_math
 from ._embedders import embed_texts, embedder_id
-from ._segments import Segment, VectorColumns
+from ._segments import MAX_DIMENSION, Segment, VectorColumns
 from ._vector_math import Floats, Mask
 
 __all__ = ["EF_SEARCH", "EXACT_LIMIT", "GRAPH_EF_CONSTRUCTION", "GRAPH_M", "VectorShard", "embed_shard"]
@@ -78,6 +78,11 @@ def embed_shard(embedder: Any, texts: Sequence[str], ids: Sequence[str]) -> tupl
     failures = {ids[i]: why for i, why in failed.items()}
     rows = [i for i, vector in enumerate(vectors) if vector is not None]
     dimension = len(vectors[rows[0]]) if rows else 0  # type: ignore[arg-type]
+    if dimension > MAX_DIMENSION:
+        raise ValueError(
+            f"the embedder {embedder_id(embedder)} returned vectors of {dimension} dimensions; a "
+            f"segment holds at most {MAX_DIMENSION}"
+        )
     with np.errstate(over="ignore"):  # too large for float32 becomes inf, refused below
         matrix = np.asarray([vectors[i] for i in rows], dtype=np.float64).reshape(len(rows), dimension)
         matrix32 = matrix.astype(np.float32)
