@@ -117,7 +117,8 @@ def test_demo_command(storage: str) -> None:
     assert "Replaced 1 occurrence in src/app.py (lines 2)" in out
     assert "src/app.py (lines 2-2 of 3, 61 bytes)" in out
     # A published index, attached by an agent whose own change hides the published version.
-    assert "build_index <tmp>/bucket -> <tmp>/index: manifest 1, 6 documents in 1 segment(s)" in out
+    assert "build_index <tmp>/bucket -> <tmp>/index: manifest 1, 6 documents in 1 segment(s), with vectors by agentvfs-hashing-384" in out
+    assert "search 'main hello' (vector, from the published shards): src/app.py " in out
     assert "nothing indexed of its own): src/app.py " in out  # as the workspace names it
     assert "the published src/app.py is hidden): notes/mine.md " in out
     assert "the published src/app.py is hidden): notes/mine.md 1.582\n" in out  # and nothing else

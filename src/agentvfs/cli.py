@@ -214,7 +214,7 @@ async def _demo_shared_index(files: Any, say: Any) -> None:
     local directory; on a bucket, from a Dask cluster) and search it from an agent's workspace
     that attaches it read-only, together with what the agent changed."""
     from . import LocalFilesystem, Workspace
-    from .search import build_index
+    from .search import HashingEmbedder, HnswVectorStore, build_index
 
     with tempfile.TemporaryDirectory(prefix="agentvfs-shared-") as shared:
         bucket, published = os.path.join(shared, "bucket"), os.path.join(shared, "index")
@@ -224,14 +224,17 @@ async def _demo_shared_index(files: Any, say: Any) -> None:
                 target = anyio.Path(bucket, entry.name)
                 await target.parent.mkdir(parents=True, exist_ok=True)
                 await target.write_bytes(bytes(await files.read_file(entry.name)))
-        report = await anyio.to_thread.run_sync(functools.partial(build_index, bucket, published))
+        build = functools.partial(build_index, bucket, published, embedder=HashingEmbedder())
+        report = await anyio.to_thread.run_sync(build)
         say(
             f"build_index <tmp>/bucket -> <tmp>/index: manifest {report.manifest}, {report.docs} "
-            f"documents in {report.built} segment(s)"
+            f"documents in {report.built} segment(s), with vectors by {report.embedder}"
         )
         agent = Workspace(
             filesystem=LocalFilesystem(bucket),
             bm25=True,
+            vector_store=HnswVectorStore(),
+            embedder=HashingEmbedder(),
             auto_index_paths=["."],
             index_dir=os.path.join(shared, "agent"),
             search_index_url=published,
@@ -244,6 +247,8 @@ async def _demo_shared_index(files: Any, say: Any) -> None:
                 say(f"  search 'TODO' ({note}): " + ", ".join(f"{r.id} {r.score:.3f}" for r in results))
 
             await show("an agent with the published index attached; nothing indexed of its own")
+            nearest = await agent.search("main hello", mode="vector", top_k=1)
+            say("  search 'main hello' (vector, from the published shards): " + ", ".join(f"{r.id} {r.score:.3f}" for r in nearest))
             done = "def main():\n    return 'hello, agent'  # greets by name now\n"
             note = "a TODO only this agent wrote\n"
             for path, text in (("src/app.py", done), ("notes/mine.md", note)):
