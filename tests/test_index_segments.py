@@ -163,21 +163,39 @@ def test_the_layout_is_the_documented_one_and_the_bytes_are_deterministic() -> N
     assert segment_name(other) != segment_name(data)
 
 
-def test_a_version_1_segment_with_zlib_texts_is_read() -> None:
-    texts = ["first text\nwith lazy words", "second text"]
-    data = encode_segment(
+def _without_postings(
+    contents: list[bytes],
+    *,
+    ids: list[bytes] | None = None,
+    lengths: list[int] | None = None,
+    metadata: list[bytes] | None = None,
+    start_lines: list[int] | None = None,
+    has_start_line: list[int] | None = None,
+) -> bytes:
+    """A segment of documents (``/0``, ``/1``... unless ``ids``) holding ``contents`` as
+    stored, and no terms."""
+    n = len(contents)
+    return encode_segment(
         tokenize=TokenizeOptions().to_dict(),
         terms=np.zeros(0, dtype=np.int64),
         starts=np.zeros(1, dtype=np.int64),
         slots=np.zeros(0, dtype=np.int32),
         tfs=np.zeros(0, dtype=np.int32),
-        lengths=np.array([4, 2], dtype=np.int32),
-        ids=[b"/a", b"/b"],
-        contents=[zlib.compress(t.encode(), 1) for t in texts],
-        metadata=[b"", b'{"k": 1}'],
-        start_lines=np.array([0, 7], dtype=np.int64),
-        has_start_line=np.array([0, 1], dtype=np.uint8),
+        lengths=np.array(lengths or [0] * n, dtype=np.int32),
+        ids=ids or [f"/{i}".encode() for i in range(n)],
+        contents=contents,
+        metadata=metadata or [b""] * n,
+        start_lines=np.array(start_lines or [0] * n, dtype=np.int64),
+        has_start_line=np.array(has_start_line or [0] * n, dtype=np.uint8),
     )
+
+
+def test_a_version_1_segment_with_zlib_texts_is_read() -> None:
+    texts = ["first text\nwith lazy words", "second text"]
+    data = _without_postings(
+        [zlib.compress(t.encode(), 1) for t in texts], ids=[b"/a", b"/b"], lengths=[4, 2], metadata=[b"", b'{"k": 1}'],
+        start_lines=[0, 7], has_start_line=[0, 1],
+    )  # fmt: skip
     (length,) = struct.unpack_from("<I", data, 8)
     header = json.loads(data[12 : 12 + length])
     assert header["version"] == 2
@@ -296,19 +314,7 @@ def test_a_published_text_that_expands_past_its_bound_is_refused_not_allocated(t
         zlib.compress(big),
         b"\x28\xb5\x2f\xfd garbage",
     ]
-    data = encode_segment(
-        tokenize=TokenizeOptions().to_dict(),
-        terms=np.zeros(0, dtype=np.int64),
-        starts=np.zeros(1, dtype=np.int64),
-        slots=np.zeros(0, dtype=np.int32),
-        tfs=np.zeros(0, dtype=np.int32),
-        lengths=np.zeros(len(blobs), dtype=np.int32),
-        ids=[f"/{i}".encode() for i in range(len(blobs))],
-        contents=blobs,
-        metadata=[b""] * len(blobs),
-        start_lines=np.zeros(len(blobs), dtype=np.int64),
-        has_start_line=np.zeros(len(blobs), dtype=np.uint8),
-    )
+    data = _without_postings(blobs)
     name = segment_name(data)
     (tmp_path / "index" / "segments").mkdir(parents=True)
     (tmp_path / "index" / "segments" / f"{name}.seg").write_bytes(data)

@@ -260,16 +260,22 @@ def test_a_shard_of_rows_not_of_unit_length_is_refused() -> None:
         VectorShard(Segment.from_bytes(_patched(good, "vectors", scale)))
 
 
-def test_a_reset_while_a_new_manifest_loads_is_kept(tmp_path: Path) -> None:
-    """The agent clears its index while the refresh thread maps a newer manifest: what was
-    hidden is shown again in the new segments too."""
-    embedder = HashingEmbedder(DIM)
+def _attached(tmp_path: Path, files: dict[str, bytes], embedder: Any) -> tuple[Path, Path, SharedIndex]:
+    """``files`` written to a bucket directory, published with vectors, and attached."""
     bucket, index = tmp_path / "bucket", tmp_path / "index"
-    _write(bucket, _corpus(3, 12))
+    _write(bucket, files)
     build_index(str(bucket), str(index), embedder=embedder)
     shared = SharedIndex(str(index), cache_dir=str(tmp_path / "cache"),
                          tokenize=TokenizeOptions.from_value(None).to_dict(), embedder=embedder.model_id)  # fmt: skip
     shared.load()
+    return bucket, index, shared
+
+
+def test_a_reset_while_a_new_manifest_loads_is_kept(tmp_path: Path) -> None:
+    """The agent clears its index while the refresh thread maps a newer manifest: what was
+    hidden is shown again in the new segments too."""
+    embedder = HashingEmbedder(DIM)
+    bucket, index, shared = _attached(tmp_path, _corpus(3, 12), embedder)
     shared.hide(["d0/f004.txt"])
     (bucket / "d1" / "new.txt").write_bytes(b"kernel new\n")
     build_index(str(bucket), str(index), embedder=embedder)
@@ -294,12 +300,7 @@ def test_a_filter_on_published_documents_reads_their_text_only_when_it_names_it(
     """The rows a filter allows are worked out once per segment and filter (segments never
     change), from ids and metadata; the text is expanded only for a filter on it."""
     embedder = HashingEmbedder(DIM)
-    bucket, index = tmp_path / "bucket", tmp_path / "index"
-    _write(bucket, _corpus(6, 40))
-    build_index(str(bucket), str(index), embedder=embedder)
-    shared = SharedIndex(str(index), cache_dir=str(tmp_path / "cache"),
-                         tokenize=TokenizeOptions.from_value(None).to_dict(), embedder=embedder.model_id)  # fmt: skip
-    shared.load()
+    _, _, shared = _attached(tmp_path, _corpus(6, 40), embedder)
     q = embedder(["kernel socket"])[0]
     expanded: list[int] = []
     original = Segment._text_at
