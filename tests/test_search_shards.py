@@ -529,3 +529,24 @@ def test_an_embedder_of_too_many_dimensions_is_refused_when_the_segment_is_built
 
     with pytest.raises(ValueError, match="65537 dimensions; a segment holds at most 65536"):
         build_segment([SourceFile("/a.txt", b"alpha", 5)], embedder=huge)
+
+
+@pytest.mark.anyio
+async def test_destroy_waits_for_a_refresh_under_way_and_starts_no_more(tmp_path: Path) -> None:
+    bucket, index = tmp_path / "bucket", tmp_path / "index"
+    _write(bucket, _corpus(2, 8))
+    build_index(str(bucket), str(index))
+    ws = Workspace(
+        filesystem=LocalFilesystem(bucket), bm25=True, auto_index_paths=["."], index_dir=str(tmp_path / "a"),
+        search_index_url=str(index), search_index_options={"cache_dir": str(tmp_path / "c"), "refresh_interval": 0},
+    )  # fmt: skip
+    await ws.init()
+    shared = ws._search.shared  # type: ignore[union-attr]
+    assert shared is not None
+    await ws.search("kernel", top_k=3)  # starts a look for a newer manifest in the background
+    thread = shared._thread
+    assert thread is not None
+    await ws.destroy()
+    assert not thread.is_alive()
+    shared.maybe_refresh()
+    assert shared._thread is thread  # closed: no new refresh

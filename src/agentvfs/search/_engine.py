@@ -593,7 +593,10 @@ class SearchEngine:
         return out
 
     async def close(self) -> None:
-        """Release the BM25 index (the vector store is the caller's)."""
+        """Release the BM25 index and the published one (the vector store is the caller's)."""
+        shared = self.shared
+        if shared is not None:
+            await anyio.to_thread.run_sync(shared.close)
         if self.bm25 is not None:
             bm25 = self.bm25
             await anyio.to_thread.run_sync(bm25.close)

@@ -219,6 +219,8 @@ class SharedIndex:
         self._resets = 0  # bumped by reset(): a load in flight then hides from scratch
         self._lock = threading.Lock()  # guards _hidden, _resets and the swap of _sources
         self._refreshing = False
+        self._closed = False
+        self._thread: threading.Thread | None = None
         self._checked = 0.0
         self.last_error: BaseException | None = None
 
@@ -312,10 +314,20 @@ class SharedIndex:
 
     def maybe_refresh(self) -> None:
         """Look for a newer manifest in the background when ``refresh_interval`` has passed."""
-        if self._refreshing or time.monotonic() - self._checked < self.refresh_interval:
+        if self._closed or self._refreshing or time.monotonic() - self._checked < self.refresh_interval:
             return
         self._refreshing = True
-        threading.Thread(target=self._refresh, name="agentvfs-index-refresh", daemon=True).start()
+        thread = threading.Thread(target=self._refresh, name="agentvfs-index-refresh", daemon=True)
+        self._thread = thread
+        thread.start()
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Start no more refreshes, and wait up to ``timeout`` seconds for one under way (a
+        workspace's ``destroy()`` does not leave it fetching behind its back)."""
+        self._closed = True
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
 
     def _refresh(self) -> None:
         try:
