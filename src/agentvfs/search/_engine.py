@@ -107,16 +107,17 @@ def _content_hash(content: str) -> str:
 
 
 def store_metadata(
-    id: str, content: str, metadata: Mapping[str, Any] | None, start_line_offset: int | None
+    id: str, content: str | None, metadata: Mapping[str, Any] | None, start_line_offset: int | None
 ) -> dict[str, Any]:
     """A document's metadata as the vector store keeps it (and as filters see it): its id,
-    text, own metadata, content hash and, for a chunk, the line it starts at."""
-    meta: dict[str, Any] = {
-        "id": id,
-        "text": content,
-        **dict(metadata or {}),
-        CONTENT_HASH_KEY: _content_hash(content),
-    }
+    text, own metadata, content hash and, for a chunk, the line it starts at. Without
+    ``content`` (None), without the text and its hash: all a filter that names neither needs."""
+    meta: dict[str, Any] = {"id": id}
+    if content is not None:
+        meta["text"] = content
+    meta.update(metadata or {})
+    if content is not None:
+        meta[CONTENT_HASH_KEY] = _content_hash(content)
     if start_line_offset is not None:
         meta[START_LINE_KEY] = start_line_offset
     return meta

@@ -211,13 +211,14 @@ class VectorShard:
             graph.set_ef(self.ef_search)
             self._graph = graph
 
-    def allowed(self, key: Any, passes: Callable[[int], bool]) -> Mask:
-        """The rows whose documents pass a filter (``passes(slot)``), kept by ``key``: the
-        segment never changes, and the engine sends the same filter with every query."""
+    def allowed(self, key: Any, make: Callable[[], Callable[[int], bool]]) -> Mask:
+        """The rows whose documents pass a filter, kept by ``key``: the segment never changes,
+        and the engine sends the same filter with every query. ``make()`` gives the filter's
+        ``passes(slot)``, made only when the rows are not kept yet."""
         with self._lock:
             found = self._allowed.get(key)
         if found is None:
-            found = np.fromiter(map(passes, self.slots.tolist()), dtype=np.bool_, count=len(self.slots))
+            found = np.fromiter(map(make(), self.slots.tolist()), dtype=np.bool_, count=len(self.slots))
             found.flags.writeable = False
             with self._lock:
                 if len(self._allowed) >= _FILTERS_KEPT:

@@ -25,24 +25,23 @@ options) is reported in the log and the segments in use stay.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from ..errors import SearchIndexError
 from ._engine import CONTENT_HASH_KEY, store_metadata
-from ._ids import shared_path, source_of
+from ._ids import relative_names, shared_path, source_of
 from ._segments import Segment, check_postings
+from ._shards import EF_SEARCH, EXACT_LIMIT, VectorShard, query_vector
 from ._vector_filters import FilterNode, compile_filter, filter_keys, parse_filter
-
-if TYPE_CHECKING:
-    from ._shards import VectorShard
 
 __all__ = ["SegmentSource", "SharedIndex"]
 
@@ -200,8 +199,6 @@ class SharedIndex:
         relative_ids: bool = False,
         ef_search: int | None = None,
     ) -> None:
-        from ._shards import EF_SEARCH, EXACT_LIMIT
-
         self.url = url
         self.ef_search = EF_SEARCH if ef_search is None else ef_search
         self.embedder = embedder
@@ -288,8 +285,6 @@ class SharedIndex:
                 "would be compared with vectors of another model. Attach it with that embedder, or "
                 "rebuild the index with this one (build_index(..., embedder=...))"
             )
-        from ._shards import VectorShard
-
         return VectorShard(segment, ef_search=self.ef_search)
 
     def _prune_cache(self, keep: set[str]) -> None:
@@ -385,8 +380,6 @@ class SharedIndex:
         ValueError
             A bad filter, or a query vector of another dimension than the shards'.
         """
-        from ._shards import query_vector
-
         sources = self._sources  # one set of segments for the whole search
         searched = [(i, source) for i, source in enumerate(sources) if source.shard is not None and len(source.shard)]
         if not searched or top_k < 1:
@@ -401,7 +394,8 @@ class SharedIndex:
             assert shard is not None
             live = source.live_rows()
             if node is not None:
-                allowed = shard.allowed((repr(node), self.relative_ids), _filter_of(source, node, self.relative_ids))
+                key = (repr(node), self.relative_ids)
+                allowed = shard.allowed(key, functools.partial(_filter_of, source, node, self.relative_ids))
                 live = allowed if live is None else live & allowed
             hits = shard.search(q, top_k, live, exact=exact)
             found.extend((-score, i, slot) for score, slot in hits)
@@ -450,19 +444,14 @@ def _item_metadata(source: SegmentSource, slot: int, *, relative: bool, text: bo
     and hits carry), named as the workspace names files when ``relative``; without ``text``
     (and the content hash) when a filter does not look at them, which spares expanding it."""
     segment = source.segment
+    content: str | None
     if text:
         id, content, metadata, start = segment.document(slot)
     else:
-        id, content, metadata, start = segment.doc_id(slot), "", segment.metadata(slot), segment.start_line(slot)
+        id, content, metadata, start = segment.doc_id(slot), None, segment.metadata(slot), segment.start_line(slot)
     if relative:
-        id = id.lstrip("/")
-        named = (metadata or {}).get("source_file")
-        if isinstance(named, str):
-            metadata = {**(metadata or {}), "source_file": named.lstrip("/")}
-    meta = store_metadata(id, content, metadata, start)
-    if not text:
-        del meta["text"], meta[CONTENT_HASH_KEY]
-    return meta
+        id, metadata = relative_names(id, metadata)
+    return store_metadata(id, content, metadata, start)
 
 
 def _filter_of(source: SegmentSource, node: FilterNode, relative: bool) -> Callable[[int], bool]:

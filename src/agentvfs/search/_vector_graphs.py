@@ -26,8 +26,6 @@ __all__ = ["GraphFile", "check_graph", "fsync_and_crc", "fsync_dir", "hnswlib", 
 _HEADER = struct.Struct("<6QiI3QdQ")
 
 
-_U32 = struct.Struct("<I")
-
 # Bounds of what ``init_index`` makes, and of what a graph of ours can hold: hnswlib's levels are
 # geometric with ratio 1/M, so a level above 100 would take more elements than memory holds.
 _MIN_M, _MAX_M = 2, 1024

@@ -48,7 +48,7 @@ from ._chunking import split_into_chunks
 from ._duckdb import no_pandas_lookups, registered, table_names
 from ._embedders import embedder_id
 from ._engine import Document, Fusion, SearchEngine, SearchResult
-from ._ids import shared_path
+from ._ids import relative_names, shared_path
 from ._tokenize import TokenizeOptions
 
 if TYPE_CHECKING:
@@ -201,11 +201,8 @@ def _relative(result: SearchResult) -> SearchResult:
     """A published hit (``/docs/a.md``, chunks' ``source_file`` too) named without its root."""
     if not result.id.startswith("/"):
         return result
-    metadata = result.metadata
-    source = (metadata or {}).get("source_file")
-    if isinstance(source, str) and source.startswith("/"):
-        metadata = {**(metadata or {}), "source_file": source.lstrip("/")}
-    return dataclasses.replace(result, id=result.id.lstrip("/"), metadata=metadata)
+    id, metadata = relative_names(result.id, result.metadata)
+    return dataclasses.replace(result, id=id, metadata=metadata)
 
 
 #: What indexes and records a round of files read: ``(engine, docs, sources, replacing)`` ->
