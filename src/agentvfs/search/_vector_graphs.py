@@ -149,20 +149,20 @@ def _check_header(
         )
 
 
+def _field(buf: Any, count: int, record: int, offset: int, dtype: str, width: int = 0) -> npt.NDArray[Any]:
+    """One field of every level-0 record, at ``offset`` in the record: a strided view of the
+    buffer (no copy); ``width`` values of it each when given."""
+    item = np.dtype(dtype).itemsize
+    shape, strides = ((count, width), (record, item)) if width else ((count,), (record,))
+    return np.ndarray(shape, dtype=dtype, buffer=buf, offset=_HEADER.size + offset, strides=strides)
+
+
 def _check_level0(buf: memoryview, count: int, record: int, max_m0: int, label_offset: int) -> None:
     """The level-0 records: link counts, deleted marks, neighbour ids and labels."""
-    base = _HEADER.size
-    # Strided views of the records' fields in the buffer (no copies).
-    link_counts = np.ndarray(
-        (count,), dtype="<u2", buffer=buf, offset=base, strides=(record,)
-    ).astype(np.intp)
-    flags = np.ndarray((count,), dtype=np.uint8, buffer=buf, offset=base + 2, strides=(record,))
-    ids: npt.NDArray[np.uint32] = np.ndarray(
-        (count, max_m0), dtype="<u4", buffer=buf, offset=base + 4, strides=(record, 4)
-    )
-    labels: npt.NDArray[np.uint64] = np.ndarray(
-        (count,), dtype="<u8", buffer=buf, offset=base + label_offset, strides=(record,)
-    )
+    link_counts = _field(buf, count, record, 0, "<u2").astype(np.intp)
+    flags = _field(buf, count, record, 2, "|u1")
+    ids: npt.NDArray[np.uint32] = _field(buf, count, record, 4, "<u4", max_m0)
+    labels: npt.NDArray[np.uint64] = _field(buf, count, record, label_offset, "<u8")
     # The link header's low 2 bytes are the count; past maxM0, hnswlib would read the record's
     # vector, label and the following records as ids.
     over = np.flatnonzero(link_counts > max_m0)
@@ -422,9 +422,8 @@ def reachable(data: bytes | memoryview, *, count: int, dimension: int) -> Mask:
     header = _HEADER.unpack_from(data, 0)
     record, label_offset = header[3], header[4]
     enterpoint, max_m0 = header[7], header[9]
-    records = np.frombuffer(data, dtype=np.uint8, count=count * record, offset=_HEADER.size).reshape(count, record)
-    listed = np.ascontiguousarray(records[:, 0:2]).view("<u2").ravel()
-    links = np.ascontiguousarray(records[:, 4 : 4 + 4 * max_m0]).view("<u4").reshape(count, max_m0)
+    listed = _field(data, count, record, 0, "<u2")
+    links = _field(data, count, record, 4, "<u4", max_m0)
     valid = np.arange(max_m0) < listed[:, None]
     seen = np.zeros(count, dtype=np.bool_)
     seen[enterpoint] = True
@@ -433,18 +432,16 @@ def reachable(data: bytes | memoryview, *, count: int, dimension: int) -> Mask:
         found = np.unique(links[frontier][valid[frontier]])
         frontier = found[~seen[found]].astype(np.int64)
         seen[frontier] = True
-    labels = np.ascontiguousarray(records[:, label_offset : label_offset + 8]).view("<u8").ravel()
+    labels = _field(data, count, record, label_offset, "<u8")
     out = np.zeros(count, dtype=np.bool_)
     out[labels[seen].astype(np.int64)] = True
     return out
 
 
 def stored_vectors(data: bytes | memoryview, *, count: int, dimension: int) -> tuple[Labels, Floats]:
-    """The labels and the vectors of a graph's elements, by element (views of ``data``, for a
-    graph that :func:`check_graph` accepted)."""
+    """The labels and the vectors of a graph's elements, by element (the vectors a view of
+    ``data``), for a graph that :func:`check_graph` accepted."""
     header = _HEADER.unpack_from(data, 0)
     record, label_offset, data_offset = header[3], header[4], header[5]
-    records = np.frombuffer(data, dtype=np.uint8, count=count * record, offset=_HEADER.size).reshape(count, record)
-    labels = np.ascontiguousarray(records[:, label_offset : label_offset + 8]).view("<u8").ravel().astype(np.int64)
-    vectors = np.ascontiguousarray(records[:, data_offset:label_offset]).view("<f4").reshape(count, dimension)
-    return labels, vectors
+    labels = _field(data, count, record, label_offset, "<u8").astype(np.int64)
+    return labels, _field(data, count, record, data_offset, "<f4", dimension)
