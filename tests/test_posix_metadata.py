@@ -211,3 +211,40 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+@pytest.mark.parametrize("backend", [pytest.param("s3", marks=pytest.mark.s3), pytest.param("gcs", marks=pytest.mark.gcs)])
+async def test_a_directory_just_listed_is_statted_by_its_marker_alone(
+    backend: str, request: pytest.FixtureRequest, tmp_path: object
+) -> None:
+    # A mount stats every directory new to it right after listing its parent: the listing
+    # already says "directory" (a prefix, which shadows a key of the same name), so only
+    # the marker, which holds the attributes, is asked for.
+    h = harness_for(backend, request, tmp_path)
+    fs = h.fs
+    h.put("plain/x.txt", b"1")
+    h.put("kept/y.txt", b"2")
+    h.put("both/z.txt", b"3")
+    h.put("both", b"a key beside the prefix")
+    kept = PosixAttributes(mode=stat.S_IFDIR | 0o700, uid=1000, gid=100, mtime_ns=1_700_000_000_000_000_000)
+    await fs.set_attributes("kept", kept)  # type: ignore[attr-defined]
+    backend_ = fs.backend  # type: ignore[attr-defined]
+    asked: list[str] = []
+    if backend == "s3":
+        head = backend_._head_object
+
+        def counted(bucket: str, key: str) -> dict[str, object]:
+            asked.append(key.rsplit("/", 2)[-2] + "/" if key.endswith("/") else key.rsplit("/", 1)[-1])
+            return head(bucket, key)  # type: ignore[no-any-return]
+
+        backend_._head_object = counted
+    listed = {st.name: st for st in await fs.list_stats("")}
+    assert {n: listed[n].type for n in ("plain", "kept", "both")} == dict.fromkeys(("plain", "kept", "both"), "directory")
+    for name in ("plain", "kept", "both"):
+        st = await fs.stat(name)
+        assert st.type == "directory", name
+    assert (await fs.stat("kept")).mode == 0o700
+    assert (await fs.stat("kept")).uid == 1000
+    if backend == "s3":
+        # The marker of each, and nothing else: no HEAD of the name as a file, no listing below.
+        assert sorted(asked) == ["both/", "kept/", "kept/", "kept/", "plain/"], asked

@@ -108,8 +108,10 @@ class _Listings:
     Doing that with a request per write would double its cost; instead the names of a
     directory are listed once and kept for ``ttl`` seconds, updated by our own writes. Only
     these checks, and a forced delete of a name they show as a file (which then skips its
-    existence check: deleting a missing key succeeds anyway), read it: reads, stats and
-    listings always go to the backend.
+    existence check: deleting a missing key succeeds anyway), and the stat of a name they
+    show as a directory (which then asks only for its marker: a prefix shadows a key of the
+    same name, and a mount stats every directory it has just listed) read it: reads, file
+    stats and listings always go to the backend.
     """
 
     def __init__(self, ttl: float) -> None:
@@ -703,14 +705,20 @@ class S3Backend(ObjectStoreBackend):
         bucket, key, _ = self._fs.split_path(bpath)
         if not key:
             return super().info(rel)
+        listed_dir = self._listings.kind(rel) == "directory"
         try:
+            if listed_dir:
+                # A listing moments ago showed a prefix here, which shadows a key of the same
+                # name: only its marker can add to what that listing said.
+                raise FileNotFoundError(bpath)
             out = self._head_object(bucket, key)
         except FileNotFoundError:
             try:
                 # A directory's marker object holds its attributes (s3fs-fuse's form too).
                 marker = self._head_object(bucket, key + "/")
             except FileNotFoundError:
-                pass
+                if listed_dir:
+                    return {"name": bpath, "type": "directory", "size": 0, "StorageClass": "DIRECTORY"}
             else:
                 return {
                     "name": bpath, "type": "directory", "size": 0, "StorageClass": "DIRECTORY",
@@ -934,7 +942,12 @@ class GcsBackend(ObjectStoreBackend):
         )  # fmt: skip
 
     def info(self, rel: str) -> dict[str, Any] | None:
-        found = super().info(rel)
+        if rel and self._listings.kind(rel) == "directory":
+            # A listing moments ago showed a prefix here (which shadows a key of the same
+            # name): only its marker can add to what that listing said.
+            found: dict[str, Any] | None = {"name": self.bpath(rel), "type": "directory", "size": 0}
+        else:
+            found = super().info(rel)
         if found is not None and found.get("type") == "directory" and rel:
             # The attributes of a directory are its marker object's (gcsfs leaves them out).
             bucket, key, _ = self._fs.split_path(self.bpath(rel))
