@@ -383,3 +383,37 @@ def test_unlink_acts_on_disk_without_the_filesystem_object(
         assert sorted(os.listdir(mnt)) == []
     finally:
         handle.close()
+
+
+def test_closing_a_file_opened_for_reading_sends_no_flush(tmp_path: Path, mnt: Path) -> None:
+    # Read-only opens are answered with FOPEN_NOFLUSH (one request less per file a reader
+    # goes through); a writer's close still flushes, and its data is published then.
+    harness = memory_harness()
+    handle = Mount(harness.fs, os.fspath(mnt), options={"passthrough": False}).start()
+    ops = handle.operations
+    assert ops is not None
+    flushes: list[int] = []
+    flush = ops.flush
+
+    async def counted_flush(fh: int) -> None:
+        flushes.append(fh)
+        await flush(fh)
+
+    ops.flush = counted_flush  # type: ignore[method-assign]
+    try:
+        (mnt / "f.txt").write_bytes(b"first")
+        assert len(flushes) >= 1  # the writer's close
+        assert harness.get("f.txt") == b"first"
+        before = len(flushes)
+        for _ in range(3):
+            assert (mnt / "f.txt").read_bytes() == b"first"
+        fd = os.open(mnt / "f.txt", os.O_RDONLY)
+        os.close(os.dup(fd))
+        os.close(fd)
+        assert len(flushes) == before
+        with open(mnt / "f.txt", "r+b") as f:  # read-write: flushed
+            f.write(b"F")
+        assert len(flushes) == before + 1
+        assert harness.get("f.txt") == b"First"
+    finally:
+        handle.close()

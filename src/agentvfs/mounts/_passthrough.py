@@ -125,7 +125,7 @@ def _load() -> tuple[Passthrough | None, str]:
                 "pyfuse3 is not built against libfuse >= 3.17 (scripts/setup.sh rebuilds it)",
             )
         lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
-        if lib.agentvfs_pt_version() != 2:
+        if lib.agentvfs_pt_version() != 3:
             return None, f"{path} is of another version"
     except OSError as exc:
         return None, f"{path} cannot be loaded: {exc}"
