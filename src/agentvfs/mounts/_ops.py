@@ -227,6 +227,9 @@ class MountOperations(pyfuse3.Operations):
     ) -> None:
         super().__init__()
         self.fs = filesystem
+        #: ``fs`` where it keeps its files on local disk (``SupportsLocalFiles``), asked once:
+        #: a runtime protocol check costs more than the rest of an open.
+        self._local: SupportsLocalFiles | None = filesystem if isinstance(filesystem, SupportsLocalFiles) else None
         self.options = options
         self.read_only = read_only
         #: Where storage keeps modes, owners, times and special files: ``native`` (local
@@ -1378,9 +1381,9 @@ class MountOperations(pyfuse3.Operations):
     async def _remove_special(self, path: str) -> None:
         """Remove a stored symbolic link, FIFO, socket or device node: on disk the name
         itself (what a link points to is never looked at), elsewhere the object."""
-        if self.attr_store == "native" and isinstance(self.fs, SupportsLocalFiles):
+        if self.attr_store == "native" and self._local is not None:
             with contextlib.suppress(FileNotFoundError):
-                await trio.to_thread.run_sync(self.fs.local_unlink, path)
+                await trio.to_thread.run_sync(self._local.local_unlink, path)
             return
         await self.fs.delete_file(path, force=True)
 
@@ -1707,10 +1710,10 @@ class MountOperations(pyfuse3.Operations):
     def _open_local(self, node: Node) -> int:
         """A descriptor of the stored file on local disk, or -1: reads then go straight to
         it (the kernel's own read-ahead streams it) instead of through ranged reads."""
-        if not isinstance(self.fs, SupportsLocalFiles):
+        if self._local is None:
             return -1
         try:
-            return self.fs.local_open(self.path_of(node), os.O_RDONLY)
+            return self._local.local_open(self.path_of(node), os.O_RDONLY)
         except (OSError, pyfuse3.FUSEError):
             return -1
 
@@ -1746,17 +1749,17 @@ class MountOperations(pyfuse3.Operations):
         assert self.passthrough is not None
         if fd < 0:
             writable = not self.read_only
-            if not isinstance(self.fs, SupportsLocalFiles):
+            if self._local is None:
                 return False
             try:
                 path = self.path_of(node)
                 try:
-                    fd = self.fs.local_open(path, (os.O_RDWR if writable else os.O_RDONLY) | os.O_NOFOLLOW)
+                    fd = self._local.local_open(path, (os.O_RDWR if writable else os.O_RDONLY) | os.O_NOFOLLOW)
                 except PermissionError:
                     if not writable:
                         raise
                     writable = False  # a file this process may only read: readers pass through
-                    fd = self.fs.local_open(path, os.O_RDONLY | os.O_NOFOLLOW)
+                    fd = self._local.local_open(path, os.O_RDONLY | os.O_NOFOLLOW)
             except (OSError, pyfuse3.FUSEError):
                 return False
         try:
@@ -1829,10 +1832,10 @@ class MountOperations(pyfuse3.Operations):
     ) -> tuple[pyfuse3.FileInfo, Node] | None:
         """Create a file directly on disk and open it in passthrough; None when the usual
         staged create must serve it."""
-        if not isinstance(self.fs, SupportsLocalFiles):
+        if self._local is None:
             return None
         try:
-            fd = self.fs.local_open(
+            fd = self._local.local_open(
                 self.table.child_path(directory, name), os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600
             )
         except (OSError, pyfuse3.FUSEError):
@@ -1881,10 +1884,10 @@ class MountOperations(pyfuse3.Operations):
         """With passthrough, remove a file's name on disk right here, as ``create`` makes it:
         a call through the filesystem object costs a hop to a worker thread, most of what an
         unlink took. False when the filesystem object must do it (errors are its to tell)."""
-        if not self.passthrough_granted() or not isinstance(self.fs, SupportsLocalFiles):
+        if not self.passthrough_granted() or self._local is None:
             return False
         try:
-            self.fs.local_unlink(path)
+            self._local.local_unlink(path)
         except FileNotFoundError:
             return True  # gone already: a forced delete succeeds
         except (OSError, pyfuse3.FUSEError):

@@ -79,6 +79,10 @@ _CREDIT_BLOCK = 64 * 1024 * 1024
 #: A data file without its record this old is left from a crash (younger, a commit may be
 #: between its two renames).
 _STRAY_AGE = 60.0
+#: Bytes read of an entry's record at once (a record names the file and its version: far less).
+_RECORD_READ = 16384
+#: An entry's record is touched (its time orders eviction) at most this often, in seconds.
+_TOUCH_EVERY = 60.0
 
 
 def default_cache_dir() -> str:
@@ -236,18 +240,38 @@ class ContentCache:
     # -- reading ---------------------------------------------------------------------------------
 
     def _record(self, key: str, size: int) -> tuple[dict[str, object], str] | None:
+        """The record of the entry ``key`` and the path of its data; None when there is no
+        complete entry of ``size`` bytes. The record's file is touched (the order of
+        eviction) when it was last touched over a minute ago."""
         data_path, record_path = self._paths(key)
         try:
-            with open(record_path, "rb") as f:
-                record = json.loads(f.read())
+            # os calls, not open(): this runs at every open of a cached file through a mount.
+            fd = os.open(record_path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
             return None
+        except OSError:
+            self._drop(key, "its record cannot be read")
+            return None
+        try:
+            touched = os.fstat(fd).st_mtime
+            raw = os.read(fd, _RECORD_READ)
+            while len(raw) % _RECORD_READ == 0 and raw:  # a record longer than usual
+                more = os.read(fd, _RECORD_READ)
+                if not more:
+                    break
+                raw += more
+            record = json.loads(raw.decode("utf-8"))
         except (OSError, ValueError):
             self._drop(key, "its record cannot be read")
             return None
+        finally:
+            os.close(fd)
         if not isinstance(record, dict) or record.get("size") != size:
             self._drop(key, f"it records {record.get('size') if isinstance(record, dict) else '?'} bytes, not {size}")
             return None
+        if time.time() - touched > _TOUCH_EVERY:
+            with contextlib.suppress(OSError):
+                os.utime(record_path)
         return record, data_path
 
     def _check(self, key: str, record: dict[str, object], st: os.stat_result) -> bool:
@@ -277,7 +301,6 @@ class ContentCache:
             os.close(fd)
             self.misses += 1
             return None
-        self._touch(key)
         self.hits += 1
         return fd
 
@@ -305,7 +328,6 @@ class ContentCache:
             self._drop(key, "its content does not match its hash")
             self.misses += 1
             return None
-        self._touch(key)
         self.hits += 1
         return data
 
@@ -317,15 +339,6 @@ class ContentCache:
             return os.path.exists(record_path) and st.st_size == size
         except OSError:
             return False
-
-    def _touch(self, key: str) -> None:
-        # The record's time orders eviction: touched at most once a minute per entry.
-        record_path = self._paths(key)[1]
-        try:
-            if time.time() - os.stat(record_path).st_mtime > 60:
-                os.utime(record_path)
-        except OSError:
-            pass
 
     # -- writing ---------------------------------------------------------------------------------
 
