@@ -331,6 +331,19 @@ class Env:
 
         return start
 
+    def bindfs(self, source: str) -> Callable[[str], Running]:
+        def start(mnt: str) -> Running:
+            return self._spawn(["bindfs", "-f", source, mnt], dict(os.environ), mnt, "bindfs.log")
+
+        return start
+
+    def pyfuse3_floor(self, source: str) -> Callable[[str], Running]:
+        def start(mnt: str) -> Running:
+            server = str(Path(__file__).with_name("_pyfuse3_floor.py"))
+            return self._spawn([sys.executable, server, source, mnt], dict(os.environ), mnt, "pyfloor.log")
+
+        return start
+
     def close(self) -> None:
         for m in list(self.mounts):
             with contextlib.suppress(Exception):
@@ -409,6 +422,8 @@ G_RC_WARM = "grep, rclone vfs-cache-mode full, second session (same cache dir)"
 G_S3FS = "grep, s3fs-fuse no cache, first pass"
 G_S3FS_COLD = "grep, s3fs-fuse use_cache, first pass (empty cache)"
 G_S3FS_WARM = "grep, s3fs-fuse use_cache, second session (same cache dir)"
+G_BINDFS = "grep, bindfs (a C FUSE server) over the local copy, fresh mount"
+G_PYFLOOR = "grep, the least pyfuse3 server (the tree in memory), fresh mount"
 B_LOCAL = "big object read, local disk copy (page cache warm)"
 B_RW = "big object re-read, agentvfs cache rw, after remount (warm cache)"
 B_RO = "big object re-read, agentvfs cache ro (passthrough), after remount (warm cache)"
@@ -416,7 +431,9 @@ B_COLD = "big object cold read, agentvfs cache on (empty cache dir)"
 B_NOCACHE = "big object cold read, agentvfs no cache"
 
 
-def units(run: Run, local_tree: str, local_big: str, expected: int, big_sha: str, big_size: int) -> list[Callable[[], None]]:
+def units(
+    run: Run, local_tree: str, local_big: str, expected: int, big_sha: str, big_size: int
+) -> dict[str, Callable[[], None]]:
     env = run.env
     big = "big.bin"
 
@@ -470,6 +487,17 @@ def units(run: Run, local_tree: str, local_big: str, expected: int, big_sha: str
             run.measure(G_S3FS_WARM, lambda: grep(os.path.join(m.mountpoint, "tree"), expected), m.pid)
         shutil.rmtree(cache, ignore_errors=True)
 
+    def g_bindfs() -> None:
+        # The floor of any FUSE mount on this machine: a server written in C over files on
+        # local disk, with nothing to fetch and nothing to check.
+        with env.mounted(env.bindfs(local_tree), "bindfs") as m:
+            run.measure(G_BINDFS, lambda: grep(m.mountpoint, expected), m.pid)
+
+    def g_pyfloor() -> None:
+        # The floor of a Python FUSE server: pyfuse3 on trio answering from memory.
+        with env.mounted(env.pyfuse3_floor(local_tree), "pyfloor") as m:
+            run.measure(G_PYFLOOR, lambda: grep(m.mountpoint, expected), m.pid)
+
     def b_cache() -> None:
         cache = env.scratch("agentvfs-cache")
         run.cold()
@@ -489,9 +517,13 @@ def units(run: Run, local_tree: str, local_big: str, expected: int, big_sha: str
         with env.mounted(env.agentvfs(cache_dir=None), "agentvfs") as m:
             run.measure(B_NOCACHE, lambda: read_big(os.path.join(m.mountpoint, big), big_sha, big_size), m.pid)
 
-    out = [g_local, g_nocache, g_cache, g_cache_nometa, b_cache, b_nocache]
+    out = {"local": g_local, "nocache": g_nocache, "cache": g_cache, "nometa": g_cache_nometa}
+    out["pyfloor"] = g_pyfloor
+    if shutil.which("bindfs"):
+        out["bindfs"] = g_bindfs
     if env.peers:
-        out[4:4] = [u for u, tool in ((g_rclone, "rclone"), (g_s3fs, "s3fs")) if shutil.which(tool)]
+        out.update((tool, u) for u, tool in ((g_rclone, "rclone"), (g_s3fs, "s3fs")) if shutil.which(tool))
+    out.update({"big-cache": b_cache, "big-nocache": b_nocache})
     return out
 
 
@@ -594,6 +626,9 @@ def main() -> int:
     parser.add_argument("--no-peers", action="store_true", help="skip rclone and s3fs-fuse")
     parser.add_argument("--drop-caches", action="store_true",
                         help="drop the page cache before each cold unit (slows other work on the machine)")
+    parser.add_argument("--only", default=None,
+                        help="comma-separated units to run: local, nocache, cache, nometa, pyfloor, bindfs, rclone, s3fs, "
+                             "big-cache, big-nocache (default: all)")
     parser.add_argument("--diagnose", action="store_true", help="strace and py-spy the agentvfs grep cases after the rounds")
     parser.add_argument("--out", type=Path, default=None, help="directory for the JSON (default benchmarks/runs/<date>-cache)")
     args = parser.parse_args()
@@ -636,7 +671,12 @@ def main() -> int:
         # Warm the local copies' pages.
         grep(str(local_tree / "tree"), expected)
         read_big(str(big_local), big_sha, big_size)
-        rounds = units(run, str(local_tree / "tree"), str(big_local), expected, big_sha, big_size)
+        named = units(run, str(local_tree / "tree"), str(big_local), expected, big_sha, big_size)
+        chosen = args.only.split(",") if args.only else list(named)
+        unknown = sorted(set(chosen) - set(named))
+        if unknown:
+            raise SystemExit(f"--only: unknown or unavailable units {unknown}; choose from {sorted(named)}")
+        rounds = [named[name] for name in chosen]
         for index in range(args.repeat):
             order = rounds[index % len(rounds):] + rounds[: index % len(rounds)]
             log(f"round {index + 1}/{args.repeat} (load average {os.getloadavg()[0]:.2f})")
