@@ -162,6 +162,33 @@ def test_an_aborted_fill_leaves_nothing_and_releases_its_bytes(tmp_path: Path) -
     again.abort()
 
 
+def test_a_credit_file_never_understates_what_its_process_holds(tmp_path: Path) -> None:
+    # Another process's recount reads this file: it may over-state the bytes reserved (an
+    # entry takes from the credit without rewriting it) but never under-state them.
+    cache = ContentCache(tmp_path / "c", max_bytes=64 * 1024 * 1024)
+    credit_file = tmp_path / "c" / "v1" / "tmp" / f"{os.getpid()}.credit"
+
+    def on_file() -> int:
+        return int(credit_file.read_text())
+
+    for i in range(40):
+        assert cache.put(ContentCache.key("s3://b", f"f{i}", "v"), b"x" * 3000)
+        assert on_file() >= cache._credit > 0
+    before = cache._credit
+    fill = cache.begin(ContentCache.key("s3://b", "given-up", "v"), 5000)
+    assert fill is not None and cache._credit < before
+    fill.abort()  # its bytes go back to the credit, and to the file at once
+    assert cache._credit == before == on_file()
+    # The sharded entry directories are made as entries arrive, and again after a clear.
+    cache.clear()
+    key = ContentCache.key("s3://b", "after-clear", "v")
+    shard = tmp_path / "c" / "v1" / "entries" / key[:2]
+    if shard.exists():
+        shard.rmdir()
+    assert cache.put(key, b"y" * 10)
+    assert cache.get(key, 10) == b"y" * 10
+
+
 def test_budget_holds_under_a_fill_of_three_times_it_and_evicts_least_recently_used(tmp_path: Path) -> None:
     budget = 4 * MiB
     cache = ContentCache(tmp_path, max_bytes=budget)

@@ -376,15 +376,24 @@ class ContentCache:
 
     def _commit(self, fill: CacheFill, digest: str | None) -> bool:
         data_path, record_path = self._paths(fill.key)
-        os.makedirs(os.path.dirname(data_path), mode=0o700, exist_ok=True)
         st = os.fstat(fill.fd)
         record = {"size": fill.size, "ino": st.st_ino, "mtime_ns": st.st_mtime_ns, "blake2b": digest, **fill.describe}
         record_tmp = fill.tmp_path + ".m"
-        with open(record_tmp, "w", encoding="utf-8") as f:
-            f.write(json.dumps(record, ensure_ascii=False))
+        # os calls, not open(): a cold `grep -r` through a mount commits an entry per file.
+        fd = os.open(record_tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, json.dumps(record, ensure_ascii=False).encode("utf-8"))
+        finally:
+            os.close(fd)
         # The data first, the record last: a record names only a data file already in place.
         replaced = os.path.exists(data_path)
-        os.rename(fill.tmp_path, data_path)
+        try:
+            os.rename(fill.tmp_path, data_path)
+        except FileNotFoundError:
+            # Its shard's directory is made at the first entry that goes there (or again
+            # after a clear): not looked for at every commit.
+            os.makedirs(os.path.dirname(data_path), mode=0o700, exist_ok=True)
+            os.rename(fill.tmp_path, data_path)
         os.rename(record_tmp, record_path)
         if replaced:
             # Another process kept the same version meanwhile; its bytes were counted too.
@@ -411,9 +420,14 @@ class ContentCache:
 
     def _set_credit(self, credit: int) -> None:
         """Keep this process's unassigned reservation where a recount finds it (under the
-        thread lock)."""
+        thread lock). Only a credit that grows is written at once: one handed out to a fill
+        (whose file's name counts it anyway) leaves the file over-stating it until the next
+        write, which a recount counts as reserved (at most one block: the budget still
+        holds), and an entry costs no rewrite of it."""
+        grew = credit > self._credit
         self._credit = credit
-        _write_number(os.path.join(self._tmp, f"{os.getpid()}.credit"), credit)
+        if grew:
+            _write_number(os.path.join(self._tmp, f"{os.getpid()}.credit"), credit)
 
     def _reserve(self, need: int, tmp_path: str) -> int | None:
         """Reserve ``need`` bytes and create the fill's file (named by the reservation, so a
