@@ -165,3 +165,37 @@ async def test_fork_of_an_unknown_snapshot_fails_at_init() -> None:
         fork = ws.fork("no-such-snapshot")
         with pytest.raises(SnapshotNotFoundError):
             await fork.init()
+
+
+async def test_commands_in_the_forks_sandbox_change_the_fork_only(tmp_path: Any) -> None:
+    # The fork's own sandbox, with the fork's filesystem mounted into it (as the docstring
+    # says): what a shell command writes or deletes there stays in the fork until commit.
+    from _mounted import fuse_unavailable
+    from agentvfs.mounts import Mount
+    from agentvfs.sandbox import LocalSandbox
+
+    if fuse_unavailable() is not None:
+        pytest.skip(str(fuse_unavailable()))
+    live_dir = tmp_path / "live"
+    live_dir.mkdir()
+    (live_dir / "base.txt").write_text("from the base\n")
+    (live_dir / "gone.txt").write_text("to delete\n")
+    wd = tmp_path / "wd"
+    (wd / "repo").mkdir(parents=True)
+    async with Workspace(filesystem=LocalFilesystem(str(live_dir))) as ws:
+        async with ws.fork(sandbox=LocalSandbox(working_directory=str(wd))) as fork:
+            assert fork.filesystem is not None and fork.sandbox is not None
+            with Mount(fork.filesystem, str(wd / "repo")):
+                result = await fork.sandbox.execute_command(
+                    "cat repo/base.txt && echo made > repo/new.txt && echo more >> repo/base.txt && rm repo/gone.txt"
+                )
+                assert (result.exit_code, result.stdout) == (0, "from the base\n"), result.stderr
+            # The original is untouched; the fork has every change.
+            assert sorted(os.listdir(live_dir)) == ["base.txt", "gone.txt"]
+            assert (live_dir / "base.txt").read_text() == "from the base\n"
+            assert await fork.filesystem.read_file("new.txt", encoding="utf-8") == "made\n"
+            assert not await fork.filesystem.exists("gone.txt")
+            report = await fork.commit()
+            assert report.ok, report
+        assert sorted(os.listdir(live_dir)) == ["base.txt", "new.txt"]
+        assert (live_dir / "base.txt").read_text() == "from the base\nmore\n"

@@ -86,7 +86,11 @@ def test_a_file_changed_in_storage_is_never_served_stale_after_the_ttl(bucket: d
     assert bytes(raw.cat_file(f"{root}/note.txt")) == b"written through the mount"
 
 
-def test_a_mount_killed_while_filling_leaves_no_entry_that_can_be_served(bucket: dict[str, Any], tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_a_mount_killed_while_filling_leaves_no_entry_that_can_be_served(
+    bucket: dict[str, Any], tmp_path: Path, how: signal.Signals
+) -> None:
+    # SIGKILL cuts the fill short; SIGTERM unmounts (the reader may still finish first).
     raw, root = bucket["raw"], bucket["root"]
     big = os.urandom(48 * MiB)
     raw.pipe_file(f"{root}/big.bin", big)
@@ -108,7 +112,7 @@ def test_a_mount_killed_while_filling_leaves_no_entry_that_can_be_served(bucket:
         thread = threading.Thread(target=reader)
         thread.start()
         assert started.wait(30)
-        os.kill(pid, signal.SIGKILL)  # the fill under way, at its first mebibyte
+        os.kill(pid, how)  # the fill under way, at its first mebibyte
         thread.join(timeout=30)
     finally:
         m.close()
