@@ -122,6 +122,13 @@ def test_demo_command(storage: str) -> None:
     assert "nothing indexed of its own): src/app.py " in out  # as the workspace names it
     assert "the published src/app.py is hidden): notes/mine.md " in out
     assert "the published src/app.py is hidden): notes/mine.md 1.582\n" in out  # and nothing else
+    # Snapshots, diff and restore; a fork committed; a cache a second filesystem finds warm.
+    assert "  diff: removed notes/plan.md\n  diff: changed src/app.py\n" in out
+    assert "restore notes/plan.md -> restored ['notes/plan.md'], conflicts []" in out
+    assert "fork experiment: wrote src/feature.py; in the original? False" in out
+    assert "fork.commit() -> applied ['src/feature.py'], conflicts []\n  in the original now? True" in out
+    assert "cache after a first read of 3 files: 3 entries" in out  # moto: the test extra
+    assert "a new filesystem reads them again: 3 files, 3 from the cache" in out
 
 
 PUBLIC_NAMESPACES = (

@@ -119,6 +119,8 @@ async def _demo(storage: str, out: list[str]) -> None:
             await _optional(_demo_search(files, say), say)
             section("commands in a sandbox, on a mounted bucket")
             await _optional(_demo_sandbox(say), say)
+            section("snapshots, forks and a cache that outlives the process")
+            await _demo_remember(ws, say)
             section("the storage contract")
             await _demo_backend(say)
             from ._demo_skills import demo_skills
@@ -279,6 +281,45 @@ def _demo_bucket(say: Any) -> Iterator[Any]:
         yield server.s3fs(use_listings_cache=False), "demo-bucket/project"
     finally:
         server.stop()
+
+
+async def _demo_remember(ws: Any, say: Any) -> None:
+    """Snapshot the workspace, change it, diff and restore; try a change in a fork and commit
+    it; read a bucket through a content cache that a second filesystem finds warm."""
+    from . import FsspecFilesystem
+    from .vfs import ContentCache
+
+    files = ws.filesystem
+    snap = await ws.snapshot("before-cleanup")
+    say(f"  snapshot {snap.name} ({snap.id[:12]}...)")
+    await files.write_file("src/app.py", "def main():\n    return 'rewritten'\n")
+    await files.delete_file("notes/plan.md")
+    diff = await ws.diff(snap.id, None)
+    for change in diff.changes:
+        say(f"  diff: {change.change} {change.path}")
+    restored = await ws.restore(snap.id, paths=["notes/plan.md"])
+    say(f"  restore notes/plan.md -> restored {list(restored.restored)}, conflicts {list(restored.conflicts)}")
+    async with ws.fork(name="experiment") as fork:
+        await fork.filesystem.write_file("src/feature.py", "FLAG = True\n")
+        say(f"  fork {fork.name}: wrote src/feature.py; in the original? {await files.exists('src/feature.py')}")
+        report = await fork.commit()
+        say(f"  fork.commit() -> applied {list(report.applied)}, conflicts {list(report.conflicts)}")
+    say(f"  in the original now? {await files.exists('src/feature.py')}")
+    with _demo_bucket(say) as (raw, root), tempfile.TemporaryDirectory(prefix="agentvfs-cache-") as cache_dir:
+        first = FsspecFilesystem(raw, root=root, cache=cache_dir)
+        if first.cache is None:
+            say("  (the cache keeps object-store files only: this bucket is in memory)")
+            return
+        for i in range(3):
+            await first.write_file(f"data/part-{i}.txt", f"part {i}\n" * 100)
+        await first.read_many([f"data/part-{i}.txt" for i in range(3)])
+        info = ContentCache(cache_dir).info()
+        say(f"  cache after a first read of 3 files: {info.entries} entries, {info.bytes} bytes on disk")
+        # Another filesystem over the same cache directory: another process, or a later session.
+        second = FsspecFilesystem(raw, root=root, cache=cache_dir)
+        texts = await second.read_many([f"data/part-{i}.txt" for i in range(3)])
+        hits = second.cache.hits if second.cache is not None else 0
+        say(f"  a new filesystem reads them again: {len(texts)} files, {hits} from the cache")
 
 
 async def _demo_backend(say: Any) -> None:
