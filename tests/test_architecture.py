@@ -21,8 +21,9 @@ import agentvfs
 
 PACKAGE = Path(agentvfs.__file__).parent
 
-#: The foundation: errors, the request context, the export helper and small async helpers.
-FOUNDATION = frozenset({"errors", "_context", "_exports", "_aio"})
+#: The foundation: errors, the request context, the export helper, small async helpers and
+#: the process check.
+FOUNDATION = frozenset({"errors", "_context", "_exports", "_aio", "_procs"})
 #: What each unit may import besides itself. A unit is a subpackage (``vfs``) or a module at
 #: the top of the package (``workspace``, ``cli``); ``agentvfs`` is the package's __init__.
 BELOW_WORKSPACE = FOUNDATION | {"vfs", "mounts", "search", "snapshots", "sandbox", "skills", "tools"}
@@ -31,6 +32,7 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "errors": frozenset(),
     "_exports": frozenset(),
     "_aio": frozenset(),
+    "_procs": frozenset(),
     "_context": frozenset(),
     "vfs": FOUNDATION,
     "mounts": FOUNDATION | {"vfs"},

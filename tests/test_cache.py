@@ -599,3 +599,22 @@ async def test_the_stat_of_a_small_file_is_one_get_that_fills_the_cache(moto: An
     assert await fs.read_file("small.txt") == b"tiny" and gets == []
     await fs.stat("big.bin")  # larger files are not fetched for a stat
     assert heads == ["big.bin"]
+
+
+def test_a_process_is_alive_until_it_exits_and_a_zombie_counts_as_gone() -> None:
+    # The cache's scan, the sandbox's cgroup sweep and `agentvfs unmount` share this check.
+    from agentvfs._procs import pid_alive
+
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        assert pid_alive(child.pid)
+        assert child.stdin is not None
+        child.stdin.close()  # it exits; not reaped yet, it is a zombie
+        deadline = time.monotonic() + 10
+        while pid_alive(child.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not pid_alive(child.pid)
+    finally:
+        child.wait()
+    assert not pid_alive(child.pid)
+    assert pid_alive(os.getpid())

@@ -22,6 +22,8 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
+from ._procs import pid_alive
+
 __all__ = ["main"]
 
 
@@ -856,9 +858,9 @@ def _unmount(args: argparse.Namespace) -> int:
         while is_mounted(point) and time.monotonic() < deadline:
             time.sleep(0.1)
         # The process unmounts, then removes its session: wait for it to be done.
-        while _alive(pid) and time.monotonic() < deadline:
+        while pid_alive(pid) and time.monotonic() < deadline:
             time.sleep(0.1)
-        if is_mounted(point) or _alive(pid):
+        if is_mounted(point) or pid_alive(pid):
             print(
                 f"agentvfs unmount: the mount process {pid} has not finished within {args.timeout:g} s (uploads "
                 "may still be running); wait longer with --timeout, or detach at once with --lazy",
@@ -882,17 +884,6 @@ def _unmount(args: argparse.Namespace) -> int:
     return 0
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie (exited, not reaped by its parent) counts as gone.
-    with contextlib.suppress(OSError), open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
-        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    return True
 
 
 def _storage_of(entry_storage: str, url: str | None) -> str:

@@ -49,6 +49,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._procs import pid_alive
+
 __all__ = [
     "LIMIT_DEFAULTS",
     "CgroupSupport",
@@ -345,16 +347,6 @@ _SANDBOX_PREFIX = "agentvfs-"
 _counter = itertools.count(1)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _procs(directory: str) -> list[int]:
     try:
         return [int(p) for p in _read(os.path.join(directory, "cgroup.procs")).split()]
@@ -552,7 +544,7 @@ def _remove_stale(support: CgroupSupport) -> None:
             continue
         for name in names:
             match = _STALE.match(name)
-            if match is None or _pid_alive(int(match.group(1))):
+            if match is None or pid_alive(int(match.group(1))):
                 continue
             path = os.path.join(base, name)
             _log.warning("removing the cgroup %s of a sandbox whose process %s is gone", path, match.group(1))

@@ -48,6 +48,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from .._procs import pid_alive
+
 __all__ = [
     "DEFAULT_CACHE_BYTES",
     "CacheFill",
@@ -122,16 +124,6 @@ def _write_number(path: str, value: int) -> None:
         os.ftruncate(fd, len(data))
     finally:
         os.close(fd)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -509,7 +501,7 @@ class ContentCache:
                 credit = 0
                 if pid == os.getpid():
                     credit = self._credit
-                elif _pid_alive(pid):
+                elif pid_alive(pid):
                     credit = _read_number(path) or 0
                 else:
                     stray.append(path)
@@ -522,7 +514,7 @@ class ContentCache:
             except (IndexError, ValueError):
                 stray.append(os.path.join(self._tmp, name))
                 continue
-            if pid == os.getpid() or _pid_alive(pid):
+            if pid == os.getpid() or pid_alive(pid):
                 pending += reserved if len(parts) == 3 else 0
             else:
                 stray.append(os.path.join(self._tmp, name))
