@@ -268,13 +268,28 @@ class Env:
             self.mounts.remove(m)
 
     # agentvfs: ProcessMount (a child process serves the mount)
-    def agentvfs(self, *, cache_dir: str | None, read_only: bool = False, metadata: bool = True) -> Callable[[str], Running]:
+    def agentvfs(
+        self, *, cache_dir: str | None, read_only: bool = False, metadata: bool = True, source: str | None = None
+    ) -> Callable[[str], Running]:
+        """A mount served by a child process; with ``source``, one that imports agentvfs from
+        that ``src`` directory (a checkout of the baseline) instead of this one."""
+
         def start(mnt: str) -> Running:
             fs = FsspecFilesystem(self.s3fs(), root=self.root)
             options: dict[str, Any] = {"cache_dir": cache_dir} if cache_dir else {}
             if not metadata:
                 options["metadata"] = False
-            pm = ProcessMount(fs, mnt, read_only=read_only, options=options).start()
+            saved = os.environ.get("PYTHONPATH")
+            if source is not None:
+                os.environ["PYTHONPATH"] = source  # the child process inherits it
+            try:
+                pm = ProcessMount(fs, mnt, read_only=read_only, options=options).start()
+            finally:
+                if source is not None:
+                    if saved is None:
+                        os.environ.pop("PYTHONPATH", None)
+                    else:
+                        os.environ["PYTHONPATH"] = saved
             return Running("agentvfs", mnt, pm.pid, pm.close)
 
         return start
@@ -422,6 +437,8 @@ G_RC_WARM = "grep, rclone vfs-cache-mode full, second session (same cache dir)"
 G_S3FS = "grep, s3fs-fuse no cache, first pass"
 G_S3FS_COLD = "grep, s3fs-fuse use_cache, first pass (empty cache)"
 G_S3FS_WARM = "grep, s3fs-fuse use_cache, second session (same cache dir)"
+G_COLD_BASE = "grep, baseline agentvfs cache, cold cache (empty dir), first pass"
+G_WARM_BASE = "grep, baseline agentvfs cache, second session (new mount, warm cache)"
 G_BINDFS = "grep, bindfs (a C FUSE server) over the local copy, fresh mount"
 G_PYFLOOR = "grep, the least pyfuse3 server (the tree in memory), fresh mount"
 B_LOCAL = "big object read, local disk copy (page cache warm)"
@@ -432,7 +449,7 @@ B_NOCACHE = "big object cold read, agentvfs no cache"
 
 
 def units(
-    run: Run, local_tree: str, local_big: str, expected: int, big_sha: str, big_size: int
+    run: Run, local_tree: str, local_big: str, expected: int, big_sha: str, big_size: int, baseline: str | None = None
 ) -> dict[str, Callable[[], None]]:
     env = run.env
     big = "big.bin"
@@ -454,6 +471,16 @@ def units(
         with env.mounted(env.agentvfs(cache_dir=cache), "agentvfs") as m:
             run.measure(G_WARM, lambda: grep(os.path.join(m.mountpoint, "tree"), expected), m.pid)
         run.note(G_WARM, f"cache after: {cache_info(cache)}")
+        shutil.rmtree(cache, ignore_errors=True)
+
+    def g_cache_base() -> None:
+        # The same two sessions with agentvfs as it was at the baseline revision.
+        cache = env.scratch("agentvfs-cache-base")
+        run.cold()
+        with env.mounted(env.agentvfs(cache_dir=cache, source=baseline), "agentvfs-base") as m:
+            run.measure(G_COLD_BASE, lambda: grep(os.path.join(m.mountpoint, "tree"), expected), m.pid)
+        with env.mounted(env.agentvfs(cache_dir=cache, source=baseline), "agentvfs-base") as m:
+            run.measure(G_WARM_BASE, lambda: grep(os.path.join(m.mountpoint, "tree"), expected), m.pid)
         shutil.rmtree(cache, ignore_errors=True)
 
     def g_cache_nometa() -> None:
@@ -518,6 +545,8 @@ def units(
             run.measure(B_NOCACHE, lambda: read_big(os.path.join(m.mountpoint, big), big_sha, big_size), m.pid)
 
     out = {"local": g_local, "nocache": g_nocache, "cache": g_cache, "nometa": g_cache_nometa}
+    if baseline is not None:
+        out["cache-base"] = g_cache_base
     out["pyfloor"] = g_pyfloor
     if shutil.which("bindfs"):
         out["bindfs"] = g_bindfs
@@ -627,8 +656,11 @@ def main() -> int:
     parser.add_argument("--drop-caches", action="store_true",
                         help="drop the page cache before each cold unit (slows other work on the machine)")
     parser.add_argument("--only", default=None,
-                        help="comma-separated units to run: local, nocache, cache, nometa, pyfloor, bindfs, rclone, s3fs, "
+                        help="comma-separated units to run: local, nocache, cache, cache-base (with --baseline), nometa, "
+                             "pyfloor, bindfs, rclone, s3fs, "
                              "big-cache, big-nocache (default: all)")
+    parser.add_argument("--baseline", default=None, metavar="REV",
+                        help="also time the cache's two sessions with agentvfs at git revision REV (a worktree)")
     parser.add_argument("--diagnose", action="store_true", help="strace and py-spy the agentvfs grep cases after the rounds")
     parser.add_argument("--out", type=Path, default=None, help="directory for the JSON (default benchmarks/runs/<date>-cache)")
     args = parser.parse_args()
@@ -671,7 +703,13 @@ def main() -> int:
         # Warm the local copies' pages.
         grep(str(local_tree / "tree"), expected)
         read_big(str(big_local), big_sha, big_size)
-        named = units(run, str(local_tree / "tree"), str(big_local), expected, big_sha, big_size)
+        baseline = None
+        if args.baseline:
+            checkout = workdir / "baseline"
+            subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(checkout), args.baseline],
+                           check=True, capture_output=True)
+            baseline = str(checkout / "src")
+        named = units(run, str(local_tree / "tree"), str(big_local), expected, big_sha, big_size, baseline)
         chosen = args.only.split(",") if args.only else list(named)
         unknown = sorted(set(chosen) - set(named))
         if unknown:
@@ -687,6 +725,9 @@ def main() -> int:
             diag = diagnose(run, expected, out_dir)
     finally:
         env.close()
+        if args.baseline:
+            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(workdir / "baseline")],
+                           check=False, capture_output=True)
         shutil.rmtree(workdir, ignore_errors=True)
     md = table(run.results, args.big_mib * MiB)
     header = (f"s3rver on 127.0.0.1; {args.files:,} files, {args.big_mib} MiB object; {args.repeat} interleaved rounds; "
