@@ -16,6 +16,7 @@ from agentvfs.vfs import (
     PosixAttributes,
     Version,
     foreign_metadata,
+    list_stats,
     make_hard_link,
     publish_file,
     rewrite_file,
@@ -238,7 +239,7 @@ async def test_a_directory_just_listed_is_statted_by_its_marker_alone(
             return head(bucket, key)  # type: ignore[no-any-return]
 
         backend_._head_object = counted
-    listed = {st.name: st for st in await fs.list_stats("")}
+    listed = {st.name: st for st in await list_stats(fs, "")}
     assert {n: listed[n].type for n in ("plain", "kept", "both")} == dict.fromkeys(("plain", "kept", "both"), "directory")
     for name in ("plain", "kept", "both"):
         st = await fs.stat(name)
