@@ -85,6 +85,8 @@ class Node:
 
     __slots__ = (
         "_children",
+        "_version",
+        "_write_seq",
         "atime",
         "backing_fd",
         "backing_id",
@@ -113,6 +115,7 @@ class Node:
         "pt_writers",
         "pt_wrote",
         "rdev",
+        "served",
         "size",
         "stage",
         "stage_fd",
@@ -125,8 +128,6 @@ class Node:
         "target",
         "times_stale",
         "uid",
-        "version",
-        "write_seq",
         "writers",
         "written",
     )
@@ -178,7 +179,11 @@ class Node:
         self.stage_published = False
         self.staged_bytes = 0
         self.dirty = False
-        self.write_seq = 0
+        #: Handles of this file whose reads the passthrough library answers from their
+        #: descriptor (``Passthrough.serve``); a change of ``write_seq`` or ``version`` takes
+        #: them all back, before anything reads the changed file.
+        self.served: list[int] | None = None
+        self._write_seq = 0
         #: Bytes were written (or the size set) since the last publish. A file only
         #: truncated by ``O_TRUNC`` is dirty but not written: a ``flush`` then publishes
         #: nothing (``cmd > f`` flushes once before its first write), the last close does.
@@ -209,7 +214,7 @@ class Node:
         self.stamp = 0
         #: Bumped when the storage content changes under the mount; the kernel's page cache
         #: is kept across opens only while it equals ``kernel_version``.
-        self.version = 0
+        self._version = 0
         self.kernel_version = -1
         #: FUSE passthrough: the file on disk the kernel reads and writes directly while
         #: ``pt_opens`` handles are open (one per inode, as the kernel requires), its backing
@@ -223,6 +228,37 @@ class Node:
         #: A passthrough writer was open since the backing file was attached.
         self.pt_wrote = False
         self.lock = trio.Lock()
+
+    @property
+    def write_seq(self) -> int:
+        """Bumped by every write or size change through the mount."""
+        return self._write_seq
+
+    @write_seq.setter
+    def write_seq(self, value: int) -> None:
+        self._write_seq = value
+        if self.served:
+            self.stop_serving()
+
+    @property
+    def version(self) -> int:
+        """Bumped when the storage content changes under the mount."""
+        return self._version
+
+    @version.setter
+    def version(self, value: int) -> None:
+        self._version = value
+        if self.served:
+            self.stop_serving()
+
+    def stop_serving(self) -> None:
+        """Reads of every handle of this file go through the mount's handlers again."""
+        from ._passthrough import LIBRARY
+
+        served, self.served = self.served, None
+        if LIBRARY is not None:
+            for fh in served or ():
+                LIBRARY.unserve(fh)
 
     @property
     def children(self) -> Children | None:

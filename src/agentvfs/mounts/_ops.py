@@ -192,7 +192,8 @@ class _Handle:
     """An open file: its node, its access mode and its read-ahead state."""
 
     __slots__ = (
-        "append", "fd", "fd_state", "node", "opener", "opener_process", "passthrough", "path", "reading", "writable",
+        "append", "fd", "fd_state", "node", "opener", "opener_process", "passthrough", "path", "reading", "served",
+        "writable",
     )  # fmt: skip
 
     def __init__(self, node: Node, *, writable: bool, append: bool, opener: int = 0) -> None:
@@ -210,6 +211,8 @@ class _Handle:
         self.fd_state = (0, 0)
         #: Served by the kernel from the node's backing file (FUSE passthrough).
         self.passthrough = False
+        #: Reads answered from ``fd`` by the passthrough library, not by :meth:`read`.
+        self.served = False
 
 
 class MountOperations(pyfuse3.Operations):
@@ -1663,6 +1666,8 @@ class MountOperations(pyfuse3.Operations):
             if handle.fd < 0 and self.cached is not None and handle.reading.version is not None:
                 handle.fd = await self._open_cached(node, self.path_of(node), handle.reading.version)
             handle.fd_state = (node.write_seq, node.version)
+            if handle.fd >= 0 and node.stage is None and not node.dirty:
+                self._serve(fh, handle)
         # Keep the kernel's cached pages only while the content is the one they came from.
         keep = node.kernel_version == node.version
         node.kernel_version = node.version
@@ -1681,6 +1686,19 @@ class MountOperations(pyfuse3.Operations):
         except OSError:
             return -1  # changed or gone since it was looked at: storage will tell the reader
         return -1 if fd is None else fd
+
+    def _serve(self, fh: int, handle: _Handle) -> None:
+        """Have the passthrough library read ``handle``'s clean descriptor itself: a read then
+        costs no trip through Python. Any change of the file (``write_seq``, ``version``)
+        takes it back first (``Node.stop_serving``), so :meth:`read` decides again."""
+        lib = _passthrough.LIBRARY
+        if lib is None or not lib.serve(fh, handle.fd):
+            return
+        handle.served = True
+        node = handle.node
+        if node.served is None:
+            node.served = []
+        node.served.append(fh)
 
     def _prefetch_after(self, node: Node) -> None:
         """Fetch the next small files of ``node``'s directory into the cache in the background:
@@ -2065,6 +2083,10 @@ class MountOperations(pyfuse3.Operations):
                 self.inodes.pop(node.ino, None)
             return
         self.readahead.release(handle.reading)
+        if handle.served and node.served is not None and fh in node.served:
+            node.served.remove(fh)
+            assert _passthrough.LIBRARY is not None
+            _passthrough.LIBRARY.unserve(fh)  # before its descriptor is closed
         if handle.fd >= 0:
             os.close(handle.fd)
         node.opens -= 1

@@ -17,7 +17,11 @@
  *   backing-file ioctls go through;
  * - fuse_reply_open and fuse_reply_create: add the backing id the Python side
  *   registered for the handle (agentvfs_pt_attach) to the reply; an open for
- *   reading only is answered with FOPEN_NOFLUSH.
+ *   reading only is answered with FOPEN_NOFLUSH;
+ * - the read callback: a handle the Python side registered with a descriptor
+ *   (agentvfs_serve: a clean file in the content cache or on local disk) is read
+ *   here, from that descriptor, without a trip through Python; the Python side
+ *   takes the registration back before anything changes what it serves.
  *
  * Every other call goes to libfuse unchanged. Nothing here allocates per
  * request; a handle stays in the pending table only between its attach and its
@@ -54,12 +58,14 @@ typedef int (*reply_open_fn)(fuse_req_t, const struct fuse_file_info *);
 typedef int (*reply_create_fn)(fuse_req_t, const struct fuse_entry_param *, const struct fuse_file_info *);
 typedef void (*init_fn)(void *, struct fuse_conn_info *);
 typedef void (*flush_fn)(fuse_req_t, fuse_ino_t, struct fuse_file_info *);
+typedef void (*read_fn)(fuse_req_t, fuse_ino_t, size_t, off_t, struct fuse_file_info *);
 
 static int requested;          /* ask the kernel for passthrough at init */
 static int granted;            /* the kernel agreed */
 static int session_fd = -1;    /* /dev/fuse of the mounted session */
 static init_fn inner_init;     /* pyfuse3's init callback */
 static flush_fn inner_flush;   /* pyfuse3's flush callback */
+static read_fn inner_read;     /* pyfuse3's read callback */
 static uint64_t flush_fh;      /* the handle of the flush being dispatched, and who sent it */
 static pid_t flush_pid;
 static struct fuse_lowlevel_ops wrapped_ops;
@@ -69,6 +75,36 @@ static struct {
     uint64_t fh;
     int32_t backing_id; /* 0: free slot */
 } pending[PENDING_SLOTS];
+
+/*
+ * Handles read from a descriptor here: an open-addressing table keyed by handle (handles
+ * are never 0), with linear probing and deletion by backward shift. Filled to at most
+ * three quarters; beyond that a handle is read through Python as before.
+ */
+#define SERVED_SLOTS 8192
+static pthread_mutex_t served_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+    uint64_t fh; /* 0: free slot */
+    int fd;
+} served[SERVED_SLOTS];
+static int served_count;
+
+static size_t served_home(uint64_t fh)
+{
+    return (size_t)((fh * 0x9E3779B97F4A7C15ULL) >> 51) & (SERVED_SLOTS - 1);
+}
+
+/* The slot of fh, or -1 (under served_lock). */
+static long served_find(uint64_t fh)
+{
+    for (size_t i = served_home(fh), n = 0; n < SERVED_SLOTS; i = (i + 1) & (SERVED_SLOTS - 1), n++) {
+        if (served[i].fh == 0)
+            return -1;
+        if (served[i].fh == fh)
+            return (long)i;
+    }
+    return -1;
+}
 
 static void *next_symbol(const char *name)
 {
@@ -104,6 +140,26 @@ static void flush_wrapper(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info 
     inner_flush(req, ino, fi);
 }
 
+static void read_wrapper(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi)
+{
+    int fd = -1;
+    pthread_mutex_lock(&served_lock);
+    long slot = served_find(fi->fh);
+    if (slot >= 0)
+        fd = served[slot].fd;
+    pthread_mutex_unlock(&served_lock);
+    if (fd < 0) {
+        inner_read(req, ino, size, off, fi);
+        return;
+    }
+    /* libfuse reads the range from the descriptor (stopping at its end) into the reply. */
+    struct fuse_bufvec buf = FUSE_BUFVEC_INIT(size);
+    buf.buf[0].flags = FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK;
+    buf.buf[0].fd = fd;
+    buf.buf[0].pos = off;
+    fuse_reply_data(req, &buf, 0);
+}
+
 struct fuse_session *fuse_session_new_versioned(struct fuse_args *args, const struct fuse_lowlevel_ops *op,
                                                 size_t op_size, struct libfuse_version *version, void *userdata)
 {
@@ -121,6 +177,14 @@ struct fuse_session *fuse_session_new_versioned(struct fuse_args *args, const st
     inner_flush = wrapped_ops.flush;
     if (inner_flush != NULL)
         wrapped_ops.flush = flush_wrapper;
+    inner_read = wrapped_ops.read;
+    if (inner_read != NULL)
+        wrapped_ops.read = read_wrapper;
+    /* A new session numbers its handles afresh: nothing registered before stands. */
+    pthread_mutex_lock(&served_lock);
+    memset(served, 0, sizeof(served));
+    served_count = 0;
+    pthread_mutex_unlock(&served_lock);
     granted = 0;
     session_fd = -1;
     return real(args, &wrapped_ops, op_size, version, userdata);
@@ -187,7 +251,58 @@ int fuse_reply_create(fuse_req_t req, const struct fuse_entry_param *e, const st
 
 int agentvfs_pt_version(void)
 {
-    return 3;
+    return 4;
+}
+
+/* Read handle fh from fd here until agentvfs_unserve(fh); 0, or -ENOSPC / -EINVAL. */
+int agentvfs_serve(uint64_t fh, int fd)
+{
+    if (fh == 0 || fd < 0 || inner_read == NULL)
+        return -EINVAL;
+    int rc = -ENOSPC;
+    pthread_mutex_lock(&served_lock);
+    long slot = served_find(fh);
+    if (slot >= 0) {
+        served[slot].fd = fd;
+        rc = 0;
+    } else if (served_count < SERVED_SLOTS / 4 * 3) {
+        size_t i = served_home(fh);
+        while (served[i].fh != 0)
+            i = (i + 1) & (SERVED_SLOTS - 1);
+        served[i].fh = fh;
+        served[i].fd = fd;
+        served_count++;
+        rc = 0;
+    }
+    pthread_mutex_unlock(&served_lock);
+    return rc;
+}
+
+/* Read handle fh through Python again (nothing happens when it is not registered). */
+void agentvfs_unserve(uint64_t fh)
+{
+    pthread_mutex_lock(&served_lock);
+    long slot = served_find(fh);
+    if (slot >= 0) {
+        size_t hole = (size_t)slot;
+        size_t j = hole;
+        for (;;) {
+            j = (j + 1) & (SERVED_SLOTS - 1);
+            if (served[j].fh == 0)
+                break;
+            size_t home = served_home(served[j].fh);
+            /* Move j back into the hole unless its home lies cyclically in (hole, j]. */
+            int stays = hole <= j ? (hole < home && home <= j) : (hole < home || home <= j);
+            if (!stays) {
+                served[hole] = served[j];
+                hole = j;
+            }
+        }
+        served[hole].fh = 0;
+        served[hole].fd = -1;
+        served_count--;
+    }
+    pthread_mutex_unlock(&served_lock);
 }
 
 /* The thread id that sent the flush of handle fh being handled now (0: unknown). */

@@ -32,8 +32,8 @@ _LIBFUSE_SONAME = b"libfuse3.so.4"
 
 
 class Passthrough:
-    """The loaded library: backing files registered with the kernel, and open replies
-    that name them."""
+    """The loaded library: backing files registered with the kernel, open replies that
+    name them, and handles whose reads it answers from a descriptor."""
 
     def __init__(self, lib: ctypes.CDLL, path: str) -> None:
         self.path = path
@@ -47,6 +47,9 @@ class Passthrough:
         lib.agentvfs_pt_detach.argtypes = [ctypes.c_uint64]
         lib.agentvfs_pt_detach.restype = None
         lib.agentvfs_flush_pid.argtypes = [ctypes.c_uint64]
+        lib.agentvfs_serve.argtypes = [ctypes.c_uint64, ctypes.c_int]
+        lib.agentvfs_unserve.argtypes = [ctypes.c_uint64]
+        lib.agentvfs_unserve.restype = None
 
     def request(self, on: bool) -> None:
         """Ask for passthrough when the next session starts (before ``pyfuse3.init``)."""
@@ -84,6 +87,16 @@ class Passthrough:
     def detach(self, fh: int) -> None:
         """Forget an attachment whose open failed before its reply."""
         self._lib.agentvfs_pt_detach(fh)
+
+    def serve(self, fh: int, fd: int) -> bool:
+        """Have the library answer reads of handle ``fh`` from descriptor ``fd`` itself (no
+        trip through Python) until :meth:`unserve`; False when it cannot take more."""
+        return int(self._lib.agentvfs_serve(fh, fd)) == 0
+
+    def unserve(self, fh: int) -> None:
+        """Reads of ``fh`` go through Python again (before ``fd`` is closed or what it
+        serves changes)."""
+        self._lib.agentvfs_unserve(fh)
 
     def flush_pid(self, fh: int) -> int:
         """The thread that sent the flush of ``fh`` being handled (0 when unknown). Valid
@@ -125,7 +138,7 @@ def _load() -> tuple[Passthrough | None, str]:
                 "pyfuse3 is not built against libfuse >= 3.17 (scripts/setup.sh rebuilds it)",
             )
         lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
-        if lib.agentvfs_pt_version() != 3:
+        if lib.agentvfs_pt_version() != 4:
             return None, f"{path} is of another version"
     except OSError as exc:
         return None, f"{path} cannot be loaded: {exc}"
