@@ -81,6 +81,8 @@ _CREDIT_BLOCK = 64 * 1024 * 1024
 #: A data file without its record this old is left from a crash (younger, a commit may be
 #: between its two renames).
 _STRAY_AGE = 60.0
+#: Keys asked for in one query by ``get_stats`` (SQLite allows 32,766 parameters).
+_STATS_PER_QUERY = 500
 #: Bytes read of an entry's record at once (a record names the file and its version: far less).
 _RECORD_READ = 16384
 #: An entry's record is touched (its time orders eviction) at most this often, in seconds.
@@ -569,6 +571,28 @@ class ContentCache:
         except ValueError:
             return None
         return value if isinstance(value, dict) else None
+
+    def get_stats(self, keys: Sequence[str]) -> dict[str, dict[str, object]]:
+        """The metadata records of those ``keys`` that are kept, by key (a few queries for
+        any number of keys, where :meth:`get_stat` is one per key)."""
+        found: dict[str, dict[str, object]] = {}
+        for start in range(0, len(keys), _STATS_PER_QUERY):
+            chunk = list(keys[start : start + _STATS_PER_QUERY])
+            marks = ",".join("?" * len(chunk))
+            try:
+                with self._db_lock:
+                    rows = self._stats().execute(f"SELECT key, value FROM stats WHERE key IN ({marks})", chunk).fetchall()
+            except sqlite3.Error as exc:
+                _log.warning("cache: metadata records unreadable: %s", exc)
+                return found
+            for key, text in rows:
+                try:
+                    value = json.loads(text)
+                except ValueError:
+                    continue
+                if isinstance(value, dict):
+                    found[key] = value
+        return found
 
     def put_stat(self, key: str, value: dict[str, object]) -> None:
         """Keep the metadata record ``key``; the oldest records go beyond their share."""

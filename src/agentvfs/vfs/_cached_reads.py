@@ -60,6 +60,8 @@ _FILL_HOLES = 32 * 1024 * 1024
 #: listing fetched ahead may be old (seconds, and a share of the TTL) to be used.
 _LIST_AHEAD = 16
 _LIST_AHEAD_AGE = 1.0
+#: Metadata records read ahead of the stats that use them, at most (see ``preload_stats``).
+_STATS_AHEAD = 8192
 #: Background fetches at once (prefetch of a directory's next files).
 _PREFETCH_THREADS = 8
 _PREFETCH_QUEUE = 256
@@ -195,6 +197,9 @@ class _CachedReads:
         self._listing: set[str] = set()
         self._writer = _FillWriter(self)
         self._closed = False
+        #: Metadata records of the files of recent listings, read in one query each: the
+        #: stats a mount asks next of every file new to it (see ``preload_stats``).
+        self._stats_ahead: dict[str, dict[str, object]] = {}
 
     def key(self, rel: str, version: str) -> str:
         return ContentCache.key(self.storage, self.backend.bpath(rel), version)
@@ -213,6 +218,25 @@ class _CachedReads:
         # keep its ETag (an S3 copy onto itself), never its time.
         return ContentCache.key(self.storage, "stat\0" + self.backend.bpath(rel), f"{version}@{stamp}")
 
+    def preload_stats(self, stats: Sequence[FileStat]) -> None:
+        """Read the metadata records of the files of a listing (``stats``, paths relative to
+        the backend) in one query, for the stats that follow it: a mount stats every file
+        new to it right after listing its directory."""
+        keys = []
+        for st in stats:
+            if st.type != "file":
+                continue
+            seen = self.memo.fresh_stamped(st.path)
+            if seen is not None:
+                keys.append(self._stat_key(st.path, seen[0], seen[2]))
+        if not keys:
+            return
+        found = self.cache.get_stats(keys)
+        with self._lock:
+            if len(self._stats_ahead) + len(found) > _STATS_AHEAD:
+                self._stats_ahead.clear()  # not asked for (nobody stats what it lists)
+            self._stats_ahead.update(found)
+
     async def stat(self, rel: str, display: str) -> FileStat:
         """The stat of ``rel``: a file whose version a listing showed within the TTL is
         answered from the metadata record kept for that version (no HEAD); else storage is
@@ -220,7 +244,11 @@ class _CachedReads:
         seen = self.memo.fresh_stamped(rel)
         if seen is not None:
             version, size, stamp = seen
-            record = self.cache.get_stat(self._stat_key(rel, version, stamp))
+            key = self._stat_key(rel, version, stamp)
+            with self._lock:
+                record = self._stats_ahead.pop(key, None)
+            if record is None:
+                record = self.cache.get_stat(key)
             if record is not None:
                 try:
                     st = _stat_from(record, rel)

@@ -360,6 +360,7 @@ class FsspecFilesystem(WorkspaceFilesystem):
             stats = await self._call(self._backend.list_stats_sync, rel, path)
         if cached is not None:
             cached.list_ahead(rel, stats)
+            cached.preload_stats(stats)
         return [self._public_stat(s) for s in stats]
 
     async def upload_file(self, local_path: str, path: str) -> None:
