@@ -643,3 +643,100 @@ def _status(url: str) -> int:
     except urllib.error.HTTPError as exc:
         exc.close()
         return int(exc.code)
+
+
+def _listing_key(records: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    return sorted(
+        (r["name"], r["type"], r["size"], r.get("ETag"), r["LastModified"].timestamp() if r.get("LastModified") else None,
+         r.get("StorageClass"))
+        for r in records
+    )  # fmt: skip
+
+
+LISTED_NAMES = [
+    "a.txt", "sp ace.txt", "plus+sign.txt", "pct%20.txt", "amp&<>'\".txt", "ünï 東京.txt", "d1/x", "d2/y/z", "d3/",
+]  # fmt: skip
+
+
+def _check_signed_listings(fs: Any, root: str, dirs: list[str]) -> None:
+    backend = FsspecFilesystem(fs, root=root).backend
+    assert isinstance(backend, ObjectStoreBackend)
+    sent = _count_s3_calls(fs)
+    for rel in dirs:
+        signed = backend._list_signed(rel)  # type: ignore[attr-defined]
+        assert signed is not None, rel
+        assert sent == [], sent  # not through s3fs
+        fs.invalidate_cache()
+        expected = fs.ls(backend.bpath(rel), detail=True)
+        sent.clear()
+        assert _listing_key(signed) == _listing_key(expected), rel
+    # An empty or missing directory is for s3fs to tell apart.
+    assert backend._list_signed("no-such-dir") is None  # type: ignore[attr-defined]
+    assert not backend._signed_listing_off  # type: ignore[attr-defined]
+    assert backend.ranged is not None
+    backend.ranged.close()
+
+
+@pytest.mark.s3
+def test_s3_listings_through_signed_urls_are_s3fs_listings(moto: MotoServer) -> None:
+    # What a mount lists, parsed here in place of botocore: the same records as s3fs's ls,
+    # awkward names (URL-encoded by the server, decoded here), markers, and several pages.
+    fs = moto.s3fs(use_listings_cache=False)
+    root = f"{S3_BUCKET}/{unique('lists')}"
+    fs.pipe({f"{root}/{name}": name.encode() for name in LISTED_NAMES})
+    fs.pipe({f"{root}/many/f{i:05d}": b"x" * (i % 5) for i in range(2100)})
+    _check_signed_listings(fs, root, ["", "d1", "d2", "d3", "many"])
+
+
+@pytest.mark.s3
+@pytest.mark.skipif(find_s3rver() is None, reason="s3rver not installed (scripts/setup.sh installs it)")
+def test_s3_listings_signed_here_are_accepted_by_s3rver(tmp_path: Any) -> None:
+    import s3fs
+
+    from agentvfs.bench._backends import S3rverServer
+
+    exe = find_s3rver()
+    assert exe is not None
+    with S3rverServer(exe, str(tmp_path / "data"), "signed") as server:
+        fs = s3fs.S3FileSystem(
+            key="S3RVER", secret="S3RVER", endpoint_url=server.endpoint_url,
+            skip_instance_cache=True, use_listings_cache=False,
+        )  # fmt: skip
+        fs.pipe({f"signed/root/{name}": name.encode() for name in LISTED_NAMES if not name.endswith("/")})
+        _check_signed_listings(fs, "signed/root", ["", "d1", "d2"])
+
+
+@pytest.mark.s3
+def test_a_listing_answer_not_understood_goes_to_s3fs_from_then_on(moto: MotoServer) -> None:
+    fs = moto.s3fs(use_listings_cache=False)
+    root = f"{S3_BUCKET}/{unique('lists')}"
+    fs.pipe_file(f"{root}/a.txt", b"a")
+
+    class NotAListing(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b"<html>a captive portal</html>"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotAListing)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        backend = FsspecFilesystem(fs, root=root).backend
+        assert isinstance(backend, ObjectStoreBackend) and backend.ranged is not None
+        backend.ranged.sign_list = lambda bucket, params: f"http://127.0.0.1:{server.server_address[1]}/{bucket}?list"
+        sent = _count_s3_calls(fs)
+        assert [r["name"].rsplit("/", 1)[-1] for r in backend.list_raw("", "")] == ["a.txt"]
+        assert sent == ["list_objects_v2"]
+        assert backend._signed_listing_off  # type: ignore[attr-defined]
+        backend.list_raw("", "")
+        assert sent == ["list_objects_v2", "list_objects_v2"]  # not asked of the server again
+        backend.ranged.close()
+    finally:
+        server.shutdown()
+        server.server_close()

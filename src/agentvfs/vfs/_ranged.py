@@ -33,7 +33,7 @@ import time
 import urllib.parse
 import urllib.request
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from ..errors import StaleFileError
@@ -102,6 +102,8 @@ class SignedRangeReader:
         self._idle: dict[tuple[str, str, int], list[http.client.HTTPConnection]] = {}
         self._failures = 0
         self._resting_until = 0.0
+        #: ``sign_list(bucket, params)``: a signed listing URL of the store (S3), or None.
+        self.sign_list: Callable[[str, Mapping[str, str]], str | None] | None = None
 
     def read(self, path: str, start: int, end: int, *, version: str | None = None) -> bytes | None:
         """Bytes ``start`` to ``end`` (exclusive) of ``path``, fewer at the end of the file;
@@ -194,6 +196,43 @@ class SignedRangeReader:
             except _Refused:
                 continue  # signed again, once
         return None
+
+    def get_document(self, url: str, *, limit: int = 16 * 1024 * 1024) -> tuple[int, bytes] | None:
+        """The status and body of a GET of ``url`` (a request the caller signed, such as a
+        listing), on this reader's connections; None when it could not be made or the body
+        is over ``limit`` bytes (the caller then asks through fsspec)."""
+        if time.monotonic() < self._resting_until:
+            return None
+        where = _where(url)
+        if where is None:
+            return None
+        origin, target = where
+        for attempt in range(2):
+            conn, reused = self._connection(origin)
+            try:
+                conn.request("GET", target, headers={"Accept-Encoding": "identity"})
+                response = conn.getresponse()
+                length = response.length
+                if length is not None and length > limit:
+                    conn.close()
+                    return None
+                body = response.read(limit + 1)
+            except (OSError, http.client.HTTPException):
+                conn.close()
+                if reused and attempt == 0:
+                    continue
+                self._failed()
+                return None
+            if len(body) > limit:
+                conn.close()
+                return None
+            if response.will_close:
+                conn.close()
+            else:
+                self._release(origin, conn)
+            self._failures = 0
+            return response.status, body
+        return None  # pragma: no cover - the loop returns
 
     def close(self) -> None:
         """Close the idle connections."""
@@ -505,9 +544,11 @@ def signed_range_reader(fs: Any) -> SignedRangeReader | None:
             context = ssl.create_default_context(cafile=certifi.where())
     except (OSError, ssl.SSLError, ImportError):
         return None
-    return SignedRangeReader(
+    reader = SignedRangeReader(
         way.sign, reuse=way.reuse, timeout=way.timeout, ssl_context=context, pin=way.pin, sign_head=way.sign_head
     )
+    reader.sign_list = way.sign_list
+    return reader
 
 
 class _Way(NamedTuple):
@@ -525,6 +566,8 @@ class _Way(NamedTuple):
     pin: Pin | None = None
     #: As ``sign``, for a HEAD (None: metadata is asked for through fsspec).
     sign_head: Signer | None = None
+    #: ``sign_list(bucket, params) -> url or None``: a signed ``ListObjectsV2`` (S3).
+    sign_list: Callable[[str, Mapping[str, str]], str | None] | None = None
 
 
 def _s3_way(fs: Any) -> _Way | None:
@@ -554,7 +597,7 @@ def _s3_way(fs: Any) -> _Way | None:
         return signer.url(path, "HEAD", fresh=fresh), {}
 
     timeout = float(config.get("read_timeout") or 60.0)
-    return _Way(sign, _EXPIRES / 2, endpoint, verify, timeout, pin, sign_head)
+    return _Way(sign, _EXPIRES / 2, endpoint, verify, timeout, pin, sign_head, signer.list_url)
 
 
 class _S3Signer:
@@ -607,6 +650,23 @@ class _S3Signer:
         except Exception:
             self._templates[(bucket, method)] = None  # cannot sign here after all
             return str(self._fs.url(path, expires=_EXPIRES, client_method=client_method))
+
+    def list_url(self, bucket: str, params: Mapping[str, str]) -> str | None:
+        """A URL that lists ``bucket`` (``ListObjectsV2`` with ``params``), signed here on the
+        template of the bucket's GETs (SigV4 query signing, whatever the template's own
+        version); None where there is no template to build on."""
+        template = self._templates.get((bucket, "GET"), _UNSET)
+        if template is _UNSET:
+            self.url(f"{bucket}/agentvfs-listing", "GET")  # makes the template (no request)
+            template = self._templates.get((bucket, "GET"))
+        if not isinstance(template, _Template) or self._refusals >= self._REFUSALS:
+            return None
+        try:
+            credentials = None if template.version == "none" else self._frozen_credentials()
+            region = template.region or getattr(self._fs.s3.meta, "region_name", None) or "us-east-1"
+            return template.sign_list(params, credentials, region)
+        except Exception:
+            return None
 
     def _frozen_credentials(self) -> Any:
         now = time.monotonic()
@@ -666,6 +726,23 @@ class _Template(NamedTuple):
                 return None
             return cls(origin, prefix, bucket, "v4", scope[2], scope[3])
         return None
+
+    def sign_list(self, params: Mapping[str, str], credentials: Any, region: str) -> str:
+        """A ``ListObjectsV2`` URL of the bucket with ``params``, signed (SigV4) with
+        ``credentials`` (frozen) for ``region``."""
+        from botocore.auth import S3SigV4QueryAuth
+        from botocore.awsrequest import AWSRequest
+
+        path = self.prefix[:-1] if self.prefix != "/" else "/"
+        query = urllib.parse.urlencode(sorted(params.items()), quote_via=urllib.parse.quote, safe="-_.~")
+        url = f"{self.origin}{path}?{query}"
+        if self.version == "none":
+            return url
+        if credentials is None:
+            raise ValueError("no credentials to sign with")
+        request = AWSRequest(method="GET", url=url, headers={})
+        S3SigV4QueryAuth(credentials, self.service or "s3", region, expires=_EXPIRES).add_auth(request)
+        return str(request.prepare().url)
 
     def sign(self, method: str, key: str, credentials: Any) -> str:
         """The URL for ``method`` of ``key``, signed with ``credentials`` (frozen)."""
