@@ -628,3 +628,31 @@ def test_a_process_is_alive_until_it_exits_and_a_zombie_counts_as_gone() -> None
         child.wait()
     assert not pid_alive(child.pid)
     assert pid_alive(os.getpid())
+
+
+def test_a_process_whose_first_thread_exited_is_alive_while_another_runs() -> None:
+    # Linux shows the leader as a zombie once its own thread exits; the process runs on.
+    from agentvfs._procs import pid_alive
+
+    code = textwrap.dedent("""
+        import ctypes, sys, threading
+        threading.Thread(target=sys.stdin.read).start()
+        ctypes.CDLL(None).syscall(60, 0)  # exit(2): this thread only
+    """)
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with open(f"/proc/{child.pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+            time.sleep(0.01)
+        assert pid_alive(child.pid)  # its other thread still reads
+        assert child.stdin is not None
+        child.stdin.close()
+        deadline = time.monotonic() + 10
+        while pid_alive(child.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not pid_alive(child.pid)
+    finally:
+        child.wait()

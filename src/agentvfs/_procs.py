@@ -13,7 +13,8 @@ def pid_alive(pid: int) -> bool:
 
     A process this user may not signal still exists (``EPERM``); a zombie (exited, not yet
     reaped by its parent) counts as gone: whatever it held (a cache fill, a cgroup, a mount)
-    nobody will finish or release.
+    nobody will finish or release. A process whose first thread exited while others run is
+    alive.
     """
     try:
         os.kill(pid, 0)
@@ -22,5 +23,9 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     with contextlib.suppress(OSError, IndexError), open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
-        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        if f.read().rsplit(")", 1)[1].split()[0] != "Z":
+            return True
+        # The leader shows Z as soon as its own thread exits: the process runs on while
+        # another of its threads does.
+        return len(os.listdir(f"/proc/{pid}/task")) > 1
     return True
