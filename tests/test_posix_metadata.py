@@ -249,3 +249,14 @@ async def test_a_directory_just_listed_is_statted_by_its_marker_alone(
     if backend == "s3":
         # The marker of each, and nothing else: no HEAD of the name as a file, no listing below.
         assert sorted(asked) == ["both/", "kept/", "kept/", "kept/", "plain/"], asked
+        # Only just after the listing: another client may remove a prefix at any time.
+        from agentvfs.vfs import _object_store
+
+        asked.clear()
+        original = _object_store._LISTED_DIR_AGE
+        _object_store._LISTED_DIR_AGE = 0.0
+        try:
+            assert (await fs.stat("plain")).type == "directory"
+        finally:
+            _object_store._LISTED_DIR_AGE = original
+        assert asked == ["plain", "plain/"], asked

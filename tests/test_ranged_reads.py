@@ -740,3 +740,23 @@ def test_a_listing_answer_not_understood_goes_to_s3fs_from_then_on(moto: MotoSer
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_listing_page_without_etags_gives_no_version() -> None:
+    # As botocore: what a page leaves out is left out; an empty ETag is no version.
+    from agentvfs.vfs._object_store import _parse_list_page
+
+    body = (
+        b'<?xml version="1.0"?><ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
+        b"<IsTruncated>false</IsTruncated><Contents><Key>p/a.txt</Key>"
+        b"<LastModified>2026-12-05T08:00:39.000Z</LastModified><ETag></ETag><Size>3</Size></Contents>"
+        b"<CommonPrefixes><Prefix>p/d/</Prefix></CommonPrefixes></ListBucketResult>"
+    )
+    page = _parse_list_page(body, "bkt")
+    assert page is not None
+    records, token = page
+    assert token is None
+    assert [(r["name"], r["type"]) for r in records] == [("bkt/p/d", "directory"), ("bkt/p/a.txt", "file")]
+    assert "ETag" not in records[1] and "StorageClass" not in records[1] and records[1]["size"] == 3
+    assert _parse_list_page(b"<html>no</html>", "bkt") is None
+    assert _parse_list_page(body.replace(b"<IsTruncated>false", b"<IsTruncated>true"), "bkt") is None  # no token

@@ -108,16 +108,17 @@ class _Listings:
     Doing that with a request per write would double its cost; instead the names of a
     directory are listed once and kept for ``ttl`` seconds, updated by our own writes. Only
     these checks, and a forced delete of a name they show as a file (which then skips its
-    existence check: deleting a missing key succeeds anyway), and the stat of a name they
-    show as a directory (which then asks only for its marker: a prefix shadows a key of the
-    same name, and a mount stats every directory it has just listed) read it: reads, file
-    stats and listings always go to the backend.
+    existence check: deleting a missing key succeeds anyway), and the stat of a name a
+    listing of at most a second ago shows as a directory (which then asks only for its
+    marker: a prefix shadows a key of the same name, and a mount stats every directory it
+    has just listed) read it: reads, file stats and listings always go to the backend.
     """
 
     def __init__(self, ttl: float) -> None:
         self.ttl = ttl
         self._lock = threading.Lock()
-        self._dirs: OrderedDict[str, tuple[float, dict[str, str] | None]] = OrderedDict()
+        #: Directory -> (kept until, its names or None when too many, when it was listed).
+        self._dirs: OrderedDict[str, tuple[float, dict[str, str] | None, float]] = OrderedDict()
 
     def get(self, rel: str) -> tuple[bool, dict[str, str] | None]:
         """Return ``(known, names)``; ``names`` None means the directory is too big to keep."""
@@ -133,7 +134,8 @@ class _Listings:
         if self.ttl <= 0:
             return  # listing_ttl=0 turns the cache off: every write check lists afresh
         with self._lock:
-            self._dirs[rel] = (time.monotonic() + min(max(self.ttl, 25 * cost), _LISTING_TTL_CAP), names)
+            now = time.monotonic()
+            self._dirs[rel] = (now + min(max(self.ttl, 25 * cost), _LISTING_TTL_CAP), names, now)
             self._dirs.move_to_end(rel)
             while len(self._dirs) > 256:
                 self._dirs.popitem(last=False)
@@ -160,12 +162,16 @@ class _Listings:
             for key in [k for k in self._dirs if k == rel or k.startswith(below)]:
                 del self._dirs[key]
 
-    def kind(self, rel: str) -> str | None:
-        """``"file"`` or ``"directory"`` when a kept listing of the parent shows ``rel``."""
+    def kind(self, rel: str, *, within: float | None = None) -> str | None:
+        """``"file"`` or ``"directory"`` when a kept listing of the parent shows ``rel``
+        (with ``within``: a listing made at most that many seconds ago)."""
         parent, name = _paths.dirname(rel), _paths.basename(rel)
+        now = time.monotonic()
         with self._lock:
             item = self._dirs.get(parent)
-            if item is None or item[0] < time.monotonic() or item[1] is None:
+            if item is None or item[0] < now or item[1] is None:
+                return None
+            if within is not None and now - item[2] > within:
                 return None
             return item[1].get(name)
 
@@ -633,6 +639,10 @@ class ObjectStoreBackend(FsspecBackend):
         raise PermissionDenied(display, f"set attributes (the {self.protocol} store keeps none)")
 
 
+#: A directory a listing showed at most this many seconds ago is statted by its marker alone
+#: (another client may remove a prefix at any time: the shortcut is for a mount's stat right
+#: after it listed the parent).
+_LISTED_DIR_AGE = 1.0
 #: Pages of a listing read through signed URLs before s3fs is left to list a directory.
 _SIGNED_LIST_PAGES = 100
 
@@ -677,10 +687,14 @@ def _parse_list_page(body: bytes, bucket: str) -> tuple[list[dict[str, Any]], st
                 return None
             size = int(item.findtext(f"{ns}Size") or "")
             record: dict[str, Any] = {
-                "Key": f"{bucket}/{key}", "LastModified": modified, "ETag": item.findtext(f"{ns}ETag") or "",
-                "Size": size, "StorageClass": item.findtext(f"{ns}StorageClass") or "STANDARD",
-                "type": "file", "size": size, "name": f"{bucket}/{key}",
+                "Key": f"{bucket}/{key}", "LastModified": modified, "Size": size, "type": "file", "size": size,
+                "name": f"{bucket}/{key}",
             }  # fmt: skip
+            # As botocore: what the answer leaves out is left out (an empty ETag is no version).
+            for field in ("ETag", "StorageClass"):
+                value = item.findtext(f"{ns}{field}")
+                if value:
+                    record[field] = value
             records.append(record)
     except ValueError:
         return None
@@ -765,7 +779,7 @@ class S3Backend(ObjectStoreBackend):
         bucket, key, _ = self._fs.split_path(bpath)
         if not key:
             return super().info(rel)
-        listed_dir = self._listings.kind(rel) == "directory"
+        listed_dir = self._listings.kind(rel, within=_LISTED_DIR_AGE) == "directory"
         try:
             if listed_dir:
                 # A listing moments ago showed a prefix here, which shadows a key of the same
@@ -1048,7 +1062,7 @@ class GcsBackend(ObjectStoreBackend):
         )  # fmt: skip
 
     def info(self, rel: str) -> dict[str, Any] | None:
-        if rel and self._listings.kind(rel) == "directory":
+        if rel and self._listings.kind(rel, within=_LISTED_DIR_AGE) == "directory":
             # A listing moments ago showed a prefix here (which shadows a key of the same
             # name): only its marker can add to what that listing said.
             found: dict[str, Any] | None = {"name": self.bpath(rel), "type": "directory", "size": 0}
