@@ -1662,11 +1662,14 @@ class MountOperations(pyfuse3.Operations):
         # meanwhile is ESTALE to this handle, never the new bytes in the old one's place.
         handle.reading.version = node.etag if node.stored and _known_version(node.etag) else None
         if node.stage is None and node.stored and node.links:
+            # The state the descriptor is of, taken before the await that opens it: a change
+            # meanwhile then makes the first read look again (never serve the old bytes).
+            state = (node.write_seq, node.version)
             handle.fd = self._open_local(node)
             if handle.fd < 0 and self.cached is not None and handle.reading.version is not None:
                 handle.fd = await self._open_cached(node, self.path_of(node), handle.reading.version)
-            handle.fd_state = (node.write_seq, node.version)
-            if handle.fd >= 0 and node.stage is None and not node.dirty:
+            handle.fd_state = state
+            if handle.fd >= 0 and node.stage is None and not node.dirty and state == (node.write_seq, node.version):
                 self._serve(fh, handle)
         # Keep the kernel's cached pages only while the content is the one they came from.
         keep = node.kernel_version == node.version
