@@ -463,36 +463,31 @@ def units(
         with env.mounted(env.agentvfs(cache_dir=None), "agentvfs") as m:
             run.measure(G_NOCACHE, lambda: grep(os.path.join(m.mountpoint, "tree"), expected), m.pid)
 
-    def g_cache() -> None:
+    def two_sessions(cold: str, warm: str, *, notes: bool = False, **mount: Any) -> None:
+        """A first pass over an empty cache directory, then a new mount over it (the second
+        session), with the agentvfs mount options ``mount``."""
         cache = env.scratch("agentvfs-cache")
         run.cold()
-        with env.mounted(env.agentvfs(cache_dir=cache), "agentvfs") as m:
-            run.measure(G_COLD, lambda: grep(os.path.join(m.mountpoint, "tree"), expected), m.pid)
-        run.note(G_COLD, f"cache after the pass and unmount: {cache_info(cache)}")
-        with env.mounted(env.agentvfs(cache_dir=cache), "agentvfs") as m:
-            run.measure(G_WARM, lambda: grep(os.path.join(m.mountpoint, "tree"), expected), m.pid)
-        run.note(G_WARM, f"cache after: {cache_info(cache)}")
+        with env.mounted(env.agentvfs(cache_dir=cache, **mount), "agentvfs") as m:
+            run.measure(cold, lambda: grep(os.path.join(m.mountpoint, "tree"), expected), m.pid)
+        if notes:
+            run.note(cold, f"cache after the pass and unmount: {cache_info(cache)}")
+        with env.mounted(env.agentvfs(cache_dir=cache, **mount), "agentvfs") as m:
+            run.measure(warm, lambda: grep(os.path.join(m.mountpoint, "tree"), expected), m.pid)
+        if notes:
+            run.note(warm, f"cache after: {cache_info(cache)}")
         shutil.rmtree(cache, ignore_errors=True)
+
+    def g_cache() -> None:
+        two_sessions(G_COLD, G_WARM, notes=True)
 
     def g_cache_base() -> None:
         # The same two sessions with agentvfs as it was at the baseline revision.
-        cache = env.scratch("agentvfs-cache-base")
-        run.cold()
-        with env.mounted(env.agentvfs(cache_dir=cache, source=baseline), "agentvfs-base") as m:
-            run.measure(G_COLD_BASE, lambda: grep(os.path.join(m.mountpoint, "tree"), expected), m.pid)
-        with env.mounted(env.agentvfs(cache_dir=cache, source=baseline), "agentvfs-base") as m:
-            run.measure(G_WARM_BASE, lambda: grep(os.path.join(m.mountpoint, "tree"), expected), m.pid)
-        shutil.rmtree(cache, ignore_errors=True)
+        two_sessions(G_COLD_BASE, G_WARM_BASE, source=baseline)
 
     def g_cache_nometa() -> None:
         # Without the HEAD of every file a listing cannot tell its metadata (mode, owner, times).
-        cache = env.scratch("agentvfs-cache")
-        run.cold()
-        with env.mounted(env.agentvfs(cache_dir=cache, metadata=False), "agentvfs") as m:
-            run.measure(G_COLD_NOMETA, lambda: grep(os.path.join(m.mountpoint, "tree"), expected), m.pid)
-        with env.mounted(env.agentvfs(cache_dir=cache, metadata=False), "agentvfs") as m:
-            run.measure(G_WARM_NOMETA, lambda: grep(os.path.join(m.mountpoint, "tree"), expected), m.pid)
-        shutil.rmtree(cache, ignore_errors=True)
+        two_sessions(G_COLD_NOMETA, G_WARM_NOMETA, metadata=False)
 
     def g_rclone() -> None:
         cache = env.scratch("rclone-cache")

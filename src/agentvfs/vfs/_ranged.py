@@ -203,36 +203,8 @@ class SignedRangeReader:
         is over ``limit`` bytes (the caller then asks through fsspec)."""
         if time.monotonic() < self._resting_until:
             return None
-        where = _where(url)
-        if where is None:
-            return None
-        origin, target = where
-        for attempt in range(2):
-            conn, reused = self._connection(origin)
-            try:
-                conn.request("GET", target, headers={"Accept-Encoding": "identity"})
-                response = conn.getresponse()
-                length = response.length
-                if length is not None and length > limit:
-                    conn.close()
-                    return None
-                body = response.read(limit + 1)
-            except (OSError, http.client.HTTPException):
-                conn.close()
-                if reused and attempt == 0:
-                    continue
-                self._failed()
-                return None
-            if len(body) > limit:
-                conn.close()
-                return None
-            if response.will_close:
-                conn.close()
-            else:
-                self._release(origin, conn)
-            self._failures = 0
-            return response.status, body
-        return None  # pragma: no cover - the loop returns
+        got = self._exchange(url, "GET", {"Accept-Encoding": "identity"}, limit)
+        return None if got is None else (got[0].status, got[1])
 
     def close(self) -> None:
         """Close the idle connections."""
@@ -309,6 +281,25 @@ class SignedRangeReader:
         return None  # pragma: no cover - the loop returns
 
     def _head(self, url: str, auth: dict[str, str], path: str) -> dict[str, str] | None:
+        got = self._exchange(url, "HEAD", auth, 0)  # nothing: the answer to a HEAD has no body
+        if got is None:
+            return None
+        response = got[0]
+        status = response.status
+        if status in (401, 403):
+            raise _Refused(status)
+        if status == 404:
+            raise FileNotFoundError(path)
+        if status != 200:
+            return None  # a redirect, a throttle, a server error: fsspec retries it
+        return {name.lower(): value for name, value in response.getheaders()}
+
+    def _exchange(
+        self, url: str, method: str, headers: dict[str, str], limit: int
+    ) -> tuple[http.client.HTTPResponse, bytes] | None:
+        """One request on a pooled connection (once more on a fresh one when a kept one
+        failed) and its whole body of at most ``limit`` bytes; None when it could not be
+        made or the body is longer."""
         where = _where(url)
         if where is None:
             return None
@@ -316,28 +307,27 @@ class SignedRangeReader:
         for attempt in range(2):
             conn, reused = self._connection(origin)
             try:
-                conn.request("HEAD", target, headers=auth)
+                conn.request(method, target, headers=headers)
                 response = conn.getresponse()
-                response.read()  # nothing: the answer to a HEAD has no body
+                if response.length is not None and response.length > limit:
+                    conn.close()
+                    return None
+                body = response.read(limit + 1)
             except (OSError, http.client.HTTPException):
                 conn.close()
                 if reused and attempt == 0:
                     continue
                 self._failed()
                 return None
+            if len(body) > limit:
+                conn.close()
+                return None
             if response.will_close:
                 conn.close()
             else:
                 self._release(origin, conn)
             self._failures = 0
-            status = response.status
-            if status in (401, 403):
-                raise _Refused(status)
-            if status == 404:
-                raise FileNotFoundError(path)
-            if status != 200:
-                return None  # a redirect, a throttle, a server error: fsspec retries it
-            return {name.lower(): value for name, value in response.getheaders()}
+            return response, body
         return None  # pragma: no cover - the loop returns
 
     @staticmethod
