@@ -364,17 +364,22 @@ def _gets(fs: FsspecFilesystem) -> list[str]:
     return seen
 
 
+def _calls(owner: Any, name: str) -> list[str]:
+    """The first argument of every call of ``owner.name`` from now on."""
+    seen: list[str] = []
+    plain = getattr(owner, name)
+
+    def counted(first: str, *args: Any) -> Any:
+        seen.append(first)
+        return plain(first, *args)
+
+    setattr(owner, name, counted)
+    return seen
+
+
 def _heads(fs: FsspecFilesystem) -> list[str]:
     """Count the stats (HEADs on S3) ``fs`` sends to storage from now on."""
-    seen: list[str] = []
-    info = fs.backend.info
-
-    def counted(rel: str) -> Any:
-        seen.append(rel)
-        return info(rel)
-
-    fs.backend.info = counted  # type: ignore[method-assign]
-    return seen
+    return _calls(fs.backend, "info")
 
 
 async def test_reads_hit_the_cache_across_instances_and_never_serve_a_changed_file(store: dict[str, Any]) -> None:
@@ -529,14 +534,7 @@ async def test_stats_of_listed_versions_are_kept_and_a_metadata_change_is_seen(m
     assert st.metadata is not None and st.metadata.get("mode") == "33261"
     second = make()
     assert second.cache is not None
-    one_by_one: list[str] = []
-    plain_get = second.cache.get_stat
-
-    def counted_get(key: str) -> Any:
-        one_by_one.append(key)
-        return plain_get(key)
-
-    second.cache.get_stat = counted_get  # type: ignore[method-assign]
+    one_by_one = _calls(second.cache, "get_stat")
     await second.list_stats("")  # reads the records of what it lists, in one query
     heads = _heads(second)
     again = await second.stat("tool.sh")

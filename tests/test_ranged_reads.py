@@ -4,6 +4,7 @@ that must send the read back to fsspec."""
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import os
 import re
@@ -586,12 +587,9 @@ def test_urls_signed_here_go_back_to_s3fs_after_refusals(moto: MotoServer, monke
     assert asked[-1] == f"{S3_BUCKET}/after"  # from now on s3fs signs every URL
 
 
-@pytest.mark.s3
-@pytest.mark.skipif(find_s3rver() is None, reason="s3rver not installed (scripts/setup.sh installs it)")
-def test_urls_signed_here_are_accepted_by_a_server_that_checks_signatures(tmp_path: Any) -> None:
-    # moto takes any signature; s3rver checks those of version 2 (what botocore presigns with
-    # for a custom endpoint), not those of version 4, which the test above proves equal to
-    # botocore's own.
+@contextlib.contextmanager
+def _s3rver(tmp_path: Any) -> Iterator[Any]:
+    """An s3fs filesystem on an s3rver of its own with the bucket ``signed``."""
     import s3fs
 
     from agentvfs.bench._backends import S3rverServer
@@ -599,10 +597,19 @@ def test_urls_signed_here_are_accepted_by_a_server_that_checks_signatures(tmp_pa
     exe = find_s3rver()
     assert exe is not None
     with S3rverServer(exe, str(tmp_path / "data"), "signed") as server:
-        fs = s3fs.S3FileSystem(
+        yield s3fs.S3FileSystem(
             key="S3RVER", secret="S3RVER", endpoint_url=server.endpoint_url,
             skip_instance_cache=True, use_listings_cache=False,
         )  # fmt: skip
+
+
+@pytest.mark.s3
+@pytest.mark.skipif(find_s3rver() is None, reason="s3rver not installed (scripts/setup.sh installs it)")
+def test_urls_signed_here_are_accepted_by_a_server_that_checks_signatures(tmp_path: Any) -> None:
+    # moto takes any signature; s3rver checks those of version 2 (what botocore presigns with
+    # for a custom endpoint), not those of version 4, which the test above proves equal to
+    # botocore's own.
+    with _s3rver(tmp_path) as fs:
         names = ["a.txt", "d/a b+c%20ü?x#y.txt", "d/~!$&'()*,;=@.txt", "d/東京.bin"]
         for name in names:
             fs.pipe_file(f"signed/{name}", name.encode(), Metadata={"mode": "33188"})
@@ -691,17 +698,7 @@ def test_s3_listings_through_signed_urls_are_s3fs_listings(moto: MotoServer) -> 
 @pytest.mark.s3
 @pytest.mark.skipif(find_s3rver() is None, reason="s3rver not installed (scripts/setup.sh installs it)")
 def test_s3_listings_signed_here_are_accepted_by_s3rver(tmp_path: Any) -> None:
-    import s3fs
-
-    from agentvfs.bench._backends import S3rverServer
-
-    exe = find_s3rver()
-    assert exe is not None
-    with S3rverServer(exe, str(tmp_path / "data"), "signed") as server:
-        fs = s3fs.S3FileSystem(
-            key="S3RVER", secret="S3RVER", endpoint_url=server.endpoint_url,
-            skip_instance_cache=True, use_listings_cache=False,
-        )  # fmt: skip
+    with _s3rver(tmp_path) as fs:
         fs.pipe({f"signed/root/{name}": name.encode() for name in LISTED_NAMES if not name.endswith("/")})
         _check_signed_listings(fs, "signed/root", ["", "d1", "d2"])
 
