@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from _mounted import wait_until
 from agentvfs.errors import StaleFileError
 from agentvfs.testing import FilesystemTests, Harness, fsspec_harness
 from agentvfs.vfs import (
@@ -618,10 +619,7 @@ def test_a_process_is_alive_until_it_exits_and_a_zombie_counts_as_gone() -> None
         assert pid_alive(child.pid)
         assert child.stdin is not None
         child.stdin.close()  # it exits; not reaped yet, it is a zombie
-        deadline = time.monotonic() + 10
-        while pid_alive(child.pid) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert not pid_alive(child.pid)
+        assert wait_until(lambda: not pid_alive(child.pid))
     finally:
         child.wait()
     assert not pid_alive(child.pid)
@@ -639,18 +637,14 @@ def test_a_process_whose_first_thread_exited_is_alive_while_another_runs() -> No
     """)
     child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
+        def leader_state() -> str:
             with open(f"/proc/{child.pid}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                    break
-            time.sleep(0.01)
+                return f.read().rsplit(")", 1)[1].split()[0]
+
+        assert wait_until(lambda: leader_state() == "Z")
         assert pid_alive(child.pid)  # its other thread still reads
         assert child.stdin is not None
         child.stdin.close()
-        deadline = time.monotonic() + 10
-        while pid_alive(child.pid) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert not pid_alive(child.pid)
+        assert wait_until(lambda: not pid_alive(child.pid))
     finally:
         child.wait()
