@@ -75,6 +75,15 @@ class CountingStoreFs:
             await inner(path, content, **options)
 
         store.fs.write_file = write_file  # type: ignore[method-assign]
+        # Blobs are written create-only, through put_new where the filesystem has it.
+        put = getattr(store.fs, "put_new", None)
+        if put is not None:
+
+            async def put_new(path: str, content: bytes) -> None:
+                self.writes.append(path)
+                await put(path, content)
+
+            store.fs.put_new = put_new  # type: ignore[attr-defined]
 
 
 async def tools_of(ws: Workspace) -> dict[str, WorkspaceTool]:

@@ -12,6 +12,7 @@ import json
 import os
 import urllib.request
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -20,10 +21,11 @@ import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
 from agentvfs import FsspecFilesystem, LocalFilesystem, Workspace, WorkspaceReadOnlyError
-from agentvfs.errors import BlobIntegrityError, SnapshotNotFoundError, StaleFileError
+from agentvfs.errors import BlobIntegrityError, FileExists, SnapshotNotFoundError, StaleFileError
 from agentvfs.snapshots import (
     DEFAULT_PREFIX,
     SnapshotFilesystem,
+    SnapshotStore,
     take_snapshot,
 )
 from agentvfs.testing import FakeGcsServer, MotoServer
@@ -31,9 +33,11 @@ from agentvfs.vfs import (
     BackendFilesystem,
     FileStat,
     MemoryBackend,
+    TimeoutFilesystem,
     WorkspaceFilesystem,
     WrapperFilesystem,
     list_stats,
+    put_new,
     sha256_hex,
     walk,
 )
@@ -477,3 +481,50 @@ async def test_snapshot_of_a_versioned_bucket_reads_nothing_twice(moto: MotoServ
     moto.boto3_client().delete_object(Bucket=bucket, Key=f"{fs.root.partition('/')[2]}/a.txt", VersionId=version)
     with pytest.raises(FileNotFoundError, match="is gone"):
         await (await ws.open_snapshot(first.id)).read_file("a.txt")
+
+
+async def test_put_new_creates_a_file_once_and_never_replaces_it(storage: Storage) -> None:
+    """The blob store's writes (``put_new``): parents made, content whole, an existing file
+    left as it is, on every backend and through a wrapper."""
+    fs = storage.fs
+    await put_new(fs, "made/by/put_new.bin", BINARY)
+    assert await fs.read_file("made/by/put_new.bin") == BINARY
+    assert (await fs.stat("made/by")).type == "directory"
+    with pytest.raises(FileExists):
+        await put_new(TimeoutFilesystem(fs, 30_000), "made/by/put_new.bin", b"other bytes")
+    assert await fs.read_file("made/by/put_new.bin") == BINARY
+    assert [e.name for e in await walk(fs, "made")] == ["by", "by/put_new.bin"]
+
+
+async def test_put_new_refuses_on_a_read_only_filesystem(tmp_path: Any) -> None:
+    raw = MemoryFileSystem(global_store=False, skip_instance_cache=True)
+    fs = FsspecFilesystem(raw, root=f"/{unique('ro')}", read_only=True)
+    with pytest.raises(WorkspaceReadOnlyError):
+        await put_new(fs, "a.bin", b"x")
+    with pytest.raises(WorkspaceReadOnlyError):
+        await put_new(LocalFilesystem(str(tmp_path), read_only=True), "a.bin", b"x")
+    assert not os.path.exists(tmp_path / "a.bin")
+
+
+@pytest.mark.s3
+async def test_a_first_snapshot_stores_each_blob_with_one_request(moto: MotoServer) -> None:
+    """Blobs go to ``blobs/<h[:2]>/``, a new directory for most: each is one create-only PUT,
+    with no listing or HEAD of its parents (these used to cost a listing per blob once the
+    parent's kept listing expired, and more for a directory not seen before)."""
+    raw = moto.s3fs(use_listings_cache=False)
+    fs = FsspecFilesystem(raw, root=f"{S3_BUCKET}/{unique('ws')}", listing_ttl=0)
+    files = {f"d{i % 3}/f{i:02d}.txt": f"file {i}\n".encode() * (i + 1) for i in range(60)}
+    for path, data in files.items():
+        await fs.write_file(path, data)
+    sent: list[str] = []
+    raw.s3.meta.events.register("before-call.s3", lambda model, **kw: sent.append(model.name))
+    snapshot = await Workspace(filesystem=fs).snapshot()
+    assert len(snapshot.files) == len(files)
+    store = SnapshotStore(fs, prefix=DEFAULT_PREFIX)
+    assert await store.blobs.digests() == {sha256_hex(d) for d in files.values()}
+    puts = sent.count("PutObject")
+    assert puts == len(files) + 2, sent  # the blobs, the manifest and its listing record
+    checks = sent.count("ListObjectsV2") + sent.count("HeadObject")
+    # The workspace's scan and the store's, whatever the number of blobs (22 for 40 blobs or
+    # 60; before, 301 for 40).
+    assert checks <= 30, Counter(sent)

@@ -35,6 +35,7 @@ from ._base import SupportsLocalFiles as SupportsLocalFiles
 from ._base import SupportsLocalStaging as SupportsLocalStaging
 from ._base import SupportsPinnedRead as SupportsPinnedRead
 from ._base import SupportsPosixAttributes as SupportsPosixAttributes
+from ._base import SupportsPutNew as SupportsPutNew
 from ._base import SupportsRangedRead as SupportsRangedRead
 from ._base import SupportsReadBeneath as SupportsReadBeneath
 from ._base import SupportsReadInto as SupportsReadInto
@@ -54,6 +55,7 @@ from ._base import make_hard_link as make_hard_link
 from ._base import make_special as make_special
 from ._base import new_id as new_id
 from ._base import publish_file as publish_file
+from ._base import put_new as put_new
 from ._base import read_file_beneath as read_file_beneath
 from ._base import read_many as read_many
 from ._base import read_range as read_range
@@ -162,6 +164,7 @@ __all__ = [
     "SupportsLocalStaging",
     "SupportsPinnedRead",
     "SupportsPosixAttributes",
+    "SupportsPutNew",
     "SupportsRangedRead",
     "SupportsReadBeneath",
     "SupportsReadInto",
@@ -202,6 +205,7 @@ __all__ = [
     "new_id",
     "normalize_path",
     "publish_file",
+    "put_new",
     "read_file_beneath",
     "read_many",
     "read_range",

@@ -574,6 +574,36 @@ async def walk_stats(
     return await walk_stats_by_listing(fs, path, max_depth=max_depth)
 
 
+@runtime_checkable
+class SupportsPutNew(Protocol):
+    """Filesystems that create a file in one request, checking no directory above it."""
+
+    async def put_new(self, path: str, content: bytes) -> None:
+        """Create ``path`` holding ``content`` (``FileExists`` where a file is)."""
+        ...
+
+
+async def put_new(fs: WorkspaceFilesystem, path: str, content: bytes) -> None:
+    """Create the file ``path`` holding ``content``, creating its parents; never replace one.
+
+    For trees only their owner writes, whose names say what they hold (content-addressed
+    blobs): where ``fs`` can (:class:`SupportsPutNew`, an object store), this is one
+    create-only PUT, without the checks a ``write_file`` makes that no file is above ``path``
+    and no directory at it, which on an object store cost a listing of the parent when its
+    kept listing has expired. Elsewhere it is ``write_file(path, content, overwrite=False)``.
+
+    Raises
+    ------
+    FileExists
+        A file is at ``path`` (where the store can tell: a store without conditional PUTs
+        replaces it, with the same bytes when names are content hashes).
+    """
+    if isinstance(fs, SupportsPutNew):
+        await fs.put_new(path, content)
+        return
+    await fs.write_file(path, content, overwrite=False)
+
+
 async def walk_stats_by_listing(
     fs: WorkspaceFilesystem, path: str = "", *, max_depth: int | None = None
 ) -> list[tuple[str, FileStat]]:

@@ -18,7 +18,7 @@ import re
 
 from ..errors import BlobIntegrityError, FileExists
 from . import _paths
-from ._base import WorkspaceFilesystem, walk
+from ._base import WorkspaceFilesystem, put_new, walk
 
 __all__ = ["BlobStore", "is_digest", "sha256_hex"]
 
@@ -92,7 +92,9 @@ class BlobStore:
         if not absent and await self.fs.exists(path):
             return name, False
         try:
-            await self.fs.write_file(path, data, overwrite=False)
+            # Nothing but blobs is written below blobs/: one create-only PUT on object stores,
+            # with no listing of a parent whose kept listing expired.
+            await put_new(self.fs, path, bytes(data))
         except FileExists:
             return name, False  # a concurrent writer stored the same bytes
         return name, True

@@ -547,6 +547,20 @@ class FsspecFilesystem(WorkspaceFilesystem):
             mime_type=mime_type, cancel=cancel,
         )  # fmt: skip
 
+    async def put_new(self, path: str, content: bytes) -> None:
+        """Create ``path`` holding ``content``, never over a file; see :func:`agentvfs.vfs.put_new`.
+
+        On object stores one create-only PUT, without the parent checks of :meth:`write_file`;
+        elsewhere the same as ``write_file(path, content, overwrite=False)``."""
+        self._check_writable("write_file")
+        data = as_bytes(content)
+        if self.status != "ready":
+            await self.ensure_ready()
+        rel = self._rel(path)
+        if self._is_root(rel):
+            raise IsDirectory(path)
+        await self._call_write(self._backend.put_new_sync, rel, path, data)
+
     async def append_file(self, path: str, content: str | bytes) -> None:
         """Append to a file, creating it and its parents if missing: the whole object is
         rewritten with a version check, so a concurrent writer is never silently overwritten

@@ -642,6 +642,11 @@ class FsspecBackend(Backend):
                 raise self.translate(exc, display, "write_file") from exc
         self._written(rel, "file")
 
+    def put_new_sync(self, rel: str, display: str, data: bytes, cancel: threading.Event = NEVER) -> None:
+        """Create the file ``rel``, never over one: here a create-only :meth:`write_sync`
+        (object stores skip its parent checks)."""
+        self.write_sync(rel, display, data, recursive=True, overwrite=False, cancel=cancel)
+
     def _refused_write(self, rel: str, display: str, guard: Version) -> None:
         """The store refused a conditional write: say why (gone, a directory, or stale)."""
         info = self.info(rel)

@@ -47,7 +47,7 @@ from ..errors import (
 from . import _paths
 from ._backend import Version
 from ._base import UploadStream
-from ._fsspec_backends import READ_THREADS, FsspecBackend, display_parent
+from ._fsspec_backends import NEVER, READ_THREADS, FsspecBackend, display_parent
 from ._posix import PosixAttributes, metadata_for
 from ._ranged import SignedRangeReader, signed_range_reader
 from ._records import Capabilities, FileStat
@@ -520,6 +520,21 @@ class ObjectStoreBackend(FsspecBackend):
             if self._conditional(extra):
                 raise
             raise FileExists(display) from None
+
+    def put_new_sync(self, rel: str, display: str, data: bytes, cancel: threading.Event = NEVER) -> None:
+        """One create-only PUT of ``rel``: no listing or HEAD of its parents (directories
+        are key prefixes here, made by the key itself)."""
+        if not rel:
+            raise IsDirectory(display)
+        if cancel.is_set():
+            return
+        try:
+            self.commit(rel, display, data, False, cancel, self._write_options(None, None))
+        except FilesystemError:
+            raise
+        except OSError as exc:
+            raise self.translate(exc, display, "write_file") from exc
+        self._written(rel, "file")
 
     def _conditional(self, extra: dict[str, Any]) -> bool:
         """Whether the PUT options make the write conditional on a version."""

@@ -34,6 +34,7 @@ from ._base import (
     make_hard_link,
     make_special,
     publish_file,
+    put_new,
     read_file_beneath,
     read_many,
     read_range,
@@ -275,6 +276,9 @@ class WrapperFilesystem(WorkspaceFilesystem):
                 self.inner, local_path, path, expected=expected, create=create, attributes=attributes, keep=keep
             ),
         )
+
+    async def put_new(self, path: str, content: bytes) -> None:
+        await self._wrap("write_file", lambda: put_new(self.inner, path, content))
 
     @property
     def attribute_storage(self) -> Literal["native", "metadata"] | None:
