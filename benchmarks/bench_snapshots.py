@@ -16,15 +16,21 @@ fresh workspace (``--repeat`` runs, median):
 record, blobs); "blob bytes" the part of it that is copied file content. Requests are counted
 by S3 operation (botocore events of the s3fs client).
 
-Usage: ``python benchmarks/bench_snapshots.py [--files 2000] [--repeat 3] [--servers moto,s3rver]``
+With ``--baseline REV`` every round runs twice, in a process of its own each, alternating:
+once with agentvfs at git revision REV (a worktree) and once with this checkout.
+
+Usage: ``python benchmarks/bench_snapshots.py [--files 2000] [--repeat 3] [--servers moto,s3rver]
+[--baseline REV]``
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -190,36 +196,97 @@ async def one_run(server: Server, versioned: bool, files: dict[str, bytes]) -> d
     return results
 
 
+REPO = Path(__file__).resolve().parent.parent
+
+Row = tuple[str, str, dict[str, Any]]
+
+
+def measure_here(servers: list[str], files: dict[str, bytes], repeat: int) -> list[Row]:
+    """Every step on every server, ``repeat`` fresh workspaces each, in this process."""
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory(prefix="bench-snapshots-") as tmp:
+        for name in servers:
+            server = Server(name, Path(tmp))
+            try:
+                for versioned in ([False, True] if name == "moto" else [False]):
+                    label = f"{name}{' versioned' if versioned else ''}"
+                    runs = [anyio.run(one_run, server, versioned, files) for _ in range(repeat)]
+                    for step in runs[0]:
+                        merged = dict(runs[0][step])
+                        merged["all_seconds"] = [r[step]["seconds"] for r in runs]
+                        rows.append((label, step, merged))
+            finally:
+                server.stop()
+    return rows
+
+
+def one_round_in_child(args: argparse.Namespace, source: str | None) -> list[Row]:
+    """One round in a new process, importing agentvfs from ``source`` (a ``src`` directory)
+    when given."""
+    env = dict(os.environ)
+    if source is not None:
+        env["PYTHONPATH"] = source + os.pathsep + env.get("PYTHONPATH", "")
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        subprocess.run(
+            [sys.executable, __file__, "--files", str(args.files), "--repeat", "1", "--servers", args.servers,
+             "--json", out.name],
+            env=env, check=True, cwd=REPO,
+        )  # fmt: skip
+        return [(label, step, r) for label, step, r in json.loads(Path(out.name).read_text())]
+
+
+def print_rows(rows: list[tuple[str, str, str, dict[str, Any]]]) -> None:
+    print("| agentvfs | server | step | seconds, median [min-max] | requests | top requests | bytes written | of which blob bytes |")
+    print("|---|---|---|---:|---:|---|---:|---:|")
+    for rev, label, step, r in rows:
+        ops = ", ".join(f"{k} {v}" for k, v in r["by_op"].items())
+        times = r["all_seconds"]
+        spread = f" [{min(times):.2f}-{max(times):.2f}]" if len(times) > 1 else ""
+        print(
+            f"| {rev} | {label} | {step} | {statistics.median(times):.2f}{spread} | {r['requests']} | {ops} "
+            f"| {r['written']:,} | {r['blob_bytes']:,} |"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--files", type=int, default=2000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--servers", default="moto,s3rver", help="comma-separated: moto, s3rver")
+    parser.add_argument("--baseline", default=None, metavar="REV",
+                        help="also run every round with agentvfs at git revision REV, alternating")  # fmt: skip
+    parser.add_argument("--json", default=None, help=argparse.SUPPRESS)  # a child's rows, for --baseline
     args = parser.parse_args(argv)
     files = workload(args.files)
     total = sum(len(d) for d in files.values())
+    if args.json:
+        Path(args.json).write_text(json.dumps(measure_here(args.servers.split(","), files, args.repeat)))
+        return 0
     print(f"# bench_snapshots: {args.files} files, {total / 1e6:.1f} MB; {platform.python_version()} on {platform.machine()}")
-    rows: list[tuple[str, str, dict[str, Any]]] = []
-    with tempfile.TemporaryDirectory(prefix="bench-snapshots-") as tmp:
-        for name in args.servers.split(","):
-            server = Server(name, Path(tmp))
-            try:
-                for versioned in ([False, True] if name == "moto" else [False]):
-                    label = f"{name}{' versioned' if versioned else ''}"
-                    runs = [anyio.run(one_run, server, versioned, files) for _ in range(args.repeat)]
-                    for step in runs[0]:
-                        merged = dict(runs[0][step])
-                        merged["seconds"] = statistics.median(r[step]["seconds"] for r in runs)
-                        rows.append((label, step, merged))
-            finally:
-                server.stop()
-    print("| server | step | seconds | requests | top requests | bytes written | of which blob bytes |")
-    print("|---|---|---:|---:|---|---:|---:|")
-    for label, step, r in rows:
-        ops = ", ".join(f"{k} {v}" for k, v in r["by_op"].items())
-        print(f"| {label} | {step} | {r['seconds']:.2f} | {r['requests']} | {ops} | {r['written']:,} | {r['blob_bytes']:,} |")
+    if args.baseline is None:
+        print_rows([("this", label, step, r) for label, step, r in measure_here(args.servers.split(","), files, args.repeat)])
+        return 0
+    with tempfile.TemporaryDirectory(prefix="bench-snapshots-base-") as tmp:
+        checkout = Path(tmp) / "baseline"
+        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(checkout), args.baseline],
+                       check=True, capture_output=True)  # fmt: skip
+        try:
+            sides = [(args.baseline, str(checkout / "src")), ("this", None)]
+            rounds: dict[str, list[list[Row]]] = {rev: [] for rev, _ in sides}
+            for _ in range(args.repeat):
+                for rev, source in sides:
+                    rounds[rev].append(one_round_in_child(args, source))
+        finally:
+            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(checkout)], check=False)
+    merged: list[tuple[str, str, str, dict[str, Any]]] = []
+    for index, (label, step, _) in enumerate(rounds["this"][0]):
+        for rev, _ in sides:
+            row = dict(rounds[rev][0][index][2])
+            assert rounds[rev][0][index][:2] == (label, step)
+            row["all_seconds"] = [run[index][2]["seconds"] for run in rounds[rev]]
+            merged.append((rev, label, step, row))
+    print_rows(merged)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
