@@ -75,6 +75,14 @@ def test_snapshot_diff_restore_across_processes(tmp_path: Path) -> None:
     assert (ws / "notes \u00e9t\u00e9.txt").read_text(encoding="utf-8") == "one\ntwo\n"
     assert (ws / "added.bin").exists()
 
+    deleted = _agentvfs("snapshots", str(ws), "--delete", "first")
+    assert deleted.returncode == 0, deleted.stderr
+    assert deleted.stdout.split() == [snapshot_id]
+    left = json.loads(_agentvfs("snapshots", str(ws), "--json").stdout)
+    assert [r["id"] for r in left] == [records[1]["id"]]
+    again = _agentvfs("snapshots", str(ws), "--delete", "first")
+    assert again.returncode == 2 and "No snapshot 'first'" in again.stderr
+
 
 def test_bad_input_is_one_line_naming_the_fix(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     missing = _here(capsys, "snapshot", str(tmp_path / "nope"))

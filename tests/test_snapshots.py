@@ -355,6 +355,9 @@ async def test_tampered_manifest_and_blob_are_refused(backend: str, request: pyt
     with pytest.raises(BlobIntegrityError, match="does not match its id"):
         await store.load(taken.id)
     assert await fs.read_file("README.md") == b"mine\n"
+    # Deleted by its id without being read; gone from the listing too.
+    assert await ws.delete_snapshot(taken.id) == taken.id
+    assert await ws.list_snapshots() == []
 
 
 async def test_read_only_workspace_snapshots_into_a_given_store(tmp_path: Any) -> None:
@@ -406,6 +409,44 @@ async def test_names_ids_and_listing() -> None:
         await ws.restore("x", [".agentvfs/snapshots"])
     # Agentvfs's own directory is neither snapshotted nor compared.
     assert not any(c.path.startswith(".agentvfs") for c in (await ws.diff(one.id)).changes)
+
+
+async def test_delete_snapshot(storage: Storage) -> None:
+    fs = storage.fs
+    await _seed(fs)
+    ws = Workspace(filesystem=fs)
+    old = await ws.snapshot("old")
+    await fs.write_file("src/app.py", b"changed\n")
+    new = await ws.snapshot("new")
+    blobs = await _blob_count(fs)
+    with pytest.raises(ValueError, match="snapshot"):
+        await ws.delete_snapshot("")
+    with pytest.raises(SnapshotNotFoundError):
+        await ws.delete_snapshot("nope")
+    assert await ws.delete_snapshot("old") == old.id
+    assert [i.id for i in await ws.list_snapshots()] == [new.id]
+    with pytest.raises(SnapshotNotFoundError):
+        await ws.restore("old")
+    with pytest.raises(SnapshotNotFoundError):
+        await ws.delete_snapshot(old.id)  # already gone
+    store = ws.snapshot_store()
+    assert not await fs.exists(store.manifest_path(old.id))
+    # Blobs stay (content other snapshots may share); the snapshot left restores in full.
+    assert await _blob_count(fs) == blobs
+    await fs.delete_file("src/app.py")
+    result = await ws.restore(new.id[:8])
+    assert result.restored == ("src/app.py",) and await fs.read_file("src/app.py") == b"changed\n"
+    assert await ws.delete_snapshot(new.id[:8]) == new.id
+    assert await ws.list_snapshots() == []
+
+
+async def test_delete_snapshot_refuses_on_a_read_only_store(tmp_path: Any) -> None:
+    await LocalFilesystem(str(tmp_path)).write_file("a.txt", "1")
+    taken = await Workspace(filesystem=LocalFilesystem(str(tmp_path))).snapshot()
+    reader = Workspace(filesystem=LocalFilesystem(str(tmp_path), read_only=True))
+    with pytest.raises(WorkspaceReadOnlyError):
+        await reader.delete_snapshot(taken.id)
+    assert [i.id for i in await reader.list_snapshots()] == [taken.id]
 
 
 async def test_restore_of_selected_paths(tmp_path: Any) -> None:

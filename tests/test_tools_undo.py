@@ -98,6 +98,34 @@ async def test_quiet_period_starts_a_new_batch() -> None:
     await ws.destroy()
 
 
+async def test_checkpoints_past_keep_and_undone_ones_are_deleted_from_the_store() -> None:
+    ws = await workspace({"checkpoints": {"quiet_ms": 60_000, "keep": 2}, UNDO: {"enabled": True}})
+    tools = await ws.create_tools()
+    states = []
+    for i in range(4):  # four batches, a read between each
+        states.append(await state(ws))
+        await run(tools, FS.READ_FILE, path="a.txt")
+        await run(tools, FS.WRITE_FILE, path=f"f{i}.txt", content=str(i))
+    # Only the newest two checkpoints are kept, in the stack and in the store.
+    listed = await ws.list_snapshots()
+    assert [s.name for s in listed] == ["checkpoint", "checkpoint"]
+    out = await run(tools, UNDO)
+    assert "1 checkpoint left" in out
+    assert await state(ws) == states[3]
+    assert len(await ws.list_snapshots()) == 1  # the undone checkpoint's snapshot is gone
+    out = await run(tools, UNDO)
+    assert "0 checkpoints left" in out and await state(ws) == states[2]
+    assert await ws.list_snapshots() == []
+    nothing = await run(tools, UNDO)
+    assert isinstance(nothing, ToolFailure) and nothing.startswith("Nothing to undo")
+    # A snapshot the caller took is never one of them.
+    mine = await ws.snapshot("mine")
+    await run(tools, FS.WRITE_FILE, path="g.txt", content="g")
+    await run(tools, UNDO)
+    assert [s.id for s in await ws.list_snapshots()] == [mine.id]
+    await ws.destroy()
+
+
 async def test_checkpoints_off_takes_no_snapshot_and_lists_no_undo() -> None:
     ws = await workspace(None)
     tools = await ws.create_tools()
@@ -129,6 +157,9 @@ async def test_tool_listing_and_config() -> None:
         ({"checkpoints": "yes"}, "checkpoints must be True, False"),
         ({"checkpoints": {"quiet_ms": 0}}, "quiet_ms must be a positive"),
         ({"checkpoints": {"quietMs": 5}}, "unknown option"),
+        ({"checkpoints": {"keep": 0}}, "keep must be a whole number"),
+        ({"checkpoints": {"keep": True}}, "keep must be a whole number"),
+        ({"checkpoints": {"keep": 2.5}}, "keep must be a whole number"),
         ({UNDO: {"enabled": True}}, "needs checkpoints"),
     ):
         ws.set_tools_config(bad)

@@ -1057,6 +1057,13 @@ async def _snapshot_command(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
             return 0
+        if args.command == "snapshots" and args.delete:
+            deleted = [await store.delete(ref) for ref in args.delete]
+            if args.json:
+                print(json.dumps(deleted, indent=1))
+            for snapshot_id in deleted if not args.json else []:
+                print(snapshot_id)
+            return 0
         if args.command == "snapshots":
             infos = await store.list()
             if args.json:
@@ -1311,8 +1318,18 @@ def _add_snapshot_parsers(add_parser: Any) -> None:
     )
     common(snap)
     snap.add_argument("--name", metavar="NAME", help="a name to find the snapshot by")
-    listing = add_parser("snapshots", help="list the snapshots of a workspace, oldest first")
+    listing = add_parser(
+        "snapshots",
+        help="list the snapshots of a workspace, oldest first (or delete some)",
+        description="List the snapshots of URL, oldest first: id, time, files, bytes and name. With --delete, "
+        "delete those snapshots instead (their manifests; contents stored as blobs stay, other snapshots may "
+        "hold them).",
+    )
     common(listing)
+    listing.add_argument(
+        "--delete", dest="delete", action="append", default=[], metavar="SNAPSHOT",
+        help="delete this snapshot (id, id prefix or name; repeatable) and print its id",
+    )  # fmt: skip
     diff = add_parser(
         "diff",
         help="show what changed between two snapshots, or since one",

@@ -847,6 +847,30 @@ class Workspace:
         self._snapshot_filesystem()
         return await self.snapshot_store().list()
 
+    async def delete_snapshot(self, snapshot: str) -> str:
+        """Delete a snapshot (its manifest and listing record) and return its id.
+
+        The contents it kept as blobs stay in the store: other snapshots may hold the same
+        content. A snapshot's id deletes it without reading its manifest (one changed in
+        storage can be deleted too).
+
+        Parameters
+        ----------
+        snapshot : str
+            The snapshot's id, id prefix or name (the newest of that name).
+
+        Raises
+        ------
+        SnapshotNotFoundError
+            No snapshot goes by that name or id.
+        WorkspaceReadOnlyError
+            The store is read-only.
+        WorkspaceError
+            ``NO_FILESYSTEM``: no static filesystem.
+        """
+        self._snapshot_filesystem()
+        return await self.snapshot_store().delete(snapshot)
+
     async def diff(self, a: str | None = None, b: str | None = None, *, patches: bool = True) -> SnapshotDiff:
         """What changed from state ``a`` to state ``b``: each a snapshot's id, id prefix or
         name, or None for the live workspace (``diff("before")``: from that snapshot to

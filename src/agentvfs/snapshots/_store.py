@@ -155,6 +155,32 @@ class SnapshotStore:
                 raise ValueError(f"{ref!r} is the start of several snapshot ids ({ids}); give more of the id")
         raise SnapshotNotFoundError(ref, self.describe())
 
+    async def delete(self, ref: str) -> str:
+        """Delete the snapshot ``ref`` names (its id, a name or an id prefix, as
+        :meth:`resolve` takes): its manifest, then its listing record; return its id.
+
+        An id deletes that manifest without reading it, so a manifest changed in storage can
+        still be deleted. Its blobs stay: they are named by content, and other snapshots may
+        hold the same content.
+
+        Raises
+        ------
+        SnapshotNotFoundError
+            Nothing here goes by ``ref``.
+        ValueError
+            ``ref`` is an id prefix that several snapshots share.
+        WorkspaceReadOnlyError
+            The store's filesystem is read-only.
+        """
+        snapshot_id = ref if isinstance(ref, str) and is_digest(ref) else (await self.resolve(ref)).id
+        try:
+            await self.fs.delete_file(self.manifest_path(snapshot_id))
+        except FileNotFoundError:
+            raise SnapshotNotFoundError(snapshot_id, self.describe()) from None
+        # A listing record without its manifest is never listed; a failure here only leaves it.
+        await self.fs.delete_file(self._index_path(snapshot_id), force=True)
+        return snapshot_id
+
     async def latest(self) -> Snapshot | None:
         """The newest snapshot whose manifest loads, or None."""
         for info in reversed(await self.list()):

@@ -11,10 +11,15 @@ batch of the first.
 Undo restores only the paths the batch's calls named (and what is below them), so changes
 made elsewhere are kept; a path that changed again after the batch wrote it (by someone
 else, or by a command) is a conflict: left as it is and named in the tool's answer.
+
+The newest ``keep`` checkpoints (default 20) are kept. The snapshot of one dropped past
+that, or undone, is deleted from the store (its manifest: a full listing of the workspace,
+some 200 bytes a file), so a long session does not pile manifests up in storage.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -31,6 +36,8 @@ if TYPE_CHECKING:
 __all__ = ["UNDO", "Checkpoints", "checkpoints_of"]
 
 _STATE_KEY = "checkpoints"
+
+_log = logging.getLogger("agentvfs.tools")
 
 #: What a path looked like: (type, etag, size, mtime), or None when nothing is there.
 _Seen = tuple[str, str | None, int, float] | None
@@ -67,14 +74,17 @@ class Checkpoints:
         """A tool call that is not a filesystem write: the next write starts a new batch."""
         self._open = False
 
-    async def before_write(self, host: ToolHost, quiet_ms: float) -> _Checkpoint:
-        """Take a checkpoint if this write starts a batch; return the batch's checkpoint."""
+    async def before_write(self, host: ToolHost, quiet_ms: float, keep: int) -> _Checkpoint:
+        """Take a checkpoint if this write starts a batch (dropping the oldest past ``keep``);
+        return the batch's checkpoint."""
         async with self._lock:
             now = time.monotonic()
             fresh = not self._open or not self.stack or (now - self._last_write) * 1000 > quiet_ms
             if fresh:
                 snapshot = await host.snapshot("checkpoint")
                 self.stack.append(_Checkpoint(snapshot.id))
+                while len(self.stack) > keep:
+                    await forget(host, self.stack.pop(0))
             self._open = True
             self._last_write = now
             current = self.stack[-1]
@@ -101,6 +111,15 @@ class Checkpoints:
     def pop(self) -> _Checkpoint | None:
         self._open = False
         return self.stack.pop() if self.stack else None
+
+
+async def forget(host: ToolHost, checkpoint: _Checkpoint) -> None:
+    """Delete the snapshot of a checkpoint no undo will use. A failure is logged: the
+    manifest is left behind, which costs storage, never a write."""
+    try:
+        await host.delete_snapshot(checkpoint.snapshot_id)
+    except Exception as exc:
+        _log.warning("checkpoint %s was not deleted: %s", checkpoint.snapshot_id[:12], exc)
 
 
 def checkpoints_of(host: ToolHost) -> Checkpoints:
@@ -153,6 +172,7 @@ async def _undo(call: ToolCall) -> str:
         lines.append(f"Kept {_plural(len(conflicts), 'path')} that changed since (not restored):")
         lines += conflicts
     lines.append(f"{_plural(len(checkpoints.stack), 'checkpoint')} left")
+    await forget(host, checkpoint)
     return "\n".join(lines)
 
 

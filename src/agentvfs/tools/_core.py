@@ -319,7 +319,9 @@ class WorkspaceTool:
             if self.spec.writes and self.spec.needs == "filesystem":
                 fs_now = self._workspace.filesystem
                 if fs_now is not None and not fs_now.read_only:
-                    checkpoint = await checkpoints.before_write(self._workspace, quiet_ms_of(self._checkpoint_config))
+                    checkpoint = await checkpoints.before_write(
+                        self._workspace, quiet_ms_of(self._checkpoint_config), keep_of(self._checkpoint_config)
+                    )
             else:
                 checkpoints.note_other_call()
         if checkpoint is not None:
@@ -511,10 +513,13 @@ def validate_tools_config(config: Mapping[str, Any]) -> float:
 
 #: Longest pause between two write-tool calls of one batch (``checkpoints.quiet_ms``).
 DEFAULT_QUIET_MS = 30_000
+#: Checkpoints kept for undo (``checkpoints.keep``); older ones' snapshots are deleted.
+DEFAULT_KEEP = 20
 
 
 def check_checkpoints_config(value: Any) -> None:
-    """Check ``tools["checkpoints"]``: a bool, or ``{"quiet_ms": positive number}``.
+    """Check ``tools["checkpoints"]``: a bool, or ``{"quiet_ms": positive number, "keep":
+    positive int}`` (either key may be left out).
 
     Raises
     ------
@@ -524,15 +529,20 @@ def check_checkpoints_config(value: Any) -> None:
     if isinstance(value, bool):
         return
     if isinstance(value, Mapping):
-        unknown = set(value) - {"quiet_ms"}
+        unknown = set(value) - {"quiet_ms", "keep"}
         if unknown:
-            raise ValueError(f"tools config: unknown option {sorted(unknown)[0]!r} for checkpoints (only 'quiet_ms')")
+            raise ValueError(
+                f"tools config: unknown option {sorted(unknown)[0]!r} for checkpoints (only 'quiet_ms' and 'keep')"
+            )
         quiet = value.get("quiet_ms", DEFAULT_QUIET_MS)
         if isinstance(quiet, bool) or not isinstance(quiet, (int, float)) or quiet <= 0:
             raise ValueError(f"tools config: checkpoints.quiet_ms must be a positive number of milliseconds, got {quiet!r}")
+        keep = value.get("keep", DEFAULT_KEEP)
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+            raise ValueError(f"tools config: checkpoints.keep must be a whole number of checkpoints, 1 or more, got {keep!r}")
         return
     raise ValueError(
-        f"tools config: checkpoints must be True, False or {{'quiet_ms': milliseconds}}, got {value!r}"
+        f"tools config: checkpoints must be True, False or {{'quiet_ms': milliseconds, 'keep': count}}, got {value!r}"
     )
 
 
@@ -540,6 +550,12 @@ def checkpoints_enabled(config: Mapping[str, Any]) -> bool:
     """Whether a (checked) tools configuration turns checkpoints on."""
     value = config.get("checkpoints", False)
     return value is not False
+
+
+def keep_of(config: Mapping[str, Any]) -> int:
+    """How many checkpoints a (checked) tools configuration keeps for undo."""
+    value = config.get("checkpoints")
+    return int(value.get("keep", DEFAULT_KEEP)) if isinstance(value, Mapping) else DEFAULT_KEEP
 
 
 def quiet_ms_of(config: Mapping[str, Any]) -> float:

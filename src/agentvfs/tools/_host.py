@@ -103,6 +103,8 @@ class ToolHost(Protocol):
 
     async def restore(self, snapshot: str, paths: Sequence[str] | None = None, *, force: bool = False) -> Any: ...
 
+    async def delete_snapshot(self, snapshot: str) -> str: ...
+
     #: State the tools keep for the life of the workspace (undo checkpoints), by key.
     _tool_state: dict[str, Any]
 
