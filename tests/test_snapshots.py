@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import urllib.request
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
+import anyio
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
@@ -24,6 +27,7 @@ from agentvfs import FsspecFilesystem, LocalFilesystem, Workspace, WorkspaceRead
 from agentvfs.errors import BlobIntegrityError, FileExists, SnapshotNotFoundError, StaleFileError
 from agentvfs.snapshots import (
     DEFAULT_PREFIX,
+    GarbageReport,
     SnapshotFilesystem,
     SnapshotStore,
     take_snapshot,
@@ -569,3 +573,111 @@ async def test_a_first_snapshot_stores_each_blob_with_one_request(moto: MotoServ
     # The workspace's scan and the store's, whatever the number of blobs (22 for 40 blobs or
     # 60; before, 301 for 40).
     assert checks <= 30, Counter(sent)
+
+
+async def test_garbage_collection_deletes_only_blobs_no_snapshot_holds(storage: Storage) -> None:
+    fs = storage.fs
+    await _seed(fs)
+    ws = Workspace(filesystem=fs)
+    store = ws.snapshot_store()
+    first = await ws.snapshot("first")
+    await fs.write_file("src/app.py", b"second version\n")
+    second = await ws.snapshot("second")
+    blobs = await _blob_count(fs)
+    versioned = storage.kind.endswith("versioned")
+    # Everything is held: nothing goes, whatever the grace.
+    report = await store.collect_garbage(grace=timedelta(0))
+    assert (report.blobs_deleted, report.blobs_kept) == (0, blobs)
+    await ws.delete_snapshot("first")
+    # Deleted within the grace period: its blobs are still held.
+    assert (await store.collect_garbage()).blobs_deleted == 0
+    assert await _blob_count(fs) == blobs
+    await anyio.sleep(1.1)  # object stores keep times to the second
+    report = await store.collect_garbage(grace=timedelta(seconds=1))
+    gone = first.files["src/app.py"].sha256
+    if versioned:
+        assert blobs == 0 and report.blobs_deleted == 0  # versions, not blobs: nothing to collect
+    else:
+        assert (report.blobs_deleted, report.bytes_freed) == (1, len(SEED["src/app.py"]))
+        assert not await store.blobs.has(gone)
+        assert report.blobs_kept == blobs - 1
+    assert report.trash_deleted == 1
+    assert not await fs.exists(f"{DEFAULT_PREFIX}/trash/{first.id}.json")
+    # The snapshot kept restores in full.
+    for path in SEED:
+        await fs.delete_file(path)
+    result = await ws.restore("second")
+    assert set(result.restored) >= set(SEED)
+    assert await fs.read_file("src/app.py") == b"second version\n"
+    assert await fs.read_file("big/large.bin") == LARGE
+    # Nothing left to collect.
+    assert (await store.collect_garbage(grace=timedelta(0))).blobs_deleted == 0
+    assert [i.id for i in await ws.list_snapshots()] == [second.id]
+
+
+async def test_garbage_collection_refuses_what_it_cannot_account_for() -> None:
+    fs = BackendFilesystem(MemoryBackend())
+    await _seed(fs)
+    ws = Workspace(filesystem=fs)
+    store = ws.snapshot_store()
+    taken = await ws.snapshot()
+    blobs = await _blob_count(fs)
+    with pytest.raises(ValueError, match="grace must not be negative"):
+        await store.collect_garbage(grace=timedelta(seconds=-1))
+    # A manifest changed in storage: what it holds is unknown, nothing is deleted.
+    path = store.manifest_path(taken.id)
+    raw = await fs.read_file(path)
+    assert isinstance(raw, bytes)
+    await fs.write_file(path, raw.replace(b"README.md", b"READ_ME.md"))
+    with pytest.raises(BlobIntegrityError, match="refusing to collect garbage: delete the snapshot by its id"):
+        await store.collect_garbage(grace=timedelta(0))
+    assert await _blob_count(fs) == blobs
+    # Deleted by id, it is not kept in the trash (it names nothing for sure): its blobs go.
+    await ws.delete_snapshot(taken.id)
+    assert not await fs.exists(f"{DEFAULT_PREFIX}/trash/{taken.id}.json")
+    # A skill store sharing the directory: its blobs would look unused.
+    await fs.write_file(f"{DEFAULT_PREFIX}/skills/pdf/versions/x.json", b"{}")
+    with pytest.raises(ValueError, match="'skills', which is not part of a snapshot store"):
+        await store.collect_garbage(grace=timedelta(0))
+    assert await _blob_count(fs) == blobs
+    await fs.rmdir(f"{DEFAULT_PREFIX}/skills", recursive=True)
+    await anyio.sleep(0.01)
+    assert (await store.collect_garbage(grace=timedelta(0))).blobs_deleted == blobs
+
+
+class _CollectingFilesystem(WrapperFilesystem):
+    """A store filesystem on which a garbage collection runs just before a manifest is
+    written: a snapshot's blobs are stored, its manifest not yet."""
+
+    def __init__(self, inner: WorkspaceFilesystem, grace: timedelta) -> None:
+        super().__init__(inner)
+        self.grace = grace
+        self.report: GarbageReport | None = None
+
+    async def write_file(self, path: str, content: str | bytes, **options: Any) -> None:
+        if "/manifests/" in path and self.report is None:
+            self.report = await SnapshotStore(self.inner, prefix=DEFAULT_PREFIX).collect_garbage(grace=self.grace)
+        await self.inner.write_file(path, content, **options)
+
+
+async def test_a_collection_during_a_snapshot_leaves_the_blobs_it_counts_on(tmp_path: Any) -> None:
+    fs = LocalFilesystem(str(tmp_path))
+    await fs.write_file("a.txt", b"content a\n")
+    await fs.write_file("b.txt", b"content b\n")
+    ws = Workspace(filesystem=fs)
+    first = await ws.snapshot()
+    await ws.delete_snapshot(first.id)
+    # Two hours pass: the blobs and the deleted manifest are past the grace period.
+    hours_ago = time.time() - 7200
+    for dirpath, _, names in os.walk(tmp_path / DEFAULT_PREFIX):
+        for name in names:
+            os.utime(os.path.join(dirpath, name), (hours_ago, hours_ago))
+    # A new snapshot finds both contents stored (held by nothing now); a collection runs
+    # after its blobs are stored and before its manifest is.
+    store_fs = _CollectingFilesystem(fs, timedelta(hours=1))
+    second = await take_snapshot(fs, SnapshotStore(store_fs, prefix=DEFAULT_PREFIX))
+    assert store_fs.report is not None and store_fs.report.trash_deleted == 1
+    assert store_fs.report.blobs_deleted == 0  # written again by the snapshot: new, so left
+    content = SnapshotFilesystem(fs, second)
+    assert await content.read_file("a.txt") == b"content a\n"
+    assert await content.read_file("b.txt") == b"content b\n"

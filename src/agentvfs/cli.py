@@ -17,6 +17,8 @@ import textwrap
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import asdict
+from datetime import timedelta
 from typing import Any
 
 import anyio
@@ -1057,12 +1059,20 @@ async def _snapshot_command(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
             return 0
-        if args.command == "snapshots" and args.delete:
+        if args.command == "snapshots" and (args.delete or args.gc):
             deleted = [await store.delete(ref) for ref in args.delete]
+            report = await store.collect_garbage(grace=timedelta(seconds=args.grace)) if args.gc else None
             if args.json:
-                print(json.dumps(deleted, indent=1))
-            for snapshot_id in deleted if not args.json else []:
+                print(json.dumps({"deleted": deleted, "garbage": None if report is None else asdict(report)}, indent=1))
+                return 0
+            for snapshot_id in deleted:
                 print(snapshot_id)
+            if report is not None:
+                print(
+                    f"agentvfs snapshots: {report.blobs_deleted} unused blobs deleted ({report.bytes_freed} bytes), "
+                    f"{report.blobs_kept} kept, {report.trash_deleted} deleted snapshots removed for good",
+                    file=sys.stderr,
+                )
             return 0
         if args.command == "snapshots":
             infos = await store.list()
@@ -1323,12 +1333,20 @@ def _add_snapshot_parsers(add_parser: Any) -> None:
         help="list the snapshots of a workspace, oldest first (or delete some)",
         description="List the snapshots of URL, oldest first: id, time, files, bytes and name. With --delete, "
         "delete those snapshots instead (their manifests; contents stored as blobs stay, other snapshots may "
-        "hold them).",
+        "hold them). With --gc, delete the blobs no snapshot holds (after any --delete).",
     )
     common(listing)
     listing.add_argument(
         "--delete", dest="delete", action="append", default=[], metavar="SNAPSHOT",
         help="delete this snapshot (id, id prefix or name; repeatable) and print its id",
+    )  # fmt: skip
+    listing.add_argument(
+        "--gc", action="store_true",
+        help="delete the stored contents no snapshot holds, once older than --grace",
+    )  # fmt: skip
+    listing.add_argument(
+        "--grace", type=float, default=3600.0, metavar="SECONDS",
+        help="with --gc: leave blobs written, and snapshots deleted, less than this long ago (default 3600)",
     )  # fmt: skip
     diff = add_parser(
         "diff",

@@ -28,16 +28,20 @@ from ._manifest import Snapshot as Snapshot
 from ._manifest import SnapshotInfo as SnapshotInfo
 from ._restore import RestoreConflict as RestoreConflict
 from ._restore import RestoreResult as RestoreResult
+from ._store import DEFAULT_GRACE as DEFAULT_GRACE
 from ._store import DEFAULT_PREFIX as DEFAULT_PREFIX
+from ._store import GarbageReport as GarbageReport
 from ._store import SnapshotStore as SnapshotStore
 from ._take import take_snapshot as take_snapshot
 
 __all__ = [
+    "DEFAULT_GRACE",
     "DEFAULT_PREFIX",
     "RESERVED_DIR",
     "BlobIntegrityError",
     "Change",
     "FileRecord",
+    "GarbageReport",
     "RestoreConflict",
     "RestoreResult",
     "Snapshot",

@@ -134,6 +134,10 @@ async def _blob_records(
     both show the same version: the record's hash is of the version it names, even while
     the workspace is written meanwhile."""
     trusted = trusts_etags(fs)
+    # The blobs the previous snapshot holds: garbage collection keeps them while it is kept,
+    # and for its grace period after it is deleted.
+    held = {r.sha256 for r in previous.files.values() if r.version is None} if previous is not None else set()
+    written: set[str] = set()
     known: set[str] | None = None
     known_lock = anyio.Lock()
     limiter = anyio.Semaphore(READ_CONCURRENCY)
@@ -165,7 +169,12 @@ async def _blob_records(
             if digest not in await stored():
                 # The store was listed once: a blob missing then needs no stat of its own.
                 (await stored()).add(digest)
+                written.add(digest)
                 await store.blobs.put(data, digest=digest, absent=True)
+            elif digest not in held and digest not in written:
+                # Stored, but perhaps held by no snapshot and older than a collection's grace.
+                written.add(digest)
+                await store.blobs.renew(data, digest)
 
     for _ in range(ATTEMPTS):
         hashes.clear()
