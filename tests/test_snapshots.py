@@ -568,7 +568,9 @@ async def test_a_first_snapshot_stores_each_blob_with_one_request(moto: MotoServ
     store = SnapshotStore(fs, prefix=DEFAULT_PREFIX)
     assert await store.blobs.digests() == {sha256_hex(d) for d in files.values()}
     puts = sent.count("PutObject")
-    assert puts == len(files) + 2, sent  # the blobs, the manifest and its listing record
+    # The blobs, the manifest and its listing record, the lease, and the marker that keeps
+    # locks/ when the lease goes.
+    assert puts == len(files) + 4, Counter(sent)
     checks = sent.count("ListObjectsV2") + sent.count("HeadObject")
     # The workspace's scan and the store's, whatever the number of blobs (22 for 40 blobs or
     # 60; before, 301 for 40).
@@ -589,7 +591,7 @@ async def test_garbage_collection_deletes_only_blobs_no_snapshot_holds(storage: 
     report = await store.collect_garbage(grace=timedelta(0))
     assert (report.blobs_deleted, report.blobs_kept) == (0, blobs)
     await ws.delete_snapshot("first")
-    # Deleted within the grace period: its blobs are still held.
+    # Unheld now, but written within the grace period: kept.
     assert (await store.collect_garbage()).blobs_deleted == 0
     assert await _blob_count(fs) == blobs
     await anyio.sleep(1.1)  # object stores keep times to the second
@@ -601,8 +603,8 @@ async def test_garbage_collection_deletes_only_blobs_no_snapshot_holds(storage: 
         assert (report.blobs_deleted, report.bytes_freed) == (1, len(SEED["src/app.py"]))
         assert not await store.blobs.has(gone)
         assert report.blobs_kept == blobs - 1
-    assert report.trash_deleted == 1
-    assert not await fs.exists(f"{DEFAULT_PREFIX}/trash/{first.id}.json")
+    # No lease or claim is left behind.
+    assert [e.name for e in await fs.readdir(f"{DEFAULT_PREFIX}/locks")] == []
     # The snapshot kept restores in full.
     for path in SEED:
         await fs.delete_file(path)
@@ -629,12 +631,10 @@ async def test_garbage_collection_refuses_what_it_cannot_account_for() -> None:
     raw = await fs.read_file(path)
     assert isinstance(raw, bytes)
     await fs.write_file(path, raw.replace(b"README.md", b"READ_ME.md"))
-    with pytest.raises(BlobIntegrityError, match="refusing to collect garbage: delete the snapshot by its id"):
+    with pytest.raises(BlobIntegrityError, match=f"Garbage collection is refused.*--delete {taken.id}"):
         await store.collect_garbage(grace=timedelta(0))
     assert await _blob_count(fs) == blobs
-    # Deleted by id, it is not kept in the trash (it names nothing for sure): its blobs go.
-    await ws.delete_snapshot(taken.id)
-    assert not await fs.exists(f"{DEFAULT_PREFIX}/trash/{taken.id}.json")
+    await ws.delete_snapshot(taken.id)  # by id: deleted without being read
     # A skill store sharing the directory: its blobs would look unused.
     await fs.write_file(f"{DEFAULT_PREFIX}/skills/pdf/versions/x.json", b"{}")
     with pytest.raises(ValueError, match="'skills', which is not part of a snapshot store"):
@@ -645,39 +645,85 @@ async def test_garbage_collection_refuses_what_it_cannot_account_for() -> None:
     assert (await store.collect_garbage(grace=timedelta(0))).blobs_deleted == blobs
 
 
-class _CollectingFilesystem(WrapperFilesystem):
-    """A store filesystem on which a garbage collection runs just before a manifest is
-    written: a snapshot's blobs are stored, its manifest not yet."""
+class _SlowManifestFilesystem(WrapperFilesystem):
+    """A store filesystem on which writing a manifest waits: ``reached`` is set when a
+    snapshot's blobs are stored and its manifest is about to be written."""
 
-    def __init__(self, inner: WorkspaceFilesystem, grace: timedelta) -> None:
+    def __init__(self, inner: WorkspaceFilesystem) -> None:
         super().__init__(inner)
-        self.grace = grace
-        self.report: GarbageReport | None = None
+        self.reached = anyio.Event()
 
     async def write_file(self, path: str, content: str | bytes, **options: Any) -> None:
-        if "/manifests/" in path and self.report is None:
-            self.report = await SnapshotStore(self.inner, prefix=DEFAULT_PREFIX).collect_garbage(grace=self.grace)
+        if "/manifests/" in path:
+            self.reached.set()
+            await anyio.sleep(0.6)
         await self.inner.write_file(path, content, **options)
 
 
-async def test_a_collection_during_a_snapshot_leaves_the_blobs_it_counts_on(tmp_path: Any) -> None:
+def _age(directory: Any, seconds: float) -> None:
+    then = time.time() - seconds
+    for dirpath, _, names in os.walk(directory):
+        for name in names:
+            os.utime(os.path.join(dirpath, name), (then, then))
+
+
+async def test_a_collection_waits_for_a_snapshot_that_counts_on_stored_blobs(tmp_path: Any) -> None:
     fs = LocalFilesystem(str(tmp_path))
     await fs.write_file("a.txt", b"content a\n")
     await fs.write_file("b.txt", b"content b\n")
     ws = Workspace(filesystem=fs)
     first = await ws.snapshot()
     await ws.delete_snapshot(first.id)
-    # Two hours pass: the blobs and the deleted manifest are past the grace period.
-    hours_ago = time.time() - 7200
-    for dirpath, _, names in os.walk(tmp_path / DEFAULT_PREFIX):
-        for name in names:
-            os.utime(os.path.join(dirpath, name), (hours_ago, hours_ago))
-    # A new snapshot finds both contents stored (held by nothing now); a collection runs
-    # after its blobs are stored and before its manifest is.
-    store_fs = _CollectingFilesystem(fs, timedelta(hours=1))
-    second = await take_snapshot(fs, SnapshotStore(store_fs, prefix=DEFAULT_PREFIX))
-    assert store_fs.report is not None and store_fs.report.trash_deleted == 1
-    assert store_fs.report.blobs_deleted == 0  # written again by the snapshot: new, so left
-    content = SnapshotFilesystem(fs, second)
-    assert await content.read_file("a.txt") == b"content a\n"
-    assert await content.read_file("b.txt") == b"content b\n"
+    _age(tmp_path / DEFAULT_PREFIX / "blobs", 7200)  # unheld and past the grace period
+    slow = _SlowManifestFilesystem(fs)
+    reports: list[GarbageReport] = []
+    failures: list[BaseException] = []
+
+    async def collect(wait: float) -> None:
+        await slow.reached.wait()
+        try:
+            reports.append(await SnapshotStore(fs, prefix=DEFAULT_PREFIX, lock_wait=wait).collect_garbage())
+        except TimeoutError as exc:
+            failures.append(exc)
+
+    # The new snapshot finds both contents stored and writes nothing; a collection starting
+    # before its manifest is saved gives way (first one giving up, then one that waits).
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(collect, 0.2)
+        second = await take_snapshot(fs, SnapshotStore(slow, prefix=DEFAULT_PREFIX))
+    assert len(failures) == 1 and "snapshots of" in str(failures[0]) and "locks/snapshot-" in str(failures[0])
+    slow.reached = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(collect, 30.0)
+        third = await take_snapshot(fs, SnapshotStore(slow, prefix=DEFAULT_PREFIX))
+    assert reports == [GarbageReport(0, 0, 2)]  # ran after the manifest was saved: both held
+    for taken in (second, third):
+        content = SnapshotFilesystem(fs, taken)
+        assert await content.read_file("a.txt") == b"content a\n"
+        assert await content.read_file("b.txt") == b"content b\n"
+
+
+async def test_a_snapshot_waits_for_a_collection_and_ignores_a_dead_ones_claim(tmp_path: Any) -> None:
+    fs = LocalFilesystem(str(tmp_path))
+    await fs.write_file("a.txt", b"a\n")
+    claim = f"{DEFAULT_PREFIX}/locks/gc-0123456789abcdef.json"
+    await fs.write_file(claim, json.dumps({"at": time.time(), "host": "h", "pid": 1}).encode())
+    with pytest.raises(TimeoutError, match=r"garbage collection of .* under way .*gc-0123456789abcdef\.json"):
+        await take_snapshot(fs, SnapshotStore(fs, prefix=DEFAULT_PREFIX, lock_wait=0.3))
+    # Released while a snapshot waits: it goes on.
+    async with anyio.create_task_group() as tg:
+
+        async def release() -> None:
+            await anyio.sleep(0.4)
+            await fs.delete_file(claim)
+
+        tg.start_soon(release)
+        taken = await take_snapshot(fs, SnapshotStore(fs, prefix=DEFAULT_PREFIX, lock_wait=30))
+    assert set(taken.files) == {"a.txt"}
+    # A claim older than stale_after was left by a process that died: ignored, and removed
+    # by the next collection.
+    await fs.write_file(claim, json.dumps({"at": time.time() - 7200, "host": "h", "pid": 1}).encode())
+    await take_snapshot(fs, SnapshotStore(fs, prefix=DEFAULT_PREFIX, lock_wait=0.3))
+    await SnapshotStore(fs, prefix=DEFAULT_PREFIX).collect_garbage()
+    assert not await fs.exists(claim)
+    assert [e.name for e in await fs.readdir(f"{DEFAULT_PREFIX}/locks")] == []

@@ -998,6 +998,17 @@ def _recover(args: argparse.Namespace) -> int:
 # -- snapshots ------------------------------------------------------------------------------------
 
 
+def _seconds(text: str) -> float:
+    """A number of seconds from 0 to a year, for argparse."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 <= value <= 366 * 86400:
+        raise argparse.ArgumentTypeError(f"seconds must be from 0 to 31622400 (a year), got {text}")
+    return value
+
+
 def _snapshot_target(args: argparse.Namespace) -> tuple[Any, Any]:
     """The workspace filesystem ``args.url`` names (a named remote, -o storage options; a
     local directory must exist) and the snapshot store (``--store``, else None: the
@@ -1059,18 +1070,23 @@ async def _snapshot_command(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
             return 0
+        if args.command == "snapshots" and args.grace is not None and not args.gc:
+            raise ValueError("--grace applies to --gc only; add --gc to collect unused blobs")
         if args.command == "snapshots" and (args.delete or args.gc):
-            deleted = [await store.delete(ref) for ref in args.delete]
-            report = await store.collect_garbage(grace=timedelta(seconds=args.grace)) if args.gc else None
+            deleted = []
+            for ref in args.delete:
+                deleted.append(await store.delete(ref))
+                if not args.json:
+                    print(deleted[-1], flush=True)  # said at once: a later --delete may fail
+            grace = timedelta(seconds=3600.0 if args.grace is None else args.grace)
+            report = await store.collect_garbage(grace=grace) if args.gc else None
             if args.json:
                 print(json.dumps({"deleted": deleted, "garbage": None if report is None else asdict(report)}, indent=1))
                 return 0
-            for snapshot_id in deleted:
-                print(snapshot_id)
             if report is not None:
                 print(
                     f"agentvfs snapshots: {report.blobs_deleted} unused blobs deleted ({report.bytes_freed} bytes), "
-                    f"{report.blobs_kept} kept, {report.trash_deleted} deleted snapshots removed for good",
+                    f"{report.blobs_kept} kept",
                     file=sys.stderr,
                 )
             return 0
@@ -1345,8 +1361,8 @@ def _add_snapshot_parsers(add_parser: Any) -> None:
         help="delete the stored contents no snapshot holds, once older than --grace",
     )  # fmt: skip
     listing.add_argument(
-        "--grace", type=float, default=3600.0, metavar="SECONDS",
-        help="with --gc: leave blobs written, and snapshots deleted, less than this long ago (default 3600)",
+        "--grace", type=_seconds, default=None, metavar="SECONDS",
+        help="with --gc: leave blobs written less than this long ago (default 3600)",
     )  # fmt: skip
     diff = add_parser(
         "diff",

@@ -8,22 +8,28 @@ default)::
                                  name found there is checked against the manifest it names)
     blobs/<h[:2]>/<h>            file contents by SHA-256 (the layout of
                                  agentvfs.vfs.BlobStore, shared with skill stores)
-    trash/<id>.json              the manifest of a deleted snapshot, kept for the grace
-                                 period of garbage collection
+    locks/snapshot-<r>.json      a lease of a snapshot being taken  } when it was taken,
+    locks/gc-<r>.json            a claim of a garbage collection    } by which process
 
-Blobs a snapshot needs are written before its manifest, and a snapshot reuses the blobs of
-the one it follows without reading them. Garbage collection therefore deletes a blob only
-when no manifest names it, no manifest deleted within the grace period named it, and the
-blob itself is older than that period: a snapshot taken meanwhile (shorter than the grace
-period) never loses a blob it counted on.
+Blobs a snapshot needs are written before its manifest, and a snapshot reuses blobs it finds
+stored without reading or writing them again. So garbage collection and taking a snapshot
+exclude each other: each writes its lock, then looks for the other's; a collection that sees
+a lease takes its claim back and tries again later, a snapshot that sees a claim waits. A
+lock older than ``stale_after`` was left by a process that died and is ignored (and removed
+by the next collection).
 """
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import json
 import logging
-from collections.abc import Sequence
+import os
+import secrets
+import socket
+import time
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -51,12 +57,19 @@ _log = logging.getLogger("agentvfs.snapshots")
 DEFAULT_PREFIX = f"{RESERVED_DIR}/snapshots"
 #: The shortest id prefix that names a snapshot (as a short git hash does).
 MIN_ID_PREFIX = 6
-#: How long garbage collection leaves new blobs and the blobs of deleted snapshots alone:
-#: longer than any snapshot takes.
+#: How long garbage collection leaves new blobs alone (a writer that takes no lease, such as
+#: an earlier agentvfs, stores its blobs well within it).
 DEFAULT_GRACE = timedelta(hours=1)
+#: A lease or claim older than this was left by a process that died: longer than any
+#: snapshot or collection takes.
+DEFAULT_STALE_AFTER = timedelta(hours=1)
+#: How long a snapshot waits for a collection under way, and a collection for snapshots.
+DEFAULT_LOCK_WAIT = 300.0
+_LOCKS = "locks"
+_LOCK_POLL = 0.25
 #: What a snapshot store's directory may hold; garbage collection refuses any other entry
 #: (a skill store sharing the prefix: its blobs would look unused).
-_OWN_ENTRIES = frozenset({"manifests", "index", "blobs", "trash"})
+_OWN_ENTRIES = frozenset({"manifests", "index", "blobs", _LOCKS})
 #: Blobs deleted at once.
 _DELETE_CONCURRENCY = 16
 
@@ -72,16 +85,12 @@ class GarbageReport:
     bytes_freed : int
         Their size.
     blobs_kept : int
-        Blobs left: held by a snapshot (or one deleted within the grace period), or newer
-        than the grace period.
-    trash_deleted : int
-        Manifests of deleted snapshots past the grace period, removed for good.
+        Blobs left: held by a snapshot, newer than the grace period, or of unknown time.
     """
 
     blobs_deleted: int
     bytes_freed: int
     blobs_kept: int
-    trash_deleted: int
 
 
 class SnapshotStore:
@@ -95,14 +104,28 @@ class SnapshotStore:
         a URL such as ``s3://bucket/snapshots``.
     prefix : str
         The directory of ``fs`` holding the store.
+    lock_wait : float
+        Seconds a snapshot waits for a garbage collection under way, and a collection for
+        the snapshots being taken, before giving up with ``TimeoutError``.
+    stale_after : timedelta
+        Age past which a lease or claim is taken for one left by a process that died.
     """
 
-    def __init__(self, fs: WorkspaceFilesystem | Any, *, prefix: str = "") -> None:
+    def __init__(
+        self,
+        fs: WorkspaceFilesystem | Any,
+        *,
+        prefix: str = "",
+        lock_wait: float = DEFAULT_LOCK_WAIT,
+        stale_after: timedelta = DEFAULT_STALE_AFTER,
+    ) -> None:
         if isinstance(fs, str) or not isinstance(fs, WorkspaceFilesystem):
             fs = FsspecFilesystem(fs)
         self.fs: WorkspaceFilesystem = fs
         self.prefix = normalize_path(prefix)
         self.blobs = BlobStore(fs, self.prefix)
+        self.lock_wait = lock_wait
+        self.stale_after = stale_after
 
     def _path(self, *parts: str) -> str:
         return "/".join(p for p in (self.prefix, *parts) if p)
@@ -202,12 +225,10 @@ class SnapshotStore:
 
     async def delete(self, ref: str) -> str:
         """Delete the snapshot ``ref`` names (its id, a name or an id prefix, as
-        :meth:`resolve` takes) and return its id.
+        :meth:`resolve` takes): its manifest, then its listing record; return its id.
 
-        The manifest moves to ``trash/`` (where :meth:`collect_garbage` still counts its
-        blobs as held for the grace period, then removes it) and its listing record goes. An
-        id deletes a manifest changed in storage too (outright: what it holds is unknown).
-        Blobs are only ever deleted by :meth:`collect_garbage`.
+        An id deletes that manifest without reading it, so a manifest changed in storage can
+        be deleted too. Blobs are only ever deleted by :meth:`collect_garbage`.
 
         Raises
         ------
@@ -215,39 +236,106 @@ class SnapshotStore:
             Nothing here goes by ``ref``.
         ValueError
             ``ref`` is an id prefix that several snapshots share.
+        BlobIntegrityError
+            ``ref`` is a name or prefix, and the manifest it leads to was changed in storage
+            (delete it by its id).
         WorkspaceReadOnlyError
             The store's filesystem is read-only.
         """
         snapshot_id = ref if isinstance(ref, str) and is_digest(ref) else (await self.resolve(ref)).id
-        path = self.manifest_path(snapshot_id)
         try:
-            data = await self.fs.read_file(path)
-        except (FileNotFoundError, NotADirectoryError):
+            await self.fs.delete_file(self.manifest_path(snapshot_id))
+        except FileNotFoundError:
             raise SnapshotNotFoundError(snapshot_id, self.describe()) from None
-        raw = data if isinstance(data, bytes) else data.encode("utf-8")
-        try:
-            Snapshot.decode(raw, snapshot_id, path)
-        except BlobIntegrityError:
-            pass  # not what the id names: nothing to keep it for
-        else:
-            # In the trash first: a crash between the two steps leaves the snapshot listed.
-            await self.fs.write_file(self._trash_path(snapshot_id), raw)
-        await self.fs.delete_file(path, force=True)
         # A listing record without its manifest is never listed; a failure here only leaves it.
         await self.fs.delete_file(self._index_path(snapshot_id), force=True)
         return snapshot_id
 
-    def _trash_path(self, snapshot_id: str) -> str:
-        return self._path("trash", f"{snapshot_id}.json")
+    # -- taking snapshots and collecting garbage exclude each other ------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def taking(self) -> AsyncIterator[None]:
+        """Hold a lease for taking a snapshot: no :meth:`collect_garbage` runs while it is
+        held, and it waits for one under way (up to ``lock_wait`` seconds).
+
+        Raises
+        ------
+        TimeoutError
+            A collection kept its claim for ``lock_wait`` seconds.
+        """
+        path = self._path(_LOCKS, f"snapshot-{secrets.token_hex(8)}.json")
+        await self.fs.write_file(path, _lock_record())
+        try:
+            # Written, then checked: of a snapshot and a collection starting together, at
+            # least one sees the other (the collection then gives way).
+            deadline = time.monotonic() + self.lock_wait
+            while claims := await self._live_locks("gc", path):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"a garbage collection of {self.describe()} has been under way for over {self.lock_wait:g} "
+                        f"seconds ({claims[0]}); try again later, or remove that file if no collection is running"
+                    )
+                await anyio.sleep(_LOCK_POLL)
+            yield
+        finally:
+            with anyio.CancelScope(shield=True):
+                try:
+                    await self.fs.delete_file(path, force=True)
+                except OSError as exc:  # left behind, it holds collections off until it is stale
+                    _log.warning("snapshot lease %s not removed: %s", path, exc)
+
+    async def _live_locks(self, kind: str, mine: str) -> builtins.list[str]:
+        """Paths of the live leases (``kind`` "snapshot") or claims ("gc") besides ``mine``.
+
+        A lock records when it was taken; one older than ``stale_after`` was left by a
+        process that died. A lock that cannot be read counts as live (its path is named in
+        the error of whoever waits on it)."""
+        try:
+            entries = await self.fs.readdir(self._path(_LOCKS))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        paths = [
+            self._path(_LOCKS, e.name)
+            for e in entries
+            if e.type == "file" and e.name.startswith(f"{kind}-") and self._path(_LOCKS, e.name) != mine
+        ]
+        found = await read_many(self.fs, paths)
+        live: builtins.list[str] = []
+        now = time.time()
+        for path in paths:
+            data = found.get(path)
+            if isinstance(data, FileNotFoundError):
+                continue  # released meanwhile
+            at = _lock_time(data) if isinstance(data, bytes) else None
+            if at is None or now - at <= self.stale_after.total_seconds():
+                live.append(path)
+        return live
+
+    async def _stale_locks(self) -> builtins.list[str]:
+        """Leases and claims whose process died (older than ``stale_after``)."""
+        try:
+            entries = await self.fs.readdir(self._path(_LOCKS))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        paths = [self._path(_LOCKS, e.name) for e in entries if e.type == "file"]
+        found = await read_many(self.fs, paths)
+        now = time.time()
+        stale: builtins.list[str] = []
+        for path in paths:
+            data = found.get(path)
+            at = _lock_time(data) if isinstance(data, bytes) else None
+            if at is not None and now - at > self.stale_after.total_seconds():
+                stale.append(path)
+        return stale
 
     async def collect_garbage(self, *, grace: timedelta = DEFAULT_GRACE) -> GarbageReport:
         """Delete the blobs no snapshot holds.
 
-        A blob is deleted when no manifest names it, no snapshot deleted less than ``grace``
-        ago named it, and it was written more than ``grace`` ago (a snapshot being taken
-        writes its blobs before its manifest). Manifests of snapshots deleted more than
-        ``grace`` ago are removed for good. Run it while no snapshot takes longer than
-        ``grace``.
+        It runs while no snapshot of this store is being taken (a lease of
+        :meth:`taking`): it waits for those under way (up to ``lock_wait`` seconds), and
+        snapshots started meanwhile wait for it. A blob is deleted when no manifest names it
+        and it was written more than ``grace`` ago (a blob whose time the storage does not
+        give is kept). Leases and claims left by processes that died are removed.
 
         Raises
         ------
@@ -255,17 +343,21 @@ class SnapshotStore:
             ``grace`` is negative, or the store's directory holds entries that are not a
             snapshot store's (a skill store sharing it): nothing is deleted.
         BlobIntegrityError
-            A manifest (or one deleted within ``grace``) was changed in storage, so what it
-            holds is unknown: nothing is deleted (delete that snapshot by its id first).
+            A manifest was changed in storage, so what it holds is unknown: nothing is
+            deleted (delete that snapshot by its id first).
+        TimeoutError
+            Snapshots were being taken for ``lock_wait`` seconds.
         WorkspaceReadOnlyError
             The store's filesystem is read-only.
+        OSError
+            A blob could not be deleted (the others were; the first error is raised).
         """
         if grace < timedelta(0):
             raise ValueError(f"grace must not be negative, got {grace}")
         try:
             entries = await self.fs.readdir(self.prefix or ".")
         except (FileNotFoundError, NotADirectoryError):
-            return GarbageReport(0, 0, 0, 0)
+            return GarbageReport(0, 0, 0)
         foreign = sorted(e.name for e in entries if e.name not in _OWN_ENTRIES)
         if foreign:
             raise ValueError(
@@ -273,34 +365,67 @@ class SnapshotStore:
                 "garbage (a skill store sharing the directory would lose its blobs); keep snapshots in a directory "
                 "of their own"
             )
-        # Blobs first: one written after this listing is not a candidate whatever happens next.
-        blobs = {
-            name.rsplit("/", 1)[-1]: stat
-            for name, stat in await self._stats("blobs", 2)
-            if is_digest(name.rsplit("/", 1)[-1])
-        }
-        now = datetime.now(UTC)
-        trash = await self._stats("trash", 1)
-        expired = [name for name, stat in trash if now - stat.modified_at > grace]
-        recent = [name for name, stat in trash if now - stat.modified_at <= grace]
+        claim = await self._claim()
+        try:
+            return await self._collect(grace)
+        finally:
+            with anyio.CancelScope(shield=True):
+                try:
+                    await self.fs.delete_file(claim, force=True)
+                except OSError as exc:  # left behind, it holds snapshots off until it is stale
+                    _log.warning("garbage collection claim %s not removed: %s", claim, exc)
+
+    async def _claim(self) -> str:
+        """Claim the store for a collection once no snapshot is being taken; its path."""
+        deadline = time.monotonic() + self.lock_wait
+        while True:
+            claim = self._path(_LOCKS, f"gc-{secrets.token_hex(8)}.json")
+            await self.fs.write_file(claim, _lock_record())
+            leases = await self._live_locks("snapshot", claim)
+            if not leases:
+                return claim
+            # Give way to the snapshot (it may be waiting on this claim), and try again.
+            await self.fs.delete_file(claim, force=True)
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"snapshots of {self.describe()} have been taken for over {self.lock_wait:g} seconds "
+                    f"({leases[0]}); try again later, or remove that file if no snapshot is being taken"
+                )
+            await anyio.sleep(_LOCK_POLL)
+
+    async def _collect(self, grace: timedelta) -> GarbageReport:
         held = await self._held([self._path("manifests", n) for n, _ in await self._stats("manifests", 1)])
-        held |= await self._held([self._path("trash", n) for n in recent])
-        doomed = [d for d, stat in blobs.items() if d not in held and now - stat.modified_at > grace]
+        blobs: dict[str, FileStat] = {}
+        for name, stat in await self._stats("blobs", 2):
+            digest = name.rsplit("/", 1)[-1]
+            if is_digest(digest) and name == f"{digest[:2]}/{digest}":  # elsewhere: not a blob of this store
+                blobs[digest] = stat
+        now = datetime.now(UTC)
+        doomed = [
+            d
+            for d, stat in blobs.items()
+            if d not in held and stat.modified_at.timestamp() > 0 and now - stat.modified_at > grace
+        ]
         limiter = anyio.Semaphore(_DELETE_CONCURRENCY)
+        failures: builtins.list[OSError] = []
 
         async def delete(path: str) -> None:
             async with limiter:
-                await self.fs.delete_file(path, force=True)
+                try:
+                    await self.fs.delete_file(path, force=True)
+                except OSError as exc:
+                    failures.append(exc)
 
         async with anyio.create_task_group() as tg:
             for digest in doomed:
                 tg.start_soon(delete, self.blobs.path(digest))
-        async with anyio.create_task_group() as tg:
-            for name in expired:
-                tg.start_soon(delete, self._path("trash", name))
+            for path in await self._stale_locks():
+                tg.start_soon(delete, path)
+        if failures:
+            raise failures[0]
         freed = sum(blobs[d].size for d in doomed)
         _log.info("snapshot store %s: %d unused blobs deleted (%d bytes)", self.describe(), len(doomed), freed)
-        return GarbageReport(len(doomed), freed, len(blobs) - len(doomed), len(expired))
+        return GarbageReport(len(doomed), freed, len(blobs) - len(doomed))
 
     async def _stats(self, directory: str, depth: int) -> Sequence[tuple[str, FileStat]]:
         """``(name below directory, stat)`` of the files of one of the store's directories."""
@@ -310,7 +435,7 @@ class SnapshotStore:
             return []
 
     async def _held(self, paths: Sequence[str]) -> set[str]:
-        """The blobs the manifests at ``paths`` name (a manifest gone meanwhile names none)."""
+        """The blobs the manifests at ``paths`` name (a manifest deleted meanwhile names none)."""
         held: set[str] = set()
         found = await read_many(self.fs, paths)
         for path in paths:
@@ -321,12 +446,13 @@ class SnapshotStore:
                 raise data
             name = path.rsplit("/", 1)[-1].removesuffix(".json")
             if not is_digest(name):
-                raise BlobIntegrityError(f"{path} is not named by a snapshot id: refusing to collect garbage")
+                continue  # not a manifest (list() ignores it too)
             try:
                 snapshot = Snapshot.decode(data, name, path)
             except BlobIntegrityError as exc:
                 raise BlobIntegrityError(
-                    f"{exc}; refusing to collect garbage: delete the snapshot by its id first"
+                    f"{exc}. Garbage collection is refused, since what that snapshot holds is unknown: delete it "
+                    f"with `agentvfs snapshots URL --delete {name}` (or delete_snapshot) first"
                 ) from None
             held.update(r.sha256 for r in snapshot.files.values() if r.version is None)
         return held
@@ -364,3 +490,17 @@ def _parse_info(data: bytes, snapshot_id: str) -> SnapshotInfo | None:
         )
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
+
+
+def _lock_record() -> bytes:
+    """What a lease or claim holds: when it was taken, and by which process."""
+    return json.dumps({"at": time.time(), "host": socket.gethostname(), "pid": os.getpid()}).encode()
+
+
+def _lock_time(data: bytes) -> float | None:
+    """When the lock ``data`` was taken (None: not a lock)."""
+    try:
+        at = json.loads(data)["at"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return float(at) if isinstance(at, (int, float)) and not isinstance(at, bool) else None

@@ -60,26 +60,31 @@ async def take_snapshot(
         Files kept changing while they were read, ``ATTEMPTS`` times over.
     WorkspaceReadOnlyError
         The store's filesystem is read-only.
+    TimeoutError
+        A garbage collection of the store kept it for the store's ``lock_wait`` seconds.
     """
     check_name(name)
     if store is None:
         store = SnapshotStore(fs, prefix=DEFAULT_PREFIX)
     created = datetime.now(UTC)
     tree = await scan(fs)
-    previous = await _previous(fs, store)
-    pinned = await pinned_content(fs)
-    if pinned is not None:
-        files = await _pinned_records(pinned, tree, previous)
-        content: ContentKind = pinned.kind
-        root: str | None = pinned.root
-    else:
-        files = await _blob_records(fs, store, tree, previous)
-        content, root = "blobs", None
-    snapshot, manifest = Snapshot.create(
-        name=name, created_at=created, storage=fs.location, root=root, content=content,
-        files=files, directories=tree.directories, links=tree.links,
-    )  # fmt: skip
-    await store.save(snapshot, manifest)
+    # Blobs found stored are counted on without being written again, until the manifest
+    # naming them is saved: no garbage collection may run meanwhile.
+    async with store.taking():
+        previous = await _previous(fs, store)
+        pinned = await pinned_content(fs)
+        if pinned is not None:
+            files = await _pinned_records(pinned, tree, previous)
+            content: ContentKind = pinned.kind
+            root: str | None = pinned.root
+        else:
+            files = await _blob_records(fs, store, tree, previous)
+            content, root = "blobs", None
+        snapshot, manifest = Snapshot.create(
+            name=name, created_at=created, storage=fs.location, root=root, content=content,
+            files=files, directories=tree.directories, links=tree.links,
+        )  # fmt: skip
+        await store.save(snapshot, manifest)
     _log.info(
         "snapshot %s%s: %d files, %d directories, %d links (%s)",
         snapshot.id[:12], f" ({name})" if name else "", len(files), len(tree.directories), len(tree.links), content,
@@ -134,10 +139,6 @@ async def _blob_records(
     both show the same version: the record's hash is of the version it names, even while
     the workspace is written meanwhile."""
     trusted = trusts_etags(fs)
-    # The blobs the previous snapshot holds: garbage collection keeps them while it is kept,
-    # and for its grace period after it is deleted.
-    held = {r.sha256 for r in previous.files.values() if r.version is None} if previous is not None else set()
-    written: set[str] = set()
     known: set[str] | None = None
     known_lock = anyio.Lock()
     limiter = anyio.Semaphore(READ_CONCURRENCY)
@@ -169,12 +170,7 @@ async def _blob_records(
             if digest not in await stored():
                 # The store was listed once: a blob missing then needs no stat of its own.
                 (await stored()).add(digest)
-                written.add(digest)
                 await store.blobs.put(data, digest=digest, absent=True)
-            elif digest not in held and digest not in written:
-                # Stored, but perhaps held by no snapshot and older than a collection's grace.
-                written.add(digest)
-                await store.blobs.renew(data, digest)
 
     for _ in range(ATTEMPTS):
         hashes.clear()

@@ -99,13 +99,6 @@ class BlobStore:
             return name, False  # a concurrent writer stored the same bytes
         return name, True
 
-    async def renew(self, data: bytes, digest: str) -> None:
-        """Write the blob ``digest`` (the hash of ``data``) again, present or not, so that its
-        modification time is now: a blob found stored but held by nothing the caller knows
-        of may be older than a garbage collection's grace period, and would be deleted under
-        a manifest about to name it. The bytes are the same, so a reader never sees a change."""
-        await self.fs.write_file(self.path(digest), bytes(data))
-
     async def get(self, digest: str, *, name: str | None = None) -> bytes:
         """The content of the blob ``digest``, checked against it.
 

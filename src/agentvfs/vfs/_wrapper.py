@@ -278,6 +278,10 @@ class WrapperFilesystem(WorkspaceFilesystem):
         )
 
     async def put_new(self, path: str, content: bytes) -> None:
+        if type(self).write_file is not WrapperFilesystem.write_file:
+            # A layer with writes of its own (a policy, an audit) sees this one too.
+            await self.write_file(path, content, overwrite=False)
+            return
         await self._wrap("write_file", lambda: put_new(self.inner, path, content))
 
     @property
