@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import sys
 import time
 import urllib.request
 import uuid
@@ -727,3 +729,42 @@ async def test_a_snapshot_waits_for_a_collection_and_ignores_a_dead_ones_claim(t
     await SnapshotStore(fs, prefix=DEFAULT_PREFIX).collect_garbage()
     assert not await fs.exists(claim)
     assert [e.name for e in await fs.readdir(f"{DEFAULT_PREFIX}/locks")] == []
+
+
+_DIE_HOLDING = """
+import os, signal, sys
+import anyio
+from agentvfs import LocalFilesystem
+from agentvfs.snapshots import DEFAULT_PREFIX, SnapshotStore
+
+async def main() -> None:
+    store = SnapshotStore(LocalFilesystem(sys.argv[1]), prefix=DEFAULT_PREFIX)
+    if sys.argv[2] == "lease":
+        async with store.taking():
+            print("held", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+    await store._claim()
+    print("held", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+anyio.run(main)
+"""
+
+
+@pytest.mark.parametrize("kind", ["lease", "claim"])
+async def test_a_lock_of_a_process_killed_holding_it_holds_nobody_off(tmp_path: Any, kind: str) -> None:
+    fs = LocalFilesystem(str(tmp_path))
+    await fs.write_file("a.txt", b"a\n")
+    with anyio.fail_after(120):
+        died = await anyio.run_process([sys.executable, "-c", _DIE_HOLDING, str(tmp_path), kind], check=False)
+    assert died.returncode == -signal.SIGKILL and died.stdout == b"held\n", died.stderr
+    locks = f"{DEFAULT_PREFIX}/locks"
+    assert len(await fs.readdir(locks)) == 1  # left behind, and fresh
+    store = SnapshotStore(fs, prefix=DEFAULT_PREFIX, lock_wait=0.5)
+    # Its process is gone: neither a snapshot nor a collection waits for it.
+    started = time.monotonic()
+    taken = await take_snapshot(fs, store)
+    report = await store.collect_garbage(grace=timedelta(0))
+    assert time.monotonic() - started < 5
+    assert set(taken.files) == {"a.txt"} and report.blobs_deleted == 0
+    assert await fs.readdir(locks) == []  # removed by the collection

@@ -16,7 +16,7 @@ stored without reading or writing them again. So garbage collection and taking a
 exclude each other: each writes its lock, then looks for the other's; a collection that sees
 a lease takes its claim back and tries again later, a snapshot that sees a claim waits. A
 lock older than ``stale_after`` was left by a process that died and is ignored (and removed
-by the next collection).
+by the next collection); so is one of a process of this machine that has exited.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from typing import Any
 
 import anyio
 
+from .._procs import pid_alive
 from ..errors import BlobIntegrityError, FileExists, SnapshotNotFoundError
 from ..vfs import (
     BlobStore,
@@ -492,15 +493,34 @@ def _parse_info(data: bytes, snapshot_id: str) -> SnapshotInfo | None:
         return None
 
 
+def _process_space() -> str | None:
+    """This kernel's boot and this process's PID namespace: where a lock's process id names
+    one process (None where the system does not tell)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            boot = f.read().strip()
+        return f"{boot}/{os.readlink('/proc/self/ns/pid')}"
+    except OSError:
+        return None
+
+
 def _lock_record() -> bytes:
     """What a lease or claim holds: when it was taken, and by which process."""
-    return json.dumps({"at": time.time(), "host": socket.gethostname(), "pid": os.getpid()}).encode()
+    record = {"at": time.time(), "host": socket.gethostname(), "pid": os.getpid(), "space": _process_space()}
+    return json.dumps(record).encode()
 
 
 def _lock_time(data: bytes) -> float | None:
-    """When the lock ``data`` was taken (None: not a lock)."""
+    """When the lock ``data`` was taken; None when it is not a lock. A lock of a process
+    that has exited, in this PID namespace of this boot, was taken at time 0."""
     try:
-        at = json.loads(data)["at"]
+        record = json.loads(data)
+        at = record["at"]
     except (ValueError, KeyError, TypeError):
         return None
-    return float(at) if isinstance(at, (int, float)) and not isinstance(at, bool) else None
+    if not isinstance(at, (int, float)) or isinstance(at, bool):
+        return None
+    pid, space = record.get("pid"), record.get("space")
+    if isinstance(pid, int) and space is not None and space == _process_space() and not pid_alive(pid):
+        return 0.0  # its process died (kill -9, a crash): released
+    return float(at)
