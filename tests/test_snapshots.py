@@ -574,9 +574,9 @@ async def test_a_first_snapshot_stores_each_blob_with_one_request(moto: MotoServ
     # locks/ when the lease goes.
     assert puts == len(files) + 4, Counter(sent)
     checks = sent.count("ListObjectsV2") + sent.count("HeadObject")
-    # The workspace's scan and the store's, whatever the number of blobs (22 for 40 blobs or
-    # 60; before, 301 for 40).
-    assert checks <= 30, Counter(sent)
+    # The workspace's scan, the store's and the lease's, whatever the number of blobs (31 for
+    # 40 blobs or 60; before, 301 for 40).
+    assert checks <= 40, Counter(sent)
 
 
 async def test_garbage_collection_deletes_only_blobs_no_snapshot_holds(storage: Storage) -> None:
@@ -648,17 +648,18 @@ async def test_garbage_collection_refuses_what_it_cannot_account_for() -> None:
 
 
 class _SlowManifestFilesystem(WrapperFilesystem):
-    """A store filesystem on which writing a manifest waits: ``reached`` is set when a
-    snapshot's blobs are stored and its manifest is about to be written."""
+    """A store filesystem on which writing a manifest waits ``pause`` seconds: ``reached``
+    is set when a snapshot's blobs are stored and its manifest is about to be written."""
 
-    def __init__(self, inner: WorkspaceFilesystem) -> None:
+    def __init__(self, inner: WorkspaceFilesystem, pause: float = 0.6) -> None:
         super().__init__(inner)
         self.reached = anyio.Event()
+        self.pause = pause
 
     async def write_file(self, path: str, content: str | bytes, **options: Any) -> None:
         if "/manifests/" in path:
             self.reached.set()
-            await anyio.sleep(0.6)
+            await anyio.sleep(self.pause)
         await self.inner.write_file(path, content, **options)
 
 
@@ -722,13 +723,64 @@ async def test_a_snapshot_waits_for_a_collection_and_ignores_a_dead_ones_claim(t
         tg.start_soon(release)
         taken = await take_snapshot(fs, SnapshotStore(fs, prefix=DEFAULT_PREFIX, lock_wait=30))
     assert set(taken.files) == {"a.txt"}
-    # A claim older than stale_after was left by a process that died: ignored, and removed
-    # by the next collection.
-    await fs.write_file(claim, json.dumps({"at": time.time() - 7200, "host": "h", "pid": 1}).encode())
+    # A claim not renewed for stale_after was left by a process that died: ignored, and
+    # removed by the next collection. Its age is the storage's (the listed time), whatever
+    # clock its writer had; a claim that is not a lock record at all is aged the same way.
+    await fs.write_file(claim, json.dumps({"at": time.time() + 7200, "host": "h", "pid": 1}).encode())
+    garbage = f"{DEFAULT_PREFIX}/locks/gc-garbage.json"
+    await fs.write_file(garbage, b"")
+    with pytest.raises(TimeoutError):
+        await take_snapshot(fs, SnapshotStore(fs, prefix=DEFAULT_PREFIX, lock_wait=0.3))
+    _age(tmp_path / DEFAULT_PREFIX / "locks", 7200)
     await take_snapshot(fs, SnapshotStore(fs, prefix=DEFAULT_PREFIX, lock_wait=0.3))
     await SnapshotStore(fs, prefix=DEFAULT_PREFIX).collect_garbage()
-    assert not await fs.exists(claim)
+    assert not await fs.exists(claim) and not await fs.exists(garbage)
     assert [e.name for e in await fs.readdir(f"{DEFAULT_PREFIX}/locks")] == []
+
+
+async def test_locks_are_renewed_while_held_and_removed_when_cancelled(tmp_path: Any) -> None:
+    fs = LocalFilesystem(str(tmp_path))
+    await fs.write_file("a.txt", b"a\n")
+    locks = f"{DEFAULT_PREFIX}/locks"
+    slow = _SlowManifestFilesystem(fs, pause=1.5)
+    # A snapshot longer than stale_after keeps its lease fresh: a collection gives way.
+    quick = timedelta(seconds=0.5)
+    failures: list[BaseException] = []
+
+    async def collect() -> None:
+        await slow.reached.wait()
+        await anyio.sleep(1.0)  # the lease's first write is older than stale_after by now
+        try:
+            await SnapshotStore(fs, prefix=DEFAULT_PREFIX, lock_wait=0.2, stale_after=quick).collect_garbage()
+        except TimeoutError as exc:
+            failures.append(exc)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(collect)
+        await take_snapshot(fs, SnapshotStore(slow, prefix=DEFAULT_PREFIX, stale_after=quick))
+    assert len(failures) == 1 and "locks/snapshot-" in str(failures[0])
+    assert await fs.readdir(locks) == []
+    # Cancelled while it holds its lease (a timeout), or while it waits: nothing is left.
+    slow.reached = anyio.Event()
+    with anyio.move_on_after(0.5):
+        await take_snapshot(fs, SnapshotStore(slow, prefix=DEFAULT_PREFIX))
+    assert slow.reached.is_set() and await fs.readdir(locks) == []
+    claim = f"{locks}/gc-0123456789abcdef.json"
+    await fs.write_file(claim, _lock_json())
+    with anyio.move_on_after(0.5):
+        await take_snapshot(fs, SnapshotStore(fs, prefix=DEFAULT_PREFIX))
+    assert [e.name for e in await fs.readdir(locks)] == ["gc-0123456789abcdef.json"]
+    await fs.delete_file(claim)
+    # A collection cancelled while it waits for a snapshot leaves no claim.
+    lease = f"{locks}/snapshot-0123456789abcdef.json"
+    await fs.write_file(lease, _lock_json())
+    with anyio.move_on_after(0.5):
+        await SnapshotStore(fs, prefix=DEFAULT_PREFIX).collect_garbage()
+    assert [e.name for e in await fs.readdir(locks)] == ["snapshot-0123456789abcdef.json"]
+
+
+def _lock_json() -> bytes:
+    return json.dumps({"at": time.time(), "host": "elsewhere", "pid": 1}).encode()
 
 
 _DIE_HOLDING = """
@@ -743,9 +795,9 @@ async def main() -> None:
         async with store.taking():
             print("held", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
-    await store._claim()
-    print("held", flush=True)
-    os.kill(os.getpid(), signal.SIGKILL)
+    async with store._lock("gc"):
+        print("held", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
 
 anyio.run(main)
 """

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import time
 from typing import Any
 
 import pytest
@@ -123,6 +125,26 @@ async def test_checkpoints_past_keep_and_undone_ones_are_deleted_from_the_store(
     await run(tools, FS.WRITE_FILE, path="g.txt", content="g")
     await run(tools, UNDO)
     assert [s.id for s in await ws.list_snapshots()] == [mine.id]
+    await ws.destroy()
+
+
+async def test_a_write_is_not_held_up_long_by_a_garbage_collection(monkeypatch: pytest.MonkeyPatch) -> None:
+    from agentvfs.tools import _checkpoints
+
+    monkeypatch.setattr(_checkpoints, "LOCK_WAIT", 0.3)
+    ws = await workspace(ON)
+    tools = await ws.create_tools()
+    claim = ".agentvfs/snapshots/locks/gc-0123456789abcdef.json"
+    record = json.dumps({"at": time.time(), "host": "elsewhere", "pid": 1})
+    await ws.filesystem.write_file(claim, record)  # type: ignore[union-attr]
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match="no checkpoint could be taken before this write: a garbage collection"):
+        await run(tools, FS.WRITE_FILE, path="b.txt", content="b")
+    assert time.monotonic() - started < 5
+    assert not await ws.filesystem.exists("b.txt")  # type: ignore[union-attr]
+    await ws.filesystem.delete_file(claim)  # type: ignore[union-attr]
+    await run(tools, FS.WRITE_FILE, path="b.txt", content="b")
+    assert "Undid 1 write tool call" in await run(tools, UNDO)
     await ws.destroy()
 
 

@@ -785,7 +785,7 @@ class Workspace:
             )
         return self._snapshot_store
 
-    async def snapshot(self, name: str | None = None) -> Snapshot:
+    async def snapshot(self, name: str | None = None, *, lock_wait: float | None = None) -> Snapshot:
         """Record the state of the workspace filesystem as a new, immutable snapshot.
 
         The manifest lists every file (its ETag or generation, size, modification time and
@@ -805,6 +805,9 @@ class Workspace:
         ----------
         name : str, optional
             A name to find it by (names need not be unique; the newest wins).
+        lock_wait : float, optional
+            Seconds to wait for a garbage collection of the store under way (default: the
+            store's ``lock_wait``, 300).
 
         Returns
         -------
@@ -820,6 +823,8 @@ class Workspace:
             ``NO_FILESYSTEM``: no static filesystem.
         ValueError
             ``name`` is empty, too long or holds control characters.
+        TimeoutError
+            A garbage collection of the store was under way for ``lock_wait`` seconds.
         """
         fs = self._snapshot_filesystem()
         store = self.snapshot_store()
@@ -834,7 +839,7 @@ class Workspace:
         from .snapshots import take_snapshot
 
         self.touch()
-        return await take_snapshot(fs, store, name=name)
+        return await take_snapshot(fs, store, name=name, lock_wait=lock_wait)
 
     async def list_snapshots(self) -> list[SnapshotInfo]:
         """Every snapshot of the store, oldest first (id, name, time, counts).

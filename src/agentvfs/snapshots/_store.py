@@ -29,7 +29,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -37,11 +37,12 @@ from typing import Any
 import anyio
 
 from .._procs import pid_alive
-from ..errors import BlobIntegrityError, FileExists, SnapshotNotFoundError
+from ..errors import BlobIntegrityError, FileExists, FileNotFound, SnapshotNotFoundError
 from ..vfs import (
     BlobStore,
     FileStat,
     FsspecFilesystem,
+    LocalFilesystem,
     WorkspaceFilesystem,
     is_digest,
     normalize_path,
@@ -49,6 +50,7 @@ from ..vfs import (
     walk_stats,
 )
 from ._manifest import RESERVED_DIR, Snapshot, SnapshotInfo
+from ._tree import task_group
 
 __all__ = ["DEFAULT_GRACE", "DEFAULT_PREFIX", "GarbageReport", "SnapshotStore"]
 
@@ -61,13 +63,15 @@ MIN_ID_PREFIX = 6
 #: How long garbage collection leaves new blobs alone (a writer that takes no lease, such as
 #: an earlier agentvfs, stores its blobs well within it).
 DEFAULT_GRACE = timedelta(hours=1)
-#: A lease or claim older than this was left by a process that died: longer than any
-#: snapshot or collection takes.
-DEFAULT_STALE_AFTER = timedelta(hours=1)
+#: A lease or claim not renewed for this long was left by a process that died (a live one
+#: is rewritten every fifth of it).
+DEFAULT_STALE_AFTER = timedelta(minutes=10)
 #: How long a snapshot waits for a collection under way, and a collection for snapshots.
 DEFAULT_LOCK_WAIT = 300.0
 _LOCKS = "locks"
 _LOCK_POLL = 0.25
+#: Longest a lock's removal may hold up a task leaving (a hung DELETE).
+_RELEASE_TIMEOUT = 30.0
 #: What a snapshot store's directory may hold; garbage collection refuses any other entry
 #: (a skill store sharing the prefix: its blobs would look unused).
 _OWN_ENTRIES = frozenset({"manifests", "index", "blobs", _LOCKS})
@@ -255,79 +259,109 @@ class SnapshotStore:
     # -- taking snapshots and collecting garbage exclude each other ------------------------------------
 
     @contextlib.asynccontextmanager
-    async def taking(self) -> AsyncIterator[None]:
+    async def taking(self, *, wait: float | None = None) -> AsyncIterator[None]:
         """Hold a lease for taking a snapshot: no :meth:`collect_garbage` runs while it is
-        held, and it waits for one under way (up to ``lock_wait`` seconds).
+        held, and it waits for one under way (up to ``wait`` seconds, default
+        ``lock_wait``). The lease is renewed while held.
 
         Raises
         ------
         TimeoutError
-            A collection kept its claim for ``lock_wait`` seconds.
+            A collection kept its claim for ``wait`` seconds.
         """
-        path = self._path(_LOCKS, f"snapshot-{secrets.token_hex(8)}.json")
-        await self.fs.write_file(path, _lock_record())
-        try:
+        wait = self.lock_wait if wait is None else wait
+        async with self._lock("snapshot") as path:
             # Written, then checked: of a snapshot and a collection starting together, at
             # least one sees the other (the collection then gives way).
-            deadline = time.monotonic() + self.lock_wait
+            deadline = time.monotonic() + wait
             while claims := await self._live_locks("gc", path):
                 if time.monotonic() > deadline:
                     raise TimeoutError(
-                        f"a garbage collection of {self.describe()} has been under way for over {self.lock_wait:g} "
-                        f"seconds ({claims[0]}); try again later, or remove that file if no collection is running"
+                        f"a garbage collection of {self.describe()} has been under way for over {wait:g} seconds "
+                        f"({claims[0]}); try again later, or remove that file if no collection is running"
                     )
                 await anyio.sleep(_LOCK_POLL)
             yield
-        finally:
-            with anyio.CancelScope(shield=True):
+
+    @contextlib.asynccontextmanager
+    async def _lock(self, kind: str) -> AsyncIterator[str]:
+        """Write a lock of ``kind`` ("snapshot" or "gc"), keep it fresh, and remove it on the
+        way out (also when writing it failed halfway, or the task was cancelled)."""
+        path = self._path(_LOCKS, f"{kind}-{secrets.token_hex(8)}.json")
+        try:
+            await self.fs.write_file(path, _lock_record())
+            async with task_group() as tg:  # what the body raises comes out as itself
+                tg.start_soon(self._renew, path)
                 try:
-                    await self.fs.delete_file(path, force=True)
-                except OSError as exc:  # left behind, it holds collections off until it is stale
-                    _log.warning("snapshot lease %s not removed: %s", path, exc)
+                    yield path
+                finally:
+                    tg.cancel_scope.cancel()
+        finally:
+            with anyio.move_on_after(_RELEASE_TIMEOUT, shield=True):
+                for attempt in range(3):
+                    try:
+                        await self.fs.delete_file(path, force=True)
+                        break
+                    except OSError as exc:
+                        if attempt == 2:  # left behind: it holds the other side off until it is stale
+                            _log.warning("%s lock %s not removed: %s", kind, path, exc)
+                        else:
+                            await anyio.sleep(0.5)
+
+    async def _renew(self, path: str) -> None:
+        """Rewrite the lock at ``path`` well within ``stale_after``, so a long snapshot or
+        collection is never taken for a dead one."""
+        while True:
+            await anyio.sleep(self.stale_after.total_seconds() / 5)
+            try:
+                await self.fs.write_file(path, _lock_record())
+            except OSError as exc:
+                _log.warning("lock %s not renewed: %s", path, exc)
+
+    async def _locks(self) -> dict[str, tuple[FileStat, bytes | OSError]]:
+        """Every lock of the store: its stat and its record."""
+        stats = await self._stats(_LOCKS, 1)
+        paths = [self._path(_LOCKS, name) for name, _ in stats]
+        found = await read_many(self.fs, paths)
+        return {path: (stat, found.get(path, FileNotFound(path))) for path, (_, stat) in zip(paths, stats, strict=True)}
+
+    def _stale(self, lock: tuple[FileStat, bytes | OSError], now: datetime | None) -> bool:
+        """Whether a lock was left by a process that died.
+
+        Its age is measured on the storage's clock where the listing gives times (``now``:
+        the time of a lock just written), else on the writer's (the time it records); a
+        lock that cannot be read or parsed is aged by the listing alone. On local disk, a
+        lock of a process of this machine that has exited is stale at once."""
+        stat, data = lock
+        limit = self.stale_after.total_seconds()
+        record = _lock_fields(data) if isinstance(data, bytes) else None
+        if record is not None and self._local and _exited(record):
+            return True
+        if now is not None and stat.modified_at.timestamp() > 0:
+            return (now - stat.modified_at).total_seconds() > limit
+        if record is not None:
+            return time.time() - record[0] > limit
+        return False
 
     async def _live_locks(self, kind: str, mine: str) -> builtins.list[str]:
-        """Paths of the live leases (``kind`` "snapshot") or claims ("gc") besides ``mine``.
-
-        A lock records when it was taken; one older than ``stale_after`` was left by a
-        process that died. A lock that cannot be read counts as live (its path is named in
-        the error of whoever waits on it)."""
-        try:
-            entries = await self.fs.readdir(self._path(_LOCKS))
-        except (FileNotFoundError, NotADirectoryError):
-            return []
-        paths = [
-            self._path(_LOCKS, e.name)
-            for e in entries
-            if e.type == "file" and e.name.startswith(f"{kind}-") and self._path(_LOCKS, e.name) != mine
+        """Paths of the live locks of ``kind`` besides ``mine`` (a lock this process has just
+        written, whose listed time is the storage's now)."""
+        locks = await self._locks()
+        now = _storage_now(locks, mine)
+        return [
+            path
+            for path, lock in locks.items()
+            if path != mine
+            and path.rsplit("/", 1)[-1].startswith(f"{kind}-")
+            and not isinstance(lock[1], FileNotFoundError)  # released meanwhile
+            and not self._stale(lock, now)
         ]
-        found = await read_many(self.fs, paths)
-        live: builtins.list[str] = []
-        now = time.time()
-        for path in paths:
-            data = found.get(path)
-            if isinstance(data, FileNotFoundError):
-                continue  # released meanwhile
-            at = _lock_time(data) if isinstance(data, bytes) else None
-            if at is None or now - at <= self.stale_after.total_seconds():
-                live.append(path)
-        return live
 
-    async def _stale_locks(self) -> builtins.list[str]:
-        """Leases and claims whose process died (older than ``stale_after``)."""
-        try:
-            entries = await self.fs.readdir(self._path(_LOCKS))
-        except (FileNotFoundError, NotADirectoryError):
-            return []
-        paths = [self._path(_LOCKS, e.name) for e in entries if e.type == "file"]
-        found = await read_many(self.fs, paths)
-        now = time.time()
-        stale: builtins.list[str] = []
-        for path in paths:
-            data = found.get(path)
-            at = _lock_time(data) if isinstance(data, bytes) else None
-            if at is not None and now - at > self.stale_after.total_seconds():
-                stale.append(path)
-        return stale
+    @property
+    def _local(self) -> bool:
+        # Process ids name processes only where every writer of the store runs on this
+        # machine: a store on local disk (clones of one VM share a boot id, not a disk).
+        return isinstance(self.fs, LocalFilesystem)
 
     async def collect_garbage(self, *, grace: timedelta = DEFAULT_GRACE) -> GarbageReport:
         """Delete the blobs no snapshot holds.
@@ -359,34 +393,22 @@ class SnapshotStore:
             entries = await self.fs.readdir(self.prefix or ".")
         except (FileNotFoundError, NotADirectoryError):
             return GarbageReport(0, 0, 0)
-        foreign = sorted(e.name for e in entries if e.name not in _OWN_ENTRIES)
+        foreign = sorted(
+            e.name for e in entries if e.name not in _OWN_ENTRIES and not e.name.startswith(".") and e.name != "lost+found"
+        )
         if foreign:
             raise ValueError(
                 f"{self.describe()} holds {foreign[0]!r}, which is not part of a snapshot store: refusing to collect "
                 "garbage (a skill store sharing the directory would lose its blobs); keep snapshots in a directory "
                 "of their own"
             )
-        claim = await self._claim()
-        try:
-            return await self._collect(grace)
-        finally:
-            with anyio.CancelScope(shield=True):
-                try:
-                    await self.fs.delete_file(claim, force=True)
-                except OSError as exc:  # left behind, it holds snapshots off until it is stale
-                    _log.warning("garbage collection claim %s not removed: %s", claim, exc)
-
-    async def _claim(self) -> str:
-        """Claim the store for a collection once no snapshot is being taken; its path."""
         deadline = time.monotonic() + self.lock_wait
         while True:
-            claim = self._path(_LOCKS, f"gc-{secrets.token_hex(8)}.json")
-            await self.fs.write_file(claim, _lock_record())
-            leases = await self._live_locks("snapshot", claim)
-            if not leases:
-                return claim
-            # Give way to the snapshot (it may be waiting on this claim), and try again.
-            await self.fs.delete_file(claim, force=True)
+            async with self._lock("gc") as claim:
+                leases = await self._live_locks("snapshot", claim)
+                if not leases:
+                    return await self._collect(grace, claim)
+            # Gave way to the snapshots (they may be waiting on this claim); try again.
             if time.monotonic() > deadline:
                 raise TimeoutError(
                     f"snapshots of {self.describe()} have been taken for over {self.lock_wait:g} seconds "
@@ -394,7 +416,7 @@ class SnapshotStore:
                 )
             await anyio.sleep(_LOCK_POLL)
 
-    async def _collect(self, grace: timedelta) -> GarbageReport:
+    async def _collect(self, grace: timedelta, claim: str) -> GarbageReport:
         held = await self._held([self._path("manifests", n) for n, _ in await self._stats("manifests", 1)])
         blobs: dict[str, FileStat] = {}
         for name, stat in await self._stats("blobs", 2):
@@ -420,8 +442,10 @@ class SnapshotStore:
         async with anyio.create_task_group() as tg:
             for digest in doomed:
                 tg.start_soon(delete, self.blobs.path(digest))
-            for path in await self._stale_locks():
-                tg.start_soon(delete, path)
+            locks = await self._locks()
+            for path, lock in locks.items():
+                if path != claim and self._stale(lock, _storage_now(locks, claim)):
+                    tg.start_soon(delete, path)
         if failures:
             raise failures[0]
         freed = sum(blobs[d].size for d in doomed)
@@ -493,6 +517,13 @@ def _parse_info(data: bytes, snapshot_id: str) -> SnapshotInfo | None:
         return None
 
 
+def _storage_now(locks: Mapping[str, tuple[FileStat, bytes | OSError]], mine: str) -> datetime | None:
+    """The storage's time now: the listed time of the lock ``mine`` just wrote (None where
+    the listing gives no times)."""
+    own = locks.get(mine)
+    return own[0].modified_at if own is not None and own[0].modified_at.timestamp() > 0 else None
+
+
 def _process_space() -> str | None:
     """This kernel's boot and this process's PID namespace: where a lock's process id names
     one process (None where the system does not tell)."""
@@ -504,15 +535,27 @@ def _process_space() -> str | None:
         return None
 
 
+def _start_time(pid: int) -> int | None:
+    """When the process ``pid`` started (clock ticks since boot), or None."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def _lock_record() -> bytes:
     """What a lease or claim holds: when it was taken, and by which process."""
-    record = {"at": time.time(), "host": socket.gethostname(), "pid": os.getpid(), "space": _process_space()}
+    pid = os.getpid()
+    record = {
+        "at": time.time(), "host": socket.gethostname(), "pid": pid, "space": _process_space(),
+        "started": _start_time(pid),
+    }  # fmt: skip
     return json.dumps(record).encode()
 
 
-def _lock_time(data: bytes) -> float | None:
-    """When the lock ``data`` was taken; None when it is not a lock. A lock of a process
-    that has exited, in this PID namespace of this boot, was taken at time 0."""
+def _lock_fields(data: bytes) -> tuple[float, int | None, str | None, int | None] | None:
+    """``(time, pid, process space, start time)`` of a lock record; None when it is not one."""
     try:
         record = json.loads(data)
         at = record["at"]
@@ -520,7 +563,21 @@ def _lock_time(data: bytes) -> float | None:
         return None
     if not isinstance(at, (int, float)) or isinstance(at, bool):
         return None
-    pid, space = record.get("pid"), record.get("space")
-    if isinstance(pid, int) and space is not None and space == _process_space() and not pid_alive(pid):
-        return 0.0  # its process died (kill -9, a crash): released
-    return float(at)
+
+    def number(key: str) -> int | None:
+        value = record.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    space = record.get("space")
+    return float(at), number("pid"), space if isinstance(space, str) else None, number("started")
+
+
+def _exited(record: tuple[float, int | None, str | None, int | None]) -> bool:
+    """Whether the process that wrote a lock record, in this PID namespace of this boot, has
+    exited (a process now holding its id started at another time)."""
+    _, pid, space, started = record
+    if pid is None or space is None or space != _process_space():
+        return False
+    if not pid_alive(pid):
+        return True
+    return started is not None and _start_time(pid) not in (None, started)

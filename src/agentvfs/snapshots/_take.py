@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections import OrderedDict
 from datetime import UTC, datetime
@@ -47,7 +48,11 @@ def check_name(name: str | None) -> None:
 
 
 async def take_snapshot(
-    fs: WorkspaceFilesystem, store: SnapshotStore | None = None, *, name: str | None = None
+    fs: WorkspaceFilesystem,
+    store: SnapshotStore | None = None,
+    *,
+    name: str | None = None,
+    lock_wait: float | None = None,
 ) -> Snapshot:
     """Record the state of ``fs`` as a new snapshot in ``store`` (default: the workspace's
     own, ``.agentvfs/snapshots`` of ``fs``); see :meth:`agentvfs.Workspace.snapshot`.
@@ -61,18 +66,20 @@ async def take_snapshot(
     WorkspaceReadOnlyError
         The store's filesystem is read-only.
     TimeoutError
-        A garbage collection of the store kept it for the store's ``lock_wait`` seconds.
+        A garbage collection of the store kept it for ``lock_wait`` seconds (default: the
+        store's ``lock_wait``).
     """
     check_name(name)
     if store is None:
         store = SnapshotStore(fs, prefix=DEFAULT_PREFIX)
     created = datetime.now(UTC)
     tree = await scan(fs)
+    pinned = await pinned_content(fs)
     # Blobs found stored are counted on without being written again, until the manifest
-    # naming them is saved: no garbage collection may run meanwhile.
-    async with store.taking():
+    # naming them is saved: no garbage collection may run meanwhile. Pinned versions are
+    # no blobs.
+    async with store.taking(wait=lock_wait) if pinned is None else contextlib.nullcontext():
         previous = await _previous(fs, store)
-        pinned = await pinned_content(fs)
         if pinned is not None:
             files = await _pinned_records(pinned, tree, previous)
             content: ContentKind = pinned.kind

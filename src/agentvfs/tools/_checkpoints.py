@@ -39,6 +39,9 @@ _STATE_KEY = "checkpoints"
 
 _log = logging.getLogger("agentvfs.tools")
 
+#: Seconds a checkpoint waits for a garbage collection of the snapshot store under way.
+LOCK_WAIT = 10.0
+
 #: What a path looked like: (type, etag, size, mtime), or None when nothing is there.
 _Seen = tuple[str, str | None, int, float] | None
 
@@ -81,7 +84,12 @@ class Checkpoints:
             now = time.monotonic()
             fresh = not self._open or not self.stack or (now - self._last_write) * 1000 > quiet_ms
             if fresh:
-                snapshot = await host.snapshot("checkpoint")
+                try:
+                    snapshot = await host.snapshot("checkpoint", lock_wait=LOCK_WAIT)
+                except TimeoutError as exc:
+                    # A write is not held up for long by a collection of the store: it fails,
+                    # saying why, and the agent may try again.
+                    raise TimeoutError(f"no checkpoint could be taken before this write: {exc}") from None
                 self.stack.append(_Checkpoint(snapshot.id))
                 while len(self.stack) > keep:
                     await forget(host, self.stack.pop(0))
