@@ -112,7 +112,10 @@ def test_bad_input_is_one_line_naming_the_fix(tmp_path: Path, capsys: pytest.Cap
     assert option.returncode == 2 and "Unknown storage option 'endpoint'" in option.stderr
     name = _here(capsys, "snapshot", str(tmp_path), "--name", " ")
     assert name.returncode == 2 and "snapshot name" in name.stderr
-    for done in (missing, unknown, option, name):
+    inside = _here(capsys, "snapshot", str(tmp_path), "--store", str(tmp_path / "snaps"))
+    assert inside.returncode == 2 and "is inside the workspace it records" in inside.stderr
+    assert not (tmp_path / "snaps").exists()
+    for done in (missing, unknown, option, name, inside):
         assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
 
 

@@ -32,6 +32,7 @@ from agentvfs.snapshots import (
     GarbageReport,
     SnapshotFilesystem,
     SnapshotStore,
+    restore_snapshot,
     take_snapshot,
 )
 from agentvfs.testing import FakeGcsServer, MotoServer
@@ -820,3 +821,26 @@ async def test_a_lock_of_a_process_killed_holding_it_holds_nobody_off(tmp_path: 
     assert time.monotonic() - started < 5
     assert set(taken.files) == {"a.txt"} and report.blobs_deleted == 0
     assert await fs.readdir(locks) == []  # removed by the collection
+
+
+async def test_a_store_inside_the_workspace_is_refused(tmp_path: Any) -> None:
+    fs = LocalFilesystem(str(tmp_path))
+    await fs.write_file("a.txt", b"a\n")
+    inside = [
+        SnapshotStore(fs),  # the workspace's own root
+        SnapshotStore(fs, prefix="snaps"),
+        SnapshotStore(LocalFilesystem(str(tmp_path / "snaps"), contained=False)),
+        SnapshotStore(f"file://{tmp_path}/deep/snaps"),
+    ]
+    for store in inside:
+        with pytest.raises(ValueError, match="is inside the workspace it records"):
+            await take_snapshot(fs, store)
+        with pytest.raises(ValueError, match="is inside the workspace it records"):
+            await restore_snapshot(fs, "0" * 64, store=store)
+    with pytest.raises(ValueError, match="is inside the workspace it records"):
+        await Workspace(filesystem=fs, snapshot_store=fs).snapshot()
+    assert await fs.read_file("a.txt") == b"a\n" and not os.path.exists(tmp_path / "snaps")
+    # In agentvfs's own directory, or beside the workspace, it is fine.
+    own = await take_snapshot(fs, SnapshotStore(fs, prefix=".agentvfs/other"))
+    beside = await take_snapshot(LocalFilesystem(str(tmp_path / "deep")), SnapshotStore(fs, prefix="snaps2"))
+    assert set(own.files) == {"a.txt"} and beside.files == {}

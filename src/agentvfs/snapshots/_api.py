@@ -8,7 +8,7 @@ from ..vfs import WorkspaceFilesystem
 from ._diff import Side, SnapshotDiff, diff_states
 from ._manifest import Snapshot
 from ._restore import RestoreResult, apply_restore
-from ._store import DEFAULT_PREFIX, SnapshotStore
+from ._store import DEFAULT_PREFIX, SnapshotStore, check_outside
 from ._take import SnapshotContent
 from ._tree import scan
 
@@ -68,7 +68,10 @@ async def restore_snapshot(
         The manifest, or a content to write, was changed in storage (nothing was written).
     WorkspaceReadOnlyError
         ``fs`` is read-only.
+    ValueError
+        The store is inside the workspace (anywhere but in ``.agentvfs``).
     """
     store = store if store is not None else default_store(fs)
+    check_outside(fs, store)
     resolved = snapshot if isinstance(snapshot, Snapshot) else await store.resolve(snapshot)
     return await apply_restore(fs, resolved, SnapshotContent(resolved, store, fs), paths=paths, force=force)

@@ -49,10 +49,10 @@ from ..vfs import (
     read_many,
     walk_stats,
 )
-from ._manifest import RESERVED_DIR, Snapshot, SnapshotInfo
+from ._manifest import RESERVED_DIR, Snapshot, SnapshotInfo, is_reserved
 from ._tree import task_group
 
-__all__ = ["DEFAULT_GRACE", "DEFAULT_PREFIX", "GarbageReport", "SnapshotStore"]
+__all__ = ["DEFAULT_GRACE", "DEFAULT_PREFIX", "GarbageReport", "SnapshotStore", "check_outside"]
 
 _log = logging.getLogger("agentvfs.snapshots")
 
@@ -498,6 +498,45 @@ class SnapshotStore:
 
     def __repr__(self) -> str:
         return f"SnapshotStore(fs={self.fs!r}, prefix={self.prefix!r})"
+
+
+def check_outside(fs: WorkspaceFilesystem, store: SnapshotStore) -> None:
+    """Refuse a store kept inside the workspace ``fs`` it records, anywhere but in agentvfs's
+    own ``.agentvfs``: every snapshot would record the store's own files (and its locks),
+    and a forced restore would delete them.
+
+    Raises
+    ------
+    ValueError
+        The store is inside the workspace.
+    """
+    inside = _place_in(fs, store)
+    if inside is None or is_reserved(inside):
+        return
+    raise ValueError(
+        f"the snapshot store {store.describe()} is inside the workspace it records (at {inside or 'its root'!r}): "
+        f"its own files would be recorded in every snapshot and a forced restore would delete them; keep it in "
+        f"{DEFAULT_PREFIX} (the default) or outside the workspace"
+    )
+
+
+def _place_in(fs: WorkspaceFilesystem, store: SnapshotStore) -> str | None:
+    """Where in the workspace ``fs`` the store's directory is (``""``: its root), or None
+    when it is not inside it."""
+    if store.fs is fs:
+        return store.prefix
+    here, there = fs.location, store.fs.location
+    kinds = {fs.provider, store.fs.provider}
+    if not here or not there or (len(kinds) > 1 and kinds != {"local", "file"}):  # local disk is either
+        return None
+    here, there = here.rstrip("/"), there.rstrip("/")
+    if there == here:
+        below = ""
+    elif there.startswith(here + "/"):
+        below = there[len(here) + 1 :]
+    else:
+        return None
+    return normalize_path("/".join(p for p in (below, store.prefix) if p))
 
 
 def _parse_info(data: bytes, snapshot_id: str) -> SnapshotInfo | None:

@@ -12,7 +12,7 @@ import anyio
 from ..errors import StaleFileError
 from ..vfs import FileStat, WorkspaceFilesystem, list_stats, sha256_hex
 from ._manifest import ContentKind, FileRecord, Snapshot
-from ._store import DEFAULT_PREFIX, SnapshotStore
+from ._store import DEFAULT_PREFIX, SnapshotStore, check_outside
 from ._tree import (
     Tree,
     check_content,
@@ -60,7 +60,8 @@ async def take_snapshot(
     Raises
     ------
     ValueError
-        ``name`` is not a usable name.
+        ``name`` is not a usable name, or the store is inside the workspace (anywhere but
+        in ``.agentvfs``).
     StaleFileError
         Files kept changing while they were read, ``ATTEMPTS`` times over.
     WorkspaceReadOnlyError
@@ -72,6 +73,7 @@ async def take_snapshot(
     check_name(name)
     if store is None:
         store = SnapshotStore(fs, prefix=DEFAULT_PREFIX)
+    check_outside(fs, store)
     created = datetime.now(UTC)
     tree = await scan(fs)
     pinned = await pinned_content(fs)
