@@ -831,6 +831,7 @@ async def test_a_store_inside_the_workspace_is_refused(tmp_path: Any) -> None:
         SnapshotStore(fs, prefix="snaps"),
         SnapshotStore(LocalFilesystem(str(tmp_path / "snaps"), contained=False)),
         SnapshotStore(f"file://{tmp_path}/deep/snaps"),
+        SnapshotStore(LocalFilesystem(str(tmp_path.parent), contained=False), prefix=f"{tmp_path.name}/snaps"),
     ]
     for store in inside:
         with pytest.raises(ValueError, match="is inside the workspace it records"):
@@ -844,3 +845,67 @@ async def test_a_store_inside_the_workspace_is_refused(tmp_path: Any) -> None:
     own = await take_snapshot(fs, SnapshotStore(fs, prefix=".agentvfs/other"))
     beside = await take_snapshot(LocalFilesystem(str(tmp_path / "deep")), SnapshotStore(fs, prefix="snaps2"))
     assert set(own.files) == {"a.txt"} and beside.files == {}
+
+
+class _FailingRenewals(WrapperFilesystem):
+    """A store filesystem on which every write of a lock after the first fails."""
+
+    def __init__(self, inner: WorkspaceFilesystem) -> None:
+        super().__init__(inner)
+        self.lock_writes = 0
+
+    async def write_file(self, path: str, content: str | bytes, **options: Any) -> None:
+        if "/locks/" in path:
+            self.lock_writes += 1
+            if self.lock_writes > 1:
+                raise PermissionError(13, "throttled", path)
+        await self.inner.write_file(path, content, **options)
+
+
+async def test_a_lock_that_cannot_be_renewed_stops_its_holder(tmp_path: Any) -> None:
+    fs = LocalFilesystem(str(tmp_path))
+    store = SnapshotStore(_FailingRenewals(fs), prefix=DEFAULT_PREFIX, stale_after=timedelta(seconds=0.5))
+    ran: list[bool] = []
+
+    async def hold() -> None:
+        async with store.taking():
+            await anyio.sleep(5)  # longer than stale_after: the lease must not go stale unnoticed
+            ran.append(True)
+
+    with pytest.raises(TimeoutError, match="could not be renewed"):
+        await hold()
+    assert not ran
+    assert await fs.readdir(f"{DEFAULT_PREFIX}/locks") == []
+
+
+async def test_a_lock_is_stale_by_its_holders_setting_when_that_is_longer(tmp_path: Any) -> None:
+    fs = LocalFilesystem(str(tmp_path))
+    patient = SnapshotStore(fs, prefix=DEFAULT_PREFIX, stale_after=timedelta(hours=1))
+    hasty = SnapshotStore(fs, prefix=DEFAULT_PREFIX, lock_wait=0.2, stale_after=timedelta(seconds=1))
+    async with patient.taking():
+        _age(tmp_path / DEFAULT_PREFIX / "locks", 60)  # a minute since its last renewal
+        with pytest.raises(TimeoutError, match="locks/snapshot-"):
+            await hasty.collect_garbage()
+    with pytest.raises(ValueError, match="stale_after must be longer than 0"):
+        SnapshotStore(fs, stale_after=timedelta(0))
+    with pytest.raises(ValueError, match="lock_wait must be 0 seconds or more"):
+        SnapshotStore(fs, lock_wait=-1)
+
+
+async def test_an_interrupt_while_holding_a_lock_comes_out_as_itself(tmp_path: Any) -> None:
+    fs = LocalFilesystem(str(tmp_path))
+    store = SnapshotStore(fs, prefix=DEFAULT_PREFIX)
+    cause = KeyError("why")
+
+    async def hold(exc: BaseException) -> None:
+        async with store.taking():
+            raise exc
+
+    with pytest.raises(KeyboardInterrupt):
+        await hold(KeyboardInterrupt())
+    failure = ValueError("what")
+    failure.__cause__ = cause
+    with pytest.raises(ValueError) as caught:
+        await hold(failure)
+    assert caught.value.__cause__ is cause
+    assert await fs.readdir(f"{DEFAULT_PREFIX}/locks") == []

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -37,7 +38,13 @@ from typing import Any
 import anyio
 
 from .._procs import pid_alive
-from ..errors import BlobIntegrityError, FileExists, FileNotFound, SnapshotNotFoundError
+from ..errors import (
+    BlobIntegrityError,
+    FileExists,
+    FileNotFound,
+    SnapshotNotFoundError,
+    WorkspaceReadOnlyError,
+)
 from ..vfs import (
     BlobStore,
     FileStat,
@@ -129,6 +136,10 @@ class SnapshotStore:
         self.fs: WorkspaceFilesystem = fs
         self.prefix = normalize_path(prefix)
         self.blobs = BlobStore(fs, self.prefix)
+        if not lock_wait >= 0:
+            raise ValueError(f"lock_wait must be 0 seconds or more, got {lock_wait!r}")
+        if not stale_after > timedelta(0):
+            raise ValueError(f"stale_after must be longer than 0, got {stale_after!r}")
         self.lock_wait = lock_wait
         self.stale_after = stale_after
 
@@ -288,8 +299,13 @@ class SnapshotStore:
         """Write a lock of ``kind`` ("snapshot" or "gc"), keep it fresh, and remove it on the
         way out (also when writing it failed halfway, or the task was cancelled)."""
         path = self._path(_LOCKS, f"{kind}-{secrets.token_hex(8)}.json")
+        started = False
         try:
-            await self.fs.write_file(path, _lock_record())
+            # Shielded, as every write of the lock: a write abandoned to a cancellation could
+            # land after the removal below and leave the lock behind.
+            with anyio.CancelScope(shield=True):
+                started = True
+                await self.fs.write_file(path, self._record())
             async with task_group() as tg:  # what the body raises comes out as itself
                 tg.start_soon(self._renew, path)
                 try:
@@ -297,26 +313,47 @@ class SnapshotStore:
                 finally:
                     tg.cancel_scope.cancel()
         finally:
-            with anyio.move_on_after(_RELEASE_TIMEOUT, shield=True):
-                for attempt in range(3):
-                    try:
-                        await self.fs.delete_file(path, force=True)
-                        break
-                    except OSError as exc:
-                        if attempt == 2:  # left behind: it holds the other side off until it is stale
-                            _log.warning("%s lock %s not removed: %s", kind, path, exc)
-                        else:
-                            await anyio.sleep(0.5)
+            if started:
+                await self._release(kind, path)
+
+    async def _release(self, kind: str, path: str) -> None:
+        with anyio.move_on_after(_RELEASE_TIMEOUT, shield=True) as scope:
+            for attempt in range(3):
+                try:
+                    await self.fs.delete_file(path, force=True)
+                    return
+                except WorkspaceReadOnlyError:
+                    return  # it was never written
+                except Exception as exc:
+                    if attempt == 2:  # left behind: it holds the other side off until it is stale
+                        _log.warning("%s lock %s not removed: %s", kind, path, exc)
+                        return
+                    await anyio.sleep(0.5)
+        if scope.cancelled_caught:
+            _log.warning("%s lock %s not removed: storage did not answer in %g s", kind, path, _RELEASE_TIMEOUT)
 
     async def _renew(self, path: str) -> None:
-        """Rewrite the lock at ``path`` well within ``stale_after``, so a long snapshot or
-        collection is never taken for a dead one."""
+        """Rewrite the lock at ``path`` every fifth of ``stale_after``, so a long snapshot or
+        collection is never taken for a dead one; give up, failing the holder, when it could
+        not be rewritten for half of ``stale_after`` (it would soon look dead)."""
+        period = self.stale_after.total_seconds() / 5
+        renewed = time.monotonic()
         while True:
-            await anyio.sleep(self.stale_after.total_seconds() / 5)
+            await anyio.sleep(period if time.monotonic() - renewed < period else min(period, 1.0))
             try:
-                await self.fs.write_file(path, _lock_record())
+                with anyio.CancelScope(shield=True):
+                    await self.fs.write_file(path, self._record())
+                renewed = time.monotonic()
             except OSError as exc:
-                _log.warning("lock %s not renewed: %s", path, exc)
+                if time.monotonic() - renewed > 2.5 * period:
+                    raise TimeoutError(
+                        f"the lock {path} could not be renewed for {time.monotonic() - renewed:.0f} seconds ({exc}); "
+                        "stopped, since it would soon look like a dead process's"
+                    ) from exc
+                _log.warning("lock %s not renewed, trying again: %s", path, exc)
+
+    def _record(self) -> bytes:
+        return _lock_record(self.stale_after.total_seconds())
 
     async def _locks(self) -> dict[str, tuple[FileStat, bytes | OSError]]:
         """Every lock of the store: its stat and its record."""
@@ -333,8 +370,9 @@ class SnapshotStore:
         lock that cannot be read or parsed is aged by the listing alone. On local disk, a
         lock of a process of this machine that has exited is stale at once."""
         stat, data = lock
-        limit = self.stale_after.total_seconds()
         record = _lock_fields(data) if isinstance(data, bytes) else None
+        # The holder renews by its own setting: a lock is stale past the longer of the two.
+        limit = max(self.stale_after.total_seconds(), record[4] if record is not None and record[4] else 0.0)
         if record is not None and self._local and _exited(record):
             return True
         if now is not None and stat.modified_at.timestamp() > 0:
@@ -357,11 +395,13 @@ class SnapshotStore:
             and not self._stale(lock, now)
         ]
 
-    @property
+    @functools.cached_property
     def _local(self) -> bool:
         # Process ids name processes only where every writer of the store runs on this
-        # machine: a store on local disk (clones of one VM share a boot id, not a disk).
-        return isinstance(self.fs, LocalFilesystem)
+        # machine: a store on a local disk (clones of one VM share a boot id, not a disk;
+        # they may share a network filesystem).
+        location = self.fs.location
+        return isinstance(self.fs, LocalFilesystem) and location is not None and not _on_network_fs(location)
 
     async def collect_garbage(self, *, grace: timedelta = DEFAULT_GRACE) -> GarbageReport:
         """Delete the blobs no snapshot holds.
@@ -529,14 +569,16 @@ def _place_in(fs: WorkspaceFilesystem, store: SnapshotStore) -> str | None:
     kinds = {fs.provider, store.fs.provider}
     if not here or not there or (len(kinds) > 1 and kinds != {"local", "file"}):  # local disk is either
         return None
-    here, there = here.rstrip("/"), there.rstrip("/")
-    if there == here:
-        below = ""
-    elif there.startswith(here + "/"):
-        below = there[len(here) + 1 :]
-    else:
-        return None
-    return normalize_path("/".join(p for p in (below, store.prefix) if p))
+    if kinds <= {"local", "file"}:
+        here, there = os.path.realpath(here), os.path.realpath(there)
+    # The store's own directory: its filesystem's root may lie above the workspace.
+    where = "/".join(p for p in (there.rstrip("/"), store.prefix) if p)
+    here = here.rstrip("/")
+    if where == here:
+        return ""
+    if where.startswith(here + "/"):
+        return normalize_path(where[len(here) + 1 :])
+    return None
 
 
 def _parse_info(data: bytes, snapshot_id: str) -> SnapshotInfo | None:
@@ -563,6 +605,27 @@ def _storage_now(locks: Mapping[str, tuple[FileStat, bytes | OSError]], mine: st
     return own[0].modified_at if own is not None and own[0].modified_at.timestamp() > 0 else None
 
 
+#: Filesystem types whose files other machines may write.
+_NETWORK_FS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "ceph", "glusterfs", "lustre", "gpfs", "afs", "fuse")
+
+
+def _on_network_fs(path: str) -> bool:
+    """Whether ``path`` is on a filesystem other machines may share (or it cannot be told)."""
+    try:
+        real = os.path.realpath(path)
+        best, kind = "", ""
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                fields = line.split()
+                mount = fields[4].replace("\\040", " ")
+                fstype = fields[fields.index("-") + 1]
+                if (real == mount or real.startswith(mount.rstrip("/") + "/")) and len(mount) >= len(best):
+                    best, kind = mount, fstype
+    except (OSError, ValueError, IndexError):
+        return True
+    return not best or kind.split(".", 1)[0] in _NETWORK_FS
+
+
 def _process_space() -> str | None:
     """This kernel's boot and this process's PID namespace: where a lock's process id names
     one process (None where the system does not tell)."""
@@ -583,18 +646,23 @@ def _start_time(pid: int) -> int | None:
         return None
 
 
-def _lock_record() -> bytes:
-    """What a lease or claim holds: when it was taken, and by which process."""
+def _lock_record(stale_after: float) -> bytes:
+    """What a lease or claim holds: when it was written, by which process, and after how
+    long without a renewal it is stale."""
     pid = os.getpid()
     record = {
         "at": time.time(), "host": socket.gethostname(), "pid": pid, "space": _process_space(),
-        "started": _start_time(pid),
+        "started": _start_time(pid), "stale_after": stale_after,
     }  # fmt: skip
     return json.dumps(record).encode()
 
 
-def _lock_fields(data: bytes) -> tuple[float, int | None, str | None, int | None] | None:
-    """``(time, pid, process space, start time)`` of a lock record; None when it is not one."""
+_Fields = tuple[float, int | None, str | None, int | None, float | None, str | None]
+
+
+def _lock_fields(data: bytes) -> _Fields | None:
+    """``(time, pid, process space, start time, stale_after, host)`` of a lock record; None
+    when it is not one."""
     try:
         record = json.loads(data)
         at = record["at"]
@@ -607,15 +675,22 @@ def _lock_fields(data: bytes) -> tuple[float, int | None, str | None, int | None
         value = record.get(key)
         return value if isinstance(value, int) and not isinstance(value, bool) else None
 
-    space = record.get("space")
-    return float(at), number("pid"), space if isinstance(space, str) else None, number("started")
+    space, host, stale = record.get("space"), record.get("host"), record.get("stale_after")
+    return (
+        float(at),
+        number("pid"),
+        space if isinstance(space, str) else None,
+        number("started"),
+        float(stale) if isinstance(stale, (int, float)) and not isinstance(stale, bool) and stale > 0 else None,
+        host if isinstance(host, str) else None,
+    )
 
 
-def _exited(record: tuple[float, int | None, str | None, int | None]) -> bool:
-    """Whether the process that wrote a lock record, in this PID namespace of this boot, has
-    exited (a process now holding its id started at another time)."""
-    _, pid, space, started = record
-    if pid is None or space is None or space != _process_space():
+def _exited(record: _Fields) -> bool:
+    """Whether the process that wrote a lock record, on this host in this PID namespace of
+    this boot, has exited (a process now holding its id started at another time)."""
+    _, pid, space, started, _, host = record
+    if pid is None or space is None or space != _process_space() or host != socket.gethostname():
         return False
     if not pid_alive(pid):
         return True

@@ -69,8 +69,10 @@ async def task_group() -> AsyncIterator[anyio.abc.TaskGroup]:
             else:
                 leaves.append(exc)
         errors = [e for e in leaves if isinstance(e, Exception)]
-        if errors and len(errors) == len(leaves):
-            raise errors[0] from None
+        if len(leaves) == 1 or (errors and len(errors) == len(leaves)):
+            # One failure (a KeyboardInterrupt too) comes out as itself, with its own cause.
+            first = leaves[0] if len(leaves) == 1 else errors[0]
+            raise first from first.__cause__
         raise
 
 
