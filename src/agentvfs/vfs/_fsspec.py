@@ -513,13 +513,7 @@ class FsspecFilesystem(WorkspaceFilesystem):
         expected_mtime: datetime | FileStat | None = None,
     ) -> None:
         """Write a whole file atomically; see :meth:`WorkspaceFilesystem.write_file`."""
-        self._check_writable("write_file")
-        data = as_bytes(content)
-        if self.status != "ready":
-            await self.ensure_ready()
-        rel = self._rel(path)
-        if self._is_root(rel):
-            raise IsDirectory(path)
+        rel, data = await self._whole_write(path, content)
         backend = self._backend
         guard = backend.known.guard(rel, expected_mtime) if expected_mtime is not None else None
         try:
@@ -552,6 +546,11 @@ class FsspecFilesystem(WorkspaceFilesystem):
 
         On object stores one create-only PUT, without the parent checks of :meth:`write_file`;
         elsewhere the same as ``write_file(path, content, overwrite=False)``."""
+        rel, data = await self._whole_write(path, content)
+        await self._call_write(self._backend.put_new_sync, rel, path, data)
+
+    async def _whole_write(self, path: str, content: str | bytes) -> tuple[str, bytes]:
+        """The checks every whole-file write makes; its relative path and bytes."""
         self._check_writable("write_file")
         data = as_bytes(content)
         if self.status != "ready":
@@ -559,7 +558,7 @@ class FsspecFilesystem(WorkspaceFilesystem):
         rel = self._rel(path)
         if self._is_root(rel):
             raise IsDirectory(path)
-        await self._call_write(self._backend.put_new_sync, rel, path, data)
+        return rel, data
 
     async def append_file(self, path: str, content: str | bytes) -> None:
         """Append to a file, creating it and its parents if missing: the whole object is
