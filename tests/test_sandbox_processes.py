@@ -299,6 +299,27 @@ async def test_kill_all_and_children_left_behind(manager: LocalProcessManager) -
     await assert_group_gone(int(leaver.pid))
 
 
+async def test_kill_all_right_after_a_result_finds_what_it_left_running(
+    manager: LocalProcessManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The reader thread lags after making the result final (a loaded machine): kill_all
+    # called at once must still know the group the command left running.
+    from agentvfs.sandbox import _processes
+
+    close_stdin = _processes._LocalProcessHandle._close_stdin
+
+    def slow_close_stdin(self: Any) -> None:
+        time.sleep(0.5)
+        close_stdin(self)
+
+    monkeypatch.setattr(_processes._LocalProcessHandle, "_close_stdin", slow_close_stdin)
+    leaver = await manager.spawn("sleep 30 & echo left")
+    with anyio.fail_after(3):
+        await leaver.wait()
+    await manager.kill_all()
+    await assert_group_gone(int(leaver.pid))
+
+
 # -- callbacks ----------------------------------------------------------------------------------
 
 

@@ -684,11 +684,13 @@ class _LocalProcessHandle(ProcessHandle):
                 # A killed or timed-out command ends whole, what left its group included.
                 self._cgroup.kill()
             lingering = bool(streams) or group_alive(proc.pid)
-            self._close(exit_code, timed_out=self.timed_out, killed=killed)
-            self._close_stdin()
             if lingering and self._on_linger is not None:
                 # Children left running in the background keep the group; ``kill_all`` ends it.
+                # Noted before the result is final: a caller that waited for it and then
+                # calls ``kill_all`` must find the group.
                 self._on_linger(proc.pid, self._leader_start)
+            self._close(exit_code, timed_out=self.timed_out, killed=killed)
+            self._close_stdin()
             # Output of such children is read and discarded until they close the pipes, so
             # they never block on a full pipe (and never die of SIGPIPE).
             while streams:
