@@ -909,3 +909,15 @@ async def test_an_interrupt_while_holding_a_lock_comes_out_as_itself(tmp_path: A
         await hold(failure)
     assert caught.value.__cause__ is cause
     assert await fs.readdir(f"{DEFAULT_PREFIX}/locks") == []
+
+
+async def test_reading_a_snapshot_whose_blobs_were_collected_names_the_file(tmp_path: Any) -> None:
+    fs = LocalFilesystem(str(tmp_path))
+    await fs.write_file("notes/a.txt", b"a\n")
+    ws = Workspace(filesystem=fs)
+    taken = await ws.snapshot()
+    held = await ws.open_snapshot(taken.id)  # kept open while the snapshot goes
+    await ws.delete_snapshot(taken.id)
+    await ws.snapshot_store().collect_garbage(grace=timedelta(0))
+    with pytest.raises(FileNotFoundError, match=rf"notes/a\.txt \(its content in snapshot {taken.id[:12]}, blob "):
+        await held.read_file("notes/a.txt")

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 import anyio
 
-from ..errors import StaleFileError
+from ..errors import FileNotFound, StaleFileError
 from ..vfs import FileStat, WorkspaceFilesystem, list_stats, sha256_hex
 from ._manifest import ContentKind, FileRecord, Snapshot
 from ._store import DEFAULT_PREFIX, SnapshotStore, check_outside
@@ -271,9 +271,15 @@ class SnapshotContent:
             self._cache.move_to_end(record.sha256)
             return cached
         if record.version is None:
-            data = check_content(
-                record, await self.store.blobs.get(record.sha256, name=record.path), self.store.describe()
-            )
+            try:
+                blob = await self.store.blobs.get(record.sha256, name=record.path)
+            except FileNotFoundError as exc:
+                # Named as the file and snapshot it is the content of, not as a blob's path.
+                raise FileNotFound(
+                    f"{record.path} (its content in snapshot {self.snapshot.id[:12]}, blob {record.sha256} of "
+                    f"{self.store.describe()}, is gone: was the snapshot deleted and its blobs collected?)"
+                ) from exc
+            data = check_content(record, blob, self.store.describe())
         else:
             if self._pinned is None:
                 self._pinned = pinned_reader(self.fs, self.snapshot.content, self.snapshot.root)
