@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 
-__all__ = ["pid_alive"]
+__all__ = ["pid_alive", "start_time"]
 
 
 def pid_alive(pid: int) -> bool:
@@ -29,3 +29,19 @@ def pid_alive(pid: int) -> bool:
         # another of its threads does.
         return len(os.listdir(f"/proc/{pid}/task")) > 1
     return True
+
+
+def start_time(pid: int) -> int | None:
+    """The start time (clock ticks since boot) of process ``pid``, or None if unknown: with
+    the pid it names one process, where a pid alone may since name another."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    # Field 2 (the command name) may contain spaces and parentheses: split after the last ")".
+    fields = raw[raw.rfind(b")") + 2 :].split()
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None

@@ -9,25 +9,12 @@ from __future__ import annotations
 
 import os
 
+from .._procs import start_time
+
 __all__ = ["format_ms", "group_alive", "group_is_ours", "open_pidfd", "signal_group", "start_time"]
 
 
 # -- process-group bookkeeping (Linux /proc) ------------------------------------------------------
-
-
-def start_time(pid: int) -> int | None:
-    """The start time (clock ticks since boot) of process ``pid``, or None if unknown."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read()
-    except OSError:
-        return None
-    # Field 2 (the command name) may contain spaces and parentheses: split after the last ")".
-    fields = raw[raw.rfind(b")") + 2 :].split()
-    try:
-        return int(fields[19])
-    except (IndexError, ValueError):
-        return None
 
 
 _HAVE_PROC = os.path.exists("/proc/self/stat")

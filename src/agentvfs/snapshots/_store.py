@@ -33,11 +33,11 @@ import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
 
-from .._procs import pid_alive
+from .._procs import pid_alive, start_time
 from ..errors import (
     BlobIntegrityError,
     FileExists,
@@ -372,13 +372,14 @@ class SnapshotStore:
         stat, data = lock
         record = _lock_fields(data) if isinstance(data, bytes) else None
         # The holder renews by its own setting: a lock is stale past the longer of the two.
-        limit = max(self.stale_after.total_seconds(), record[4] if record is not None and record[4] else 0.0)
+        held_for = (record.stale_after or 0.0) if record is not None else 0.0
+        limit = max(self.stale_after.total_seconds(), held_for)
         if record is not None and self._local and _exited(record):
             return True
         if now is not None and stat.modified_at.timestamp() > 0:
             return (now - stat.modified_at).total_seconds() > limit
         if record is not None:
-            return time.time() - record[0] > limit
+            return time.time() - record.at > limit
         return False
 
     async def _live_locks(self, kind: str, mine: str) -> builtins.list[str]:
@@ -483,8 +484,9 @@ class SnapshotStore:
             for digest in doomed:
                 tg.start_soon(delete, self.blobs.path(digest))
             locks = await self._locks()
+            storage_now = _storage_now(locks, claim)
             for path, lock in locks.items():
-                if path != claim and self._stale(lock, _storage_now(locks, claim)):
+                if path != claim and self._stale(lock, storage_now):
                     tg.start_soon(delete, path)
         if failures:
             raise failures[0]
@@ -637,32 +639,30 @@ def _process_space() -> str | None:
         return None
 
 
-def _start_time(pid: int) -> int | None:
-    """When the process ``pid`` started (clock ticks since boot), or None."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
 def _lock_record(stale_after: float) -> bytes:
     """What a lease or claim holds: when it was written, by which process, and after how
     long without a renewal it is stale."""
     pid = os.getpid()
     record = {
         "at": time.time(), "host": socket.gethostname(), "pid": pid, "space": _process_space(),
-        "started": _start_time(pid), "stale_after": stale_after,
+        "started": start_time(pid), "stale_after": stale_after,
     }  # fmt: skip
     return json.dumps(record).encode()
 
 
-_Fields = tuple[float, int | None, str | None, int | None, float | None, str | None]
+class _Fields(NamedTuple):
+    """What a lock record says (None: not said, or not of the right type)."""
+
+    at: float
+    pid: int | None
+    space: str | None
+    started: int | None
+    stale_after: float | None
+    host: str | None
 
 
 def _lock_fields(data: bytes) -> _Fields | None:
-    """``(time, pid, process space, start time, stale_after, host)`` of a lock record; None
-    when it is not one."""
+    """The fields of a lock record; None when it is not one."""
     try:
         record = json.loads(data)
         at = record["at"]
@@ -676,7 +676,7 @@ def _lock_fields(data: bytes) -> _Fields | None:
         return value if isinstance(value, int) and not isinstance(value, bool) else None
 
     space, host, stale = record.get("space"), record.get("host"), record.get("stale_after")
-    return (
+    return _Fields(
         float(at),
         number("pid"),
         space if isinstance(space, str) else None,
@@ -689,9 +689,9 @@ def _lock_fields(data: bytes) -> _Fields | None:
 def _exited(record: _Fields) -> bool:
     """Whether the process that wrote a lock record, on this host in this PID namespace of
     this boot, has exited (a process now holding its id started at another time)."""
-    _, pid, space, started, _, host = record
-    if pid is None or space is None or space != _process_space() or host != socket.gethostname():
+    pid, space = record.pid, record.space
+    if pid is None or space is None or space != _process_space() or record.host != socket.gethostname():
         return False
     if not pid_alive(pid):
         return True
-    return started is not None and _start_time(pid) not in (None, started)
+    return record.started is not None and start_time(pid) not in (None, record.started)
