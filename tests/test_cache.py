@@ -265,25 +265,28 @@ def test_processes_sharing_a_cache_with_random_kills(tmp_path: Path) -> None:
         seed += 1
         procs.append(subprocess.Popen([sys.executable, str(script), str(directory), str(budget), str(seed)]))
 
-    for _ in range(4):
-        spawn()
-    deadline = time.monotonic() + 3.0
     killed = 0
-    while time.monotonic() < deadline:
-        time.sleep(rng.uniform(0.05, 0.3))
-        victim = procs[rng.randrange(len(procs))]
-        if victim.poll() is None:
-            victim.send_signal(signal.SIGKILL)
-            victim.wait()
-            killed += 1
-            procs.remove(victim)
+    try:
+        for _ in range(4):
             spawn()
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline:
+            time.sleep(rng.uniform(0.05, 0.3))
+            victim = procs[rng.randrange(len(procs))]
+            if victim.poll() is None:
+                victim.send_signal(signal.SIGKILL)
+                victim.wait()
+                killed += 1
+                procs.remove(victim)
+                spawn()
+            for proc in procs:
+                assert proc.poll() is None, f"a worker failed with {proc.returncode}: it read a wrong byte"
+            assert _du(directory / "v1" / "entries") <= budget + 4096 * 64
+    finally:
+        # Also when an assertion fails: the workers loop until killed.
         for proc in procs:
-            assert proc.poll() is None, f"a worker failed with {proc.returncode}: it read a wrong byte"
-        assert _du(directory / "v1" / "entries") <= budget + 4096 * 64
-    for proc in procs:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
     assert killed >= 3
     cache = ContentCache(directory, max_bytes=budget)
     info = cache.info()
