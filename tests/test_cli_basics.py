@@ -205,3 +205,68 @@ def test_a_readable_remotes_file_with_credentials_is_warned_about(tmp_path: Path
     done = _agentvfs("mount", "--remotes", os.fspath(remotes), "s3:", os.fspath(tmp_path), "-o", "bogus=1")
     assert f"holds credentials and others may read it; chmod 600 {remotes}" in done.stderr
     assert "Unknown storage option 'bogus'" in done.stderr  # the remote's options are checked with the others
+
+
+_SIGNAL_STORM = """
+import signal, sys
+from agentvfs.cli import _SignalStop
+
+stop = _SignalStop()
+quit = False
+seen = 0
+
+def on_quit(signum, frame):
+    global quit
+    quit = True
+
+signal.signal(signal.SIGTERM, lambda signum, frame: stop.request())
+signal.signal(signal.SIGUSR1, on_quit)
+print("ready", flush=True)
+while not quit:
+    # A zero timeout keeps the waiter inside wait() nearly all the time: the window where a
+    # handler that takes the waiter's lock (threading.Event.set) blocks for good.
+    if stop.wait(0):
+        seen += 1
+        stop.clear()
+print(seen, flush=True)
+"""
+
+
+def test_a_stop_requested_by_signals_never_deadlocks_its_waiter() -> None:
+    """The mount command waits for SIGTERM with ``_SignalStop``; with a ``threading.Event``
+    a signal landing while the main thread was inside ``Event.wait`` hung the mount for good
+    (seen in CI as a mount that did not exit within 60 s of SIGTERM)."""
+    import signal
+
+    child = subprocess.Popen(
+        [sys.executable, "-c", _SIGNAL_STORM], stdout=subprocess.PIPE, text=True, env=cli_env()
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "ready\n"
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline and child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+            time.sleep(0.0005)
+        child.send_signal(signal.SIGUSR1)
+        out, _ = child.communicate(timeout=20)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode == 0 and int(out) > 0, (child.returncode, out)
+
+
+def test_a_waiter_wakes_at_once_when_a_stop_is_requested() -> None:
+    from agentvfs.cli import _SignalStop
+
+    stop = _SignalStop()
+    try:
+        started = time.monotonic()
+        assert not stop.wait(0.05) and time.monotonic() - started >= 0.04
+        stop.request()
+        started = time.monotonic()
+        assert stop.wait(30) and time.monotonic() - started < 1
+        stop.clear()
+        assert not stop.wait(0)
+    finally:
+        stop.close()

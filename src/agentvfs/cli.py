@@ -9,12 +9,12 @@ import functools
 import json
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
 import tempfile
 import textwrap
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict
@@ -652,6 +652,50 @@ def _filesystem_for(url: str, read_only: bool, storage_options: dict[str, Any]) 
     return FsspecFilesystem(url, read_only=read_only, storage_options=storage_options or None)
 
 
+class _SignalStop:
+    """A stop request made by a signal handler and awaited by the main thread.
+
+    A Python signal handler runs in the main thread between two bytecodes, possibly while
+    that thread holds a lock. ``threading.Event`` cannot serve: the main thread waiting in
+    ``Event.wait`` holds the event's lock for a moment each round, and a handler calling
+    ``Event.set`` then blocks on it for good (a mount that never exits on SIGTERM). Here the
+    handler only sets a flag and writes a byte to a non-blocking pipe, which wakes the
+    waiter's ``select`` at once.
+    """
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._read, False)
+        os.set_blocking(self._write, False)
+
+    def request(self) -> None:
+        """Ask the waiter to stop; safe to call from a signal handler."""
+        self.requested = True
+        # A full pipe (EAGAIN) already wakes the waiter; a closed one means nobody waits.
+        with contextlib.suppress(OSError):
+            os.write(self._write, b"\0")
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for a request; return whether one was made."""
+        if not self.requested:
+            with contextlib.suppress(OSError, ValueError):
+                select.select([self._read], [], [], timeout)
+        return self.requested
+
+    def clear(self) -> None:
+        """Forget the requests made so far."""
+        self.requested = False
+        with contextlib.suppress(OSError):
+            while os.read(self._read, 4096):
+                pass
+
+    def close(self) -> None:
+        for fd in (self._read, self._write):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
 def _mount(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from .errors import MountError, WorkspaceError
     from .mounts import Mount, MountOptions
@@ -682,47 +726,54 @@ def _mount(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return 1
     if args.daemon:
         return _daemonize(args, mount_options)
-    stop = threading.Event()
-    closing = threading.Event()
+    stop = _SignalStop()
+    closing = False
 
     def on_signal(signum: int, frame: object) -> None:
-        if closing.is_set():
+        if closing:
             # A second signal while the mount waits for writers or uploads: stop now, as a
             # killed mount would. What is staged and unpublished stays in the state directory,
-            # and the next mount of this storage moves it to the recovery area.
-            print(
-                "agentvfs: stopping at once (a second signal): unpublished files are kept for the next mount "
-                "of this storage to recover (agentvfs recover --list)",
-                file=sys.stderr, flush=True,
-            )  # fmt: skip
+            # and the next mount of this storage moves it to the recovery area. Written with
+            # os.write: the main thread may be inside a print to stderr right now.
+            with contextlib.suppress(OSError):
+                os.write(2, (
+                    b"agentvfs: stopping at once (a second signal): unpublished files are kept for the next "
+                    b"mount of this storage to recover (agentvfs recover --list)\n"
+                ))  # fmt: skip
             subprocess.run(["fusermount3", "-uz", os.path.abspath(args.mountpoint)], capture_output=True, check=False)
             os._exit(1)
-        stop.set()
+        stop.request()
 
     # Before the mount appears: a signal the moment it does must still unmount cleanly.
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        fs = _filesystem_for(args.url, args.read_only, storage_options)
-        handle = Mount(fs, args.mountpoint, read_only=args.read_only or None, options=mount_options)
-        handle.start()
-    except (MountError, WorkspaceError, OSError, ValueError, ImportError) as exc:
-        print(f"agentvfs mount: {exc}", file=sys.stderr)
-        return 1
-    mode = "read-only" if handle.read_only else "read-write"
-    print(f"agentvfs: {args.url} mounted at {handle.mountpoint} ({mode}); SIGINT or SIGTERM unmounts", file=sys.stderr, flush=True)
-    while not stop.wait(0.5):
-        if not handle.mounted:
-            print("agentvfs: the mount went away (unmounted from outside)", file=sys.stderr)
-            break
-    closing.set()
-    try:
-        handle.close()
-    except MountError as exc:
-        print(f"agentvfs mount: {exc}", file=sys.stderr)
-        return 1
-    print(f"agentvfs: unmounted {handle.mountpoint}", file=sys.stderr)
-    return 0
+        try:
+            fs = _filesystem_for(args.url, args.read_only, storage_options)
+            handle = Mount(fs, args.mountpoint, read_only=args.read_only or None, options=mount_options)
+            handle.start()
+        except (MountError, WorkspaceError, OSError, ValueError, ImportError) as exc:
+            print(f"agentvfs mount: {exc}", file=sys.stderr)
+            return 1
+        mode = "read-only" if handle.read_only else "read-write"
+        print(f"agentvfs: {args.url} mounted at {handle.mountpoint} ({mode}); SIGINT or SIGTERM unmounts", file=sys.stderr, flush=True)
+        while not stop.wait(0.5):
+            if not handle.mounted:
+                print("agentvfs: the mount went away (unmounted from outside)", file=sys.stderr)
+                break
+        closing = True
+        try:
+            handle.close()
+        except MountError as exc:
+            print(f"agentvfs mount: {exc}", file=sys.stderr)
+            return 1
+        print(f"agentvfs: unmounted {handle.mountpoint}", file=sys.stderr)
+        return 0
+    finally:
+        # The handlers go first: one running after the pipe closed could write into
+        # whatever file took its descriptor number.
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        stop.close()
 
 
 def _daemonize(args: argparse.Namespace, mount_options: dict[str, Any]) -> int:
