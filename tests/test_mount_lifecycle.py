@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import os
 import signal
@@ -644,3 +645,57 @@ def _zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z")
     except OSError:
         return True
+
+
+def test_sigterm_to_a_mount_process_interrupts_only_its_wait_for_requests() -> None:
+    """The child's SIGTERM handler raises only while the child waits for its parent's next
+    message; anywhere else (a change being applied under a lock, the unmount publishing
+    staged files) the signal is noted and acted on once that work is done."""
+    from agentvfs.mounts._child import _Stop
+
+    stop = _Stop()
+    old = signal.signal(signal.SIGTERM, stop.on_signal)
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)  # busy: noted, nothing raised
+        assert stop.requested
+        with pytest.raises(KeyboardInterrupt), stop.interruptible():  # asked already: no wait begins
+            pass
+        stop.requested = False
+
+        def wait_for_a_request() -> None:
+            with stop.interruptible():
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)
+
+        started = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            wait_for_a_request()
+        assert time.monotonic() - started < 4
+        os.kill(os.getpid(), signal.SIGTERM)  # after the wait: noted again, not raised
+        assert stop.requested
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def test_a_storm_of_sigterms_still_unmounts_a_mount_process_and_publishes(tmp_path: Path, mnt: str) -> None:
+    from agentvfs.mounts import ProcessMount
+
+    data = tmp_path / "data"
+    data.mkdir()
+    handle = ProcessMount(FsspecFilesystem(f"file://{data}"), mnt).start()
+    try:
+        Path(mnt, "written.txt").write_text("through the mount\n")
+        pid = handle.pid
+        assert pid is not None and handle._proc is not None
+        for _ in range(200):
+            if handle._proc.poll() is not None:
+                break
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+            time.sleep(0.002)
+        assert handle._proc.wait(timeout=30) == 0
+    finally:
+        if handle._proc is not None and handle._proc.poll() is None:
+            handle._proc.kill()
+    assert wait_until(lambda: not is_mounted(mnt), timeout=10)
+    assert (data / "written.txt").read_text() == "through the mount\n"

@@ -30,7 +30,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from types import TracebackType
 from typing import IO, Any
 
@@ -350,26 +350,67 @@ def _die_with_parent() -> None:
     threading.Thread(target=watch, name="agentvfs-mount-parent-watch", daemon=True).start()
 
 
+class _Stop:
+    """SIGTERM for the serving loop: it interrupts a wait for the parent's next message, and
+    anywhere else is only noted, to be acted on when the work at hand is done.
+
+    Raising from the handler at any point could land in the middle of a change the mount was
+    applying, with one of its locks held, and its ``close`` would then wait on that lock for
+    good; a signal during ``close`` would cut the publishing of staged files short.
+    """
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._waiting = False
+
+    def on_signal(self, signum: int, frame: Any) -> None:
+        self.requested = True
+        if self._waiting:
+            self._waiting = False
+            raise KeyboardInterrupt
+
+    @contextlib.contextmanager
+    def interruptible(self) -> Iterator[None]:
+        """Let a signal interrupt the block (a blocking read of the next request)."""
+        if self.requested:
+            raise KeyboardInterrupt
+        self._waiting = True
+        try:
+            yield
+        finally:
+            self._waiting = False
+
+
+_stop = _Stop()
+
+
 def _serve(requests: IO[bytes], replies: IO[bytes]) -> int:
     def reply(message: Mapping[str, Any]) -> None:
         replies.write(json.dumps(message).encode() + b"\n")
         replies.flush()
 
-    line = requests.readline()
+    with _stop.interruptible():
+        line = requests.readline()
     if not line:
         return 0
     request = json.loads(line)
     try:
-        fs = rebuild(request["recipe"])
-        handle = Mount(fs, request["mountpoint"], read_only=request["read_only"], options=request["options"])
-        handle.start()
+        # Nothing is published yet: a signal may cut a start that hangs (storage unreachable).
+        with _stop.interruptible():
+            fs = rebuild(request["recipe"])
+            handle = Mount(fs, request["mountpoint"], read_only=request["read_only"], options=request["options"])
+            handle.start()
     except BaseException as exc:
         reply({"error": str(exc)})
         return 1
     reply({"ready": True})
     closed: dict[str, Any] = {"closed": True, "failures": {}}
     try:
-        for line in requests:
+        while not _stop.requested:
+            with _stop.interruptible():
+                line = requests.readline()
+            if not line:
+                break
             message = json.loads(line)
             if message.get("op") == "forget":
                 handle._on_change(fs, "api", tuple(message["paths"]))
@@ -397,15 +438,16 @@ def main() -> int:
     os.dup2(2, 1)
     requests = sys.stdin.buffer
 
-    def stop(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGTERM, _stop.on_signal)
     _die_with_parent()
     try:
         return _serve(requests, replies)
     except KeyboardInterrupt:
         return 0
+    finally:
+        # Ignored, not left to the handler: the interpreter's shutdown puts back the default
+        # action of a signal it handled, and a late SIGTERM would turn a clean exit into a kill.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 if __name__ == "__main__":
