@@ -4,6 +4,7 @@ through it on every backend (memory and local disk are not cached; S3 and GCS ar
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -37,8 +38,14 @@ MiB = 1024 * 1024
 
 
 def _du(directory: Path) -> int:
-    """Bytes the files under ``directory`` take on disk."""
-    return sum(p.stat().st_blocks * 512 for p in directory.rglob("*") if p.is_file())
+    """Bytes the files under ``directory`` take on disk. Other processes may be evicting
+    entries meanwhile: a file or directory gone between the listing and its stat counts 0."""
+    total = 0
+    for root, _, names in os.walk(directory):
+        for name in names:
+            with contextlib.suppress(FileNotFoundError):
+                total += os.lstat(os.path.join(root, name)).st_blocks * 512
+    return total
 
 
 def _fills(directory: Path) -> list[Path]:
@@ -258,12 +265,20 @@ def test_processes_sharing_a_cache_with_random_kills(tmp_path: Path) -> None:
     directory = tmp_path / "cache"
     rng = random.Random(7)
     procs: list[subprocess.Popen[bytes]] = []
+    logs: dict[int, Path] = {}
     seed = 0
 
     def spawn() -> None:
         nonlocal seed
         seed += 1
-        procs.append(subprocess.Popen([sys.executable, str(script), str(directory), str(budget), str(seed)]))
+        log = tmp_path / f"worker-{seed}.log"
+        with open(log, "wb") as out:
+            proc = subprocess.Popen([sys.executable, str(script), str(directory), str(budget), str(seed)], stdout=out, stderr=out)
+        procs.append(proc)
+        logs[proc.pid] = log
+
+    def said(proc: subprocess.Popen[bytes]) -> str:
+        return logs[proc.pid].read_text(errors="replace")[-3000:]
 
     killed = 0
     try:
@@ -280,7 +295,7 @@ def test_processes_sharing_a_cache_with_random_kills(tmp_path: Path) -> None:
                 procs.remove(victim)
                 spawn()
             for proc in procs:
-                assert proc.poll() is None, f"a worker failed with {proc.returncode}: it read a wrong byte"
+                assert proc.poll() is None, f"a worker exited with {proc.returncode}:\n{said(proc)}"
             assert _du(directory / "v1" / "entries") <= budget + 4096 * 64
     finally:
         # Also when an assertion fails: the workers loop until killed.
