@@ -127,6 +127,8 @@ def test_demo_command(storage: str) -> None:
     assert "restore notes/plan.md -> restored ['notes/plan.md'], conflicts []" in out
     assert "fork experiment: wrote src/feature.py; in the original? False" in out
     assert "fork.commit() -> applied ['src/feature.py'], conflicts []\n  in the original now? True" in out
+    # The old app.py only the deleted snapshot held; the other seven files the later one holds.
+    assert "delete_snapshot(before-cleanup) -> snapshots left ['after-fork']; collect_garbage: 1 blob(s) deleted (61 bytes), 7 kept for after-fork" in out
     assert "cache after a first read of 3 files: 3 entries" in out  # moto: the test extra
     assert "a new filesystem reads them again: 3 files, 3 from the cache" in out
 

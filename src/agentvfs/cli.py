@@ -289,7 +289,7 @@ def _demo_bucket(say: Any) -> Iterator[Any]:
 
 async def _demo_remember(ws: Any, say: Any) -> None:
     """Snapshot the workspace, change it, diff and restore; try a change in a fork and commit
-    it; read a bucket through a content cache that a second filesystem finds warm."""
+    it; delete a snapshot and collect what nothing holds; read a bucket through a content cache that a second filesystem finds warm."""
     from . import FsspecFilesystem
     from .vfs import ContentCache
 
@@ -309,6 +309,16 @@ async def _demo_remember(ws: Any, say: Any) -> None:
         report = await fork.commit()
         say(f"  fork.commit() -> applied {list(report.applied)}, conflicts {list(report.conflicts)}")
     say(f"  in the original now? {await files.exists('src/feature.py')}")
+    # Snapshots hold their contents as shared blobs: deleting one frees only what no other
+    # snapshot holds, once a collection runs (grace 0 here; an hour by default).
+    latest = await ws.snapshot("after-fork")
+    await ws.delete_snapshot(snap.id)
+    names = [info.name for info in await ws.list_snapshots()]
+    report = await ws.snapshot_store().collect_garbage(grace=timedelta(0))
+    say(
+        f"  delete_snapshot({snap.name}) -> snapshots left {names}; collect_garbage: "
+        f"{report.blobs_deleted} blob(s) deleted ({report.bytes_freed} bytes), {report.blobs_kept} kept for {latest.name}"
+    )
     with _demo_bucket(say) as (raw, root), tempfile.TemporaryDirectory(prefix="agentvfs-cache-") as cache_dir:
         first = FsspecFilesystem(raw, root=root, cache=cache_dir)
         if first.cache is None:
