@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import anyio
 import pytest
 
 from _mountproc import cli_env
@@ -143,3 +144,57 @@ def test_s3_with_a_store_elsewhere_and_a_tampered_manifest(
     body = client.get_object(Bucket=S3_BUCKET, Key=f"{prefix}/a.txt")["Body"].read()
     assert body == b"changed in the bucket\n"
     assert os.path.isdir(tmp_path / "store" / "blobs")
+
+
+@pytest.mark.s3
+def test_sigterm_mid_collection_leaves_no_lock_and_only_whole_blobs(moto: MotoServer) -> None:
+    """``agentvfs snapshots --gc`` stopped by SIGTERM half-way: it exits 143 like a stopped
+    command, its claim on the store is gone (on S3 nothing could tell that its process died,
+    so a claim left behind would hold every snapshot off until it went stale), and every blob
+    left is whole."""
+    import hashlib
+    import signal
+
+    from agentvfs import FsspecFilesystem
+    from agentvfs.snapshots import DEFAULT_PREFIX, SnapshotStore, take_snapshot
+
+    prefix = unique("gc")
+    raw = moto.s3fs(use_listings_cache=False)
+    store_path = f"{S3_BUCKET}/{prefix}/{DEFAULT_PREFIX}"
+    contents = [f"unused blob {i}\n".encode() for i in range(1500)]
+    digests = [hashlib.sha256(c).hexdigest() for c in contents]
+    raw.pipe({f"{store_path}/blobs/{d[:2]}/{d}": c for d, c in zip(digests, contents, strict=True)})
+    raw.pipe_file(f"{S3_BUCKET}/{prefix}/a.txt", b"alpha\n")
+
+    def blobs() -> list[str]:
+        raw.invalidate_cache()
+        return [p for p in raw.find(f"{store_path}/blobs") if not p.endswith("/")]  # no directory markers
+
+    def locks() -> list[str]:
+        raw.invalidate_cache()
+        return [p for p in raw.find(f"{store_path}/locks") if p.endswith(".json")]
+
+    argv = [sys.executable, "-m", "agentvfs", "snapshots", f"s3://{S3_BUCKET}/{prefix}", "--gc", "--grace", "0"]
+    gc = subprocess.Popen([*argv, "-o", f"endpoint_url={moto.endpoint_url}"], env=cli_env(), stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len(blobs()) > 1400 and gc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert locks(), "the collection holds its claim while it deletes"
+        gc.send_signal(signal.SIGTERM)
+        _, err = gc.communicate(timeout=60)
+    finally:
+        if gc.poll() is None:
+            gc.kill()
+            gc.wait()
+    assert gc.returncode == 128 + signal.SIGTERM, err
+    left = blobs()
+    assert 0 < len(left) < 1500  # stopped half-way
+    assert locks() == []
+    for path in left:
+        assert hashlib.sha256(raw.cat_file(path)).hexdigest() == path.rsplit("/", 1)[-1]
+    # Nothing holds the next snapshot off.
+    fs = FsspecFilesystem(moto.s3fs(use_listings_cache=False), root=f"{S3_BUCKET}/{prefix}")
+    started = time.monotonic()
+    taken = anyio.run(take_snapshot, fs, SnapshotStore(fs, prefix=DEFAULT_PREFIX, lock_wait=5))
+    assert set(taken.files) == {"a.txt"} and time.monotonic() - started < 5

@@ -1359,10 +1359,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         print(f"agentvfs: --log-file {args.log_file}: {exc.strerror}", file=sys.stderr)
         return 2
+    terminated = False
+
+    def on_term(signum: int, frame: Any) -> None:
+        # SIGTERM stops a command as Ctrl-C does: under an event loop that cancels the
+        # command's tasks, so what it holds (a snapshot store's lock, a half-written file)
+        # is released or removed on the way out. Killed by the default action instead, a
+        # collection's lock on S3 would hold every snapshot off until it goes stale.
+        nonlocal terminated
+        terminated = True
+        interrupt = signal.getsignal(signal.SIGINT)
+        if not callable(interrupt):  # SIGINT ignored (a background job of a script)
+            raise KeyboardInterrupt
+        interrupt(signal.SIGINT, frame)
+
+    try:
+        previous: Any = signal.signal(signal.SIGTERM, on_term)
+        installed = True
+    except ValueError:  # not the main thread: signals are not ours to handle
+        installed = False
     try:
         return _run(args, argv, {"root": parser, "mcp": mcp, "mount": mnt, "bench": bench})
     except KeyboardInterrupt:
-        return 130
+        return 128 + signal.SIGTERM if terminated else 130
     except BrokenPipeError:
         # The reader went away (agentvfs ... | head): nothing more to say, and Python must not
         # complain when it flushes stdout at exit.
@@ -1374,6 +1393,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"agentvfs {args.command}: {_explain(exc)}", file=sys.stderr)
         return 1
+    finally:
+        if installed:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
 def _add_snapshot_parsers(add_parser: Any) -> None:
