@@ -921,3 +921,84 @@ async def test_reading_a_snapshot_whose_blobs_were_collected_names_the_file(tmp_
     await ws.snapshot_store().collect_garbage(grace=timedelta(0))
     with pytest.raises(FileNotFoundError, match=rf"notes/a\.txt \(its content in snapshot {taken.id[:12]}, blob "):
         await held.read_file("notes/a.txt")
+
+
+_SNAPSHOTTER_OR_COLLECTOR = """
+import hashlib, random, sys, time
+from datetime import timedelta
+import anyio, s3fs
+from agentvfs import FsspecFilesystem
+from agentvfs.snapshots import DEFAULT_PREFIX, SnapshotStore, take_snapshot
+
+endpoint, root, role, seconds, seed = sys.argv[1:]
+raw = s3fs.S3FileSystem(
+    key="testing", secret="testing", endpoint_url=endpoint, skip_instance_cache=True, use_listings_cache=False,
+    client_kwargs={"verify": False, "region_name": "us-east-1"},
+)
+fs = FsspecFilesystem(raw, root=root)
+store = SnapshotStore(fs, prefix=DEFAULT_PREFIX, lock_wait=120)
+rng = random.Random(int(seed))
+
+async def main() -> None:
+    end = time.monotonic() + float(seconds)
+    while time.monotonic() < end:
+        if role == "snapshots":
+            # Few variants per file: a snapshot keeps finding content stored for an earlier
+            # snapshot, which the collector may just have found unheld.
+            for i in rng.sample(range(30), 8):
+                await fs.write_file(f"f{i}.txt", f"variant {rng.randrange(3)} of f{i}\\n")
+            taken = await take_snapshot(fs, store)
+            print("snapshot", taken.id, flush=True)
+            await anyio.sleep(rng.uniform(0, 0.1))
+        else:
+            # Half the snapshots (by id) are kept for the check at the end, the rest deleted.
+            for info in (await store.list())[:-1]:
+                if info.id[0] in "89abcdef":
+                    await store.delete(info.id)
+            report = await store.collect_garbage(grace=timedelta(0))
+            print("collected", report.blobs_deleted, flush=True)
+
+anyio.run(main)
+"""
+
+
+@pytest.mark.s3
+async def test_two_processes_snapshotting_and_collecting_one_bucket(moto: MotoServer) -> None:
+    """One process takes snapshots of a changing workspace while another deletes about half of
+    them and collects garbage, both on one S3 store with no grace period: every
+    snapshot left holds every blob it names, whole."""
+    import hashlib
+
+    root = f"{S3_BUCKET}/{unique('race')}"
+    fs = FsspecFilesystem(moto.s3fs(use_listings_cache=False), root=root)
+    for i in range(30):
+        await fs.write_file(f"f{i}.txt", f"variant 0 of f{i}\n")
+    argv = [sys.executable, "-c", _SNAPSHOTTER_OR_COLLECTOR, moto.endpoint_url, root]
+    outputs: dict[str, str] = {}
+
+    async def run(role: str, seed: int) -> None:
+        done = await anyio.run_process([*argv, role, "10", str(seed)], check=False)
+        assert done.returncode == 0, done.stderr.decode(errors="replace")[-3000:]
+        outputs[role] = done.stdout.decode()
+
+    with anyio.fail_after(240):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run, "snapshots", 1)
+            tg.start_soon(run, "collector", 2)
+    taken = [line.split()[1] for line in outputs["snapshots"].splitlines()]
+    collected = [int(line.split()[1]) for line in outputs["collector"].splitlines()]
+    assert len(taken) >= 5 and len(collected) >= 3 and sum(collected) > 0, (len(taken), collected)
+    store = SnapshotStore(fs, prefix=DEFAULT_PREFIX)
+    left = await store.list()
+    # Kept: those of ids 0-7 and the newest (ones the collector saw newest may be left too).
+    assert {t for t in taken if t[0] not in "89abcdef"} | {taken[-1]} <= {i.id for i in left} <= set(taken)
+    for info in left:
+        snapshot = await store.load(info.id)
+        for path, record in snapshot.files.items():
+            data = await fs.read_file(store.blobs.path(record.sha256), encoding=None)
+            assert isinstance(data, bytes) and hashlib.sha256(data).hexdigest() == record.sha256, (info.id, path)
+    # And a collection now, with nothing racing it, keeps what the snapshots left hold.
+    await store.collect_garbage(grace=timedelta(0))
+    for info in left:
+        snapshot = await store.load(info.id)
+        assert all([await fs.exists(store.blobs.path(r.sha256)) for r in snapshot.files.values()])
