@@ -138,3 +138,28 @@ def test_a_filesystem_with_a_cache_is_mounted_through_it(bucket: dict[str, Any],
         assert m.options.cache_dir == str(tmp_path / "own-cache")
         assert Path(m.mountpoint, "a.txt").read_bytes() == b"through the filesystem's cache"
     assert ContentCache(tmp_path / "own-cache").info().entries == 1
+
+
+def test_a_mount_in_this_process_leaves_the_filesystems_cache_as_it_found_it(
+    bucket: dict[str, Any], tmp_path: Path
+) -> None:
+    """``-o cache_dir`` on a mount served in this process turns the cache on for the mount's
+    life only: the filesystem object given reads uncached again afterwards, and one that had
+    a cache of its own keeps it."""
+    from agentvfs.mounts import Mount
+
+    raw, root = bucket["raw"], bucket["root"]
+    raw.pipe_file(f"{root}/a.txt", b"read through the mount\n")
+    fs = bucket["fs"]
+    mountpoint = tmp_path / "mnt-here"
+    mountpoint.mkdir()
+    with Mount(fs, str(mountpoint), options={"cache_dir": bucket["cache"]}) as m:
+        assert fs.cache is not None
+        assert Path(m.mountpoint, "a.txt").read_bytes() == b"read through the mount\n"
+    assert fs.cache is None
+    assert ContentCache(bucket["cache"]).info().entries == 1  # what the mount read is kept
+    own = FsspecFilesystem(raw, root=root, cache=str(tmp_path / "own-cache"))
+    before = own.cache
+    with Mount(own, str(mountpoint), options={"cache_dir": bucket["cache"]}):
+        assert own.cache is before
+    assert own.cache is before and before is not None

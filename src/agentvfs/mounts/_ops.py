@@ -243,7 +243,11 @@ class MountOperations(pyfuse3.Operations):
         self.enable_writeback_cache = options.writeback_cache and not read_only
         self._ttl = options.metadata_ttl
         #: Files of remote storage are read from a persistent local cache (``-o cache``).
+        had_cache = isinstance(filesystem, SupportsContentCache) and filesystem.cache is not None
         self.cached = _use_cache(filesystem, options)
+        #: The cache was turned on for this mount: it is turned off when the mount ends, so
+        #: the caller's filesystem object is left as it was given.
+        self.owns_cache = self.cached is not None and not had_cache
         self._next_fh = 1
         self.table = InodeTable(options)
         self.root = self.table.root
@@ -921,6 +925,16 @@ class MountOperations(pyfuse3.Operations):
                     _log.warning("aborted an incomplete upload left by an earlier mount: %s", ticket.get("key"))
             except Exception as exc:
                 _log.error("could not abort an incomplete upload left by an earlier mount (%s): %s", ticket, exc)
+
+    async def release_cache(self) -> None:
+        """Turn off a cache this mount turned on, once what it was filling is written."""
+        if not self.owns_cache or self.cached is None:
+            return
+        self.owns_cache = False
+        await trio.to_thread.run_sync(self.cached.flush_cache)
+        close = getattr(self.cached, "close_cache", None)
+        if close is not None:
+            await close()
 
     def close_staging(self) -> None:
         """Drop staged copies of clean files; remove the staging area if it is ours and empty,

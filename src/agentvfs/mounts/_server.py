@@ -428,6 +428,8 @@ class Mount:
             _syncfs(self.mountpoint)
             with contextlib.suppress(trio.RunFinishedError):
                 failures = trio.from_thread.run(ops.drain, trio_token=self._token)
+            with contextlib.suppress(trio.RunFinishedError):
+                trio.from_thread.run(ops.release_cache, trio_token=self._token)
         self._stop_thread()
         _stop_unmount_helper(self.mountpoint)
         if ops is not None:
