@@ -423,3 +423,42 @@ async def test_a_configuration_typo_is_said_to_the_client(tmp_path: Path, errlog
     errlog.seek(0)
     lines = errlog.read().splitlines()
     assert len(lines) == 1 and "unknown configuration key(s): sandbx" in lines[0], lines
+
+
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGINT"])
+def test_a_signal_stops_a_server_whose_client_keeps_stdin_open(root: Path, signum: str) -> None:
+    """A server told to stop while its client still holds stdin open stops at once (it used
+    to wait for a line that never came), with the shell's code for the signal."""
+    import signal
+    import subprocess
+    import time
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentvfs", "mcp", "--root", str(root)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert proc.stdin is not None and proc.stdout is not None
+        request = json.dumps({
+            "jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+        }).encode()  # fmt: skip
+        # One request in two writes: lines are joined across reads.
+        proc.stdin.write(request[:20])
+        proc.stdin.flush()
+        time.sleep(0.2)
+        proc.stdin.write(request[20:] + b"\n")
+        proc.stdin.flush()
+        reply = json.loads(proc.stdout.readline())
+        assert reply["id"] == 1 and reply["result"]["serverInfo"]["name"], reply
+        sent = getattr(signal, signum)
+        started = time.monotonic()
+        proc.send_signal(sent)
+        code = proc.wait(timeout=20)
+        assert code == 128 + sent if sent == signal.SIGTERM else code == 130
+        assert time.monotonic() - started < 10
+        assert proc.stderr is not None and b"Traceback" not in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -9,6 +9,7 @@ import contextlib
 import io
 import json
 import logging
+import os
 import sys
 from collections.abc import Awaitable, Callable, Mapping
 from importlib.metadata import PackageNotFoundError, version
@@ -301,12 +302,67 @@ async def serve_stdio_failure(reason: str) -> None:
         sys.stdout = saved
 
 
+class _StdinLines:
+    """The lines of a file descriptor (stdin), read by a daemon thread and handed to the
+    event loop.
+
+    The SDK's default reads stdin in a worker thread that a cancellation must wait for: a
+    server told to stop (SIGINT, SIGTERM) while its client keeps stdin open would wait for
+    a line that never comes. A daemon thread blocked in ``read`` holds nothing up: the
+    server stops at once, and the thread ends with the process. It reads the descriptor
+    itself, not ``sys.stdin``: a daemon thread holding a buffered file's lock when the
+    interpreter shuts down aborts the process.
+    """
+
+    def __init__(self, fd: int) -> None:
+        import threading
+
+        import anyio
+        import anyio.lowlevel
+
+        self._fd = fd
+        self._send, self._receive = anyio.create_memory_object_stream[str | None](1)
+        self._token = anyio.lowlevel.current_token()
+        threading.Thread(target=self._read, name="agentvfs-mcp-stdin", daemon=True).start()
+
+    def _read(self) -> None:
+        import anyio.from_thread
+
+        def hand(line: str | None) -> None:
+            anyio.from_thread.run(self._send.send, line, token=self._token)
+
+        pending = b""
+        try:
+            while chunk := os.read(self._fd, 1 << 16):
+                *lines, pending = (pending + chunk).split(b"\n")
+                for line in lines:
+                    hand(line.decode("utf-8", "replace") + "\n")
+            if pending:
+                hand(pending.decode("utf-8", "replace"))
+            hand(None)
+        except Exception:  # the loop ended, the server closed its end, or stdin failed
+            return
+
+    def __aiter__(self) -> _StdinLines:
+        return self
+
+    async def __anext__(self) -> str:
+        line = await self._receive.receive()
+        if line is None:
+            raise StopAsyncIteration
+        return line
+
+
 async def _serve(server: Any, protocol_out: Any) -> None:
     """Run ``server`` on stdin and ``protocol_out`` until the client closes stdin."""
     import anyio
     from mcp.server.stdio import stdio_server
 
-    async with stdio_server(stdout=protocol_out) as (read_stream, write_stream), anyio.create_task_group() as tg:
+    lines: Any = _StdinLines(sys.stdin.fileno())
+    async with (
+        stdio_server(stdin=lines, stdout=protocol_out) as (read_stream, write_stream),
+        anyio.create_task_group() as tg,
+    ):
         known = await _answer_unknown_methods(tg, read_stream, write_stream)
         await server.run(known, write_stream, server.create_initialization_options())
         tg.cancel_scope.cancel()
