@@ -182,6 +182,7 @@ async def test_tool_listing_and_config() -> None:
         ({"checkpoints": {"keep": 0}}, "keep must be a whole number"),
         ({"checkpoints": {"keep": True}}, "keep must be a whole number"),
         ({"checkpoints": {"keep": 2.5}}, "keep must be a whole number"),
+        ({"checkpoints": {"commands": "yes"}}, "commands must be True or False"),
         ({UNDO: {"enabled": True}}, "needs checkpoints"),
     ):
         ws.set_tools_config(bad)
@@ -230,4 +231,68 @@ async def test_fork_has_its_own_checkpoints() -> None:
         assert "restored 1 path" in await run(tools, UNDO)
         assert await fork.changes() == []
         assert await ws.list_snapshots() == []
+    await ws.destroy()
+
+
+SB = WORKSPACE_TOOLS.SANDBOX
+
+
+async def local_workspace(root: Any, tools: dict[str, Any]) -> Workspace:
+    from agentvfs import LocalFilesystem
+    from agentvfs.sandbox import LocalSandbox
+
+    (root / "a.txt").write_text("alpha\n")
+    (root / "keep").mkdir()
+    (root / "keep" / "k.txt").write_text("kept\n")
+    ws = Workspace(
+        filesystem=LocalFilesystem(str(root)), sandbox=LocalSandbox(working_directory=str(root)), tools=tools
+    )
+    await ws.init()
+    return ws
+
+
+async def test_undo_takes_back_what_a_shell_command_changed(tmp_path: Any) -> None:
+    ws = await local_workspace(tmp_path, ON)
+    tools = await ws.create_tools()
+    start = await state(ws)
+    await run(tools, FS.WRITE_FILE, path="b.txt", content="by a tool")
+    after_write = await state(ws)
+    out = await run(
+        tools, SB.EXECUTE_COMMAND,
+        command="rm a.txt && rm -r keep && mkdir -p new/sub && echo hi > new/sub/x.txt && echo more >> b.txt",
+    )  # fmt: skip
+    assert "Exit code" not in out or "Exit code: 0" in out, out
+    assert await state(ws) == {"b.txt": "by a toolmore\n", "new": "<dir>", "new/sub": "<dir>", "new/sub/x.txt": "hi\n"}
+    # A command is a checkpoint of its own: undo takes back the command, then the write.
+    out = await run(tools, UNDO)
+    assert out.startswith("Undid 1 command: restored 7 paths to checkpoint "), out
+    assert await state(ws) == after_write
+    out = await run(tools, UNDO)
+    assert out.startswith("Undid 1 write tool call")
+    assert await state(ws) == start
+    await ws.destroy()
+
+
+async def test_undo_of_a_command_keeps_later_changes_and_skips_background_ones(tmp_path: Any) -> None:
+    ws = await local_workspace(tmp_path, ON)
+    tools = await ws.create_tools()
+    await run(tools, SB.EXECUTE_COMMAND, command="echo one > one.txt && echo two > two.txt && rm a.txt")
+    (tmp_path / "two.txt").write_text("changed by someone else\n")
+    out = await run(tools, UNDO)
+    assert "Kept 1 path that changed since (not restored):\n  two.txt: changed since" in out
+    assert not (tmp_path / "one.txt").exists() and (tmp_path / "a.txt").read_text() == "alpha\n"
+    assert (tmp_path / "two.txt").read_text() == "changed by someone else\n"
+    # A background command is not checkpointed (its changes come after its call returns).
+    before = len(await ws.list_snapshots())
+    await run(tools, SB.EXECUTE_COMMAND, command="true", background=True)
+    assert len(await ws.list_snapshots()) == before
+    await ws.destroy()
+
+
+async def test_commands_off_takes_no_checkpoint_before_a_command(tmp_path: Any) -> None:
+    ws = await local_workspace(tmp_path, {"checkpoints": {"commands": False}, UNDO: {"enabled": True}})
+    tools = await ws.create_tools()
+    await run(tools, SB.EXECUTE_COMMAND, command="rm a.txt")
+    assert await ws.list_snapshots() == []
+    assert isinstance(await run(tools, UNDO), ToolFailure)
     await ws.destroy()

@@ -12,6 +12,13 @@ Undo restores only the paths the batch's calls named (and what is below them), s
 made elsewhere are kept; a path that changed again after the batch wrote it (by someone
 else, or by a command) is a conflict: left as it is and named in the tool's answer.
 
+A shell command (``execute_command``, unless ``checkpoints.commands`` is False) is a batch
+of its own: a checkpoint is taken before it, and once it has run, every path that differs
+from that checkpoint is what it touched. Undo takes those back like a batch's. A process
+started in the background changes files after its call has returned; it is not covered.
+The comparison costs one listing of the workspace after each command, plus reading the
+files whose size or time changed.
+
 The newest ``keep`` checkpoints (default 20) are kept. The snapshot of one dropped past
 that, or undone, is deleted from the store (its manifest: a full listing of the workspace,
 some 200 bytes a file), so a long session does not pile manifests up in storage.
@@ -60,8 +67,11 @@ async def _seen(fs: WorkspaceFilesystem, path: str) -> _Seen:
 class _Checkpoint:
     snapshot_id: str
     calls: int = 0
-    #: Each path a write tool named in the batch, as the batch left it.
+    #: Each path a write tool named in the batch, as the batch left it (for a command: each
+    #: path that differed from the checkpoint once it had run).
     touched: dict[str, _Seen] = field(default_factory=dict)
+    #: What the batch was: "write" tool calls or a shell "command".
+    kind: str = "write"
 
 
 class Checkpoints:
@@ -98,6 +108,36 @@ class Checkpoints:
             current = self.stack[-1]
             current.calls += 1
             return current
+
+    async def before_command(self, host: ToolHost, keep: int) -> _Checkpoint:
+        """Take the checkpoint of a shell command: a batch of its own (the next write starts
+        another)."""
+        async with self._lock:
+            try:
+                snapshot = await host.snapshot("checkpoint", lock_wait=LOCK_WAIT)
+            except TimeoutError as exc:
+                raise TimeoutError(f"no checkpoint could be taken before this command: {exc}") from None
+            checkpoint = _Checkpoint(snapshot.id, calls=1, kind="command")
+            self.stack.append(checkpoint)
+            while len(self.stack) > keep:
+                await forget(host, self.stack.pop(0))
+            self._open = False
+            return checkpoint
+
+    async def after_command(self, checkpoint: _Checkpoint, host: ToolHost) -> None:
+        """Record what the command changed: each path that differs from its checkpoint, as
+        the command left it. Should that comparison fail, the command's result still stands:
+        the checkpoint then undoes nothing, and the log says why."""
+        fs = host.filesystem
+        if fs is None:  # pragma: no cover - checkpoints need a static filesystem
+            return
+        try:
+            diff = await host.diff(checkpoint.snapshot_id, None, patches=False)
+            for change in diff.changes:
+                checkpoint.touched[change.path] = await _seen(fs, change.path)
+        except Exception as exc:
+            _log.warning("what a command changed is unknown, so undo cannot take it back: %s", exc)
+        self._open = False
 
     async def new_parent(self, fs: WorkspaceFilesystem, path: str) -> str | None:
         """The topmost missing directory above ``path`` (a write may make it), if any."""
@@ -171,10 +211,8 @@ async def _undo(call: ToolCall) -> str:
             for path in below:
                 if any(path == p or path.startswith(p.rstrip("/") + "/") for p in paths):
                     below[path] = await _seen(fs, path)
-    lines = [
-        f"Undid {_plural(checkpoint.calls, 'write tool call')}: restored {_plural(len(restored), 'path')} "
-        f"to checkpoint {checkpoint.snapshot_id[:12]}"
-    ]
+    what = _plural(checkpoint.calls, "write tool call" if checkpoint.kind == "write" else "command")
+    lines = [f"Undid {what}: restored {_plural(len(restored), 'path')} to checkpoint {checkpoint.snapshot_id[:12]}"]
     lines += [f"  {p}" for p in restored]
     if conflicts:
         lines.append(f"Kept {_plural(len(conflicts), 'path')} that changed since (not restored):")
@@ -188,9 +226,10 @@ UNDO = ToolSpec(
     name=WORKSPACE_TOOLS.CHECKPOINTS.UNDO,
     description=(
         "Undo the last batch of file changes made with the workspace file tools (write, edit, "
-        "delete, mkdir): the files and directories they named are restored to the checkpoint "
-        "taken before the batch. Call it again to undo the batch before. Changes made since "
-        "by anyone else are kept and reported."
+        "delete, mkdir), or by the last shell command: the files and directories they changed "
+        "are restored to the checkpoint taken before. Call it again to undo the batch before. "
+        "Changes made since by anyone else are kept and reported. Processes started in the "
+        "background are not covered."
     ),
     schema={"type": "object", "properties": {}, "additionalProperties": False},
     run=_undo,

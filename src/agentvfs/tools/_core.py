@@ -316,12 +316,26 @@ class WorkspaceTool:
             from ._checkpoints import checkpoints_of
 
             checkpoints = checkpoints_of(self._workspace)
+            fs_now = self._workspace.filesystem
+            writable = fs_now is not None and not fs_now.read_only
             if self.spec.writes and self.spec.needs == "filesystem":
-                fs_now = self._workspace.filesystem
-                if fs_now is not None and not fs_now.read_only:
+                if writable:
                     checkpoint = await checkpoints.before_write(
                         self._workspace, quiet_ms_of(self._checkpoint_config), keep_of(self._checkpoint_config)
                     )
+            elif (
+                self.spec.name == _EXECUTE_COMMAND
+                and not args.get("background")
+                and writable
+                and commands_checkpointed(self._checkpoint_config)
+            ):
+                # A command may change any file: the checkpoint's record of what it touched
+                # is what differs from the checkpoint once it has run.
+                command_checkpoint = await checkpoints.before_command(self._workspace, keep_of(self._checkpoint_config))
+                try:
+                    return await self._run_tracked(call, args, ctx)
+                finally:
+                    await checkpoints.after_command(command_checkpoint, self._workspace)
             else:
                 checkpoints.note_other_call()
         if checkpoint is not None:
@@ -519,7 +533,7 @@ DEFAULT_KEEP = 20
 
 def check_checkpoints_config(value: Any) -> None:
     """Check ``tools["checkpoints"]``: a bool, or ``{"quiet_ms": positive number, "keep":
-    positive int}`` (either key may be left out).
+    positive int, "commands": bool}`` (any key may be left out).
 
     Raises
     ------
@@ -529,11 +543,15 @@ def check_checkpoints_config(value: Any) -> None:
     if isinstance(value, bool):
         return
     if isinstance(value, Mapping):
-        unknown = set(value) - {"quiet_ms", "keep"}
+        unknown = set(value) - {"quiet_ms", "keep", "commands"}
         if unknown:
             raise ValueError(
-                f"tools config: unknown option {sorted(unknown)[0]!r} for checkpoints (only 'quiet_ms' and 'keep')"
+                f"tools config: unknown option {sorted(unknown)[0]!r} for checkpoints "
+                "(only 'quiet_ms', 'keep' and 'commands')"
             )
+        commands = value.get("commands", True)
+        if not isinstance(commands, bool):
+            raise ValueError(f"tools config: checkpoints.commands must be True or False, got {commands!r}")
         quiet = value.get("quiet_ms", DEFAULT_QUIET_MS)
         if isinstance(quiet, bool) or not isinstance(quiet, (int, float)) or quiet <= 0:
             raise ValueError(f"tools config: checkpoints.quiet_ms must be a positive number of milliseconds, got {quiet!r}")
@@ -542,7 +560,8 @@ def check_checkpoints_config(value: Any) -> None:
             raise ValueError(f"tools config: checkpoints.keep must be a whole number of checkpoints, 1 or more, got {keep!r}")
         return
     raise ValueError(
-        f"tools config: checkpoints must be True, False or {{'quiet_ms': milliseconds, 'keep': count}}, got {value!r}"
+        "tools config: checkpoints must be True, False or {'quiet_ms': milliseconds, 'keep': count, "
+        f"'commands': bool}}, got {value!r}"
     )
 
 
@@ -556,6 +575,12 @@ def keep_of(config: Mapping[str, Any]) -> int:
     """How many checkpoints a (checked) tools configuration keeps for undo."""
     value = config.get("checkpoints")
     return int(value.get("keep", DEFAULT_KEEP)) if isinstance(value, Mapping) else DEFAULT_KEEP
+
+
+def commands_checkpointed(config: Mapping[str, Any]) -> bool:
+    """Whether a (checked) tools configuration takes a checkpoint before each command."""
+    value = config.get("checkpoints")
+    return bool(value.get("commands", True)) if isinstance(value, Mapping) else checkpoints_enabled(config)
 
 
 def quiet_ms_of(config: Mapping[str, Any]) -> float:
