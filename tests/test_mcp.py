@@ -433,9 +433,14 @@ def test_a_signal_stops_a_server_whose_client_keeps_stdin_open(root: Path, signu
     import subprocess
     import time
 
+    def default_sigint() -> None:
+        # A test run started in the background (`.ci/run &`) passes SIGINT on ignored, and a
+        # process that ignores SIGINT is right to go on serving.
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
     proc = subprocess.Popen(
         [sys.executable, "-m", "agentvfs", "mcp", "--root", str(root)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=default_sigint,
     )  # fmt: skip
     try:
         assert proc.stdin is not None and proc.stdout is not None
