@@ -1002,3 +1002,55 @@ async def test_two_processes_snapshotting_and_collecting_one_bucket(moto: MotoSe
     for info in left:
         snapshot = await store.load(info.id)
         assert all([await fs.exists(store.blobs.path(r.sha256)) for r in snapshot.files.values()])
+
+
+async def test_local_files_hashed_by_a_snapshot_are_not_read_again_until_they_change(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stat memo: a later snapshot (and a diff with the live files) reuses the hash of a
+    local file whose size, mtime, ctime and inode are unchanged, and reads a file rewritten
+    in place with its old size and mtime put back (only its ctime moved)."""
+    from agentvfs.snapshots import _take, _tree, diff_snapshots
+    from agentvfs.snapshots._store import StatMemo
+    from agentvfs.snapshots._take import SnapshotContent
+
+    for i in range(20):
+        (tmp_path / f"f{i}.txt").write_text(f"file {i}\n")
+    fs = LocalFilesystem(str(tmp_path))
+    store = SnapshotStore(fs, prefix=DEFAULT_PREFIX)
+    reads: list[str] = []
+    real = _tree.read_live
+
+    async def counted(fs: Any, stat: Any) -> bytes:
+        reads.append(stat.path)
+        return await real(fs, stat)
+
+    monkeypatch.setattr(_take, "read_live", counted)
+    monkeypatch.setattr("agentvfs.snapshots._diff.read_live", counted)
+    # Just written: within the margin, so hashed and not kept.
+    first = await take_snapshot(fs, store)
+    assert len(reads) == 20 and not store.memo._known
+    await take_snapshot(fs, store)
+    assert len(reads) == 40
+    monkeypatch.setattr(StatMemo, "MARGIN_NS", 0)  # as if two seconds had passed
+    await take_snapshot(fs, store)
+    reads.clear()
+    third = await take_snapshot(fs, store)
+    assert reads == [] and third.files == first.files
+    assert (await diff_snapshots(fs, third.id, None, store=store)).changes == () and reads == []
+    # Rewritten in place: same inode and size, the old mtime put back.
+    target = tmp_path / "f3.txt"
+    before = target.stat()
+    fd = os.open(target, os.O_WRONLY)
+    os.pwrite(fd, b"FILE", 0)
+    os.close(fd)
+    os.utime(target, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = target.stat()
+    assert (after.st_ino, after.st_size, after.st_mtime_ns) == (before.st_ino, before.st_size, before.st_mtime_ns)
+    changed = await diff_snapshots(fs, third.id, None, store=store)
+    assert [c.path for c in changed.changes] == ["f3.txt"] and set(reads) == {"f3.txt"}  # compared, then its patch
+    fourth = await take_snapshot(fs, store)
+    assert fourth.files["f3.txt"].sha256 != third.files["f3.txt"].sha256
+    assert await (SnapshotContent(fourth, store, fs)).read(fourth.files["f3.txt"]) == b"FILE 3\n"
+    # Other storage keeps no memo: memory has no ctime to go by.
+    assert store.memo.location(FsspecFilesystem(MemoryFileSystem(skip_instance_cache=True))) is None

@@ -22,7 +22,7 @@ def default_store(fs: WorkspaceFilesystem) -> SnapshotStore:
 
 async def _side(fs: WorkspaceFilesystem, store: SnapshotStore, ref: Snapshot | str | None) -> Side:
     if ref is None:
-        return Side(fs=fs, tree=await scan(fs))
+        return Side(fs=fs, tree=await scan(fs), memo=store.memo)
     snapshot = ref if isinstance(ref, Snapshot) else await store.resolve(ref)
     return Side(snapshot=snapshot, content=SnapshotContent(snapshot, store, fs))
 

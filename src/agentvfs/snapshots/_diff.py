@@ -11,6 +11,7 @@ import anyio
 
 from ..vfs import FileStat, WorkspaceFilesystem, sha256_hex
 from ._manifest import FileRecord, Snapshot
+from ._store import StatMemo
 from ._take import SnapshotContent
 from ._tree import Tree, read_live, task_group, trusts_etags, unchanged
 
@@ -101,11 +102,14 @@ class Side:
         content: SnapshotContent | None = None,
         fs: WorkspaceFilesystem | None = None,
         tree: Tree | None = None,
+        memo: StatMemo | None = None,
     ) -> None:
         self.snapshot = snapshot
         self.content = content
         self.fs = fs
         self.tree = tree
+        #: Hashes of live local files known from snapshots (files not read again).
+        self.memo = memo
         self._digests: dict[str, str] = {}
 
     @property
@@ -136,9 +140,10 @@ class Side:
     def stat(self, path: str) -> FileStat | None:
         return self.tree.files.get(path) if self.tree is not None else None
 
-    async def digest(self, path: str, other: FileRecord | None = None) -> str:
-        """The SHA-256 of the file ``path``; a live file of the version ``other`` records
-        (on storage whose ETags are versions) is not read."""
+    def known(self, path: str, other: FileRecord | None = None) -> str | None:
+        """The SHA-256 of the file ``path`` where it is known without reading it: from the
+        snapshot, from ``other`` (a record of the same version on storage whose ETags are
+        versions), or from the memo of local files hashed by snapshots."""
         record = self.record(path)
         if record is not None:
             return record.sha256
@@ -149,7 +154,18 @@ class Side:
         stat = self.tree.files[path]
         if other is not None and unchanged(other, stat, trusts_etags(self.fs)):
             return other.sha256
-        self._digests[path] = sha256_hex(await read_live(self.fs, stat))
+        if self.memo is not None:
+            return self.memo.get(self.memo.location(self.fs), stat)
+        return None
+
+    async def digest(self, path: str, other: FileRecord | None = None) -> str:
+        """The SHA-256 of the file ``path`` (read where it is not :meth:`known`)."""
+        known = self.known(path, other)
+        if known is not None:
+            return known
+        assert self.fs is not None
+        assert self.tree is not None
+        self._digests[path] = sha256_hex(await read_live(self.fs, self.tree.files[path]))
         return self._digests[path]
 
     async def read(self, path: str) -> bytes:
@@ -208,6 +224,10 @@ async def diff_states(before: Side, after: Side, *, patches: bool = True) -> Sna
             elif a_kind == "symlink" and before.link(path) != after.link(path):
                 changes[path] = Change(path, "changed", "symlink")
             elif a_kind == "file":
+                a = before.known(path, after.record(path))
+                b = after.known(path, before.record(path))
+                if a is not None and a == b:
+                    continue  # the same content, known without a read (or a task)
                 tg.start_soon(compare_files, path)
     return SnapshotDiff(before.id, after.id, tuple(changes[p] for p in sorted(changes)))
 

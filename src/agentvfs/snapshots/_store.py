@@ -51,6 +51,7 @@ from ..vfs import (
     FsspecFilesystem,
     LocalFilesystem,
     WorkspaceFilesystem,
+    WrapperFilesystem,
     is_digest,
     normalize_path,
     read_many,
@@ -142,6 +143,8 @@ class SnapshotStore:
             raise ValueError(f"stale_after must be longer than 0, got {stale_after!r}")
         self.lock_wait = lock_wait
         self.stale_after = stale_after
+        #: Hashes of local files known from snapshots taken through this object.
+        self.memo = StatMemo()
 
     def _path(self, *parts: str) -> str:
         return "/".join(p for p in (self.prefix, *parts) if p)
@@ -609,6 +612,66 @@ def _storage_now(locks: Mapping[str, tuple[FileStat, bytes | OSError]], mine: st
 
 #: Filesystem types whose files other machines may write.
 _NETWORK_FS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "ceph", "glusterfs", "lustre", "gpfs", "afs", "fuse")
+
+
+class StatMemo:
+    """The hashes of local files by their full stat, from snapshots taken in this process.
+
+    On local disk an ETag derives from the modification time, size and inode, and a write
+    within one tick of the clock may leave all three as they were, so a snapshot reads and
+    hashes every file. A write always moves the file's change time (ctime), though, and no
+    call sets it back: a file whose size, mtime, ctime and inode are all what they were
+    when it was hashed still holds what was hashed (what git's index relies on). An entry
+    is kept only for a file whose ctime was at least :attr:`MARGIN_NS` older than the
+    listing that saw it, so that no write in the same tick as that listing, or between the
+    listing and the read, can hide behind an equal ctime. Only files of a disk of this
+    machine qualify (no network filesystem, no FUSE mount: their ctimes are not this
+    kernel's to keep). The memo lives as long as its :class:`SnapshotStore` object.
+    """
+
+    #: How much older than its listing a file's ctime must be for its hash to be kept.
+    MARGIN_NS = 2_000_000_000
+
+    def __init__(self) -> None:
+        self._known: dict[tuple[str, str], tuple[tuple[int, int, int, int], str]] = {}
+        self._applies: dict[str, bool] = {}
+
+    def location(self, fs: WorkspaceFilesystem) -> str | None:
+        """The directory of ``fs`` where the memo applies to it, else None."""
+        inner = fs
+        while isinstance(inner, WrapperFilesystem):
+            inner = inner.inner
+        location = inner.location if isinstance(inner, LocalFilesystem) else None
+        if location is None:
+            return None
+        if location not in self._applies:
+            self._applies[location] = not _on_network_fs(location)
+        return location if self._applies[location] else None
+
+    @staticmethod
+    def _signature(stat: FileStat) -> tuple[int, int, int, int] | None:
+        if stat.ctime_ns is None or stat.mtime_ns is None or stat.inode is None:
+            return None
+        return (stat.size, stat.mtime_ns, stat.ctime_ns, stat.inode)
+
+    def get(self, location: str | None, stat: FileStat) -> str | None:
+        """The hash of the file ``stat`` describes, if it was hashed as that very file."""
+        if location is None:
+            return None
+        known = self._known.get((location, stat.path))
+        signature = self._signature(stat)
+        return known[1] if known is not None and signature is not None and known[0] == signature else None
+
+    def put(self, location: str | None, stat: FileStat, digest: str, listed_ns: int) -> None:
+        """Remember that the file ``stat`` describes (listed at ``listed_ns``, wall clock)
+        hashes to ``digest``, unless it changed too shortly before that listing."""
+        signature = self._signature(stat)
+        if location is None or signature is None:
+            return
+        if signature[2] < listed_ns - self.MARGIN_NS:
+            self._known[(location, stat.path)] = (signature, digest)
+        else:
+            self._known.pop((location, stat.path), None)
 
 
 def _on_network_fs(path: str) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections import OrderedDict
 from datetime import UTC, datetime
 
@@ -75,6 +76,7 @@ async def take_snapshot(
         store = SnapshotStore(fs, prefix=DEFAULT_PREFIX)
     check_outside(fs, store)
     created = datetime.now(UTC)
+    listed_ns = time.time_ns()  # before the listing: what the memo's margin is measured from
     tree = await scan(fs)
     pinned = await pinned_content(fs)
     # Blobs found stored are counted on without being written again, until the manifest
@@ -88,6 +90,11 @@ async def take_snapshot(
             root: str | None = pinned.root
         else:
             files = await _blob_records(fs, store, tree, previous)
+            location = store.memo.location(fs)
+            for path, record in files.items():
+                listed = tree.files.get(path)
+                if listed is not None and listed.etag == record.etag and listed.size == record.size:
+                    store.memo.put(location, listed, record.sha256, listed_ns)
             content, root = "blobs", None
         snapshot, manifest = Snapshot.create(
             name=name, created_at=created, storage=fs.location, root=root, content=content,
@@ -162,6 +169,8 @@ async def _blob_records(
                 known = await store.blobs.digests()
             return known
 
+    location = store.memo.location(fs)
+
     async def one(path: str, stat: FileStat) -> None:
         before = previous.files.get(path) if previous is not None else None
         reusable = before is not None and before.version is None and unchanged(before, stat, trusted)
@@ -183,9 +192,19 @@ async def _blob_records(
 
     for _ in range(ATTEMPTS):
         hashes.clear()
+        # Files hashed as these very files (size, times and inode) by an earlier snapshot
+        # of this process: settled here, without a task each.
+        hits = {path: hit for path, stat in pending.items() if (hit := store.memo.get(location, stat)) is not None}
+        if hits:
+            have = await stored()
+            for path, hit in hits.items():
+                if hit in have:
+                    seen = pending[path]
+                    records[path] = FileRecord(path, seen.size, seen.modified_at, seen.etag, hit)
         async with task_group() as tg:
             for path, stat in pending.items():
-                tg.start_soon(one, path, stat)
+                if path not in records:
+                    tg.start_soon(one, path, stat)
         unsettled = {p: s for p, s in pending.items() if p not in records}
         if not unsettled:
             return records
