@@ -1052,5 +1052,10 @@ async def test_local_files_hashed_by_a_snapshot_are_not_read_again_until_they_ch
     fourth = await take_snapshot(fs, store)
     assert fourth.files["f3.txt"].sha256 != third.files["f3.txt"].sha256
     assert await (SnapshotContent(fourth, store, fs)).read(fourth.files["f3.txt"]) == b"FILE 3\n"
+    # A file whose mtime is not older than the listing (here: set ahead) is not kept.
+    ahead = time.time_ns() + 100 * 10**9
+    os.utime(tmp_path / "f5.txt", ns=(ahead, ahead))
+    await take_snapshot(fs, store)
+    assert (str(tmp_path), "f5.txt") not in store.memo._known and (str(tmp_path), "f6.txt") in store.memo._known
     # Other storage keeps no memo: memory has no ctime to go by.
     assert store.memo.location(FsspecFilesystem(MemoryFileSystem(skip_instance_cache=True))) is None

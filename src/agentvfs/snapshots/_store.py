@@ -622,9 +622,9 @@ class StatMemo:
     hashes every file. A write always moves the file's change time (ctime), though, and no
     call sets it back: a file whose size, mtime, ctime and inode are all what they were
     when it was hashed still holds what was hashed (what git's index relies on). An entry
-    is kept only for a file whose ctime was at least :attr:`MARGIN_NS` older than the
-    listing that saw it, so that no write in the same tick as that listing, or between the
-    listing and the read, can hide behind an equal ctime. Only files of a disk of this
+    is kept only for a file whose ctime and mtime were both at least :attr:`MARGIN_NS`
+    older than the listing that saw it, so that no write in the same tick as that listing,
+    or between the listing and the read, can hide behind equal times. Only files of a disk of this
     machine qualify (no network filesystem, no FUSE mount: their ctimes are not this
     kernel's to keep). The memo lives as long as its :class:`SnapshotStore` object.
     """
@@ -668,7 +668,9 @@ class StatMemo:
         signature = self._signature(stat)
         if location is None or signature is None:
             return
-        if signature[2] < listed_ns - self.MARGIN_NS:
+        # Both times: where a filesystem's ctime is the creation time (vfat), the mtime,
+        # in ticks of up to two seconds, is what a later write must move.
+        if max(signature[1], signature[2]) < listed_ns - self.MARGIN_NS:
             self._known[(location, stat.path)] = (signature, digest)
         else:
             self._known.pop((location, stat.path), None)
