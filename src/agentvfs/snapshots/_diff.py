@@ -191,10 +191,13 @@ async def diff_states(before: Side, after: Side, *, patches: bool = True) -> Sna
     changes: dict[str, Change] = {}
     limiter = anyio.Semaphore(COMPARE_CONCURRENCY)
 
-    async def compare_files(path: str) -> None:
+    async def compare_files(path: str, a: str | None, b: str | None) -> None:
+        """Compare the file ``path``, reading a side whose hash (``a``, ``b``) is not known."""
         async with limiter:
-            a = await before.digest(path, after.record(path))
-            b = await after.digest(path, before.record(path))
+            if a is None:
+                a = await before.digest(path, after.record(path))
+            if b is None:
+                b = await after.digest(path, before.record(path))
             if a != b:
                 changes[path] = Change(path, "changed", "file", await _patch(before, after, path, path, path) if patches else None)
 
@@ -228,7 +231,7 @@ async def diff_states(before: Side, after: Side, *, patches: bool = True) -> Sna
                 b = after.known(path, before.record(path))
                 if a is not None and a == b:
                     continue  # the same content, known without a read (or a task)
-                tg.start_soon(compare_files, path)
+                tg.start_soon(compare_files, path, a, b)
     return SnapshotDiff(before.id, after.id, tuple(changes[p] for p in sorted(changes)))
 
 

@@ -51,7 +51,6 @@ from ..vfs import (
     FsspecFilesystem,
     LocalFilesystem,
     WorkspaceFilesystem,
-    WrapperFilesystem,
     is_digest,
     normalize_path,
     read_many,
@@ -59,6 +58,7 @@ from ..vfs import (
 )
 from ._manifest import RESERVED_DIR, Snapshot, SnapshotInfo, is_reserved
 from ._tree import task_group
+from ._versions import unwrapped
 
 __all__ = ["DEFAULT_GRACE", "DEFAULT_PREFIX", "GarbageReport", "SnapshotStore", "check_outside"]
 
@@ -629,7 +629,7 @@ class StatMemo:
     kernel's to keep). The memo lives as long as its :class:`SnapshotStore` object.
     """
 
-    #: How much older than its listing a file's ctime must be for its hash to be kept.
+    #: How much older than its listing a file's ctime and mtime must be for its hash to be kept.
     MARGIN_NS = 2_000_000_000
 
     def __init__(self) -> None:
@@ -638,9 +638,7 @@ class StatMemo:
 
     def location(self, fs: WorkspaceFilesystem) -> str | None:
         """The directory of ``fs`` where the memo applies to it, else None."""
-        inner = fs
-        while isinstance(inner, WrapperFilesystem):
-            inner = inner.inner
+        inner = unwrapped(fs)
         location = inner.location if isinstance(inner, LocalFilesystem) else None
         if location is None:
             return None

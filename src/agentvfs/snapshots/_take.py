@@ -89,8 +89,8 @@ async def take_snapshot(
             content: ContentKind = pinned.kind
             root: str | None = pinned.root
         else:
-            files = await _blob_records(fs, store, tree, previous)
             location = store.memo.location(fs)
+            files = await _blob_records(fs, store, tree, previous, location)
             for path, record in files.items():
                 listed = tree.files.get(path)
                 if listed is not None and listed.etag == record.etag and listed.size == record.size:
@@ -145,11 +145,12 @@ async def _pinned_records(pinned: PinnedContent, tree: Tree, previous: Snapshot 
 
 
 async def _blob_records(
-    fs: WorkspaceFilesystem, store: SnapshotStore, tree: Tree, previous: Snapshot | None
+    fs: WorkspaceFilesystem, store: SnapshotStore, tree: Tree, previous: Snapshot | None, location: str | None
 ) -> dict[str, FileRecord]:
     """Records of files whose content goes to blobs: a file whose version the previous
-    snapshot saw (on storage whose ETags are versions) is neither read nor stored again;
-    any other is read, hashed, and stored unless a blob of its hash is there.
+    snapshot saw (on storage whose ETags are versions), or that the store's memo knows as
+    this very file (``location``: where the memo applies, else None), is neither read nor
+    stored again; any other is read, hashed, and stored unless a blob of its hash is there.
 
     A file is read between two listings of its directory, and its record is kept only if
     both show the same version: the record's hash is of the version it names, even while
@@ -168,8 +169,6 @@ async def _blob_records(
             if known is None:
                 known = await store.blobs.digests()
             return known
-
-    location = store.memo.location(fs)
 
     async def one(path: str, stat: FileStat) -> None:
         before = previous.files.get(path) if previous is not None else None

@@ -339,8 +339,7 @@ class WorkspaceTool:
             else:
                 checkpoints.note_other_call()
         if checkpoint is not None:
-            fs_now = self._workspace.filesystem
-            assert fs_now is not None
+            assert fs_now is not None  # a checkpoint is taken of a writable filesystem only
             made = await checkpoints.new_parent(fs_now, args["path"])
             try:
                 return await self._run_tracked(call, args, ctx)
