@@ -8,7 +8,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -87,12 +87,16 @@ def cli_env() -> dict[str, str]:
     return env
 
 
-def start_mount(storage: Storage, mnt: str, state: Path, *extra: str, log: Path) -> subprocess.Popen[bytes]:
+def start_mount(
+    storage: Storage, mnt: str, state: Path, *extra: str, log: Path, env: Mapping[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """An ``agentvfs mount`` process serving ``storage`` at ``mnt`` (``env``: more of its
+    environment), once the mount answers."""
     args = [*CLI, "mount", storage.url, mnt, *storage.options, "-o", f"state_dir={state}", *extra]
     # passthrough off: a local mount then stages its writes (what a crash can catch mid-way).
     args += ["-o", "passthrough=false"]
     with open(log, "ab") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=out, env=cli_env())
+        proc = subprocess.Popen(args, stdout=out, stderr=out, env={**cli_env(), **(env or {})})
     assert wait_until(lambda: is_mounted(mnt) or proc.poll() is not None, timeout=30), log.read_text()
     assert proc.poll() is None, log.read_text()
     return proc

@@ -20,7 +20,7 @@ import pytest
 
 from _mounted import wait_until
 from agentvfs import LocalFilesystem
-from agentvfs.mounts import Mount, _passthrough, fuse_available, is_mounted
+from agentvfs.mounts import Mount, fuse_available, is_mounted, passthrough_unavailable_reason
 from agentvfs.mounts._ops import MountOperations
 from conftest import memory_harness
 
@@ -29,8 +29,8 @@ pytestmark = [
         fuse_available() is not None, reason=f"FUSE unavailable: {fuse_available()}"
     ),
     pytest.mark.skipif(
-        _passthrough.unavailable_reason() is not None,
-        reason=f"FUSE passthrough unavailable: {_passthrough.unavailable_reason()}",
+        passthrough_unavailable_reason() is not None,
+        reason=f"FUSE passthrough unavailable: {passthrough_unavailable_reason()}",
     ),
     pytest.mark.skipif(os.geteuid() != 0, reason="FUSE passthrough needs CAP_SYS_ADMIN"),
 ]

@@ -199,6 +199,82 @@ def test_an_unusable_default_state_directory_falls_back_to_the_temporary_one(
         Mount(memory_harness().fs, mnt, options={"state_dir": os.fspath(blocker / "x")}).start()
 
 
+#: Writes the 16 MiB of new.bin in two halves from two processes sharing the shell's descriptor,
+#: with a pause between them: each closes its copy of the descriptor, mid-file.
+_SHARED_WRITER = "(head -c 8388608 {big}; sleep 2; tail -c +8388609 {big}) > {target}"
+
+
+@pytest.mark.parametrize("helper", ["helper", "no-helper"])
+@pytest.mark.parametrize("kind", ["local", pytest.param("s3", marks=pytest.mark.s3)])
+def test_a_child_closing_a_shared_descriptor_publishes_nothing(
+    kind: str, helper: str, mnt: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """The close of ``head``'s copy of the shell's descriptor is not the end of the file:
+    readers of storage see the old file or the whole new one, also where the mount cannot
+    tell which process closes (no helper library: every file waits for its last close), and
+    the mount says so when it starts."""
+    storage = Storage(kind, tmp_path, request)
+    state, log = tmp_path / "state", tmp_path / "mount.log"
+    old, new = b"old\n" * 50_000, os.urandom(16 << 20)
+    (tmp_path / "new.bin").write_bytes(new)
+    storage.put("f.bin", old)
+    env = {"AGENTVFS_FUSE_HELPER": "0"} if helper == "no-helper" else {}
+    proc = start_mount(storage, mnt, state, log=log, env=env)
+    try:
+        assert wait_until(lambda: " mounted at " in log.read_text(), timeout=30), log.read_text()
+        warned = "cannot tell which process closes a file" in log.read_text()
+        assert warned == (helper == "no-helper"), log.read_text()
+        writer = subprocess.Popen(["bash", "-c", _SHARED_WRITER.format(big=tmp_path / "new.bin", target=f"{mnt}/f.bin")])
+        seen: set[str] = set()
+        while writer.poll() is None:
+            got = storage.get("f.bin")
+            seen.add("old" if got == old else "new" if got == new else _describe(got, old, new))
+            time.sleep(0.05)
+        assert writer.returncode == 0
+        # Published when the opener (the subshell) closes; without the helper at the last
+        # close, which the kernel sends moments after.
+        assert wait_until(lambda: storage.get("f.bin") == new, timeout=30), log.read_text()
+        assert seen <= {"old", "new"}, seen
+    finally:
+        stop_mount(proc, log)
+
+
+@pytest.mark.parametrize("helper", ["helper", "no-helper"])
+@pytest.mark.parametrize("kind", ["local", pytest.param("s3", marks=pytest.mark.s3)])
+def test_a_mount_killed_between_two_writers_of_one_descriptor_keeps_the_old_file(
+    kind: str, helper: str, mnt: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """``kill -9`` of the mount while the shell's second writer has not started: the first
+    half was written and its descriptor closed, and storage still holds the old file."""
+    storage = Storage(kind, tmp_path, request)
+    state, log = tmp_path / "state", tmp_path / "mount.log"
+    old, new = b"old\n" * 50_000, os.urandom(16 << 20)
+    (tmp_path / "new.bin").write_bytes(new)
+    storage.put("f.bin", old)
+    env = {"AGENTVFS_FUSE_HELPER": "0"} if helper == "no-helper" else {}
+    proc = start_mount(storage, mnt, state, log=log, env=env)
+    marker = tmp_path / "first-half-written"
+    script = f"(head -c 8388608 {tmp_path / 'new.bin'}; touch {marker}; sleep 3; tail -c +8388609 {tmp_path / 'new.bin'}) > {mnt}/f.bin"
+    writer = subprocess.Popen(["bash", "-c", script], stderr=subprocess.DEVNULL)
+    try:
+        assert wait_until(marker.exists, timeout=60), log.read_text()
+        time.sleep(0.5)  # the mount has had time to act on head's close, if it would
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        try:
+            writer.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            writer.kill()
+            writer.wait()
+    wait_unmounted(mnt)
+    got = storage.get("f.bin")
+    assert got == old, "old" if got == old else _describe(got, old, new)
+    for leftover in Path(mnt).iterdir():
+        leftover.unlink()
+    stop_mount(start_mount(storage, mnt, state, log=log), log)  # recovers what was staged
+
+
 _WRITERS = {
     # Each replaces f.bin with the 1 MiB block of new.bin repeated 16 times.
     "cp": "cp {big} {target}",

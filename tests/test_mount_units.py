@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import json
+import os
 import random
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from agentvfs import LocalFilesystem
 from agentvfs.errors import WorkspaceError
-from agentvfs.mounts import MountOptions, _passthrough
+from agentvfs.mounts import MountOptions, _helper
 from agentvfs.mounts._ops import MountOperations
 from agentvfs.mounts._options import parse_option_strings
 from agentvfs.mounts._readahead import _PartLayout
@@ -102,17 +107,95 @@ def test_directory_nlink_follows_its_subdirectories_through_every_change() -> No
 
 
 def test_libfuse_version_and_passthrough_state_are_reported() -> None:
-    assert re.fullmatch(r"3\.\d+\.\d+", _passthrough.libfuse_version())
-    reason = _passthrough.unavailable_reason()
+    version = _helper.libfuse_version()
+    assert re.fullmatch(r"3\.\d+\.\d+", version)
+    reason = _helper.passthrough_unavailable_reason()
     # Either usable, or a sentence naming what is missing.
-    assert (reason is None) == (_passthrough.LIBRARY is not None)
     assert reason is None or len(reason) > 10
+    if reason is None:
+        assert _helper.HELPER is not None and _helper.HELPER.supports_passthrough
+    if int(version.split(".")[1]) < 17:
+        assert reason is not None and "older than 3.17" in reason
+
+
+def test_the_helper_library_is_built_for_the_libfuse_pyfuse3_links() -> None:
+    """Wherever the ``fuse`` extra installed (pyfuse3 compiles against libfuse3), the helper
+    library builds: kept beside the package, for pyfuse3's very libfuse."""
+    assert _helper.unavailable_reason() is None
+    helper = _helper.HELPER
+    assert helper is not None and Path(helper.path).parent == _helper._BUILT
+    assert _helper._trusted(Path(helper.path))
+    minor = int(_helper.libfuse_version().split(".")[1])
+    assert helper.supports_passthrough == (minor >= 17)
+
+
+#: Loads a copy of ``_helper.py`` (argv[1]) on its own, as agentvfs.mounts does at import.
+_STANDALONE = """
+import importlib.util, json, sys
+spec = importlib.util.spec_from_file_location("helper_copy", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+helper = module.HELPER
+print(json.dumps({"path": helper.path if helper else None, "reason": module.unavailable_reason(),
+                  "exists": bool(helper) and __import__("os").path.exists(helper.path)}))
+"""
+
+
+def _load_copy(where: Path, env: dict[str, str] | None = None, *, fresh: bool = True) -> dict[str, object]:
+    """Load a copy of the helper module placed in ``where`` (``fresh``: copied there now)
+    in a new interpreter."""
+    where.mkdir(exist_ok=True)
+    for name in ("_helper.py", "_helper.c") if fresh else ():
+        shutil.copy(Path(_helper.__file__).with_name(name), where / name)
+    done = subprocess.run(
+        [sys.executable, "-c", _STANDALONE, os.fspath(where / "_helper.py")],
+        capture_output=True, text=True, timeout=120, env={**os.environ, **(env or {})}, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result: dict[str, object] = json.loads(done.stdout)
+    return result
+
+
+def test_the_helper_library_is_kept_beside_the_module_and_reused(tmp_path: Path) -> None:
+    first = _load_copy(tmp_path / "pkg")
+    assert first["reason"] is None and Path(str(first["path"])).parent == tmp_path / "pkg" / "_built"
+    built = Path(str(first["path"]))
+    stamp = built.stat().st_mtime_ns
+    second = _load_copy(tmp_path / "pkg")
+    assert second["path"] == first["path"] and built.stat().st_mtime_ns == stamp  # not built again
+    # A new source is a new build (the name holds a hash of it).
+    (tmp_path / "pkg" / "_helper.c").write_text((tmp_path / "pkg" / "_helper.c").read_text() + "\n/* changed */\n")
+    third = _load_copy(tmp_path / "pkg", fresh=False)
+    assert third["reason"] is None and third["path"] != first["path"]
+
+
+def test_a_helper_library_others_could_replace_is_never_loaded(tmp_path: Path) -> None:
+    """A directory others may write (here group-writable) could have its library swapped:
+    the module builds one for this process alone, in a private directory gone once loaded."""
+    where = tmp_path / "shared"
+    where.mkdir()
+    where.chmod(0o775)
+    got = _load_copy(where)
+    assert got["reason"] is None and got["path"] is not None
+    assert not Path(str(got["path"])).is_relative_to(where) and not got["exists"]
+    assert not list(where.rglob("*.so"))
+
+
+def test_without_a_compiler_the_helper_says_what_to_install(tmp_path: Path) -> None:
+    got = _load_copy(tmp_path / "pkg", env={"PATH": os.fspath(tmp_path / "empty"), "CC": ""})
+    assert got["path"] is None
+    assert "no C compiler was found" in str(got["reason"]) and "gcc" in str(got["reason"])
+
+
+def test_without_matching_headers_the_helper_names_the_package() -> None:
+    with pytest.raises(_helper.HelperUnavailable, match=r"headers of libfuse 3\.99 .*libfuse3-dev"):
+        _helper._headers("/nonexistent/lib/libfuse3.so.3", 99)
 
 
 def test_passthrough_is_asked_only_for_local_disk_without_writeback(tmp_path: Path) -> None:
     local = LocalFilesystem(base_path=str(tmp_path))
     cases = [
-        (local, MountOptions(), _passthrough.LIBRARY),
+        (local, MountOptions(), _helper.HELPER if _helper.passthrough_unavailable_reason() is None else None),
         (local, MountOptions(passthrough=False), None),
         (local, MountOptions(writeback_cache=True), None),  # the kernel allows one of the two
         (memory_harness().fs, MountOptions(), None),  # no file on disk to pass through to

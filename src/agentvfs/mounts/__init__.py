@@ -5,8 +5,8 @@ filesystem to the kernel with pyfuse3 on a thread of this process, so shell comm
 bucket as ordinary files. The semantics are written down in ``docs/mount-semantics.md``.
 """
 
-# First: the passthrough library must be loaded before pyfuse3 is imported.
-from . import _passthrough  # noqa: F401  # isort: skip
+# First: the helper library must be loaded before pyfuse3 is imported.
+from . import _helper  # noqa: F401  # isort: skip
 from ..errors import MissingExtraError  # isort: skip
 
 try:  # what a missing extra is told, instead of a bare "No module named 'pyfuse3'"
@@ -20,9 +20,10 @@ except ModuleNotFoundError as _missing:
 from .._exports import fixup_module_metadata
 from ._child import ProcessMount as ProcessMount
 from ._child import recipe_for as recipe_for
+from ._helper import libfuse_version as libfuse_version
+from ._helper import passthrough_unavailable_reason as passthrough_unavailable_reason
+from ._helper import unavailable_reason as helper_unavailable_reason
 from ._options import MountOptions as MountOptions
-from ._passthrough import libfuse_version as libfuse_version
-from ._passthrough import unavailable_reason as passthrough_unavailable_reason
 from ._recovery import RecoveredFile as RecoveredFile
 from ._recovery import default_state_dir as default_state_dir
 from ._recovery import discard_recovered as discard_recovered
@@ -43,6 +44,7 @@ __all__ = [
     "default_state_dir",
     "discard_recovered",
     "fuse_available",
+    "helper_unavailable_reason",
     "is_mounted",
     "libfuse_version",
     "list_recovered",

@@ -253,12 +253,12 @@ class Node:
 
     def stop_serving(self) -> None:
         """Reads of every handle of this file go through the mount's handlers again."""
-        from ._passthrough import LIBRARY
+        from ._helper import HELPER
 
         served, self.served = self.served, None
-        if LIBRARY is not None:
+        if HELPER is not None:
             for fh in served or ():
-                LIBRARY.unserve(fh)
+                HELPER.unserve(fh)
 
     @property
     def children(self) -> Children | None:

@@ -48,7 +48,7 @@ from ..vfs import (
     set_attributes,
     upload_file,
 )
-from . import _passthrough
+from . import _helper
 from ._inodes import InodeTable, ns
 from ._nodes import Node, now_ns
 from ._options import MountOptions
@@ -306,9 +306,12 @@ class MountOperations(pyfuse3.Operations):
         #: FUSE passthrough, asked for at mount time where files are on local disk (or, on
         #: a read-only mount, in the content cache); used once the kernel has granted it
         #: (see ``passthrough_granted``).
+        helper = _helper.HELPER
         self.passthrough = (
-            _passthrough.LIBRARY
-            if options.passthrough
+            helper
+            if helper is not None
+            and _helper.passthrough_unavailable_reason() is None
+            and options.passthrough
             and not self.enable_writeback_cache
             and (_on_local_disk(filesystem) or (read_only and self.cached is not None))
             else None
@@ -1708,7 +1711,7 @@ class MountOperations(pyfuse3.Operations):
         """Have the passthrough library read ``handle``'s clean descriptor itself: a read then
         costs no trip through Python. Any change of the file (``write_seq``, ``version``)
         takes it back first (``Node.stop_serving``), so :meth:`read` decides again."""
-        lib = _passthrough.LIBRARY
+        lib = _helper.HELPER
         if lib is None or not lib.serve(fh, handle.fd):
             return
         handle.served = True
@@ -2033,7 +2036,7 @@ class MountOperations(pyfuse3.Operations):
     @_fuse_errors
     async def flush(self, fh: int) -> None:
         # First, before any await: which thread closed a descriptor of this handle.
-        closer = _passthrough.LIBRARY.flush_pid(fh) if _passthrough.LIBRARY is not None else 0
+        closer = _helper.HELPER.flush_pid(fh) if _helper.HELPER is not None else 0
         handle = self.handles.get(fh)
         if handle is None:
             raise _fail(errno.EBADF)
@@ -2050,8 +2053,13 @@ class MountOperations(pyfuse3.Operations):
 
     @staticmethod
     def _closed_by_opener(handle: _Handle, closer: int) -> bool:
-        if not closer or not handle.opener or closer == handle.opener:
-            return True  # unknown (no FUSE helper library), or the very thread
+        if not closer or not handle.opener:
+            # Unknown (no helper library, or a process the kernel could not name): any
+            # process sharing the descriptor may be closing it mid-write, so the last close
+            # (release) publishes, never one that may be a child's.
+            return False
+        if closer == handle.opener:
+            return True  # the very thread
         if not handle.opener_process:
             handle.opener_process = _process_of(handle.opener) or -1
         return _process_of(closer) == handle.opener_process
@@ -2102,8 +2110,8 @@ class MountOperations(pyfuse3.Operations):
         self.readahead.release(handle.reading)
         if handle.served and node.served is not None and fh in node.served:
             node.served.remove(fh)
-            assert _passthrough.LIBRARY is not None
-            _passthrough.LIBRARY.unserve(fh)  # before its descriptor is closed
+            assert _helper.HELPER is not None
+            _helper.HELPER.unserve(fh)  # before its descriptor is closed
         if handle.fd >= 0:
             os.close(handle.fd)
         node.opens -= 1

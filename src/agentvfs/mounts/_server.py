@@ -8,6 +8,7 @@ import ctypes
 import errno
 import logging
 import os
+import re
 import shutil
 import signal
 import stat
@@ -24,7 +25,7 @@ import trio
 
 from ..errors import MountError
 from ..vfs import WorkspaceFilesystem
-from . import _passthrough
+from . import _helper
 from ._ops import MountOperations, notify_kernel
 from ._options import MountOptions
 from ._recovery import RecoveredFile
@@ -165,6 +166,64 @@ def _tune(mountpoint: str, options: MountOptions) -> None:
                 f.write(str(options.max_background))
             with open(f"{conn}/congestion_threshold", "w") as f:
                 f.write(str(max(1, options.max_background * 3 // 4)))
+
+
+#: Per-mount flags of mountinfo and the mount(2) flags that set them again in a remount.
+_MOUNT_FLAGS = {
+    "ro": 0x1,  # MS_RDONLY
+    "nodev": 0x4,  # MS_NODEV
+    "noexec": 0x8,  # MS_NOEXEC
+    "noatime": 0x400,  # MS_NOATIME
+    "nodiratime": 0x800,  # MS_NODIRATIME
+    "relatime": 0x200000,  # MS_RELATIME
+    "strictatime": 0x1000000,  # MS_STRICTATIME
+}
+_MS_REMOUNT, _MS_BIND = 0x20, 0x1000
+
+
+def _mount_flags(mountpoint: str) -> list[str]:
+    """The per-mount flags (``rw``, ``nosuid``, ...) of the mount at ``mountpoint`` (the one
+    on top, the last listed)."""
+    found: list[str] = []
+    with contextlib.suppress(OSError), open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+        for row in f:
+            fields = row.split()
+            # Space, tab, newline and backslash appear as octal escapes.
+            if len(fields) > 5 and re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), fields[4]) == mountpoint:
+                found = fields[5].split(",")
+    return found
+
+
+def _allow_set_id(mountpoint: str) -> str | None:
+    """Take ``nosuid`` off a mount asked for ``suid=true``; why it stays, or None.
+
+    libfuse before 3.17 makes every mount with ``auto_unmount`` (every mount here) ``nosuid``
+    whatever it was asked; only root may change that, by a remount of the mount's flags.
+    """
+    flags = _mount_flags(mountpoint)
+    if "nosuid" not in flags:
+        return None
+    if os.geteuid() != 0:
+        return "only root may mount with suid=true (the mount is nosuid)"
+    keep = 0
+    for flag in flags:
+        keep |= _MOUNT_FLAGS.get(flag, 0)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.mount(None, os.fsencode(mountpoint), None, _MS_REMOUNT | _MS_BIND | keep, None) != 0:
+        code = ctypes.get_errno()
+        return f"the remount without nosuid failed: {os.strerror(code)} (the mount is nosuid)"
+    return None
+
+
+def _closes_unattributed() -> str | None:
+    """Why this process's mounts cannot tell which process closed a file (see the
+    Durability section of docs/mount-semantics.md), or None when they can."""
+    helper = _helper.HELPER
+    if helper is None:
+        return _helper.unavailable_reason()
+    if not helper.active():
+        return "pyfuse3 did not bind to the FUSE helper library (another libfuse was loaded before it)"
+    return None
 
 
 def _syncfs(path: str) -> None:
@@ -325,6 +384,16 @@ class Mount:
                 raise MountError(f"Mounting at {self.mountpoint} failed: {self._error}") from self._error
             self._unwatch = self.filesystem.watch(self._on_change)
             _tune(self.mountpoint, self.options)
+            if self.options.suid and (why := _allow_set_id(self.mountpoint)) is not None:
+                _log.warning("%s: set-user-ID bits of programs in %s are not honoured", why, self.mountpoint)
+            if not self.read_only and (why := _closes_unattributed()) is not None:
+                # Files stay whole (never published at a close that may be a child's), but
+                # the data of a close() reaches storage only moments after it returns.
+                _log.warning(
+                    "the mount at %s cannot tell which process closes a file (%s): each file written "
+                    "through it is published at its last close, moments after close() returns, "
+                    "instead of when the opener's close() returns", self.mountpoint, why,
+                )  # fmt: skip
             _log.info(
                 "serving %s at %s (%s)", self.filesystem.location or self.filesystem.id, self.mountpoint,
                 "read-only" if self.read_only else "read-write",
@@ -374,9 +443,9 @@ class Mount:
             flags.add("ro")
         if self.options.debug:
             flags.add("debug")
-        if _passthrough.LIBRARY is not None:
+        if _helper.HELPER is not None:
             # Asked for (or not) at the kernel's first request, which this session answers.
-            _passthrough.LIBRARY.request(ops.passthrough is not None)
+            _helper.HELPER.request(ops.passthrough is not None)
         pyfuse3.init(ops, self.mountpoint, flags)
         try:
             self._token = trio.lowlevel.current_trio_token()

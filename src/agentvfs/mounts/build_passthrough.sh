@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
-# FUSE passthrough for agentvfs mounts: libfuse 3.17 into <environment>/opt/libfuse, agentvfs's
-# passthrough library beside it, and pyfuse3 rebuilt against it, for the Python environment of
-# PYTHON (default: python3 on PATH). Needs root, a C compiler, pkg-config and network access to
-# the Debian mirror of this machine's apt sources. Run by
-# scripts/setup.sh and by `agentvfs setup-passthrough`; idempotent. Optional: mounts work
+# FUSE passthrough for agentvfs mounts: libfuse 3.17 into <environment>/opt/libfuse and pyfuse3
+# rebuilt against it, for the Python environment of PYTHON (default: python3 on PATH); the
+# mount's helper library (agentvfs/mounts/_helper.c) is compiled for whichever libfuse pyfuse3
+# links the first time agentvfs.mounts is imported. Needs root, a C compiler, pkg-config and
+# network access to the Debian mirror of this machine's apt sources. Run by scripts/setup.sh
+# and by `agentvfs setup-passthrough`; idempotent. Optional: mounts work
 # without it (no passthrough), so a failure is a warning and the exit status 1.
 #
 # usage: build_passthrough.sh [PYTHON]
 set -uo pipefail
 
 python="${1:-python3}"
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # FUSE passthrough (the kernel serves reads and writes of files on local-directory mounts from the
-# files themselves) needs libfuse >= 3.16, and our passthrough library >= 3.17; Debian 12 ships
+# files themselves) needs libfuse >= 3.16, and the mount's helper library >= 3.17; Debian 12 ships
 # 3.14. This release's source is Debian's, fetched from the Debian mirror this machine's apt
 # sources name (its pool holds every release's source), checked against its hash.
 libfuse_version=3.17.2
@@ -23,9 +23,8 @@ log() { printf '[passthrough] %s\n' "$*"; }
 
 install_libfuse() {
     [[ "${AGENTVFS_PASSTHROUGH:-1}" != 0 ]] || { log "passthrough skipped (AGENTVFS_PASSTHROUGH=0)"; return 0; }
-    local prefix shim source="$here/_passthrough.c"
+    local prefix
     prefix="$("$python" -c 'import sys; print(sys.prefix)')/opt/libfuse" || return 1
-    shim="$prefix/lib/libagentvfs_passthrough.so"
     local build_log="${prefix%/libfuse}/libfuse-build.log"
     if [[ $(id -u) -ne 0 ]]; then
         # Registering backing files needs CAP_SYS_ADMIN, and libfuse 3.17 needs its own
@@ -38,15 +37,6 @@ install_libfuse() {
         mkdir -p "${prefix%/libfuse}"
         if ! build_libfuse "$prefix" >"$build_log" 2>&1; then
             log "warning: libfuse build failed (see $build_log); mounts run without passthrough"
-            return 1
-        fi
-    fi
-    if [[ ! -f $shim || $source -nt $shim ]]; then
-        log "compiling $shim"
-        if ! gcc -O2 -Wall -shared -fPIC -o "$shim" "$source" -I"$prefix/include/fuse3" \
-            -L"$prefix/lib" -Wl,-rpath,"$prefix/lib" -lfuse3 -ldl; then
-            log "warning: the passthrough library did not compile; mounts run without passthrough"
-            rm -f "$shim"
             return 1
         fi
     fi

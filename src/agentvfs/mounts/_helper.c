@@ -1,36 +1,49 @@
 /*
- * FUSE passthrough for agentvfs mounts (Linux >= 6.9, libfuse >= 3.17).
+ * The FUSE helper library of agentvfs mounts: what pyfuse3 cannot tell or send.
  *
- * With passthrough, the kernel serves reads and writes of an open file from a
- * "backing" file the server names at open time: the bytes never travel through
- * /dev/fuse and the server, and the backing file's own page cache is used.
+ * pyfuse3 does not pass a flush's process on, cannot answer an open with FOPEN_NOFLUSH, and
+ * has no API for FUSE passthrough. This small library sits between pyfuse3 and libfuse.
+ * Loaded with RTLD_GLOBAL before pyfuse3 is imported, its definitions of a few libfuse
+ * functions are the ones pyfuse3 binds to:
  *
- * pyfuse3 has no API for it, so this small library sits between pyfuse3 and
- * libfuse. Loaded with RTLD_GLOBAL before pyfuse3 is imported, its definitions
- * of four libfuse functions are the ones pyfuse3 binds to:
- *
- * - fuse_session_new_versioned: wraps the init callback, to ask the kernel for
- *   passthrough (when the Python side asked for it) and to record whether the
- *   kernel granted it; and the flush callback, to record which process closed a
- *   descriptor (pyfuse3 does not pass it on; see agentvfs_flush_pid);
- * - fuse_session_mount: records the session's /dev/fuse descriptor, which the
- *   backing-file ioctls go through;
- * - fuse_reply_open and fuse_reply_create: add the backing id the Python side
- *   registered for the handle (agentvfs_pt_attach) to the reply; an open for
- *   reading only is answered with FOPEN_NOFLUSH;
+ * - fuse_session_new (libfuse < 3.17) or fuse_session_new_versioned (>= 3.17): wraps the
+ *   flush callback, to record which process closed a descriptor (agentvfs_flush_pid: the
+ *   mount publishes a file at its opener's close, not at the close of a child sharing the
+ *   descriptor); the read callback, for handles read here (below); and, with libfuse >= 3.17,
+ *   the init callback, to ask the kernel for passthrough (when the Python side asked for it)
+ *   and to record whether the kernel granted it;
+ * - fuse_session_mount: records the session's /dev/fuse descriptor, which the backing-file
+ *   ioctls of passthrough go through;
+ * - fuse_reply_open and fuse_reply_create: an open for reading only is answered with
+ *   FOPEN_NOFLUSH (libfuse >= 3.11); with passthrough, the reply names the backing id the
+ *   Python side registered for the handle (agentvfs_pt_attach);
  * - the read callback: a handle the Python side registered with a descriptor
- *   (agentvfs_serve: a clean file in the content cache or on local disk) is read
- *   here, from that descriptor, without a trip through Python; the Python side
- *   takes the registration back before anything changes what it serves.
+ *   (agentvfs_serve: a clean file in the content cache or on local disk) is read here, from
+ *   that descriptor, without a trip through Python; the Python side takes the registration
+ *   back before anything changes what it serves.
  *
- * Every other call goes to libfuse unchanged. Nothing here allocates per
- * request; a handle stays in the pending table only between its attach and its
- * open reply, so it holds at most one entry per request served at once
- * (max_tasks), far below its size.
+ * It is compiled for the libfuse pyfuse3 links, against that release's headers, on the
+ * machine that mounts (agentvfs/mounts/_helper.py): AGENTVFS_FUSE_MINOR is its minor version.
+ * Passthrough needs 3.17; everything else works with any libfuse 3.
+ *
+ * Every other call goes to libfuse unchanged. Nothing here allocates per request; a handle
+ * stays in the pending table only between its attach and its open reply, so it holds at most
+ * one entry per request served at once (max_tasks), far below its size.
  */
-#define _GNU_SOURCE
+#ifndef AGENTVFS_FUSE_MINOR
+#error "AGENTVFS_FUSE_MINOR (the minor version of libfuse 3) must be defined"
+#endif
+#if AGENTVFS_FUSE_MINOR >= 17
 #define FUSE_USE_VERSION 317
+#define HAVE_PASSTHROUGH 1
+#else
+#define FUSE_USE_VERSION 30
+#define HAVE_PASSTHROUGH 0
+#endif
+/* FOPEN_NOFLUSH came with libfuse 3.11. */
+#define HAVE_NOFLUSH (AGENTVFS_FUSE_MINOR >= 11)
 
+#define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -51,8 +64,12 @@ struct backing_map {
 #define BACKING_OPEN _IOW(229, 1, struct backing_map)
 #define BACKING_CLOSE _IOW(229, 2, uint32_t)
 
+#if HAVE_PASSTHROUGH
 typedef struct fuse_session *(*session_new_fn)(struct fuse_args *, const struct fuse_lowlevel_ops *, size_t,
                                                struct libfuse_version *, void *);
+#else
+typedef struct fuse_session *(*session_new_fn)(struct fuse_args *, const struct fuse_lowlevel_ops *, size_t, void *);
+#endif
 typedef int (*session_mount_fn)(struct fuse_session *, const char *);
 typedef int (*reply_open_fn)(fuse_req_t, const struct fuse_file_info *);
 typedef int (*reply_create_fn)(fuse_req_t, const struct fuse_entry_param *, const struct fuse_file_info *);
@@ -69,6 +86,7 @@ static read_fn inner_read;     /* pyfuse3's read callback */
 static uint64_t flush_fh;      /* the handle of the flush being dispatched, and who sent it */
 static pid_t flush_pid;
 static struct fuse_lowlevel_ops wrapped_ops;
+static int wrapped;            /* a session was created through wrap_ops */
 
 static pthread_mutex_t pending_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct {
@@ -116,6 +134,7 @@ static void init_wrapper(void *userdata, struct fuse_conn_info *conn)
     if (inner_init != NULL)
         inner_init(userdata, conn);
     granted = 0;
+#if HAVE_PASSTHROUGH
     if (!requested || !(conn->capable & FUSE_CAP_PASSTHROUGH))
         return;
     /* The kernel turns passthrough off when the writeback cache is on. */
@@ -125,6 +144,7 @@ static void init_wrapper(void *userdata, struct fuse_conn_info *conn)
     /* Backing files may live on a plain filesystem only, not on a stacked one. */
     conn->max_backing_stack_depth = 1;
     granted = 1;
+#endif
 }
 
 /*
@@ -160,16 +180,14 @@ static void read_wrapper(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
     fuse_reply_data(req, &buf, 0);
 }
 
-struct fuse_session *fuse_session_new_versioned(struct fuse_args *args, const struct fuse_lowlevel_ops *op,
-                                                size_t op_size, struct libfuse_version *version, void *userdata)
+/*
+ * pyfuse3's callbacks, wrapped: a copy of its table with ours in their place. Returns the
+ * table to hand to libfuse, or pyfuse3's own when this build does not know its size.
+ */
+static const struct fuse_lowlevel_ops *wrap_ops(const struct fuse_lowlevel_ops *op, size_t op_size)
 {
-    session_new_fn real = (session_new_fn)next_symbol("fuse_session_new_versioned");
-    if (real == NULL) {
-        errno = ENOSYS;
-        return NULL;
-    }
     if (op_size > sizeof(wrapped_ops))
-        return real(args, op, op_size, version, userdata);
+        return op;
     memset(&wrapped_ops, 0, sizeof(wrapped_ops));
     memcpy(&wrapped_ops, op, op_size);
     inner_init = wrapped_ops.init;
@@ -187,8 +205,33 @@ struct fuse_session *fuse_session_new_versioned(struct fuse_args *args, const st
     pthread_mutex_unlock(&served_lock);
     granted = 0;
     session_fd = -1;
-    return real(args, &wrapped_ops, op_size, version, userdata);
+    wrapped = 1;
+    return &wrapped_ops;
 }
+
+#if HAVE_PASSTHROUGH
+struct fuse_session *fuse_session_new_versioned(struct fuse_args *args, const struct fuse_lowlevel_ops *op,
+                                                size_t op_size, struct libfuse_version *version, void *userdata)
+{
+    session_new_fn real = (session_new_fn)next_symbol("fuse_session_new_versioned");
+    if (real == NULL) {
+        errno = ENOSYS;
+        return NULL;
+    }
+    return real(args, wrap_ops(op, op_size), op_size, version, userdata);
+}
+#else
+struct fuse_session *fuse_session_new(struct fuse_args *args, const struct fuse_lowlevel_ops *op, size_t op_size,
+                                      void *userdata)
+{
+    session_new_fn real = (session_new_fn)next_symbol("fuse_session_new");
+    if (real == NULL) {
+        errno = ENOSYS;
+        return NULL;
+    }
+    return real(args, wrap_ops(op, op_size), op_size, userdata);
+}
+#endif
 
 int fuse_session_mount(struct fuse_session *se, const char *mountpoint)
 {
@@ -219,8 +262,8 @@ static int32_t take_pending(uint64_t fh)
 int fuse_reply_open(fuse_req_t req, const struct fuse_file_info *fi)
 {
     reply_open_fn real = (reply_open_fn)next_symbol("fuse_reply_open");
-    int32_t id = take_pending(fi->fh);
     struct fuse_file_info copy = *fi;
+#if HAVE_NOFLUSH
     /*
      * A descriptor opened only for reading has nothing to publish when it is closed (the
      * server takes no POSIX locks, which a flush would release): the kernel then sends no
@@ -228,30 +271,50 @@ int fuse_reply_open(fuse_req_t req, const struct fuse_file_info *fi)
      */
     if ((fi->flags & O_ACCMODE) == O_RDONLY)
         copy.noflush = 1;
+#endif
+#if HAVE_PASSTHROUGH
+    int32_t id = take_pending(fi->fh);
     if (id > 0) {
         copy.backing_id = id;
         copy.keep_cache = 0; /* no page cache of ours is involved */
     }
+#endif
     return real(req, &copy);
 }
 
 int fuse_reply_create(fuse_req_t req, const struct fuse_entry_param *e, const struct fuse_file_info *fi)
 {
     reply_create_fn real = (reply_create_fn)next_symbol("fuse_reply_create");
+#if HAVE_PASSTHROUGH
     int32_t id = take_pending(fi->fh);
-    if (id <= 0)
-        return real(req, e, fi);
-    struct fuse_file_info copy = *fi;
-    copy.backing_id = id;
-    copy.keep_cache = 0;
-    return real(req, e, &copy);
+    if (id > 0) {
+        struct fuse_file_info copy = *fi;
+        copy.backing_id = id;
+        copy.keep_cache = 0;
+        return real(req, e, &copy);
+    }
+#endif
+    return real(req, e, fi);
 }
 
 /* -- called from Python (ctypes) ------------------------------------------------------ */
 
-int agentvfs_pt_version(void)
+/* The interface version _helper.py expects. */
+int agentvfs_helper_version(void)
 {
-    return 4;
+    return 5;
+}
+
+/* What this build can do: 1, passthrough (libfuse >= 3.17); 2, FOPEN_NOFLUSH (>= 3.11). */
+int agentvfs_helper_features(void)
+{
+    return (HAVE_PASSTHROUGH ? 1 : 0) | (HAVE_NOFLUSH ? 2 : 0);
+}
+
+/* Whether a session was created through this library (pyfuse3 bound to its definitions). */
+int agentvfs_helper_active(void)
+{
+    return wrapped;
 }
 
 /* Read handle fh from fd here until agentvfs_unserve(fh); 0, or -ENOSPC / -EINVAL. */
