@@ -26,6 +26,36 @@ if [[ $status -eq 5 ]]; then
     exit 1
 fi
 
+# The mount's promises again in an environment made the way a user makes one: the built wheel
+# with the fuse and s3 extras in a fresh venv (pyfuse3 compiled against the system's libfuse3,
+# no libfuse 3.17, no setup script), and the test tools beside it. The lifecycle, crash-trial,
+# two-mount, publish and fsx suites run there; the ones that must also hold without root run
+# again as an unprivileged user below. Only on a whole-suite run.
+plain_suites=(tests/test_mount_units.py tests/test_mount_lifecycle.py tests/test_mount_recovery.py
+    tests/test_mount_shared.py tests/test_mount_publish.py tests/test_mount_fsx.py)
+plain_unprivileged=(tests/test_mount_units.py tests/test_mount_recovery.py)
+plain=""
+if [[ $# -eq 0 ]]; then
+    plain=$(mktemp -d)
+    echo "[test] the mount suites in a plain pip install of the wheel ($plain)"
+    base_python=$(.venv/bin/python -c 'import sys; print(sys._base_executable)')
+    plain_status=0
+    {
+        .venv/bin/python -m build --wheel --outdir "$plain/dist" . >"$plain/build.log" 2>&1 \
+            && "$base_python" -m venv "$plain/venv" \
+            && "$plain/venv/bin/pip" install -q --disable-pip-version-check "$(ls "$plain"/dist/agentvfs-*.whl)[fuse,s3]" \
+            && "$plain/venv/bin/pip" freeze --disable-pip-version-check >"$plain/constraints.txt" \
+            && "$plain/venv/bin/pip" install -q --disable-pip-version-check -c "$plain/constraints.txt" \
+                "pytest>=8,<10" "pytest-trio>=0.8,<0.9" "hypothesis>=6.100,<7" "moto[server]>=5.0,<6" boto3
+    } || { echo "[test] error: the plain environment could not be made (see $plain/build.log)" >&2; plain_status=1; }
+    if [[ $plain_status -eq 0 ]]; then
+        # From the checkout's root (its pytest settings), importing agentvfs from the wheel.
+        env -u PYTHONPATH "$plain/venv/bin/python" -m pytest -q -rs -m "not gcs" "${plain_suites[@]}" || plain_status=$?
+        [[ $plain_status -ne 5 ]] || { echo "[test] error: the plain run collected no tests" >&2; plain_status=1; }
+    fi
+    [[ $status -ne 0 ]] || status=$plain_status
+fi
+
 # The adversarial suite again without root: what an agent cannot do to a root-run workspace it
 # must not be able to do to one an ordinary user runs (bubblewrap in a user namespace, no
 # cgroups, other file permissions). Only on a whole-suite run, as root, where runuser exists.
@@ -51,6 +81,15 @@ if [[ $# -eq 0 && $(id -u) -eq 0 ]] && command -v runuser >/dev/null 2>&1 && id 
         GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false \
         .venv/bin/python -m pytest -q -rs -p no:cacheprovider tests/test_adversary.py tests/test_disk.py \
         || second=$?
+    if [[ -n $plain && -x $plain/venv/bin/python ]]; then
+        # A user who may not write the installation: the helper library is built per process.
+        chmod o+rx "$plain"
+        echo "[test] the plain install's mount suites as $unprivileged"
+        runuser -u "$unprivileged" -- env -i PATH="$PATH" HOME="$home" PYTHONDONTWRITEBYTECODE=1 \
+            AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing AWS_DEFAULT_REGION=us-east-1 \
+            "$plain/venv/bin/python" -m pytest -q -rs -p no:cacheprovider -m "not gcs" "${plain_unprivileged[@]}" \
+            || { code=$?; [[ $second -ne 0 ]] || second=$code; }
+    fi
     rm -rf "$home"
     for dir in "${opened[@]}"; do chmod o-x "$dir"; done
     if [[ $second -eq 5 ]]; then
@@ -59,4 +98,5 @@ if [[ $# -eq 0 && $(id -u) -eq 0 ]] && command -v runuser >/dev/null 2>&1 && id 
     fi
     [[ $status -ne 0 ]] || status=$second
 fi
+[[ -z $plain ]] || rm -rf "$plain"
 exit "$status"
