@@ -9,6 +9,7 @@ import http.server
 import os
 import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+import agentvfs
 from agentvfs.sandbox import LocalSandbox
 from agentvfs.sandbox._egress import (
     EgressProxy,
@@ -347,3 +349,62 @@ async def test_an_empty_allow_list_refuses_everything(tmp_path: Path, host_serve
         await box.destroy()
     assert result.exit_code != 0 and "403" in result.stderr
     assert os.path.exists(str(tmp_path))
+
+
+# -- the forwarder's interpreter ---------------------------------------------------------------
+
+_FORWARDED = r"""
+import sys
+import anyio
+from agentvfs.sandbox import LocalSandbox
+
+async def main() -> None:
+    box = LocalSandbox(working_directory=sys.argv[1], isolation="bwrap", native_sandbox={"allowed_hosts": ["example.invalid"]})
+    try:
+        result = await box.execute_command(sys.executable + " -c 'print(6 * 7)'")
+    finally:
+        await box.destroy()
+    print("exit", result.exit_code, "out", result.stdout.strip(), "err", result.stderr.strip()[-300:])
+
+anyio.run(main)
+"""
+
+
+@needs_bwrap
+@pytest.mark.parametrize("how", ["linked-venv", "linked-python", "shim"])
+def test_egress_works_whatever_names_the_interpreter(tmp_path: Path, how: str) -> None:
+    # Each way names the interpreter by a path in a directory the sandbox does not bind (the
+    # temporary directory is not the sandbox's /tmp): a virtualenv reached through a
+    # symlinked directory, a symlinked python, a shim found on PATH that runs the real one.
+    outside = Path(tempfile.mkdtemp(prefix="agentvfs-python-"))
+    real = os.path.realpath(sys.executable)
+    # The same modules whichever interpreter starts (a shim runs the base one, outside any
+    # virtualenv).
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(agentvfs.__file__).parent.parent), *filter(None, sys.path)])}
+    try:
+        if how == "linked-venv":
+            (outside / "venv").symlink_to(os.path.realpath(sys.prefix))
+            argv = [str(outside / "venv" / os.path.relpath(sys.executable, sys.prefix))]
+        elif how == "linked-python":
+            (outside / "python").symlink_to(sys.executable)
+            argv = [str(outside / "python")]
+        else:
+            bash = shutil.which("bash")
+            if bash is None:
+                pytest.skip("the shim needs bash (exec -a)")
+            (outside / "python").write_text(f'#!{bash}\nexec -a python {real} "$@"\n')
+            (outside / "python").chmod(0o755)
+            env["PATH"] = f"{outside}:{env.get('PATH', os.defpath)}"
+            argv = ["python"]
+        (tmp_path / "run.py").write_text(_FORWARDED)
+        shown = subprocess.run(
+            [*argv, "-c", "import sys; print(sys.executable)"], env=env, capture_output=True, text=True, check=True, timeout=60
+        ).stdout.strip()
+        assert shown.startswith(str(outside)), shown  # the interpreter is named from outside
+        done = subprocess.run(
+            [*argv, str(tmp_path / "run.py"), str(tmp_path)], env=env, capture_output=True, text=True, timeout=120, check=False
+        )
+    finally:
+        shutil.rmtree(outside, ignore_errors=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().startswith("exit 0 out 42"), (done.stdout, done.stderr)

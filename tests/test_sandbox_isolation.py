@@ -180,6 +180,28 @@ def test_hardening_descriptors_root_inside_and_protected_paths() -> None:
     assert pairs(args, "--ro-bind-try")[-1] == "/tmp/.state"
 
 
+def test_python_is_bound_where_this_process_names_it(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    inside = os.path.relpath(sys.executable, sys.prefix)
+    if inside.startswith(".."):
+        pytest.skip(f"{sys.executable} is not in its prefix {sys.prefix}")
+    # A symlink to python in a virtualenv reached through a symlinked directory: each step
+    # of the way resolves inside the sandbox as it does here.
+    linked = os.path.join(str(tmp_path), "linked-venv")
+    os.symlink(os.path.realpath(sys.prefix), linked)
+    named = os.path.join(str(tmp_path), "bin", "python")
+    os.makedirs(os.path.dirname(named))
+    os.symlink(os.path.join(linked, inside), named)
+    monkeypatch.setattr(sys, "executable", named)
+    binds = _isolation.python_binds()
+    shown = [destination for _source, destination in binds] + list(_isolation._SYSTEM_PATHS)
+    assert (os.path.dirname(named), os.path.dirname(named)) in binds
+    assert _isolation._covered(os.path.dirname(os.path.join(linked, inside)), shown), binds
+    # What is bound is the real directory; the forwarder's interpreter is among it.
+    assert all(source == os.path.realpath(source) for source, _destination in binds)
+    interpreter = _isolation.forwarder_python()
+    assert interpreter is not None and _isolation._covered(interpreter, shown), (interpreter, binds)
+
+
 def test_without_user_namespaces_capabilities_are_still_dropped() -> None:
     support = _isolation.BwrapSupport("/usr/bin/bwrap", user_namespace=False, disable_userns=False)
     args = build_bwrap_args("x", working_directory="/w", config=normalize_native_sandbox(None), support=support)

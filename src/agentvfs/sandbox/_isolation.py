@@ -62,6 +62,8 @@ after them; what a custom layout binds from the host (``--bind / /`` includes th
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import functools
 import itertools
 import os
@@ -91,8 +93,10 @@ __all__ = [
     "check_isolation",
     "detect_isolation",
     "device_args",
+    "forwarder_python",
     "normalize_native_sandbox",
     "proc_args",
+    "python_binds",
     "sandbox_ids",
     "working_bwrap",
 ]
@@ -566,15 +570,82 @@ def _covered(path: str, by: Iterable[str]) -> bool:
     return any(path == p or path.startswith(p.rstrip("/") + "/") for p in by)
 
 
-def _python_paths() -> list[str]:
-    """The install prefixes of this Python (a virtualenv and its base interpreter), so
-    ``python`` works inside the sandbox as it does outside."""
-    found: list[str] = []
-    for path in (sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable))):
-        path = os.path.realpath(path)
-        if path and path != "/" and not _covered(path, _SYSTEM_PATHS) and not _covered(path, found):
-            found.append(path)
-    return found
+def _elf_file(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"\x7fELF"
+    except OSError:
+        return False
+
+
+def forwarder_python() -> str | None:
+    """The interpreter binary that runs the egress forwarder inside the sandbox: a real
+    file, whatever names this process by (a virtualenv's symlink, a venv reached through a
+    symlinked directory, a pyenv shim, which is a script).
+
+    ``sys.executable`` resolved, when that is a binary; otherwise the binary this process
+    runs (``/proc/self/exe``). Its directory and its installation are bound into every
+    sandbox that forwards (:func:`python_binds`).
+
+    Returns
+    -------
+    str or None
+        The path, or None when neither is a binary (an embedded interpreter).
+    """
+    candidates = [os.path.realpath(sys.executable)] if sys.executable else []
+    with contextlib.suppress(OSError):
+        candidates.append(os.readlink("/proc/self/exe"))
+    return next((path for path in candidates if os.path.isfile(path) and _elf_file(path)), None)
+
+
+def _link_chain(path: str) -> list[str]:
+    """``path`` and each path its symlinks lead to, in order (absolute, as named)."""
+    chain = [os.path.abspath(path)]
+    for _ in range(40):  # the kernel's own limit on links followed
+        try:
+            target = os.readlink(chain[-1])
+        except OSError:
+            break
+        chain.append(os.path.normpath(os.path.join(os.path.dirname(chain[-1]), target)))
+    return chain
+
+
+def python_binds() -> list[tuple[str, str]]:
+    """``(source, destination)`` pairs that make this Python work inside the sandbox as it
+    does outside: its installation prefixes (a virtualenv and its base interpreter) and the
+    directories of its interpreter and of every symlink on the way to it, each at its real
+    place and at the place it is named by (a virtualenv reached through a symlinked
+    directory, a symlinked ``python``), so that ``sys.executable`` runs inside and the
+    forwarder's interpreter (:func:`forwarder_python`) finds its standard library.
+
+    Returns
+    -------
+    list of (str, str)
+        Parents before children (a later bind over a parent would hide an earlier child);
+        nothing below the system paths, which are bound anyway.
+    """
+    named = [sys.prefix, sys.base_prefix]
+    if sys.executable:
+        # Every link on the way from sys.executable to the binary must resolve inside too.
+        named += [os.path.dirname(hop) for hop in _link_chain(sys.executable)]
+    interpreter = forwarder_python()
+    if interpreter is not None:
+        named.append(os.path.dirname(interpreter))
+    pairs: list[tuple[str, str]] = []
+    for path in named:
+        if not path:
+            continue
+        real = os.path.realpath(path)
+        for destination in dict.fromkeys((real, os.path.abspath(path))):
+            if destination == "/" or _covered(destination, _SYSTEM_PATHS):
+                continue
+            pairs.append((real, destination))
+    pairs.sort(key=lambda pair: pair[1].count("/"))
+    kept: list[tuple[str, str]] = []
+    for source, destination in pairs:
+        if not _covered(destination, [d for _, d in kept]):
+            kept.append((source, destination))
+    return kept
 
 
 #: Runs the egress forwarder, then the command: ``sh -c CHAIN <python> <script> <socket>
@@ -703,8 +774,8 @@ def build_bwrap_args(
     forwarding = proxy_directory is not None and config.get("allowed_hosts") is not None
     if config.get("allow_system_binaries", True) or forwarding:
         # The forwarder is this Python: it must be visible even without system binaries.
-        for path in _python_paths():
-            args += ["--ro-bind", path, path]
+        for source, destination in python_binds():
+            args += ["--ro-bind", source, destination]
     if config.get("allow_system_binaries", True):
         for path in _RUNTIME_PATHS:
             args += ["--ro-bind-try", path, path]
@@ -723,7 +794,14 @@ def build_bwrap_args(
         assert proxy_directory is not None
         args += ["--ro-bind", proxy_directory, PROXY_DIRECTORY]
         socket_path = f"{PROXY_DIRECTORY}/{EgressProxy.SOCKET_NAME}"
-        tail = ["--", "sh", "-c", _FORWARD_THEN_RUN, sys.executable, FORWARDER_SCRIPT, socket_path, str(PROXY_PORT), command]
+        interpreter = forwarder_python()
+        if interpreter is None:
+            raise OSError(
+                errno.ENOENT,
+                "allowed_hosts needs a Python interpreter binary for its forwarder, and neither "
+                f"sys.executable ({sys.executable!r}) nor /proc/self/exe is one",
+            )
+        tail = ["--", "sh", "-c", _FORWARD_THEN_RUN, interpreter, FORWARDER_SCRIPT, socket_path, str(PROXY_PORT), command]
     # Everything is in place: make the sandbox's own root (a tmpfs) read-only, so writes
     # outside the bound paths fail instead of landing in a throwaway directory.
     args += ["--remount-ro", "/"]
