@@ -19,6 +19,7 @@ from _procs import live_members, read, write
 from agentvfs import LocalFilesystem
 from agentvfs.errors import IsolationUnavailableError
 from agentvfs.sandbox import _isolation
+from agentvfs.sandbox._egress import FORWARDER_SCRIPT
 from agentvfs.sandbox._isolation import (
     build_bwrap_args,
     check_isolation,
@@ -178,6 +179,68 @@ def test_hardening_descriptors_root_inside_and_protected_paths() -> None:
     # The protected state is bound read-only after the writable binds that cover it.
     assert args.index("/tmp/.state") > args.index("/tmp")
     assert pairs(args, "--ro-bind-try")[-1] == "/tmp/.state"
+
+
+def _at(args: list[str], part: list[str]) -> int:
+    """Where ``part`` starts in ``args`` (-1 when it is not there)."""
+    return next((i for i in range(len(args)) if args[i : i + len(part)] == part), -1)
+
+
+def test_hidden_state_is_covered_wherever_a_bind_shows_it(tmp_path: Any) -> None:
+    state = os.path.join(str(tmp_path), "state")
+    os.makedirs(os.path.join(state, "inner"))
+    cover = ["--tmpfs", state, "--remount-ro", state]
+    # Below a writable path, the working directory, a read-only path, or the whole host: an
+    # empty read-only directory over it, after every bind.
+    for options, workdir in (
+        ({"read_write_paths": [str(tmp_path)]}, "/w"),
+        ({}, str(tmp_path)),
+        ({"read_only_paths": [str(tmp_path)]}, "/w"),
+        ({"read_write_paths": ["/"]}, "/w"),
+    ):
+        args = build_bwrap_args("x", working_directory=workdir, config=normalize_native_sandbox(options), hidden=[state])
+        where = _at(args, cover)
+        assert where > max(i for i, a in enumerate(args) if a in ("--bind", "--ro-bind", "--ro-bind-try")), options
+    # Seen nowhere, or not there at all: nothing to cover.
+    assert _at(build_bwrap_args("x", working_directory="/w", config=normalize_native_sandbox(None), hidden=[state]), cover) < 0
+    gone = os.path.join(str(tmp_path), "gone")
+    args = build_bwrap_args("x", working_directory=str(tmp_path), config=normalize_native_sandbox(None), hidden=[gone])
+    assert gone not in args
+    # Custom binds too, where they show it (also under another name).
+    custom = normalize_native_sandbox({"bwrap_args": ["--bind", "/", "/", "--ro-bind", str(tmp_path), "/elsewhere"]})
+    args = build_bwrap_args("x", working_directory="/w", config=custom, hidden=[state])
+    assert _at(args, cover) > args.index("/elsewhere")
+    assert _at(args, ["--tmpfs", "/elsewhere/state", "--remount-ro", "/elsewhere/state"]) > 0
+    # A path inside it cannot be bound at all: the cover would hide it.
+    inner = os.path.join(state, "inner")
+    for options in ({"read_write_paths": [inner]}, {"read_only_paths": [state]}):
+        with pytest.raises(PermissionError, match="where agentvfs keeps its sandboxes' own state on the host"):
+            build_bwrap_args("x", working_directory="/w", config=normalize_native_sandbox(options), hidden=[state])
+
+
+def test_forwarder_descriptor_and_device_check() -> None:
+    config = normalize_native_sandbox({"allowed_hosts": ["example.org"]})
+    devices = {"null": "/state/null", "zero": "/state/zero"}
+    args = build_bwrap_args(
+        "echo hi", working_directory="/w", config=config, proxy_fd=9, devices=devices, device_fds={"null": 11, "zero": 12}
+    )
+    tail = args[args.index("--") + 1 :]
+    # The forwarder gets the command's end of the proxy's socket pair, not a path.
+    assert tail[:2] == ["sh", "-c"] and tail[-4:] == [FORWARDER_SCRIPT, "9", "3128", "echo hi"]
+    assert not any("proxy" in a for a in args[: args.index("--")])
+    # Before anything else, the nodes in /dev must be the ones the launcher holds.
+    assert tail[2].startswith("[ /dev/null -ef /proc/self/fd/11 ] && [ /dev/zero -ef /proc/self/fd/12 ] || {")
+    assert "exit 126; }; " in tail[2] and tail[2].endswith('exec sh -c "$4"')
+    plain = build_bwrap_args("echo hi", working_directory="/w", config=normalize_native_sandbox(None))
+    assert plain[-1] == "echo hi"
+
+
+def test_the_forwarder_runs_the_interpreter_binary() -> None:
+    config = normalize_native_sandbox({"allowed_hosts": ["example.org"]})
+    args = build_bwrap_args("echo hi", working_directory="/w", config=config, proxy_fd=9)
+    interpreter = args[args.index("--") + 4]
+    assert interpreter == _isolation.forwarder_python()
+    assert os.path.isfile(interpreter) and not os.path.islink(interpreter)
 
 
 def test_python_is_bound_where_this_process_names_it(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:

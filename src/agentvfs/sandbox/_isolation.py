@@ -14,7 +14,9 @@ With ``isolation="bwrap"`` every command runs as ``bwrap <arguments> -- sh -c <c
   ``/dev`` (null, zero, full, random, urandom, tty, a private pts), a private ``/tmp``, the
   system directories read-only, the working directory read-write (read-only with
   ``read_only``), and nothing else. The root of the sandbox is read-only, so a command
-  writes only to its working directory, ``/tmp`` and the ``read_write_paths``.
+  writes only to its working directory, ``/tmp`` and the ``read_write_paths``. Directories
+  where agentvfs keeps its own state on the host are covered by an empty read-only
+  directory wherever a bind would show them.
 
 For every user, ``/proc/sys``, ``/proc/sysrq-trigger``, ``/proc/irq``, ``/proc/bus`` and
 ``/proc/fs`` are bound read-only from the host's ``/proc`` over the fresh one (bubblewrap
@@ -39,7 +41,8 @@ the covers above matter, and why there are more:
   ``kpageflags``, ``timer_list``...) are also covered so that they cannot be opened.
 * ``/dev``: bubblewrap binds the host's own device nodes, and their owner may ``chmod`` them
   (``chmod 0 /dev/null`` for the host); the launcher gives each sandbox nodes of its own,
-  made in its private state directory and owned by nobody (see :mod:`._launch`).
+  owned by nobody, in a directory no sandbox can see or change, and each command checks
+  before it starts that its ``/dev`` holds those very nodes (see :mod:`._devices`).
 * files: set-user-ID and set-group-ID modes are refused by the seccomp filter
   (:mod:`._seccomp`), file capabilities by the missing ``CAP_SETFCAP``. What remains is
   described in :class:`~agentvfs.sandbox.LocalSandbox`.
@@ -57,7 +60,8 @@ a bind is the failure this module exists to prevent; a custom ``--cap-add`` (whi
 later) still wins. ``--seccomp`` in custom arguments is refused (use ``--add-seccomp-fd``).
 A ``--proc`` or ``--dev`` among custom arguments gets the covers of the default layout, added
 after them; what a custom layout binds from the host (``--bind / /`` includes the host's
-``/proc``) is its own choice.
+``/proc``) is its own choice, but for the directories of agentvfs's own state, covered wherever
+a custom bind shows them too.
 """
 
 from __future__ import annotations
@@ -76,14 +80,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import IsolationUnavailableError
-from ._egress import FORWARDER_SCRIPT, EgressProxy, parse_host_patterns
+from ._egress import FORWARDER_SCRIPT, parse_host_patterns
 from ._limits import LIMIT_DEFAULTS, normalize_limits
 from ._seccomp import native_filter
 
 __all__ = [
     "ISOLATION_BACKENDS",
     "NATIVE_SANDBOX_DEFAULTS",
-    "PROXY_DIRECTORY",
     "PROXY_PORT",
     "SANDBOX_UID",
     "BwrapSupport",
@@ -93,7 +96,9 @@ __all__ = [
     "check_isolation",
     "detect_isolation",
     "device_args",
+    "device_check",
     "forwarder_python",
+    "hidden_covers",
     "normalize_native_sandbox",
     "proc_args",
     "python_binds",
@@ -108,9 +113,7 @@ ISOLATION_BACKENDS = ("none", "bwrap", "seatbelt")
 #: user's, as on most Linux systems); a non-root user keeps its own ids.
 SANDBOX_UID = 1000
 
-#: Where the egress proxy's socket directory appears inside the sandbox, and the loopback
-#: port the in-sandbox forwarder listens on (see :mod:`._egress`).
-PROXY_DIRECTORY = "/run/agentvfs-proxy"
+#: The loopback port the in-sandbox egress forwarder listens on (see :mod:`._egress`).
 PROXY_PORT = 3128
 
 #: The options of ``native_sandbox`` and their defaults.
@@ -648,9 +651,74 @@ def python_binds() -> list[tuple[str, str]]:
     return kept
 
 
-#: Runs the egress forwarder, then the command: ``sh -c CHAIN <python> <script> <socket>
+#: Runs the egress forwarder, then the command: ``sh -c CHAIN <python> <script> <descriptor>
 #: <port> <command>``.
 _FORWARD_THEN_RUN = '"$0" -I -S -c "$1" "$2" "$3" || exit 125; exec sh -c "$4"'
+
+# Checks, before anything of the command runs, that each device node in /dev is the one the
+# launcher made (the same inode as a descriptor it holds, reached through /proc/self/fd): a
+# node replaced between the launcher's check and bubblewrap's bind is never used.
+_DEVICE_CHECK = (
+    "{tests} || {{ echo 'agentvfs: the device nodes bound into this sandbox are not the ones made for it "
+    "(its state directory was changed); the command did not run' >&2; exit 126; }}; "
+)
+
+# The options of bubblewrap that bind a host path (source, destination) into a layout.
+_BIND_FLAGS = frozenset({"--bind", "--bind-try", "--dev-bind", "--dev-bind-try", "--ro-bind", "--ro-bind-try"})
+
+
+def device_check(descriptors: Mapping[str, int], destination: str = "/dev") -> str:
+    """The shell prefix that stops a command (status 126) unless each node of ``destination``
+    is the file a descriptor of ``descriptors`` (``{"null": fd, ...}``, inherited) refers to."""
+    base = destination.rstrip("/") or "/"
+    tests = " && ".join(f"[ {base}/{name} -ef /proc/self/fd/{fd} ]" for name, fd in descriptors.items())
+    return _DEVICE_CHECK.format(tests=tests) if tests else ""
+
+
+def _custom_binds(custom: Sequence[str]) -> list[tuple[str, str]]:
+    return [(custom[i + 1], custom[i + 2]) for i in range(len(custom) - 2) if custom[i] in _BIND_FLAGS]
+
+
+def hidden_covers(hidden: Iterable[str], binds: Iterable[tuple[str, str]]) -> list[str]:
+    """The bubblewrap arguments that cover each of ``hidden`` (host directories no command
+    may see) with an empty read-only directory wherever ``binds`` make it visible.
+
+    Parameters
+    ----------
+    hidden : iterable of str
+        Host directories; those that do not exist are skipped (nothing to see).
+    binds : iterable of (str, str)
+        The layout's binds, ``(host source, destination inside)``.
+
+    Returns
+    -------
+    list of str
+        ``--tmpfs D --remount-ro D`` for each place ``D`` a hidden directory shows up.
+
+    Raises
+    ------
+    PermissionError
+        A bind's source is a hidden directory or lies inside one: it would be covered, and
+        no sandbox may see it.
+    """
+    sources = [(os.path.realpath(source), destination) for source, destination in binds]
+    places: list[str] = []
+    for path in hidden:
+        if not os.path.isdir(path):
+            continue
+        real = os.path.realpath(path)
+        for source, destination in sources:
+            if _covered(source, [real]):
+                raise PermissionError(
+                    errno.EACCES,
+                    f"{source} lies in {real}, where agentvfs keeps its sandboxes' own state on the host; "
+                    "no sandbox may see it: bind another path",
+                )
+            if _covered(real, [source]):
+                place = os.path.normpath(os.path.join(destination, os.path.relpath(real, source)))
+                if place not in places:
+                    places.append(place)
+    return [arg for place in places for arg in ("--tmpfs", place, "--remount-ro", place)]
 
 
 #: Variables that change how a program on the host loads and runs (glibc's list of those it
@@ -689,9 +757,11 @@ def build_bwrap_args(
     seccomp_fd: int | None = None,
     info_fd: int | None = None,
     block_fd: int | None = None,
-    proxy_directory: str | None = None,
+    proxy_fd: int | None = None,
     protect: Sequence[str] = (),
+    hidden: Sequence[str] = (),
     devices: Mapping[str, str] | None = None,
+    device_fds: Mapping[str, int] | None = None,
     setenv: Mapping[str, str] | None = None,
 ) -> list[str]:
     """The argument vector that runs ``command`` under bubblewrap.
@@ -719,15 +789,23 @@ def build_bwrap_args(
         bubblewrap writes the sandbox's first process id to ``info_fd`` and waits for a byte
         on ``block_fd`` before that process goes on: the window in which the caller puts it
         in its cgroup and sets its rlimits.
-    proxy_directory : str, optional
-        The egress proxy's socket directory (with ``allowed_hosts``), bound read-only at
-        :data:`PROXY_DIRECTORY`; the forwarder then runs before the command.
+    proxy_fd : int, optional
+        The command's end of the egress proxy's socket pair (with ``allowed_hosts``,
+        inherited): the forwarder then runs before the command (see :mod:`._egress`).
     protect : sequence of str
         Host paths bound read-only after everything else, so a writable bind that contains
         them (the working directory, ``read_write_paths``) cannot change them.
+    hidden : sequence of str
+        Host directories no command may see (the state agentvfs keeps for its sandboxes):
+        covered by an empty read-only directory wherever a bind, custom ones included,
+        makes them visible (:func:`hidden_covers`).
     devices : mapping, optional
         Device nodes of the sandbox's own (``{"null": path, ...}``), bound over bubblewrap's
         binds of the host's nodes in ``/dev`` (see :func:`device_args`).
+    device_fds : mapping, optional
+        Descriptors of the same nodes (``{"null": fd, ...}``, inherited): in the default
+        layout the command first checks that each node in ``/dev`` is that file
+        (:func:`device_check`) and stops with status 126 otherwise.
     setenv : mapping, optional
         Variables set inside the sandbox only (``--setenv``): those bubblewrap itself, a
         process of the host, must not get (:func:`host_unsafe_variable`).
@@ -738,6 +816,11 @@ def build_bwrap_args(
         ``[bwrap, ..., "--", "sh", "-c", command]``. Custom ``bwrap_args`` replace
         everything between the hardening and ``--``; a ``--proc`` or ``--dev`` among them
         gets the same covers as the default layout's, added after them.
+
+    Raises
+    ------
+    PermissionError
+        A bound path lies inside one of ``hidden``.
     """
     support = support or BwrapSupport(bwrap)
     custom = config.get("bwrap_args")
@@ -756,6 +839,7 @@ def build_bwrap_args(
                 covers += proc_args(destination)
             elif flag == "--dev":
                 covers += device_args(devices, destination)
+        covers += hidden_covers(hidden, _custom_binds(custom))
         return [*args, *_setenv_args(setenv), *custom, *covers, *tail]
     args += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
     if not config.get("allow_network"):
@@ -763,37 +847,45 @@ def build_bwrap_args(
     # /dev comes before the binds so that a path below /dev given by the caller is not hidden
     # by it; it must be --dev (device nodes of a plain bind are unusable: bwrap binds nodev).
     args += ["--proc", "/proc", *proc_args("/proc"), "--dev", "/dev", *device_args(devices), "--tmpfs", "/tmp"]
+    layout: list[tuple[str, str]] = []
     for path in _SYSTEM_PATHS:
         args += ["--ro-bind-try", path, path]
+        layout.append((path, path))
     if os.path.isdir(_TLS_KEYS):
         # Private keys, not certificates: nothing a command needs, and readable to it when its
         # user is the host's root, whatever their mode.
         args += ["--tmpfs", _TLS_KEYS, "--remount-ro", _TLS_KEYS]
     for path in config.get("read_only_paths", ()):
         args += ["--ro-bind", path, path]
-    forwarding = proxy_directory is not None and config.get("allowed_hosts") is not None
+        layout.append((path, path))
+    forwarding = proxy_fd is not None and config.get("allowed_hosts") is not None
     if config.get("allow_system_binaries", True) or forwarding:
         # The forwarder is this Python: it must be visible even without system binaries.
         for source, destination in python_binds():
             args += ["--ro-bind", source, destination]
+            layout.append((source, destination))
     if config.get("allow_system_binaries", True):
         for path in _RUNTIME_PATHS:
             args += ["--ro-bind-try", path, path]
+            layout.append((path, path))
     args += [
         "--ro-bind" if config.get("read_only") else "--bind",
         working_directory,
         working_directory,
     ]
+    layout.append((working_directory, working_directory))
     for path in config.get("read_write_paths", ()):
         args += ["--bind", path, path]
+        layout.append((path, path))
     for path, writable in binds:
         args += ["--bind" if writable else "--ro-bind", path, path]
+        layout.append((path, path))
     for path in protect:
         args += ["--ro-bind-try", path, path]
+    args += hidden_covers(hidden, layout)
+    check = device_check(device_fds or {}) if devices else ""
     if forwarding:
-        assert proxy_directory is not None
-        args += ["--ro-bind", proxy_directory, PROXY_DIRECTORY]
-        socket_path = f"{PROXY_DIRECTORY}/{EgressProxy.SOCKET_NAME}"
+        assert proxy_fd is not None
         interpreter = forwarder_python()
         if interpreter is None:
             raise OSError(
@@ -801,7 +893,10 @@ def build_bwrap_args(
                 "allowed_hosts needs a Python interpreter binary for its forwarder, and neither "
                 f"sys.executable ({sys.executable!r}) nor /proc/self/exe is one",
             )
-        tail = ["--", "sh", "-c", _FORWARD_THEN_RUN, interpreter, FORWARDER_SCRIPT, socket_path, str(PROXY_PORT), command]
+        chain = check + _FORWARD_THEN_RUN
+        tail = ["--", "sh", "-c", chain, interpreter, FORWARDER_SCRIPT, str(proxy_fd), str(PROXY_PORT), command]
+    else:
+        tail = ["--", "sh", "-c", check + command]
     # Everything is in place: make the sandbox's own root (a tmpfs) read-only, so writes
     # outside the bound paths fail instead of landing in a throwaway directory.
     args += ["--remount-ro", "/"]

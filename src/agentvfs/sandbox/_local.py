@@ -89,7 +89,9 @@ class LocalSandbox:
     them but not change them. What the kernel grants by uid alone is covered where it reaches
     the host: ``/proc`` is read-only (no sysctl such as ``kernel.core_pattern``, no ``chmod``
     of an entry) and its root-only files cannot be opened; ``/dev`` holds nodes of the
-    sandbox's own; set-ID modes and file capabilities are refused. What remains:
+    sandbox's own, kept where no other sandbox can reach them (see
+    :mod:`agentvfs.sandbox._devices`); set-ID modes and file capabilities are refused. What
+    remains:
 
     * files a command creates in the working directory, the ``read_write_paths`` and
       read-write mounts are owned by root on the host (never set-user-ID, set-group-ID or
@@ -256,7 +258,8 @@ class LocalSandbox:
             cwd=cwd or workdir,
             working_directory=workdir,
             binds=self.mounts.isolation_binds(),
-            protect=[*self.mounts.protected_paths(), *self._protected],
+            protect=self._protected,
+            hidden=self.mounts.protected_paths(),
             env=env,
         )
 
