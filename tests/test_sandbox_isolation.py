@@ -243,6 +243,17 @@ def test_the_forwarder_runs_the_interpreter_binary() -> None:
     assert os.path.isfile(interpreter) and not os.path.islink(interpreter)
 
 
+def test_max_disk_bytes_sizes_the_scratch_spaces() -> None:
+    args = build_bwrap_args("x", working_directory="/w", config=normalize_native_sandbox({"max_disk_bytes": 1 << 20}))
+    # Every scratch space holds at most max_disk_bytes; /dev is read-only once all is bound.
+    assert _at(args, ["--size", str(1 << 20), "--tmpfs", "/tmp"]) > 0
+    assert _at(args, ["--size", str(1 << 20), "--tmpfs", "/dev/shm"]) > args.index("--dev")
+    last_bind = max(i for i, a in enumerate(args) if a in ("--bind", "--ro-bind", "--ro-bind-try"))
+    assert _at(args, ["--remount-ro", "/dev"]) > last_bind
+    plain = build_bwrap_args("x", working_directory="/w", config=normalize_native_sandbox(None))
+    assert "--size" not in plain and "/dev/shm" not in plain and _at(plain, ["--remount-ro", "/dev"]) < 0
+
+
 def test_python_is_bound_where_this_process_names_it(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     inside = os.path.relpath(sys.executable, sys.prefix)
     if inside.startswith(".."):

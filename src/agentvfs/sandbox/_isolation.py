@@ -14,9 +14,10 @@ With ``isolation="bwrap"`` every command runs as ``bwrap <arguments> -- sh -c <c
   ``/dev`` (null, zero, full, random, urandom, tty, a private pts), a private ``/tmp``, the
   system directories read-only, the working directory read-write (read-only with
   ``read_only``), and nothing else. The root of the sandbox is read-only, so a command
-  writes only to its working directory, ``/tmp`` and the ``read_write_paths``. Directories
-  where agentvfs keeps its own state on the host are covered by an empty read-only
-  directory wherever a bind would show them.
+  writes only to its working directory, ``/tmp`` and the ``read_write_paths`` (and, with
+  ``max_disk_bytes``, ``/tmp`` and ``/dev/shm`` are tmpfs of that size and the rest of
+  ``/dev`` is read-only). Directories where agentvfs keeps its own state on the host are
+  covered by an empty read-only directory wherever a bind would show them.
 
 For every user, ``/proc/sys``, ``/proc/sysrq-trigger``, ``/proc/irq``, ``/proc/bus`` and
 ``/proc/fs`` are bound read-only from the host's ``/proc`` over the fresh one (bubblewrap
@@ -774,7 +775,9 @@ def build_bwrap_args(
         The sandbox's working directory (absolute): bound read-write, or read-only with
         ``config["read_only"]``.
     config : mapping
-        Normalised ``native_sandbox`` options (:func:`normalize_native_sandbox`).
+        Normalised ``native_sandbox`` options (:func:`normalize_native_sandbox`); with
+        ``max_disk_bytes``, ``/tmp`` and ``/dev/shm`` are tmpfs of that size and the rest of
+        ``/dev`` is read-only.
     cwd : str, optional
         Where the command starts; the working directory by default.
     binds : sequence of (path, writable)
@@ -844,9 +847,17 @@ def build_bwrap_args(
     args += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
     if not config.get("allow_network"):
         args.append("--unshare-net")
+    scratch = config.get("max_disk_bytes")
+    size = ["--size", str(scratch)] if scratch is not None else []
     # /dev comes before the binds so that a path below /dev given by the caller is not hidden
     # by it; it must be --dev (device nodes of a plain bind are unusable: bwrap binds nodev).
-    args += ["--proc", "/proc", *proc_args("/proc"), "--dev", "/dev", *device_args(devices), "--tmpfs", "/tmp"]
+    args += ["--proc", "/proc", *proc_args("/proc"), "--dev", "/dev", *device_args(devices)]
+    if scratch is not None:
+        # Every place a command can write without a bind holds at most max_disk_bytes: /tmp,
+        # /dev/shm (POSIX shared memory and semaphores), and /dev itself nothing (it is made
+        # read-only once the binds below it are in place).
+        args += [*size, "--tmpfs", "/dev/shm"]
+    args += [*size, "--tmpfs", "/tmp"]
     layout: list[tuple[str, str]] = []
     for path in _SYSTEM_PATHS:
         args += ["--ro-bind-try", path, path]
@@ -897,6 +908,8 @@ def build_bwrap_args(
         tail = ["--", "sh", "-c", chain, interpreter, FORWARDER_SCRIPT, str(proxy_fd), str(PROXY_PORT), command]
     else:
         tail = ["--", "sh", "-c", check + command]
+    if scratch is not None:
+        args += ["--remount-ro", "/dev"]
     # Everything is in place: make the sandbox's own root (a tmpfs) read-only, so writes
     # outside the bound paths fail instead of landing in a throwaway directory.
     args += ["--remount-ro", "/"]

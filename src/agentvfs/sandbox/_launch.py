@@ -22,6 +22,12 @@ is nobody's and hidden from every sandbox, and checked before every command
 (:mod:`._devices`). The mount manager's markers are hidden the same way. Where the temporary
 directory's filesystem refuses device nodes (``nodev``), the host's are used and a warning
 says so.
+
+``max_disk_bytes`` bounds what a command can store: its ``/tmp`` and ``/dev/shm`` are tmpfs of
+that size (and the rest of ``/dev`` read-only). A path it may write on the host (the working
+directory, ``read_write_paths``, a read-write mount's target) is bounded only by its
+filesystem: where that holds more than the limit (no filesystem of its own of that size, no
+project quota on the directory), the sandbox says so when it starts, naming the path.
 """
 
 from __future__ import annotations
@@ -104,13 +110,21 @@ class Launcher:
         # A directory of this launcher's own for its device nodes, when the usual one cannot
         # be used (removed at close).
         self._own_root: str | None = None
+        # Writable paths whose room max_disk_bytes was already compared with.
+        self._disk_checked: set[str] = set()
         self._drop_devices: weakref.finalize[Any, Any] | None = None
         self._drop_cgroup: weakref.finalize[Any, Any] | None = None
 
     # -- lifecycle --------------------------------------------------------------------------
 
-    def open(self) -> None:
-        """Create what commands share: the cgroup, the device nodes, the egress proxy.
+    def open(self, working_directory: str | None = None) -> None:
+        """Create what commands share: the cgroup, the device nodes, the egress proxy; and
+        say where ``max_disk_bytes`` cannot hold.
+
+        Parameters
+        ----------
+        working_directory : str, optional
+            The sandbox's working directory (absolute), one of the paths it writes.
 
         Raises
         ------
@@ -144,6 +158,7 @@ class Launcher:
             proxy = EgressProxy(patterns, name=self.name)
             proxy.start()
             self.proxy = proxy
+        self._check_disk(self._writable(working_directory), start=True)
 
     def _make_devices(self) -> DeviceNodes | None:
         """Make the sandbox's device nodes (see :mod:`._devices`), or warn why there are none."""
@@ -225,6 +240,46 @@ class Launcher:
         paths += self.config.get("read_write_paths", ())
         paths += [path for path, writable in binds if writable]
         return paths
+
+    def _check_disk(self, paths: Sequence[str], *, start: bool = False) -> None:
+        """Warn about each of ``paths`` (not yet checked) that can take more than
+        ``max_disk_bytes`` (see the module): once per path and sandbox."""
+        limit = self.config.get("max_disk_bytes")
+        if limit is None:
+            return
+        if self.isolation == "none" or self.config.get("bwrap_args"):
+            if start:
+                why = (
+                    "commands without isolation write wherever this user can; use isolation='bwrap'"
+                    if self.isolation == "none"
+                    else "custom bwrap_args decide what commands can write"
+                )
+                _log.warning("sandbox %s: max_disk_bytes is not enforced: %s", self.name, why)
+            return
+        unbounded: list[str] = []
+        for path in paths:
+            if path in self._disk_checked:
+                continue
+            self._disk_checked.add(path)
+            try:
+                info = os.statvfs(path)
+            except OSError:
+                continue  # bubblewrap says it when it binds the path
+            size = info.f_blocks * info.f_frsize
+            if size > limit:
+                unbounded.append(f"{path} (a filesystem of {_gib(size)})")
+        if unbounded:
+            _log.warning(
+                "sandbox %s: max_disk_bytes=%d bounds each command's /tmp and /dev/shm, but not %s, "
+                "which its commands can fill. To bound such a path, give it a filesystem of its own "
+                "of that size (mount -t tmpfs -o size=%d tmpfs <path>, or a loop-mounted image) or "
+                "a project quota on the directory (XFS, or ext4 mounted with prjquota): a path "
+                "whose filesystem reports no more room than the limit needs nothing more",
+                self.name,
+                limit,
+                ", ".join(unbounded),
+                limit,
+            )
 
     # -- commands ---------------------------------------------------------------------------
 
@@ -325,6 +380,7 @@ class Launcher:
                 )
         rlimits = limits.rlimits(memory=self._memory_by_rlimit(), processes=nproc)
         writable = self._writable(working_directory, binds)
+        self._check_disk(writable)
         devices = self._checked_devices()
         fds: list[int] = []
         try:
@@ -462,3 +518,6 @@ def _drop_devices(devices: DeviceNodes, own_root: str | None) -> None:
         with contextlib.suppress(OSError):
             os.rmdir(own_root)
 
+
+def _gib(size: int) -> str:
+    return f"{size / (1 << 30):.1f} GiB"

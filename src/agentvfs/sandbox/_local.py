@@ -143,7 +143,12 @@ class LocalSandbox:
         capabilities). In both modes, per command: ``max_memory_bytes`` (4 GiB),
         ``max_processes`` (1024, threads count), ``max_cpu_seconds`` (3600, per process),
         ``max_file_size_bytes`` (8 GiB); None lifts a limit (see
-        :mod:`agentvfs.sandbox._limits`).
+        :mod:`agentvfs.sandbox._limits`). ``max_disk_bytes`` (None) bounds what a bwrap
+        command can store: its ``/tmp`` and ``/dev/shm`` hold at most that much each; a host
+        path it writes (the working directory, ``read_write_paths``) only where that path's
+        filesystem holds no more (a filesystem of its own, a project quota). A WARNING
+        at start names each path it cannot bound, and says it is not enforced at all
+        without isolation.
     instructions : str or callable, optional
         Replaces :meth:`get_instructions`'s text (an empty string suppresses it); a
         function receives ``{"default_instructions", "request_context"}``.
@@ -286,7 +291,7 @@ class LocalSandbox:
     def _acquire(self) -> str:
         existed = os.path.isdir(self.working_directory)
         os.makedirs(self.working_directory, exist_ok=True)
-        self._launcher.open()
+        self._launcher.open(os.path.abspath(self.working_directory))
         if self.isolation == "none":
             _log.warning(
                 "sandbox %s runs commands WITHOUT ISOLATION (isolation='none'): they can read, "
