@@ -40,6 +40,7 @@ import os
 import select
 import shlex
 import tempfile
+import threading
 import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -114,6 +115,10 @@ class Launcher:
         self._disk_checked: set[str] = set()
         self._drop_devices: weakref.finalize[Any, Any] | None = None
         self._drop_cgroup: weakref.finalize[Any, Any] | None = None
+        # Held while descriptors of the device nodes or the proxy are duplicated for a command,
+        # and while those are replaced or closed: commands start from several threads, and
+        # the duplicate of a descriptor closed meanwhile could be another file.
+        self._lock = threading.Lock()
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -214,14 +219,15 @@ class Launcher:
         if self._drop_cgroup is not None:
             self._drop_cgroup()
             self._drop_cgroup = None
-        proxy, self.proxy = self.proxy, None
-        if proxy is not None:
-            proxy.close()
-        self.devices = None
-        self._own_root = None
-        if self._drop_devices is not None:
-            self._drop_devices()
-            self._drop_devices = None
+        with self._lock:
+            proxy, self.proxy = self.proxy, None
+            if proxy is not None:
+                proxy.close()
+            self.devices = None
+            self._own_root = None
+            if self._drop_devices is not None:
+                self._drop_devices()
+                self._drop_devices = None
 
     def hidden_paths(self) -> list[str]:
         """Host directories of agentvfs's own that no command may see (see :mod:`._devices`):
@@ -256,11 +262,11 @@ class Launcher:
                 )
                 _log.warning("sandbox %s: max_disk_bytes is not enforced: %s", self.name, why)
             return
+        with self._lock:
+            paths = [path for path in paths if path not in self._disk_checked]
+            self._disk_checked.update(paths)
         unbounded: list[str] = []
         for path in paths:
-            if path in self._disk_checked:
-                continue
-            self._disk_checked.add(path)
             try:
                 info = os.statvfs(path)
             except OSError:
@@ -381,8 +387,9 @@ class Launcher:
         rlimits = limits.rlimits(memory=self._memory_by_rlimit(), processes=nproc)
         writable = self._writable(working_directory, binds)
         self._check_disk(writable)
-        devices = self._checked_devices()
         fds: list[int] = []
+        device_fds: dict[str, int] = {}
+        proxy_fd: int | None = None
         try:
             seccomp_r, seccomp_w = os.pipe()
             fds += [seccomp_r, seccomp_w]
@@ -394,12 +401,15 @@ class Launcher:
             block_r, block_w = os.pipe()
             fds += [block_r, block_w]
             # Duplicates for the command: the plan closes what it passes once it started.
-            device_fds = {name: os.dup(fd) for name, fd in devices.descriptors.items()} if devices else {}
-            fds += device_fds.values()
-            proxy = self.proxy
-            proxy_fd = os.dup(proxy.descriptor) if proxy is not None else None
-            if proxy_fd is not None:
-                fds.append(proxy_fd)
+            with self._lock:
+                devices = self._checked_devices()
+                for name, fd in devices.descriptors.items() if devices is not None else ():
+                    device_fds[name] = os.dup(fd)
+                    fds.append(device_fds[name])
+                proxy = self.proxy
+                if proxy is not None:
+                    proxy_fd = os.dup(proxy.descriptor)
+                    fds.append(proxy_fd)
             unsafe = {name: value for name, value in env.items() if host_unsafe_variable(name)}
             argv = build_bwrap_args(
                 command,
@@ -454,7 +464,7 @@ class Launcher:
 
     def _checked_devices(self) -> DeviceNodes | None:
         """The sandbox's device nodes, checked as bubblewrap will reach them; made anew (with
-        a warning) when anything changed them (see :mod:`._devices`).
+        a warning) when anything changed them (see :mod:`._devices`). Called with the lock.
 
         Raises
         ------
