@@ -469,3 +469,27 @@ async def test_a_devices_directory_someone_else_made_is_not_used(
     assert own != str(taken) and os.path.dirname(own) == tempfile.gettempdir() and own in hidden
     assert not os.path.exists(own)  # removed with the sandbox
     assert sorted(os.listdir(taken)) == ["planted"]  # and the other directory left as it was
+
+
+_KERNEL_INTERFACES = (
+    "test -w /proc/sys/kernel/core_pattern && echo core-pattern-writable; "
+    "test -w /proc/sysrq-trigger && echo sysrq-writable; "
+    "echo sys $(ls -A /sys | wc -l); echo x > /dev/null && echo null-usable; stat -c %u /dev/null; "
+    "echo keys $(ls -A /etc/ssl/private 2>/dev/null | wc -l)"
+)
+
+
+@needs_bwrap
+@pytest.mark.parametrize("given", ["read_write_paths", "read_only_paths", "working_directory"])
+async def test_binding_the_whole_host_brings_none_of_its_kernel_interfaces(wd: str, given: str) -> None:
+    # "/" as a writable or read-only path, or as the working directory: the host's /proc (a
+    # writable kernel.core_pattern runs a program as root), /dev and /sys come with it.
+    if given == "working_directory":
+        sandbox = LocalSandbox(working_directory="/", isolation="bwrap")
+    else:
+        sandbox = LocalSandbox(working_directory=wd, isolation="bwrap", native_sandbox={given: ["/"]})
+    try:
+        result = await sandbox.execute_command(_KERNEL_INTERFACES)
+    finally:
+        await sandbox.destroy()
+    assert (result.exit_code, result.stdout) == (0, "sys 0\nnull-usable\n65534\nkeys 0\n"), result

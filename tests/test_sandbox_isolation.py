@@ -218,6 +218,21 @@ def test_hidden_state_is_covered_wherever_a_bind_shows_it(tmp_path: Any) -> None
             build_bwrap_args("x", working_directory="/w", config=normalize_native_sandbox(options), hidden=[state])
 
 
+def test_a_bind_of_the_whole_host_gets_the_kernel_interfaces_again() -> None:
+    devices = {"null": "/state/null"}
+    for options in ({"read_write_paths": ["/"]}, {"read_only_paths": ["/"]}):
+        args = build_bwrap_args("x", working_directory="/w", config=normalize_native_sandbox(options), devices=devices)
+        whole = _at(args, ["--bind" if "read_write_paths" in options else "--ro-bind", "/", "/"])
+        assert whole > 0, options
+        again = args[whole:]
+        assert _at(again, ["--proc", "/proc"]) > 0 and _at(again, ["--remount-ro", "/proc"]) > 0, options
+        assert _at(again, ["--dev", "/dev", "--dev-bind", "/state/null", "/dev/null"]) > 0, options
+        assert _at(again, ["--tmpfs", "/sys", "--remount-ro", "/sys"]) > 0, options
+    # Nothing covers them otherwise: mounted once, and no /sys at all.
+    args = build_bwrap_args("x", working_directory="/w", config=normalize_native_sandbox({"read_write_paths": ["/data"]}))
+    assert pairs(args, "--proc") == ["/proc"] and pairs(args, "--dev") == ["/dev"] and "/sys" not in args
+
+
 def test_forwarder_descriptor_and_device_check() -> None:
     config = normalize_native_sandbox({"allowed_hosts": ["example.org"]})
     devices = {"null": "/state/null", "zero": "/state/zero"}

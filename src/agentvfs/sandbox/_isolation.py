@@ -17,7 +17,9 @@ With ``isolation="bwrap"`` every command runs as ``bwrap <arguments> -- sh -c <c
   writes only to its working directory, ``/tmp`` and the ``read_write_paths`` (and, with
   ``max_disk_bytes``, ``/tmp`` and ``/dev/shm`` are tmpfs of that size and the rest of
   ``/dev`` is read-only). Directories where agentvfs keeps its own state on the host are
-  covered by an empty read-only directory wherever a bind would show them.
+  covered by an empty read-only directory wherever a bind would show them, and a bind that
+  brings the host's own ``/proc``, ``/dev`` or ``/sys`` along (a path given as ``/``) gets the
+  sandbox's ``/proc`` and ``/dev`` mounted again over it, and an empty ``/sys``.
 
 For every user, ``/proc/sys``, ``/proc/sysrq-trigger``, ``/proc/irq``, ``/proc/bus`` and
 ``/proc/fs`` are bound read-only from the host's ``/proc`` over the fresh one (bubblewrap
@@ -676,6 +678,26 @@ def device_check(descriptors: Mapping[str, int], destination: str = "/dev") -> s
     return _DEVICE_CHECK.format(tests=tests) if tests else ""
 
 
+def _kernel_interfaces_again(shown: Sequence[str], devices: Mapping[str, str] | None, size: Sequence[str]) -> list[str]:
+    """The arguments that mount ``/proc`` and ``/dev`` again, as at the start of the layout, and
+    cover ``/sys`` and the host's TLS keys, where a bind at one of ``shown`` put the host's own
+    there: a working directory or a path given as ``/`` brings the host's ``/proc``
+    (``kernel.core_pattern`` writable by a sandbox whose user is the host's root), ``/dev``,
+    ``/sys`` and ``/etc/ssl/private`` along."""
+    args: list[str] = []
+    if _covered("/proc", shown):
+        args += ["--proc", "/proc", *proc_args("/proc")]
+    if _covered("/dev", shown):
+        args += ["--dev", "/dev", *device_args(devices)]
+        if size:
+            args += [*size, "--tmpfs", "/dev/shm"]
+    if _covered("/sys", shown):
+        args += ["--tmpfs", "/sys", "--remount-ro", "/sys"]
+    if _covered(_TLS_KEYS, shown) and os.path.isdir(_TLS_KEYS):
+        args += ["--tmpfs", _TLS_KEYS, "--remount-ro", _TLS_KEYS]
+    return args
+
+
 def _custom_binds(custom: Sequence[str]) -> list[tuple[str, str]]:
     return [(custom[i + 1], custom[i + 2]) for i in range(len(custom) - 2) if custom[i] in _BIND_FLAGS]
 
@@ -866,15 +888,17 @@ def build_bwrap_args(
         # Private keys, not certificates: nothing a command needs, and readable to it when its
         # user is the host's root, whatever their mode.
         args += ["--tmpfs", _TLS_KEYS, "--remount-ro", _TLS_KEYS]
-    for path in config.get("read_only_paths", ()):
-        args += ["--ro-bind", path, path]
-        layout.append((path, path))
     forwarding = proxy_fd is not None and config.get("allowed_hosts") is not None
     if config.get("allow_system_binaries", True) or forwarding:
         # The forwarder is this Python: it must be visible even without system binaries.
+        # Before the caller's paths: one of those may show the host's tree where this Python
+        # is named, a symlink there that a bind could not be mounted on (and needs none).
         for source, destination in python_binds():
             args += ["--ro-bind", source, destination]
             layout.append((source, destination))
+    for path in config.get("read_only_paths", ()):
+        args += ["--ro-bind", path, path]
+        layout.append((path, path))
     if config.get("allow_system_binaries", True):
         for path in _RUNTIME_PATHS:
             args += ["--ro-bind-try", path, path]
@@ -891,6 +915,9 @@ def build_bwrap_args(
     for path, writable in binds:
         args += ["--bind" if writable else "--ro-bind", path, path]
         layout.append((path, path))
+    # Only what was bound after the system paths can have covered /proc, /dev or the keys.
+    later = [destination for _source, destination in layout[len(_SYSTEM_PATHS) :]]
+    args += _kernel_interfaces_again(later, devices, size)
     for path in protect:
         args += ["--ro-bind-try", path, path]
     args += hidden_covers(hidden, layout)
