@@ -279,6 +279,42 @@ async def bwrap_sysctl_write(arena: Arena) -> None:
         arena.record(f"WROTE {path}" not in out, f"{path} was written by a program in the sandbox: {out[:200]!r}")
 
 
+@attack(
+    "bwrap_whole_host_bound",
+    finding="a sandbox given / (writable, read-only, or as its working directory) reaches the host's /proc, /sys and /dev",
+    severity="critical",
+    requires=("bwrap",),
+)
+async def bwrap_whole_host_bound(arena: Arena) -> None:
+    for options in ({"read_write_paths": ["/"]}, {"read_only_paths": ["/"]}):
+        await arena.open(isolation="bwrap", native_sandbox=options)
+        await _through_the_whole_host(arena, str(options))
+    from ..sandbox import LocalSandbox
+
+    await arena.open(sandbox=LocalSandbox(working_directory="/", isolation="bwrap"))
+    await _through_the_whole_host(arena, "working_directory='/'")
+    await arena.close()
+
+
+async def _through_the_whole_host(arena: Arena, how: str) -> None:
+    for name in _SYSCTLS:
+        path = f"/proc/sys/{name}"
+        if not _exists(path):
+            continue
+        before = _read_text(path)
+        # Its own value written back: nothing changes even when it works.
+        out = await arena.sh(f'v=$(cat {path}) && printf "%s\\n" "$v" > {path} && echo WROTE {name}')
+        arena.record(f"WROTE {name}" not in out, f"{how}: {path} was written: {out[:200]!r}")
+        arena.record(_read_text(path) == before, f"{how}: {path} changed on the host")
+    out = await arena.sh(
+        "test -w /proc/sys/kernel/core_pattern && echo CORE-PATTERN-WRITABLE; echo sys $(ls -A /sys | wc -l); "
+        "chmod 666 /dev/null && echo CHMOD-NULL; stat -c %F /dev/null"
+    )
+    arena.record("CORE-PATTERN-WRITABLE" not in out, f"{how}: kernel.core_pattern is writable: {out[:200]!r}")
+    arena.record("sys 0" in out, f"{how}: the host's /sys is visible: {out[:200]!r}")
+    arena.record("CHMOD-NULL" not in out, f"{how}: /dev/null could be chmod-ed: {out[:200]!r}")
+
+
 def _read_text(path: str) -> str:
     try:
         with open(path) as f:
