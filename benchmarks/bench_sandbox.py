@@ -190,12 +190,14 @@ async def overhead(repeat: int, workdir: str, before: str | None, rounds: int = 
 
     variants["`subprocess.run(['true'])`"] = timed(lambda: subprocess.run(["true"], check=True))
     workers: list[_Worker] = []
+    nodes = None
     if bwrap:
         variants["`bwrap <old flags> -- true`, raw"] = timed(_raw(lambda: (_old_bwrap_args(raw_dir), [])))
 
-        from agentvfs.sandbox._launch import _private_devices
+        from agentvfs.sandbox._devices import DeviceNodes
 
-        devices = _private_devices(os.path.join(workdir, "dev")) if os.geteuid() == 0 else None
+        nodes = DeviceNodes.make() if os.geteuid() == 0 else None
+        devices = nodes.paths if nodes is not None else None
 
         def hardened() -> tuple[list[str], list[int]]:
             fd = _seccomp_pipe()
@@ -219,6 +221,8 @@ async def overhead(repeat: int, workdir: str, before: str | None, rounds: int = 
     finally:
         for worker in workers:
             worker.close()
+        if nodes is not None:
+            nodes.close()
     base = statistics.median(samples[names[0]])
     return [
         f"| {name} | {spread(values)} | {statistics.median(values) / base:.2f}x |" for name, values in samples.items()

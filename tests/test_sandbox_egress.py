@@ -7,16 +7,20 @@ from __future__ import annotations
 
 import http.server
 import os
+import secrets
 import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
 import pytest
 
+import agentvfs
 from agentvfs.sandbox import LocalSandbox
 from agentvfs.sandbox._egress import (
     EgressProxy,
@@ -123,20 +127,17 @@ def host_server() -> Iterator[tuple[str, int]]:
 
 @pytest.fixture
 def proxy(host_server: tuple[str, int]) -> Iterator[EgressProxy]:
-    directory = tempfile.mkdtemp(prefix="agentvfs-egress-test-")
     patterns = parse_host_patterns([host_server[0]])
     assert patterns is not None
-    egress = EgressProxy(directory, patterns, name="test")
+    egress = EgressProxy(patterns, name="test")
     egress.start()
     yield egress
     egress.close()
-    shutil.rmtree(directory, ignore_errors=True)
 
 
 def ask(proxy: EgressProxy, request: bytes) -> bytes:
-    with socket.socket(socket.AF_UNIX) as sock:
+    with proxy.connect() as sock:
         sock.settimeout(10)
-        sock.connect(proxy.socket_path)
         sock.sendall(request)
         chunks = []
         while True:
@@ -225,11 +226,10 @@ def raw_upstream() -> Iterator[tuple[int, list[bytes]]]:
     thread.join(timeout=5)
 
 
-def ask_and_close(path: str, request: bytes) -> bytes:
+def ask_and_close(proxy: EgressProxy, request: bytes) -> bytes:
     """Send ``request``, end the sending side, and read the answer to its end."""
-    with socket.socket(socket.AF_UNIX) as sock:
+    with proxy.connect() as sock:
         sock.settimeout(10)
-        sock.connect(path)
         sock.sendall(request)
         sock.shutdown(socket.SHUT_WR)
         chunks = []
@@ -240,17 +240,16 @@ def ask_and_close(path: str, request: bytes) -> bytes:
 
 def test_plain_http_goes_upstream_as_one_request_under_its_checked_host(raw_upstream: tuple[int, list[bytes]]) -> None:
     port, received = raw_upstream
-    directory = tempfile.mkdtemp(prefix="agentvfs-egress-test-")
     patterns = parse_host_patterns(["127.0.0.1"])
     assert patterns is not None
-    egress = EgressProxy(directory, patterns, name="test")
+    egress = EgressProxy(patterns, name="test")
     egress.start()
     where = f"127.0.0.1:{port}"
     try:
         # The client's Host (any number of them) gives way to the URL's authority, the hop's
         # headers and those the Connection header names go, a pipelined request is dropped.
         answer = ask_and_close(
-            egress.socket_path,
+            egress,
             f"GET http://user:pw@{where}/a?q=1 HTTP/1.1\r\nHost: internal-admin.corp\r\nHOST: other\r\n"
             "Connection: X-Secret, keep-alive\r\nX-Secret: s\r\nProxy-Authorization: p\r\nAccept: */*\r\n\r\n"
             "GET /admin HTTP/1.1\r\nHost: internal-admin.corp\r\n\r\n".encode(),
@@ -258,11 +257,11 @@ def test_plain_http_goes_upstream_as_one_request_under_its_checked_host(raw_upst
         assert answer.endswith(b"\r\n\r\nok"), answer
         assert received[-1] == f"GET /a?q=1 HTTP/1.1\r\nHost: {where}\r\nAccept: */*\r\nConnection: close\r\n\r\n".encode()
         # A body by Content-Length, then nothing more.
-        ask_and_close(egress.socket_path, f"POST http://{where}/p HTTP/1.1\r\nContent-Length: 3\r\n\r\nabcGET /x HTTP/1.1\r\n\r\n".encode())
+        ask_and_close(egress, f"POST http://{where}/p HTTP/1.1\r\nContent-Length: 3\r\n\r\nabcGET /x HTTP/1.1\r\n\r\n".encode())
         assert received[-1] == f"POST /p HTTP/1.1\r\nHost: {where}\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc".encode()
         # A chunked body, re-chunked; the request after it dropped.
         ask_and_close(
-            egress.socket_path,
+            egress,
             f"POST http://{where}/c HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3;x=y\r\nabc\r\n0\r\nT: 1\r\n\r\nGET /x HTTP/1.1\r\n\r\n".encode(),
         )
         assert received[-1] == (
@@ -279,16 +278,15 @@ def test_plain_http_goes_upstream_as_one_request_under_its_checked_host(raw_upst
             (f"GET http://{where}/ HTTP/1.1\nX: y\r\n\r\n", b"control characters"),
             (f"GET http://{where}/ HTTP/9\r\n\r\n", b"malformed request line"),
         ):
-            answer = ask_and_close(egress.socket_path, request.encode())
+            answer = ask_and_close(egress, request.encode())
             assert answer.startswith(b"HTTP/1.1 400 Bad Request") and reason in answer, (request, answer)
         # A chunked body the proxy cannot frame ends the connection before anything more of it.
-        answer = ask_and_close(egress.socket_path, f"POST http://{where}/bad HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n".encode())
+        answer = ask_and_close(egress, f"POST http://{where}/bad HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n".encode())
         assert answer.startswith(b"HTTP/1.1 400 Bad Request") or not answer, answer
         # (Nothing, or the head alone: the bad chunk line may arrive with the head or after it.)
         assert all(not data or data.endswith(b"Connection: close\r\n\r\n") for data in received[count:]), received[count:]
     finally:
         egress.close()
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 # -- real sandboxes -----------------------------------------------------------------------------
@@ -347,3 +345,199 @@ async def test_an_empty_allow_list_refuses_everything(tmp_path: Path, host_serve
         await box.destroy()
     assert result.exit_code != 0 and "403" in result.stderr
     assert os.path.exists(str(tmp_path))
+
+
+# -- nothing of the proxy on a path --------------------------------------------------------------
+
+
+def test_the_proxy_serves_only_unix_stream_sockets_handed_over(raw_upstream: tuple[int, list[bytes]]) -> None:
+    port, _received = raw_upstream
+    patterns = parse_host_patterns(["127.0.0.1"])
+    assert patterns is not None
+    egress = EgressProxy(patterns, name="test")
+    with pytest.raises(RuntimeError, match="not started"):
+        _ = egress.descriptor
+    egress.start()
+    request = f"GET http://127.0.0.1:{port}/ HTTP/1.1\r\n\r\n".encode()
+    try:
+        sandbox_end = socket.socket(fileno=os.dup(egress.descriptor))
+        # What a command holding its end may send instead of a connection: an empty message,
+        # a pipe, a datagram socket. The proxy serves none of them and goes on.
+        sandbox_end.send(b"")
+        read_end, write_end = os.pipe()
+        datagram, datagram_peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+        socket.send_fds(sandbox_end, [b"c"], [read_end, write_end, datagram.fileno()])
+        for fd in (read_end, write_end):
+            os.close(fd)
+        datagram.close()
+        datagram_peer.settimeout(1)
+        with pytest.raises(TimeoutError):
+            datagram_peer.recv(100)
+        datagram_peer.close()
+        sandbox_end.close()
+        assert ask_and_close(egress, request).endswith(b"\r\n\r\nok")
+    finally:
+        egress.close()
+    with pytest.raises(OSError, match="not started"):
+        egress.connect()
+
+
+_HIJACKER = r"""
+import os, socket, stat, sys, threading, time
+# Look for unix sockets of the other sandbox (its name is in the path), take each over and
+# also try to use it: an allow-list that is not this sandbox's.
+name, marker, tops = sys.argv[1], sys.argv[2], sys.argv[3:]
+found = []
+for top in tops:
+    for directory, subdirectories, files in os.walk(top):
+        if directory.count("/") - top.count("/") >= 4:
+            subdirectories[:] = []
+        for entry in subdirectories + files:
+            path = os.path.join(directory, entry)
+            try:
+                if name in path and stat.S_ISSOCK(os.lstat(path).st_mode):
+                    found.append(path)
+            except OSError:
+                pass
+answer = b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\nConnection: close\r\n\r\nhijacked\n"
+servers = []
+for path in found:
+    try:
+        probe = socket.socket(socket.AF_UNIX)
+        probe.settimeout(3)
+        probe.connect(path)
+        probe.sendall(b"CONNECT " + sys.argv[2].encode() + b" HTTP/1.1\r\n\r\n")
+        print("used", path, probe.recv(100)[:30])
+    except OSError as exc:
+        print("could not use", path, exc.errno)
+    try:
+        os.unlink(path)
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(path)
+        server.listen(8)
+        servers.append(server)
+        print("took over", path)
+    except OSError as exc:
+        print("could not take over", path, exc.errno)
+def serve(server):
+    while True:
+        conn, _ = server.accept()
+        conn.recv(65536)
+        conn.sendall(answer)
+        conn.close()
+for server in servers:
+    threading.Thread(target=serve, args=(server,), daemon=True).start()
+print("found", len(found), flush=True)
+open("ready", "w").close()
+time.sleep(60)
+"""
+
+
+@needs_bwrap
+@pytest.mark.parametrize("shared", ["read_write_paths", "working_directory"])
+async def test_another_sandbox_cannot_reach_the_egress_proxy(
+    tmp_path: Path, host_server: tuple[str, int], shared: str
+) -> None:
+    name, port = host_server
+    temporary = tempfile.gettempdir()
+    victim_dir = tmp_path / "victim"
+    victim_dir.mkdir()
+    (victim_dir / "get.py").write_text(GET)
+    victim = LocalSandbox(
+        id=f"egress-victim-{os.getpid()}-{secrets.token_hex(4)}",
+        working_directory=str(victim_dir),
+        isolation="bwrap",
+        native_sandbox={"allowed_hosts": [name]},
+    )
+    # The attacker writes the temporary directory, given as a writable path or as its own
+    # working directory, where the victim's state used to be kept.
+    if shared == "read_write_paths":
+        attacker_dir = tmp_path / "attacker"
+        attacker_dir.mkdir()
+        attacker = LocalSandbox(
+            working_directory=str(attacker_dir), isolation="bwrap", native_sandbox={"read_write_paths": [temporary]}
+        )
+    else:
+        attacker_dir = Path(tempfile.mkdtemp(prefix="agentvfs-attacker-"))
+        attacker = LocalSandbox(working_directory=temporary, isolation="bwrap")
+    (attacker_dir / "hijack.py").write_text(_HIJACKER)
+    try:
+        first = await victim.execute_command("true")
+        assert first.exit_code == 0, first
+        hijack = await attacker.processes.spawn(
+            f"cd {attacker_dir} && {sys.executable} hijack.py {victim.id} {name}:{port} {temporary} /run /var/tmp"
+        )
+        for _ in range(600):
+            if (attacker_dir / "ready").exists():
+                break
+            await anyio.sleep(0.05)
+        assert (attacker_dir / "ready").exists(), await hijack.wait()
+        result = await victim.execute_command(f"{sys.executable} get.py http://{name}:{port}/victim")
+        await hijack.kill()
+        report = (await hijack.wait()).stdout
+    finally:
+        await attacker.destroy()
+        await victim.destroy()
+        if shared == "working_directory":
+            shutil.rmtree(attacker_dir, ignore_errors=True)
+    assert "found 0" in report, report
+    assert (result.exit_code, result.stdout) == (0, "hello from the host /victim\n"), (result, report)
+
+
+# -- the forwarder's interpreter ---------------------------------------------------------------
+
+_FORWARDED = r"""
+import sys
+import anyio
+from agentvfs.sandbox import LocalSandbox
+
+async def main() -> None:
+    box = LocalSandbox(working_directory=sys.argv[1], isolation="bwrap", native_sandbox={"allowed_hosts": ["example.invalid"]})
+    try:
+        result = await box.execute_command(sys.executable + " -c 'print(6 * 7)'")
+    finally:
+        await box.destroy()
+    print("exit", result.exit_code, "out", result.stdout.strip(), "err", result.stderr.strip()[-300:])
+
+anyio.run(main)
+"""
+
+
+@needs_bwrap
+@pytest.mark.parametrize("how", ["linked-venv", "linked-python", "shim"])
+def test_egress_works_whatever_names_the_interpreter(tmp_path: Path, how: str) -> None:
+    # Each way names the interpreter by a path in a directory the sandbox does not bind (the
+    # temporary directory is not the sandbox's /tmp): a virtualenv reached through a
+    # symlinked directory, a symlinked python, a shim found on PATH that runs the real one.
+    outside = Path(tempfile.mkdtemp(prefix="agentvfs-python-"))
+    real = os.path.realpath(sys.executable)
+    # The same modules whichever interpreter starts (a shim runs the base one, outside any
+    # virtualenv).
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(agentvfs.__file__).parent.parent), *filter(None, sys.path)])}
+    try:
+        if how == "linked-venv":
+            (outside / "venv").symlink_to(os.path.realpath(sys.prefix))
+            argv = [str(outside / "venv" / os.path.relpath(sys.executable, sys.prefix))]
+        elif how == "linked-python":
+            (outside / "python").symlink_to(sys.executable)
+            argv = [str(outside / "python")]
+        else:
+            bash = shutil.which("bash")
+            if bash is None:
+                pytest.skip("the shim needs bash (exec -a)")
+            (outside / "python").write_text(f'#!{bash}\nexec -a python {real} "$@"\n')
+            (outside / "python").chmod(0o755)
+            env["PATH"] = f"{outside}:{env.get('PATH', os.defpath)}"
+            argv = ["python"]
+        (tmp_path / "run.py").write_text(_FORWARDED)
+        shown = subprocess.run(
+            [*argv, "-c", "import sys; print(sys.executable)"], env=env, capture_output=True, text=True, check=True, timeout=60
+        ).stdout.strip()
+        assert shown.startswith(str(outside)), shown  # the interpreter is named from outside
+        done = subprocess.run(
+            [*argv, str(tmp_path / "run.py"), str(tmp_path)], env=env, capture_output=True, text=True, timeout=120, check=False
+        )
+    finally:
+        shutil.rmtree(outside, ignore_errors=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().startswith("exit 0 out 42"), (done.stdout, done.stderr)

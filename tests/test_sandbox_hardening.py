@@ -5,9 +5,13 @@ would leave capabilities."""
 
 from __future__ import annotations
 
+import logging
 import os
+import shutil
 import socket
+import stat
 import sys
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -248,9 +252,9 @@ async def test_devices_of_its_own_when_root(wd: str) -> None:
     try:
         result = await sandbox.execute_command("ls -ln /dev/null /dev/tty | cut -c1-30; stat -c '%t:%T' /dev/null")
         devices = sandbox._launcher.devices
-        assert devices is not None and set(devices) == {"null", "zero", "full", "random", "urandom", "tty"}
-        state = sandbox._launcher.state_directory
-        assert state is not None and all(path.startswith(state) for path in devices.values())
+        assert devices is not None and set(devices.paths) == {"null", "zero", "full", "random", "urandom", "tty"}
+        state = devices.directory
+        assert all(os.path.dirname(path) == state for path in devices.paths.values())
     finally:
         await sandbox.destroy()
     assert result.exit_code == 0, result.stderr
@@ -259,3 +263,233 @@ async def test_devices_of_its_own_when_root(wd: str) -> None:
     host = os.stat("/dev/null").st_rdev
     assert result.stdout.splitlines()[-1] == f"{os.major(host):x}:{os.minor(host):x}"
     assert sandbox._launcher.devices is None and not os.path.exists(state)
+
+
+# -- device nodes out of every other sandbox's reach --------------------------------------------
+
+_TAMPER = r"""
+import os, sys
+# Given the victim's device nodes (as its own commands would tell), change them every way
+# there is: a FIFO or a file in a node's place, a chmod, and each directory on the way moved
+# aside for one of this sandbox's own with a FIFO in it.
+stop, nodes = sys.argv[1], sys.argv[2:]
+def attempt(label, fn):
+    try:
+        fn()
+        print("done", label)
+    except OSError as exc:
+        print("refused", label, exc.errno)
+def fifo(node):
+    os.unlink(node)
+    os.mkfifo(node)
+def plain(node):
+    with open(node + ".new", "w"):
+        pass
+    os.replace(node + ".new", node)
+for node in nodes:
+    attempt("fifo " + node, lambda: fifo(node))
+    attempt("chmod " + node, lambda: os.chmod(node, 0))
+    attempt("file " + node, lambda: plain(node))
+directory = os.path.dirname(nodes[0])
+while directory != stop and len(directory) > len(stop):
+    def swap(directory=directory):
+        os.rename(directory, directory + ".moved")
+        os.makedirs(os.path.dirname(nodes[0]), exist_ok=True)
+        for node in nodes:
+            os.mkfifo(node)
+    attempt("move " + directory, swap)
+    directory = os.path.dirname(directory)
+print("listing", sorted(os.listdir(os.path.dirname(nodes[0]))) if os.path.isdir(os.path.dirname(nodes[0])) else None)
+"""
+
+
+async def _device_sources(sandbox: LocalSandbox, names: tuple[str, ...]) -> list[str]:
+    """Where the nodes bound at ``/dev/<name>`` in ``sandbox`` come from on the host, as a
+    command of that sandbox can tell (the root of each bind in its mount table)."""
+    result = await sandbox.execute_command("cat /proc/self/mountinfo")
+    roots = {fields[4]: fields[3] for fields in (line.split() for line in result.stdout.splitlines())}
+    sources = [roots[f"/dev/{name}"] for name in names]
+    for source in sources:
+        if not os.path.exists(source) or not stat.S_ISCHR(os.lstat(source).st_mode):
+            pytest.skip(f"{source} is named within a filesystem of its own, not as the host names it")
+    return sources
+
+
+def _moved_aside(paths: list[str], stop: str) -> list[str]:
+    """The ``.moved`` directories a tampering sandbox may have left beside ``paths``' parents."""
+    found = []
+    directory = os.path.dirname(paths[0])
+    while directory != stop and len(directory) > len(stop):
+        if os.path.lexists(directory + ".moved"):
+            found.append(directory + ".moved")
+        directory = os.path.dirname(directory)
+    return found
+
+
+@needs_bwrap
+@pytest.mark.skipif(os.geteuid() != 0, reason="private device nodes are made when this process is root")
+@pytest.mark.parametrize("shared", ["read_write_paths", "working_directory"])
+async def test_another_sandbox_cannot_change_the_device_nodes(wd: str, tmp_path: Path, shared: str) -> None:
+    temporary = tempfile.gettempdir()
+    victim = LocalSandbox(working_directory=wd, isolation="bwrap")
+    script = tmp_path / "tamper.py"
+    script.write_text(_TAMPER)
+    script.chmod(0o644)
+    if shared == "read_write_paths":
+        attacker = LocalSandbox(
+            working_directory=str(tmp_path), isolation="bwrap", native_sandbox={"read_write_paths": [temporary]}
+        )
+    else:
+        attacker = LocalSandbox(working_directory=temporary, isolation="bwrap", native_sandbox={"read_only_paths": [str(tmp_path)]})
+    nodes: list[str] = []
+    try:
+        nodes = await _device_sources(victim, ("null", "zero", "urandom"))
+        tamper = await attacker.execute_command(f"{sys.executable} {script} {temporary} {' '.join(nodes)}", timeout=60_000)
+        assert tamper.exit_code == 0, tamper
+        # Whatever happened there, the victim's next command has its own, working nodes.
+        result = await victim.execute_command(
+            "echo x > /dev/null && head -c 4 /dev/zero | od -An -tx1 && head -c 4 /dev/urandom | wc -c && "
+            "stat -c '%F %u' /dev/null",
+            timeout=20_000,
+        )
+    finally:
+        await attacker.destroy()
+        await victim.destroy()
+        for left in _moved_aside(nodes, temporary) if nodes else []:
+            shutil.rmtree(left, ignore_errors=True)
+    assert "done" not in tamper.stdout.split(), tamper.stdout
+    assert (result.exit_code, result.stdout) == (0, " 00 00 00 00\n4\ncharacter special file 65534\n"), (result, tamper.stdout)
+
+
+@needs_bwrap
+@pytest.mark.skipif(os.geteuid() != 0, reason="private device nodes are made when this process is root")
+async def test_device_nodes_are_kept_where_no_sandbox_can_list_change_or_move_them(wd: str, tmp_path: Path) -> None:
+    from agentvfs.sandbox._devices import NOBODY, devices_root
+
+    victim = LocalSandbox(working_directory=wd, isolation="bwrap")
+    attacker = LocalSandbox(
+        working_directory=str(tmp_path), isolation="bwrap", native_sandbox={"read_write_paths": [tempfile.gettempdir()]}
+    )
+    try:
+        assert (await victim.execute_command("true")).exit_code == 0
+        devices = victim._launcher.devices
+        assert devices is not None
+        root = devices_root()
+        for directory in (root, devices.directory):
+            info = os.lstat(directory)
+            assert stat.S_ISDIR(info.st_mode) and (info.st_uid, info.st_gid) == (NOBODY, NOBODY), directory
+            assert stat.S_IMODE(info.st_mode) == 0o711
+        seen = await attacker.execute_command(
+            f"ls -a {root}; touch {root}/x || echo refused-touch; mv {root} {root}.moved || echo refused-move"
+        )
+        assert devices.verify() is None
+    finally:
+        await attacker.destroy()
+        await victim.destroy()
+    # An empty read-only directory in its place: nothing to list, nothing to make, no moving it.
+    assert seen.stdout == ".\n..\nrefused-touch\nrefused-move\n", seen
+    assert "Read-only file system" in seen.stderr and "busy" in seen.stderr, seen.stderr
+    assert os.path.isdir(root) and not os.path.exists(f"{root}.moved")
+
+
+@needs_bwrap
+@pytest.mark.skipif(os.geteuid() != 0, reason="private device nodes are made when this process is root")
+async def test_device_nodes_changed_from_outside_are_made_anew(wd: str, caplog: pytest.LogCaptureFixture) -> None:
+    sandbox = LocalSandbox(working_directory=wd, isolation="bwrap")
+    try:
+        assert (await sandbox.execute_command("true")).exit_code == 0
+        before = sandbox._launcher.devices
+        assert before is not None
+        # What no sandbox can do, a process of the host's root can: a FIFO for /dev/null.
+        null = before.paths["null"]
+        os.unlink(null)
+        os.mkfifo(null)
+        with caplog.at_level(logging.WARNING, logger="agentvfs.sandbox"):
+            result = await sandbox.execute_command("echo x > /dev/null && echo ok", timeout=20_000)
+        after = sandbox._launcher.devices
+    finally:
+        await sandbox.destroy()
+    assert (result.exit_code, result.stdout) == (0, "ok\n"), result
+    assert f"its device nodes were changed ({null} was replaced); making them anew" in caplog.text
+    assert after is not None and after.directory != before.directory
+    assert not os.path.exists(before.directory)
+
+
+@needs_bwrap
+@pytest.mark.skipif(os.geteuid() != 0, reason="private device nodes are made when this process is root")
+async def test_a_node_changed_after_the_check_stops_the_command(wd: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from agentvfs.sandbox._devices import NOBODY
+
+    sandbox = LocalSandbox(working_directory=wd, isolation="bwrap")
+    try:
+        assert (await sandbox.execute_command("true")).exit_code == 0
+        devices = sandbox._launcher.devices
+        assert devices is not None
+        # What a race between the launcher's check and bubblewrap's bind could leave: a node
+        # every attribute of which passes (nobody's, 0666, the host's numbers), another inode.
+        null = devices.paths["null"]
+        os.rename(null, f"{null}.old")
+        os.mknod(null, stat.S_IFCHR | 0o666, os.stat("/dev/null").st_rdev)
+        os.chown(null, NOBODY, NOBODY)
+        os.chmod(null, 0o666)
+        monkeypatch.setattr(devices, "verify", lambda: None)  # the check ran before the change
+        result = await sandbox.execute_command("echo ran")
+    finally:
+        await sandbox.destroy()
+    assert (result.exit_code, result.stdout) == (126, ""), result
+    assert "the device nodes bound into this sandbox are not the ones made for it" in result.stderr
+
+
+@needs_bwrap
+@pytest.mark.skipif(os.geteuid() != 0, reason="private device nodes are made when this process is root")
+async def test_a_devices_directory_someone_else_made_is_not_used(
+    wd: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from agentvfs.sandbox import _devices, _launch
+
+    # Another user got there first (or a sandbox: the same uid, but it cannot make it nobody's).
+    taken = tmp_path / ".agentvfs-devices-0"
+    taken.mkdir()
+    (taken / "planted").mkdir()
+    os.chown(taken, 12345, 12345)
+    monkeypatch.setattr(_devices, "devices_root", lambda: str(taken))
+    monkeypatch.setattr(_launch, "devices_root", lambda: str(taken))
+    sandbox = LocalSandbox(working_directory=wd, isolation="bwrap")
+    try:
+        with caplog.at_level(logging.WARNING, logger="agentvfs.sandbox"):
+            result = await sandbox.execute_command("echo x > /dev/null && stat -c %u /dev/null")
+        devices = sandbox._launcher.devices
+        assert devices is not None
+        own = devices.root
+        hidden = sandbox._launcher.hidden_paths()
+    finally:
+        await sandbox.destroy()
+    assert (result.exit_code, result.stdout) == (0, "65534\n"), result
+    assert f"cannot keep device nodes in {taken} ({taken} is owned by 12345:12345, not by nobody" in caplog.text
+    assert own != str(taken) and os.path.dirname(own) == tempfile.gettempdir() and own in hidden
+    assert not os.path.exists(own)  # removed with the sandbox
+    assert sorted(os.listdir(taken)) == ["planted"]  # and the other directory left as it was
+
+
+_KERNEL_INTERFACES = (
+    "test -w /proc/sys/kernel/core_pattern && echo core-pattern-writable; "
+    "test -w /proc/sysrq-trigger && echo sysrq-writable; "
+    "echo sys $(ls -A /sys | wc -l); echo x > /dev/null && echo null-usable; stat -c %u /dev/null; "
+    "echo keys $(ls -A /etc/ssl/private 2>/dev/null | wc -l)"
+)
+
+
+@needs_bwrap
+@pytest.mark.parametrize("given", ["read_write_paths", "read_only_paths", "working_directory"])
+async def test_binding_the_whole_host_brings_none_of_its_kernel_interfaces(wd: str, given: str) -> None:
+    # "/" as a writable or read-only path, or as the working directory: the host's /proc (a
+    # writable kernel.core_pattern runs a program as root), /dev and /sys come with it.
+    if given == "working_directory":
+        sandbox = LocalSandbox(working_directory="/", isolation="bwrap")
+    else:
+        sandbox = LocalSandbox(working_directory=wd, isolation="bwrap", native_sandbox={given: ["/"]})
+    try:
+        result = await sandbox.execute_command(_KERNEL_INTERFACES)
+    finally:
+        await sandbox.destroy()
+    assert (result.exit_code, result.stdout) == (0, "sys 0\nnull-usable\n65534\nkeys 0\n"), result

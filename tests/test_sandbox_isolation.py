@@ -19,6 +19,7 @@ from _procs import live_members, read, write
 from agentvfs import LocalFilesystem
 from agentvfs.errors import IsolationUnavailableError
 from agentvfs.sandbox import _isolation
+from agentvfs.sandbox._egress import FORWARDER_SCRIPT
 from agentvfs.sandbox._isolation import (
     build_bwrap_args,
     check_isolation,
@@ -178,6 +179,116 @@ def test_hardening_descriptors_root_inside_and_protected_paths() -> None:
     # The protected state is bound read-only after the writable binds that cover it.
     assert args.index("/tmp/.state") > args.index("/tmp")
     assert pairs(args, "--ro-bind-try")[-1] == "/tmp/.state"
+
+
+def _at(args: list[str], part: list[str]) -> int:
+    """Where ``part`` starts in ``args`` (-1 when it is not there)."""
+    return next((i for i in range(len(args)) if args[i : i + len(part)] == part), -1)
+
+
+def test_hidden_state_is_covered_wherever_a_bind_shows_it(tmp_path: Any) -> None:
+    state = os.path.join(str(tmp_path), "state")
+    os.makedirs(os.path.join(state, "inner"))
+    cover = ["--tmpfs", state, "--remount-ro", state]
+    # Below a writable path, the working directory, a read-only path, or the whole host: an
+    # empty read-only directory over it, after every bind.
+    for options, workdir in (
+        ({"read_write_paths": [str(tmp_path)]}, "/w"),
+        ({}, str(tmp_path)),
+        ({"read_only_paths": [str(tmp_path)]}, "/w"),
+        ({"read_write_paths": ["/"]}, "/w"),
+    ):
+        args = build_bwrap_args("x", working_directory=workdir, config=normalize_native_sandbox(options), hidden=[state])
+        where = _at(args, cover)
+        assert where > max(i for i, a in enumerate(args) if a in ("--bind", "--ro-bind", "--ro-bind-try")), options
+    # Seen nowhere, or not there at all: nothing to cover.
+    assert _at(build_bwrap_args("x", working_directory="/w", config=normalize_native_sandbox(None), hidden=[state]), cover) < 0
+    gone = os.path.join(str(tmp_path), "gone")
+    args = build_bwrap_args("x", working_directory=str(tmp_path), config=normalize_native_sandbox(None), hidden=[gone])
+    assert gone not in args
+    # Custom binds too, where they show it (also under another name).
+    custom = normalize_native_sandbox({"bwrap_args": ["--bind", "/", "/", "--ro-bind", str(tmp_path), "/elsewhere"]})
+    args = build_bwrap_args("x", working_directory="/w", config=custom, hidden=[state])
+    assert _at(args, cover) > args.index("/elsewhere")
+    assert _at(args, ["--tmpfs", "/elsewhere/state", "--remount-ro", "/elsewhere/state"]) > 0
+    # A path inside it cannot be bound at all: the cover would hide it.
+    inner = os.path.join(state, "inner")
+    for options in ({"read_write_paths": [inner]}, {"read_only_paths": [state]}):
+        with pytest.raises(PermissionError, match="where agentvfs keeps its sandboxes' own state on the host"):
+            build_bwrap_args("x", working_directory="/w", config=normalize_native_sandbox(options), hidden=[state])
+
+
+def test_a_bind_of_the_whole_host_gets_the_kernel_interfaces_again() -> None:
+    devices = {"null": "/state/null"}
+    for options in ({"read_write_paths": ["/"]}, {"read_only_paths": ["/"]}):
+        args = build_bwrap_args("x", working_directory="/w", config=normalize_native_sandbox(options), devices=devices)
+        whole = _at(args, ["--bind" if "read_write_paths" in options else "--ro-bind", "/", "/"])
+        assert whole > 0, options
+        again = args[whole:]
+        assert _at(again, ["--proc", "/proc"]) > 0 and _at(again, ["--remount-ro", "/proc"]) > 0, options
+        assert _at(again, ["--dev", "/dev", "--dev-bind", "/state/null", "/dev/null"]) > 0, options
+        assert _at(again, ["--tmpfs", "/sys", "--remount-ro", "/sys"]) > 0, options
+    # Nothing covers them otherwise: mounted once, and no /sys at all.
+    args = build_bwrap_args("x", working_directory="/w", config=normalize_native_sandbox({"read_write_paths": ["/data"]}))
+    assert pairs(args, "--proc") == ["/proc"] and pairs(args, "--dev") == ["/dev"] and "/sys" not in args
+
+
+def test_forwarder_descriptor_and_device_check() -> None:
+    config = normalize_native_sandbox({"allowed_hosts": ["example.org"]})
+    devices = {"null": "/state/null", "zero": "/state/zero"}
+    args = build_bwrap_args(
+        "echo hi", working_directory="/w", config=config, proxy_fd=9, devices=devices, device_fds={"null": 11, "zero": 12}
+    )
+    tail = args[args.index("--") + 1 :]
+    # The forwarder gets the command's end of the proxy's socket pair, not a path.
+    assert tail[:2] == ["sh", "-c"] and tail[-4:] == [FORWARDER_SCRIPT, "9", "3128", "echo hi"]
+    assert not any("proxy" in a for a in args[: args.index("--")])
+    # Before anything else, the nodes in /dev must be the ones the launcher holds.
+    assert tail[2].startswith("[ /dev/null -ef /proc/self/fd/11 ] && [ /dev/zero -ef /proc/self/fd/12 ] || {")
+    assert "exit 126; }; " in tail[2] and tail[2].endswith('exec sh -c "$4"')
+    plain = build_bwrap_args("echo hi", working_directory="/w", config=normalize_native_sandbox(None))
+    assert plain[-1] == "echo hi"
+
+
+def test_the_forwarder_runs_the_interpreter_binary() -> None:
+    config = normalize_native_sandbox({"allowed_hosts": ["example.org"]})
+    args = build_bwrap_args("echo hi", working_directory="/w", config=config, proxy_fd=9)
+    interpreter = args[args.index("--") + 4]
+    assert interpreter == _isolation.forwarder_python()
+    assert os.path.isfile(interpreter) and not os.path.islink(interpreter)
+
+
+def test_max_disk_bytes_sizes_the_scratch_spaces() -> None:
+    args = build_bwrap_args("x", working_directory="/w", config=normalize_native_sandbox({"max_disk_bytes": 1 << 20}))
+    # Every scratch space holds at most max_disk_bytes; /dev is read-only once all is bound.
+    assert _at(args, ["--size", str(1 << 20), "--tmpfs", "/tmp"]) > 0
+    assert _at(args, ["--size", str(1 << 20), "--tmpfs", "/dev/shm"]) > args.index("--dev")
+    last_bind = max(i for i, a in enumerate(args) if a in ("--bind", "--ro-bind", "--ro-bind-try"))
+    assert _at(args, ["--remount-ro", "/dev"]) > last_bind
+    plain = build_bwrap_args("x", working_directory="/w", config=normalize_native_sandbox(None))
+    assert "--size" not in plain and "/dev/shm" not in plain and _at(plain, ["--remount-ro", "/dev"]) < 0
+
+
+def test_python_is_bound_where_this_process_names_it(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    inside = os.path.relpath(sys.executable, sys.prefix)
+    if inside.startswith(".."):
+        pytest.skip(f"{sys.executable} is not in its prefix {sys.prefix}")
+    # A symlink to python in a virtualenv reached through a symlinked directory: each step
+    # of the way resolves inside the sandbox as it does here.
+    linked = os.path.join(str(tmp_path), "linked-venv")
+    os.symlink(os.path.realpath(sys.prefix), linked)
+    named = os.path.join(str(tmp_path), "bin", "python")
+    os.makedirs(os.path.dirname(named))
+    os.symlink(os.path.join(linked, inside), named)
+    monkeypatch.setattr(sys, "executable", named)
+    binds = _isolation.python_binds()
+    shown = [destination for _source, destination in binds] + list(_isolation._SYSTEM_PATHS)
+    assert (os.path.dirname(named), os.path.dirname(named)) in binds
+    assert _isolation._covered(os.path.dirname(os.path.join(linked, inside)), shown), binds
+    # What is bound is the real directory; the forwarder's interpreter is among it.
+    assert all(source == os.path.realpath(source) for source, _destination in binds)
+    interpreter = _isolation.forwarder_python()
+    assert interpreter is not None and _isolation._covered(interpreter, shown), (interpreter, binds)
 
 
 def test_without_user_namespaces_capabilities_are_still_dropped() -> None:

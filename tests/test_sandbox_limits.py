@@ -4,12 +4,15 @@ bomb, a memory hog, a CPU burner and a huge write each stop, and this process go
 
 from __future__ import annotations
 
+import logging
 import os
 import resource
+import shutil
 import sys
 import time
 from pathlib import Path
 
+import anyio
 import pytest
 
 from agentvfs.sandbox import LocalSandbox, _launch, _limits
@@ -204,3 +207,89 @@ def test_limit_options_are_checked_by_name() -> None:
         LocalSandbox(native_sandbox={"max_file_size_bytes": -1})
     with pytest.raises(ValueError, match="did you mean 'max_processes'"):
         LocalSandbox(native_sandbox={"maxProcesses": 5})
+
+
+# -- disk ---------------------------------------------------------------------------------------
+
+needs_bwrap = pytest.mark.skipif(not BWRAP["available"], reason=f"bubblewrap unusable here: {BWRAP['message']}")
+DISK = 8 << 20
+
+# Fill each place a command can write without a bind: one big file, then many small ones (a
+# limit per file would let these through), then count the bytes it holds.
+_FILL = (
+    "for place in /tmp /dev/shm /dev; do "
+    "head -c 50000000 /dev/zero > $place/fill 2>/dev/null; "
+    "i=0; while [ $i -lt 40 ]; do head -c 1000000 /dev/zero > $place/part$i 2>/dev/null || break; i=$((i+1)); done; "
+    "echo $place $(cat $place/fill $place/part* 2>/dev/null | wc -c); done"
+)
+
+
+@needs_bwrap
+async def test_max_disk_bytes_bounds_every_scratch_space(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    box = sandbox(tmp_path, "bwrap", max_disk_bytes=DISK)
+    try:
+        with caplog.at_level(logging.WARNING, logger="agentvfs.sandbox"):
+            result = await box.execute_command(_FILL, timeout=120_000)
+            # Shared memory still works where it is needed (POSIX semaphores live there).
+            shared = await box.execute_command(
+                f"{sys.executable} -c 'import multiprocessing as m; l = m.Lock(); l.acquire(); print(\"locked\")'"
+            )
+    finally:
+        await box.destroy()
+    held = {line.split()[0]: int(line.split()[1]) for line in result.stdout.splitlines()}
+    assert set(held) == {"/tmp", "/dev/shm", "/dev"}, result
+    assert 0 < held["/tmp"] <= DISK and 0 < held["/dev/shm"] <= DISK, held
+    assert held["/dev"] == 0, held
+    assert shared.stdout == "locked\n", shared
+    # Its working directory lies on a filesystem far larger: the sandbox says so, and how to
+    # bound it.
+    warned = [r.getMessage() for r in caplog.records if "max_disk_bytes" in r.getMessage()]
+    assert len(warned) == 1, warned
+    assert f"max_disk_bytes={DISK} bounds each command's /tmp and /dev/shm, but not {tmp_path} (" in warned[0]
+    assert f"mount -t tmpfs -o size={DISK} tmpfs <path>" in warned[0] and "project quota" in warned[0]
+
+
+async def test_max_disk_bytes_without_isolation_says_it_is_not_enforced(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    box = sandbox(tmp_path, "none", max_disk_bytes=DISK)
+    try:
+        with caplog.at_level(logging.WARNING, logger="agentvfs.sandbox"):
+            await box.start()
+    finally:
+        await box.destroy()
+    assert "max_disk_bytes is not enforced: commands without isolation write wherever this user can" in caplog.text
+
+
+@needs_bwrap
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("mount") is None, reason="mounting a tmpfs needs root")
+async def test_max_disk_bytes_trusts_a_filesystem_of_that_size(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    small = tmp_path / "small"
+    small.mkdir()
+    await anyio.run_process(["mount", "-t", "tmpfs", "-o", f"size={DISK}", "tmpfs", str(small)])
+    try:
+        box = sandbox(tmp_path / "small", "bwrap", max_disk_bytes=DISK, read_write_paths=[str(tmp_path)])
+        try:
+            with caplog.at_level(logging.WARNING, logger="agentvfs.sandbox"):
+                result = await box.execute_command(
+                    "head -c 50000000 /dev/zero > fill; echo status=$?; wc -c < fill", timeout=60_000
+                )
+        finally:
+            await box.destroy()
+    finally:
+        await anyio.run_process(["umount", str(small)])
+    assert result.stdout.splitlines()[0] != "status=0" and int(result.stdout.splitlines()[1]) <= DISK, result
+    # Only the path that can take more is named.
+    warned = [r.getMessage() for r in caplog.records if "max_disk_bytes" in r.getMessage()]
+    assert len(warned) == 1 and f"but not {tmp_path} (" in warned[0] and str(small) not in warned[0], warned
+
+
+def test_max_disk_bytes_is_checked_by_name() -> None:
+    for bad in ("1G", 0, -5, True, 1.5):
+        with pytest.raises(
+            ValueError,
+            match=r"native_sandbox\['max_disk_bytes'\] must be a positive integer number of bytes \(e\.g\. 10 \* 1024\*\*3",
+        ):
+            LocalSandbox(native_sandbox={"max_disk_bytes": bad})
+    assert LocalSandbox(native_sandbox={"max_disk_bytes": None}).native_sandbox["max_disk_bytes"] is None
+    assert LocalSandbox(native_sandbox={}).native_sandbox["max_disk_bytes"] is None

@@ -86,7 +86,7 @@ def test_markers_live_in_a_private_host_directory(layout: dict[str, Path]) -> No
 
 
 @needs_bwrap
-async def test_markers_are_read_only_under_a_writable_bind(layout: dict[str, Path]) -> None:
+async def test_markers_are_hidden_under_a_writable_bind(layout: dict[str, Path]) -> None:
     wd, data = layout["wd"], layout["data"]
     markers = markers_directory()
     parent = os.path.dirname(markers)
@@ -98,6 +98,9 @@ async def test_markers_are_read_only_under_a_writable_bind(layout: dict[str, Pat
         before = Path(marker).read_text()
         result = await box.execute_command(f"echo forged > {marker}; rm -f {marker}; touch {markers}/new; echo done")
         assert result.stdout == "done\n"
+        # Not even to be read: an empty directory in its place.
+        seen = await box.execute_command(f"ls -A {markers}; cat {marker}")
+        assert seen.stdout == "" and "No such file" in seen.stderr, seen
         assert Path(marker).read_text() == before
         assert not os.path.exists(os.path.join(markers, "new"))
     finally:

@@ -3,19 +3,26 @@
 With ``native_sandbox={"allowed_hosts": [...]}`` a command still runs in a network namespace
 of its own (no route anywhere, only its own loopback), and the only way out is this proxy:
 
-* **host side** (:class:`EgressProxy`): a small HTTP proxy listening on a unix socket in the
-  sandbox's private state directory. It accepts ``CONNECT host:port`` (HTTPS and any other
-  TLS or TCP protocol a client tunnels) and plain HTTP requests in absolute form
-  (``GET http://host/path``), checks the host against the allow-list, and either connects
-  to it (the host's own resolver picks the address) or answers ``403 Forbidden`` with a body
-  that says which host was refused and what is allowed.
-* **sandbox side**: the socket's directory is bound read-only at
-  :data:`~._isolation.PROXY_DIRECTORY`, and before the command starts a forwarder (this
-  Python, standard library only) listens on ``127.0.0.1:3128`` inside the namespace and
-  relays each connection to the socket. ``HTTP_PROXY``, ``HTTPS_PROXY``, ``http_proxy`` and
-  ``https_proxy`` point at it; ``NO_PROXY``/``no_proxy`` keep the sandbox's own loopback
-  direct. Tools that honour these variables (curl, pip, git, npm, Python's urllib and
-  requests...) work unchanged; anything that connects directly finds no network.
+* **host side** (:class:`EgressProxy`): a small HTTP proxy serving connections that reach it
+  over a socket pair of its own, never through a path: it accepts ``CONNECT host:port``
+  (HTTPS and any other TLS or TCP protocol a client tunnels) and plain HTTP requests in
+  absolute form (``GET http://host/path``), checks the host against the allow-list, and
+  either connects to it (the host's own resolver picks the address) or answers
+  ``403 Forbidden`` with a body that says which host was refused and what is allowed.
+* **sandbox side**: each command inherits the other end of the pair (a ``SOCK_SEQPACKET``
+  socket), and before the command starts a forwarder (this Python, standard library only)
+  listens on ``127.0.0.1:3128`` inside the namespace; for each connection it makes a socket
+  pair and hands one end to the proxy over the inherited socket (``SCM_RIGHTS``), then relays
+  between the two. ``HTTP_PROXY``, ``HTTPS_PROXY``, ``http_proxy`` and ``https_proxy`` point
+  at it; ``NO_PROXY``/``no_proxy`` keep the sandbox's own loopback direct. Tools that honour
+  these variables (curl, pip, git, npm, Python's urllib and requests...) work unchanged;
+  anything that connects directly finds no network.
+
+Nothing of the proxy is on the host's filesystem: no other sandbox can find, replace or
+connect to it, whatever paths it may write. Only the processes of the sandbox's own commands
+hold its end (the command inherits it too, and may hand the proxy connections itself: the
+same reach it has through ``127.0.0.1:3128``). The proxy takes only unix stream sockets from
+that end and serves at most 64 connections at a time.
 
 A plain HTTP request goes upstream as one request: its ``Host`` header is the authority of
 the URL that was checked (whatever ``Host`` the client sent is dropped, so a virtual host
@@ -39,6 +46,7 @@ client asked for: an allowed name that resolves to a private address is still re
 from __future__ import annotations
 
 import contextlib
+import errno
 import ipaddress
 import logging
 import os
@@ -65,6 +73,8 @@ _HEAD_LIMIT = 64 * 1024
 _CONNECT_TIMEOUT = 10.0
 _CLIENT_TIMEOUT = 30.0
 _MAX_CONNECTIONS = 64
+# Descriptors taken from one message of the socket pair (a forwarder sends one).
+_FDS_PER_MESSAGE = 4
 _CHUNK = 64 * 1024
 
 # Headers that belong to the hop between client and proxy, not to the origin server (plus the
@@ -319,12 +329,14 @@ def proxy_environment(port: int) -> dict[str, str]:
     }
 
 
-#: The in-sandbox forwarder: ``python -I -S -c FORWARDER_SCRIPT <socket> <port>``. It binds
-#: the port, then forks: the parent's exit says the port is ready, the child relays every
-#: connection to the socket until the sandbox's PID namespace ends.
+#: The in-sandbox forwarder: ``python -I -S -c FORWARDER_SCRIPT <descriptor> <port>``, where
+#: the descriptor is the command's end of the proxy's socket pair. It binds the port, then
+#: forks: the parent's exit says the port is ready, the child relays every connection through
+#: a socket pair of its own, whose other end it hands to the proxy, until the sandbox's PID
+#: namespace ends.
 FORWARDER_SCRIPT = r"""
 import os, socket, sys, threading
-path, port = sys.argv[1], int(sys.argv[2])
+control, port = socket.socket(fileno=int(sys.argv[1])), int(sys.argv[2])
 server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
 server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 try:
@@ -355,13 +367,15 @@ def pump(src, dst):
             pass
 
 def relay(client):
-    upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    upstream, theirs = socket.socketpair()
     try:
-        upstream.connect(path)
+        socket.send_fds(control, [b"c"], [theirs.fileno()])
     except OSError:
         client.close()
         upstream.close()
         return
+    finally:
+        theirs.close()
     back = threading.Thread(target=pump, args=(upstream, client), daemon=True)
     back.start()
     pump(client, upstream)
@@ -447,66 +461,88 @@ def _relay(client: socket.socket, upstream: socket.socket, body: _RequestBody | 
 class EgressProxy:
     """The host side of the egress allow-list for one sandbox.
 
+    The proxy is reached only through its socket pair (see the module): a command inherits
+    :attr:`descriptor`, and :meth:`connect` opens a connection the same way from this process.
+
     Parameters
     ----------
-    directory : str
-        A private directory (mode 0700) for the socket; it is bound into the sandbox.
     patterns : sequence of HostPattern
         What may be reached (see the module).
     name : str
         The sandbox's id, for log lines.
     """
 
-    #: The socket's file name in ``directory``.
-    SOCKET_NAME = "proxy.sock"
-
-    def __init__(self, directory: str, patterns: Sequence[HostPattern], *, name: str = "") -> None:
-        self.directory = directory
+    def __init__(self, patterns: Sequence[HostPattern], *, name: str = "") -> None:
         self.patterns = tuple(patterns)
         self.name = name
-        self.socket_path = os.path.join(directory, self.SOCKET_NAME)
-        self._server: socket.socket | None = None
+        self._control: socket.socket | None = None
+        self._sandbox_end: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._clients: set[socket.socket] = set()
         self._closed = threading.Event()
 
+    @property
+    def descriptor(self) -> int:
+        """The sandbox's end of the socket pair: what a command's forwarder inherits (pass a
+        duplicate; this one stays open until :meth:`close`).
+
+        Raises
+        ------
+        RuntimeError
+            The proxy is not started.
+        """
+        if self._sandbox_end is None:
+            raise RuntimeError("the egress proxy is not started")
+        return self._sandbox_end.fileno()
+
     def start(self) -> None:
-        """Listen on the socket (replacing a stale one) and serve in a daemon thread.
+        """Make the socket pair and serve it in a daemon thread (nothing if started).
 
         Raises
         ------
         OSError
-            The socket cannot be created.
+            The socket pair cannot be made.
         """
-        if self._server is not None:
+        if self._control is not None:
             return
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.socket_path)
-        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            server.bind(self.socket_path)
-            # The sandbox's user (another uid inside, the same or root's outside) must be
-            # able to connect; the directory's mode keeps everyone else out.
-            os.chmod(self.socket_path, 0o666)
-            server.listen(64)
-        except OSError:
-            server.close()
-            raise
+        # Sequenced packets: each connection handed over is one message, whatever several
+        # forwarders of the sandbox's commands send at once.
+        self._control, self._sandbox_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._closed.clear()
-        self._server = server
-        self._thread = threading.Thread(target=self._accept, name=f"agentvfs-egress {self.name}", daemon=True)
+        self._thread = threading.Thread(target=self._receive, name=f"agentvfs-egress {self.name}", daemon=True)
         self._thread.start()
 
+    def connect(self) -> socket.socket:
+        """A connection to the proxy, handed over as a command's forwarder does it.
+
+        Raises
+        ------
+        OSError
+            The proxy is closed, or the connection cannot be handed over.
+        """
+        if self._sandbox_end is None:
+            raise OSError(errno.ENOTCONN, "the egress proxy is not started")
+        mine, theirs = socket.socketpair()
+        try:
+            socket.send_fds(self._sandbox_end, [b"c"], [theirs.fileno()])
+        except OSError:
+            mine.close()
+            raise
+        finally:
+            theirs.close()
+        return mine
+
     def close(self) -> None:
-        """Stop accepting, cut every open connection, remove the socket."""
-        server, self._server = self._server, None
-        if server is None:
+        """Stop serving and cut every open connection; a command's forwarder can hand over
+        nothing more."""
+        control, self._control = self._control, None
+        sandbox_end, self._sandbox_end = self._sandbox_end, None
+        if control is None:
             return
         self._closed.set()
         with contextlib.suppress(OSError):
-            server.shutdown(socket.SHUT_RDWR)
-        server.close()
+            control.shutdown(socket.SHUT_RDWR)
         with self._lock:
             clients = list(self._clients)
         for sock in clients:
@@ -514,26 +550,45 @@ class EgressProxy:
                 sock.shutdown(socket.SHUT_RDWR)
         if self._thread is not None:
             self._thread.join(timeout=5)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.socket_path)
+        control.close()
+        if sandbox_end is not None:
+            sandbox_end.close()
 
-    def _accept(self) -> None:
-        server = self._server
-        while server is not None and not self._closed.is_set():
+    def _receive(self) -> None:
+        control = self._control
+        while control is not None and not self._closed.is_set():
             try:
-                client, _ = server.accept()
+                _data, fds, _flags, _address = socket.recv_fds(control, 16, _FDS_PER_MESSAGE)
             except OSError:
                 return
-            with self._lock:
-                busy = len(self._clients) >= _MAX_CONNECTIONS
-                if not busy:
-                    self._clients.add(client)
-            if busy:
-                with contextlib.suppress(OSError):
-                    client.sendall(_answer("503 Service Unavailable", "agentvfs sandbox proxy: too many connections\n"))
-                client.close()
-                continue
-            threading.Thread(target=self._serve, args=(client,), name=f"agentvfs-egress {self.name}", daemon=True).start()
+            # An empty message is also what recv gives once the pair is shut down; a command
+            # may send empty ones too, so only the closed flag ends the loop.
+            for fd in fds:
+                self._admit(fd)
+
+    def _admit(self, fd: int) -> None:
+        """Serve a descriptor handed over by a forwarder: a unix stream socket, or nothing."""
+        try:
+            client = socket.socket(fileno=fd)
+        except OSError:
+            # Not a socket at all (a command may send any descriptor).
+            os.close(fd)
+            return
+        if client.family != socket.AF_UNIX or client.type != socket.SOCK_STREAM:
+            client.close()
+            return
+        with self._lock:
+            busy = len(self._clients) >= _MAX_CONNECTIONS
+            if not busy:
+                self._clients.add(client)
+        if busy:
+            # Never blocking: this thread serves every handover of the sandbox.
+            client.setblocking(False)
+            with contextlib.suppress(OSError):
+                client.send(_answer("503 Service Unavailable", "agentvfs sandbox proxy: too many connections\n"))
+            client.close()
+            return
+        threading.Thread(target=self._serve, args=(client,), name=f"agentvfs-egress {self.name}", daemon=True).start()
 
     def _serve(self, client: socket.socket) -> None:
         upstream: socket.socket | None = None

@@ -14,7 +14,12 @@ With ``isolation="bwrap"`` every command runs as ``bwrap <arguments> -- sh -c <c
   ``/dev`` (null, zero, full, random, urandom, tty, a private pts), a private ``/tmp``, the
   system directories read-only, the working directory read-write (read-only with
   ``read_only``), and nothing else. The root of the sandbox is read-only, so a command
-  writes only to its working directory, ``/tmp`` and the ``read_write_paths``.
+  writes only to its working directory, ``/tmp`` and the ``read_write_paths`` (and, with
+  ``max_disk_bytes``, ``/tmp`` and ``/dev/shm`` are tmpfs of that size and the rest of
+  ``/dev`` is read-only). Directories where agentvfs keeps its own state on the host are
+  covered by an empty read-only directory wherever a bind would show them, and a bind that
+  brings the host's own ``/proc``, ``/dev`` or ``/sys`` along (a path given as ``/``) gets the
+  sandbox's ``/proc`` and ``/dev`` mounted again over it, and an empty ``/sys``.
 
 For every user, ``/proc/sys``, ``/proc/sysrq-trigger``, ``/proc/irq``, ``/proc/bus`` and
 ``/proc/fs`` are bound read-only from the host's ``/proc`` over the fresh one (bubblewrap
@@ -39,7 +44,8 @@ the covers above matter, and why there are more:
   ``kpageflags``, ``timer_list``...) are also covered so that they cannot be opened.
 * ``/dev``: bubblewrap binds the host's own device nodes, and their owner may ``chmod`` them
   (``chmod 0 /dev/null`` for the host); the launcher gives each sandbox nodes of its own,
-  made in its private state directory and owned by nobody (see :mod:`._launch`).
+  owned by nobody, in a directory no sandbox can see or change, and each command checks
+  before it starts that its ``/dev`` holds those very nodes (see :mod:`._devices`).
 * files: set-user-ID and set-group-ID modes are refused by the seccomp filter
   (:mod:`._seccomp`), file capabilities by the missing ``CAP_SETFCAP``. What remains is
   described in :class:`~agentvfs.sandbox.LocalSandbox`.
@@ -57,11 +63,14 @@ a bind is the failure this module exists to prevent; a custom ``--cap-add`` (whi
 later) still wins. ``--seccomp`` in custom arguments is refused (use ``--add-seccomp-fd``).
 A ``--proc`` or ``--dev`` among custom arguments gets the covers of the default layout, added
 after them; what a custom layout binds from the host (``--bind / /`` includes the host's
-``/proc``) is its own choice.
+``/proc``) is its own choice, but for the directories of agentvfs's own state, covered wherever
+a custom bind shows them too.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import functools
 import itertools
 import os
@@ -74,14 +83,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import IsolationUnavailableError
-from ._egress import FORWARDER_SCRIPT, EgressProxy, parse_host_patterns
+from ._egress import FORWARDER_SCRIPT, parse_host_patterns
 from ._limits import LIMIT_DEFAULTS, normalize_limits
 from ._seccomp import native_filter
 
 __all__ = [
     "ISOLATION_BACKENDS",
     "NATIVE_SANDBOX_DEFAULTS",
-    "PROXY_DIRECTORY",
     "PROXY_PORT",
     "SANDBOX_UID",
     "BwrapSupport",
@@ -91,8 +99,12 @@ __all__ = [
     "check_isolation",
     "detect_isolation",
     "device_args",
+    "device_check",
+    "forwarder_python",
+    "hidden_covers",
     "normalize_native_sandbox",
     "proc_args",
+    "python_binds",
     "sandbox_ids",
     "working_bwrap",
 ]
@@ -104,9 +116,7 @@ ISOLATION_BACKENDS = ("none", "bwrap", "seatbelt")
 #: user's, as on most Linux systems); a non-root user keeps its own ids.
 SANDBOX_UID = 1000
 
-#: Where the egress proxy's socket directory appears inside the sandbox, and the loopback
-#: port the in-sandbox forwarder listens on (see :mod:`._egress`).
-PROXY_DIRECTORY = "/run/agentvfs-proxy"
+#: The loopback port the in-sandbox egress forwarder listens on (see :mod:`._egress`).
 PROXY_PORT = 3128
 
 #: The options of ``native_sandbox`` and their defaults.
@@ -566,20 +576,172 @@ def _covered(path: str, by: Iterable[str]) -> bool:
     return any(path == p or path.startswith(p.rstrip("/") + "/") for p in by)
 
 
-def _python_paths() -> list[str]:
-    """The install prefixes of this Python (a virtualenv and its base interpreter), so
-    ``python`` works inside the sandbox as it does outside."""
-    found: list[str] = []
-    for path in (sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable))):
-        path = os.path.realpath(path)
-        if path and path != "/" and not _covered(path, _SYSTEM_PATHS) and not _covered(path, found):
-            found.append(path)
-    return found
+def _elf_file(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"\x7fELF"
+    except OSError:
+        return False
 
 
-#: Runs the egress forwarder, then the command: ``sh -c CHAIN <python> <script> <socket>
+def forwarder_python() -> str | None:
+    """The interpreter binary that runs the egress forwarder inside the sandbox: a real
+    file, whatever names this process by (a virtualenv's symlink, a venv reached through a
+    symlinked directory, a pyenv shim, which is a script).
+
+    ``sys.executable`` resolved, when that is a binary; otherwise the binary this process
+    runs (``/proc/self/exe``). Its directory and its installation are bound into every
+    sandbox that forwards (:func:`python_binds`).
+
+    Returns
+    -------
+    str or None
+        The path, or None when neither is a binary (an embedded interpreter).
+    """
+    candidates = [os.path.realpath(sys.executable)] if sys.executable else []
+    with contextlib.suppress(OSError):
+        candidates.append(os.readlink("/proc/self/exe"))
+    return next((path for path in candidates if os.path.isfile(path) and _elf_file(path)), None)
+
+
+def _link_chain(path: str) -> list[str]:
+    """``path`` and each path its symlinks lead to, in order (absolute, as named)."""
+    chain = [os.path.abspath(path)]
+    for _ in range(40):  # the kernel's own limit on links followed
+        try:
+            target = os.readlink(chain[-1])
+        except OSError:
+            break
+        chain.append(os.path.normpath(os.path.join(os.path.dirname(chain[-1]), target)))
+    return chain
+
+
+def python_binds() -> list[tuple[str, str]]:
+    """``(source, destination)`` pairs that make this Python work inside the sandbox as it
+    does outside: its installation prefixes (a virtualenv and its base interpreter) and the
+    directories of its interpreter and of every symlink on the way to it, each at its real
+    place and at the place it is named by (a virtualenv reached through a symlinked
+    directory, a symlinked ``python``), so that ``sys.executable`` runs inside and the
+    forwarder's interpreter (:func:`forwarder_python`) finds its standard library.
+
+    Returns
+    -------
+    list of (str, str)
+        Parents before children (a later bind over a parent would hide an earlier child);
+        nothing below the system paths, which are bound anyway.
+    """
+    named = [sys.prefix, sys.base_prefix]
+    if sys.executable:
+        # Every link on the way from sys.executable to the binary must resolve inside too.
+        named += [os.path.dirname(hop) for hop in _link_chain(sys.executable)]
+    interpreter = forwarder_python()
+    if interpreter is not None:
+        named.append(os.path.dirname(interpreter))
+    pairs: list[tuple[str, str]] = []
+    for path in named:
+        if not path:
+            continue
+        real = os.path.realpath(path)
+        for destination in dict.fromkeys((real, os.path.abspath(path))):
+            if destination == "/" or _covered(destination, _SYSTEM_PATHS):
+                continue
+            pairs.append((real, destination))
+    pairs.sort(key=lambda pair: pair[1].count("/"))
+    kept: list[tuple[str, str]] = []
+    for source, destination in pairs:
+        if not _covered(destination, [d for _, d in kept]):
+            kept.append((source, destination))
+    return kept
+
+
+#: Runs the egress forwarder, then the command: ``sh -c CHAIN <python> <script> <descriptor>
 #: <port> <command>``.
 _FORWARD_THEN_RUN = '"$0" -I -S -c "$1" "$2" "$3" || exit 125; exec sh -c "$4"'
+
+# Checks, before anything of the command runs, that each device node in /dev is the one the
+# launcher made (the same inode as a descriptor it holds, reached through /proc/self/fd): a
+# node replaced between the launcher's check and bubblewrap's bind is never used.
+_DEVICE_CHECK = (
+    "{tests} || {{ echo 'agentvfs: the device nodes bound into this sandbox are not the ones made for it "
+    "(its state directory was changed); the command did not run' >&2; exit 126; }}; "
+)
+
+# The options of bubblewrap that bind a host path (source, destination) into a layout.
+_BIND_FLAGS = frozenset({"--bind", "--bind-try", "--dev-bind", "--dev-bind-try", "--ro-bind", "--ro-bind-try"})
+
+
+def device_check(descriptors: Mapping[str, int], destination: str = "/dev") -> str:
+    """The shell prefix that stops a command (status 126) unless each node of ``destination``
+    is the file a descriptor of ``descriptors`` (``{"null": fd, ...}``, inherited) refers to."""
+    base = destination.rstrip("/") or "/"
+    tests = " && ".join(f"[ {base}/{name} -ef /proc/self/fd/{fd} ]" for name, fd in descriptors.items())
+    return _DEVICE_CHECK.format(tests=tests) if tests else ""
+
+
+def _kernel_interfaces_again(shown: Sequence[str], devices: Mapping[str, str] | None, size: Sequence[str]) -> list[str]:
+    """The arguments that mount ``/proc`` and ``/dev`` again, as at the start of the layout, and
+    cover ``/sys`` and the host's TLS keys, where a bind at one of ``shown`` put the host's own
+    there: a working directory or a path given as ``/`` brings the host's ``/proc``
+    (``kernel.core_pattern`` writable by a sandbox whose user is the host's root), ``/dev``,
+    ``/sys`` and ``/etc/ssl/private`` along."""
+    args: list[str] = []
+    if _covered("/proc", shown):
+        args += ["--proc", "/proc", *proc_args("/proc")]
+    if _covered("/dev", shown):
+        args += ["--dev", "/dev", *device_args(devices)]
+        if size:
+            args += [*size, "--tmpfs", "/dev/shm"]
+    if _covered("/sys", shown):
+        args += ["--tmpfs", "/sys", "--remount-ro", "/sys"]
+    if _covered(_TLS_KEYS, shown) and os.path.isdir(_TLS_KEYS):
+        args += ["--tmpfs", _TLS_KEYS, "--remount-ro", _TLS_KEYS]
+    return args
+
+
+def _custom_binds(custom: Sequence[str]) -> list[tuple[str, str]]:
+    return [(custom[i + 1], custom[i + 2]) for i in range(len(custom) - 2) if custom[i] in _BIND_FLAGS]
+
+
+def hidden_covers(hidden: Iterable[str], binds: Iterable[tuple[str, str]]) -> list[str]:
+    """The bubblewrap arguments that cover each of ``hidden`` (host directories no command
+    may see) with an empty read-only directory wherever ``binds`` make it visible.
+
+    Parameters
+    ----------
+    hidden : iterable of str
+        Host directories; those that do not exist are skipped (nothing to see).
+    binds : iterable of (str, str)
+        The layout's binds, ``(host source, destination inside)``.
+
+    Returns
+    -------
+    list of str
+        ``--tmpfs D --remount-ro D`` for each place ``D`` a hidden directory shows up.
+
+    Raises
+    ------
+    PermissionError
+        A bind's source is a hidden directory or lies inside one: it would be covered, and
+        no sandbox may see it.
+    """
+    sources = [(os.path.realpath(source), destination) for source, destination in binds]
+    places: list[str] = []
+    for path in hidden:
+        if not os.path.isdir(path):
+            continue
+        real = os.path.realpath(path)
+        for source, destination in sources:
+            if _covered(source, [real]):
+                raise PermissionError(
+                    errno.EACCES,
+                    f"{source} lies in {real}, where agentvfs keeps its sandboxes' own state on the host; "
+                    "no sandbox may see it: bind another path",
+                )
+            if _covered(real, [source]):
+                place = os.path.normpath(os.path.join(destination, os.path.relpath(real, source)))
+                if place not in places:
+                    places.append(place)
+    return [arg for place in places for arg in ("--tmpfs", place, "--remount-ro", place)]
 
 
 #: Variables that change how a program on the host loads and runs (glibc's list of those it
@@ -618,9 +780,11 @@ def build_bwrap_args(
     seccomp_fd: int | None = None,
     info_fd: int | None = None,
     block_fd: int | None = None,
-    proxy_directory: str | None = None,
+    proxy_fd: int | None = None,
     protect: Sequence[str] = (),
+    hidden: Sequence[str] = (),
     devices: Mapping[str, str] | None = None,
+    device_fds: Mapping[str, int] | None = None,
     setenv: Mapping[str, str] | None = None,
 ) -> list[str]:
     """The argument vector that runs ``command`` under bubblewrap.
@@ -633,7 +797,9 @@ def build_bwrap_args(
         The sandbox's working directory (absolute): bound read-write, or read-only with
         ``config["read_only"]``.
     config : mapping
-        Normalised ``native_sandbox`` options (:func:`normalize_native_sandbox`).
+        Normalised ``native_sandbox`` options (:func:`normalize_native_sandbox`); with
+        ``max_disk_bytes``, ``/tmp`` and ``/dev/shm`` are tmpfs of that size and the rest of
+        ``/dev`` is read-only.
     cwd : str, optional
         Where the command starts; the working directory by default.
     binds : sequence of (path, writable)
@@ -648,15 +814,23 @@ def build_bwrap_args(
         bubblewrap writes the sandbox's first process id to ``info_fd`` and waits for a byte
         on ``block_fd`` before that process goes on: the window in which the caller puts it
         in its cgroup and sets its rlimits.
-    proxy_directory : str, optional
-        The egress proxy's socket directory (with ``allowed_hosts``), bound read-only at
-        :data:`PROXY_DIRECTORY`; the forwarder then runs before the command.
+    proxy_fd : int, optional
+        The command's end of the egress proxy's socket pair (with ``allowed_hosts``,
+        inherited): the forwarder then runs before the command (see :mod:`._egress`).
     protect : sequence of str
         Host paths bound read-only after everything else, so a writable bind that contains
         them (the working directory, ``read_write_paths``) cannot change them.
+    hidden : sequence of str
+        Host directories no command may see (the state agentvfs keeps for its sandboxes):
+        covered by an empty read-only directory wherever a bind, custom ones included,
+        makes them visible (:func:`hidden_covers`).
     devices : mapping, optional
         Device nodes of the sandbox's own (``{"null": path, ...}``), bound over bubblewrap's
         binds of the host's nodes in ``/dev`` (see :func:`device_args`).
+    device_fds : mapping, optional
+        Descriptors of the same nodes (``{"null": fd, ...}``, inherited): in the default
+        layout the command first checks that each node in ``/dev`` is that file
+        (:func:`device_check`) and stops with status 126 otherwise.
     setenv : mapping, optional
         Variables set inside the sandbox only (``--setenv``): those bubblewrap itself, a
         process of the host, must not get (:func:`host_unsafe_variable`).
@@ -667,6 +841,11 @@ def build_bwrap_args(
         ``[bwrap, ..., "--", "sh", "-c", command]``. Custom ``bwrap_args`` replace
         everything between the hardening and ``--``; a ``--proc`` or ``--dev`` among them
         gets the same covers as the default layout's, added after them.
+
+    Raises
+    ------
+    PermissionError
+        A bound path lies inside one of ``hidden``.
     """
     support = support or BwrapSupport(bwrap)
     custom = config.get("bwrap_args")
@@ -685,45 +864,79 @@ def build_bwrap_args(
                 covers += proc_args(destination)
             elif flag == "--dev":
                 covers += device_args(devices, destination)
+        covers += hidden_covers(hidden, _custom_binds(custom))
         return [*args, *_setenv_args(setenv), *custom, *covers, *tail]
     args += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
     if not config.get("allow_network"):
         args.append("--unshare-net")
+    scratch = config.get("max_disk_bytes")
+    size = ["--size", str(scratch)] if scratch is not None else []
     # /dev comes before the binds so that a path below /dev given by the caller is not hidden
     # by it; it must be --dev (device nodes of a plain bind are unusable: bwrap binds nodev).
-    args += ["--proc", "/proc", *proc_args("/proc"), "--dev", "/dev", *device_args(devices), "--tmpfs", "/tmp"]
+    args += ["--proc", "/proc", *proc_args("/proc"), "--dev", "/dev", *device_args(devices)]
+    if scratch is not None:
+        # Every place a command can write without a bind holds at most max_disk_bytes: /tmp,
+        # /dev/shm (POSIX shared memory and semaphores), and /dev itself nothing (it is made
+        # read-only once the binds below it are in place).
+        args += [*size, "--tmpfs", "/dev/shm"]
+    args += [*size, "--tmpfs", "/tmp"]
+    layout: list[tuple[str, str]] = []
     for path in _SYSTEM_PATHS:
         args += ["--ro-bind-try", path, path]
+        layout.append((path, path))
     if os.path.isdir(_TLS_KEYS):
         # Private keys, not certificates: nothing a command needs, and readable to it when its
         # user is the host's root, whatever their mode.
         args += ["--tmpfs", _TLS_KEYS, "--remount-ro", _TLS_KEYS]
-    for path in config.get("read_only_paths", ()):
-        args += ["--ro-bind", path, path]
-    forwarding = proxy_directory is not None and config.get("allowed_hosts") is not None
+    forwarding = proxy_fd is not None and config.get("allowed_hosts") is not None
     if config.get("allow_system_binaries", True) or forwarding:
         # The forwarder is this Python: it must be visible even without system binaries.
-        for path in _python_paths():
-            args += ["--ro-bind", path, path]
+        # Before the caller's paths: one of those may show the host's tree where this Python
+        # is named, a symlink there that a bind could not be mounted on (and needs none).
+        for source, destination in python_binds():
+            args += ["--ro-bind", source, destination]
+            layout.append((source, destination))
+    for path in config.get("read_only_paths", ()):
+        args += ["--ro-bind", path, path]
+        layout.append((path, path))
     if config.get("allow_system_binaries", True):
         for path in _RUNTIME_PATHS:
             args += ["--ro-bind-try", path, path]
+            layout.append((path, path))
     args += [
         "--ro-bind" if config.get("read_only") else "--bind",
         working_directory,
         working_directory,
     ]
+    layout.append((working_directory, working_directory))
     for path in config.get("read_write_paths", ()):
         args += ["--bind", path, path]
+        layout.append((path, path))
     for path, writable in binds:
         args += ["--bind" if writable else "--ro-bind", path, path]
+        layout.append((path, path))
+    # Only what was bound after the system paths can have covered /proc, /dev or the keys.
+    later = [destination for _source, destination in layout[len(_SYSTEM_PATHS) :]]
+    args += _kernel_interfaces_again(later, devices, size)
     for path in protect:
         args += ["--ro-bind-try", path, path]
+    args += hidden_covers(hidden, layout)
+    check = device_check(device_fds or {}) if devices else ""
     if forwarding:
-        assert proxy_directory is not None
-        args += ["--ro-bind", proxy_directory, PROXY_DIRECTORY]
-        socket_path = f"{PROXY_DIRECTORY}/{EgressProxy.SOCKET_NAME}"
-        tail = ["--", "sh", "-c", _FORWARD_THEN_RUN, sys.executable, FORWARDER_SCRIPT, socket_path, str(PROXY_PORT), command]
+        assert proxy_fd is not None
+        interpreter = forwarder_python()
+        if interpreter is None:
+            raise OSError(
+                errno.ENOENT,
+                "allowed_hosts needs a Python interpreter binary for its forwarder, and neither "
+                f"sys.executable ({sys.executable!r}) nor /proc/self/exe is one",
+            )
+        chain = check + _FORWARD_THEN_RUN
+        tail = ["--", "sh", "-c", chain, interpreter, FORWARDER_SCRIPT, str(proxy_fd), str(PROXY_PORT), command]
+    else:
+        tail = ["--", "sh", "-c", check + command]
+    if scratch is not None:
+        args += ["--remount-ro", "/dev"]
     # Everything is in place: make the sandbox's own root (a tmpfs) read-only, so writes
     # outside the bound paths fail instead of landing in a throwaway directory.
     args += ["--remount-ro", "/"]

@@ -14,35 +14,38 @@ containment put together into a :class:`~._processes.LaunchPlan`.
   :mod:`._supervisor`, a child subreaper that takes the rlimits, runs the command and kills
   every descendant when it ends or is killed.
 
-The state a sandbox keeps on the host (the egress proxy's socket, its device nodes) lives in a
-private directory of the system's temporary directory, outside everything the sandbox can
-write; if a writable bind covers it anyway (``read_write_paths=["/tmp"]``), it is bound
-read-only on top.
+Nothing a sandbox keeps on the host can be reached by another sandbox, whatever paths either
+may write: the egress proxy is reached through a socket pair each command inherits, never a
+path (:mod:`._egress`); when this process is root, each sandbox gets device nodes of its own
+(its user is the host's root to the kernel, see :mod:`._isolation`), kept in a directory that
+is nobody's and hidden from every sandbox, and checked before every command
+(:mod:`._devices`). The mount manager's markers are hidden the same way. Where the temporary
+directory's filesystem refuses device nodes (``nodev``), the host's are used and a warning
+says so.
 
-When this process is root, the sandbox's user is the host's root to the kernel (see
-:mod:`._isolation`), and so the owner of the host's device nodes that bubblewrap binds into
-``/dev``: ``chmod 0 /dev/null`` inside would change the host's. Each such sandbox gets nodes
-of its own instead (null, zero, full, random, urandom, tty: the host's device numbers), made
-in its state directory and owned by nobody, so a command can use them and change neither
-them nor the host's. Where the temporary directory's filesystem refuses device nodes
-(``nodev``), the host's are used and a warning says so.
+``max_disk_bytes`` bounds what a command can store: its ``/tmp`` and ``/dev/shm`` are tmpfs of
+that size (and the rest of ``/dev`` read-only). A path it may write on the host (the working
+directory, ``read_write_paths``, a read-write mount's target) is bounded only by its
+filesystem: where that holds more than the limit (no filesystem of its own of that size, no
+project quota on the directory), the sandbox says so when it starts, naming the path.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
 import select
 import shlex
-import shutil
-import stat
 import tempfile
+import threading
 import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ._devices import DeviceNodes, NoDeviceNodes, devices_root
 from ._egress import EgressProxy, proxy_environment
 from ._isolation import (
     PROXY_PORT,
@@ -74,12 +77,6 @@ _WARNED: set[str] = set()
 # How long bubblewrap may take to report its sandbox's first process.
 _INFO_TIMEOUT = 30.0
 
-# The device nodes bubblewrap's --dev binds from the host, and the owner of the sandbox's own:
-# the kernel's overflow uid, mapped to nothing in the sandbox's user namespace, so that the
-# sandbox's user (the host's root, but without CAP_FOWNER) is not their owner.
-_DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
-_NOBODY = 65534
-
 # Put in front of the command, on its first line (so the shell's line numbers in messages stay
 # the command's own): enter the command's cgroups, set the limits, or stop with status 126.
 _PREFIX = '{{ {steps}; }} || {{ echo "agentvfs: cannot enter the command\'s cgroup or set its limits" >&2; exit 126; }}; '
@@ -110,25 +107,36 @@ class Launcher:
         self.support: BwrapSupport | None = bwrap_support() if isolation == "bwrap" else None
         self.cgroup: SandboxCgroup | None = None
         self.proxy: EgressProxy | None = None
-        self.state_directory: str | None = None
-        self.devices: dict[str, str] | None = None
-        self._remove_state: weakref.finalize[Any, Any] | None = None
+        self.devices: DeviceNodes | None = None
+        # A directory of this launcher's own for its device nodes, when the usual one cannot
+        # be used (removed at close).
+        self._own_root: str | None = None
+        # Writable paths whose room max_disk_bytes was already compared with.
+        self._disk_checked: set[str] = set()
+        self._drop_devices: weakref.finalize[Any, Any] | None = None
         self._drop_cgroup: weakref.finalize[Any, Any] | None = None
+        # Held while descriptors of the device nodes or the proxy are duplicated for a command,
+        # and while those are replaced or closed: commands start from several threads, and
+        # the duplicate of a descriptor closed meanwhile could be another file.
+        self._lock = threading.Lock()
 
     # -- lifecycle --------------------------------------------------------------------------
 
-    def open(self) -> None:
-        """Create what commands share: the state directory, the cgroup, the egress proxy.
+    def open(self, working_directory: str | None = None) -> None:
+        """Create what commands share: the cgroup, the device nodes, the egress proxy; and
+        say where ``max_disk_bytes`` cannot hold.
+
+        Parameters
+        ----------
+        working_directory : str, optional
+            The sandbox's working directory (absolute), one of the paths it writes.
 
         Raises
         ------
         OSError
-            The egress proxy cannot listen (a cgroup that cannot be made only means rlimits).
+            The egress proxy cannot be started (a cgroup that cannot be made only means
+            rlimits; device nodes that cannot be made, the host's with a warning).
         """
-        if self.state_directory is None:
-            self.state_directory = tempfile.mkdtemp(prefix=f"agentvfs-{_safe(self.name)}-")
-            # Removed at close, or when the launcher is collected or the interpreter exits.
-            self._remove_state = weakref.finalize(self, shutil.rmtree, self.state_directory, True)
         if self.cgroup is None:
             support, reason = detect_cgroups()
             if support is not None:
@@ -149,22 +157,54 @@ class Launcher:
                     reason,
                 )
         if self.isolation == "bwrap" and self.devices is None and os.geteuid() == 0:
-            self.devices = _private_devices(os.path.join(self.state_directory, "dev"))
-            if self.devices is None:
-                self._warn_once(
-                    "devices",
-                    "sandbox %s: %s refuses device nodes (nodev); commands get the host's own "
-                    "/dev/null and the like, which they can chmod (they run as the host's root)",
-                    self.name,
-                    tempfile.gettempdir(),
-                )
+            self._make_devices()
         patterns = self.config.get("allowed_hosts")
         if self.isolation == "bwrap" and patterns is not None and self.proxy is None:
-            proxy_dir = os.path.join(self.state_directory, "egress")
-            os.makedirs(proxy_dir, mode=0o700, exist_ok=True)
-            proxy = EgressProxy(proxy_dir, patterns, name=self.name)
+            proxy = EgressProxy(patterns, name=self.name)
             proxy.start()
             self.proxy = proxy
+        self._check_disk(self._writable(working_directory), start=True)
+
+    def _make_devices(self) -> DeviceNodes | None:
+        """Make the sandbox's device nodes (see :mod:`._devices`), or warn why there are none."""
+        try:
+            try:
+                devices = DeviceNodes.make()
+            except PermissionError as exc:
+                # Someone else's directory where ours belongs: one of this launcher's own,
+                # which only this process's sandboxes hide, until it is removed.
+                root = tempfile.mkdtemp(prefix=".agentvfs-devices-")
+                _log.warning(
+                    "sandbox %s: cannot keep device nodes in %s (%s; remove it so it can be made "
+                    "again); keeping them in %s, which only this process's sandboxes hide",
+                    self.name,
+                    devices_root(),
+                    exc.strerror,
+                    root,
+                )
+                try:
+                    devices = DeviceNodes.make(root)
+                except BaseException:
+                    os.rmdir(root)
+                    raise
+                self._own_root = root
+        except OSError as exc:
+            reason = (
+                f"{tempfile.gettempdir()} refuses device nodes (nodev)"
+                if isinstance(exc, NoDeviceNodes)
+                else f"device nodes cannot be made ({exc.strerror or exc})"
+            )
+            self._warn_once(
+                "devices",
+                "sandbox %s: %s; commands get the host's own /dev/null and the like, which they "
+                "can chmod (they run as the host's root)",
+                self.name,
+                reason,
+            )
+            return None
+        self.devices = devices
+        self._drop_devices = weakref.finalize(self, _drop_devices, devices, self._own_root)
+        return devices
 
     def kill_all(self) -> None:
         """Kill every process still in the sandbox's cgroup (``stop()``, interpreter exit)."""
@@ -173,24 +213,79 @@ class Launcher:
             _log.warning("sandbox %s: processes kept appearing in %s while it was killed", self.name, cgroup.directories)
 
     def close(self) -> None:
-        """Kill what is left, remove the cgroup, stop the proxy, remove the state directory."""
+        """Kill what is left, remove the cgroup, stop the proxy, remove the device nodes."""
         self.kill_all()
         self.cgroup = None
         if self._drop_cgroup is not None:
             self._drop_cgroup()
             self._drop_cgroup = None
-        proxy, self.proxy = self.proxy, None
-        if proxy is not None:
-            proxy.close()
-        self.state_directory = None
-        self.devices = None
-        if self._remove_state is not None:
-            self._remove_state()
-            self._remove_state = None
+        with self._lock:
+            proxy, self.proxy = self.proxy, None
+            if proxy is not None:
+                proxy.close()
+            self.devices = None
+            self._own_root = None
+            if self._drop_devices is not None:
+                self._drop_devices()
+                self._drop_devices = None
 
-    def protected_paths(self) -> list[str]:
-        """Host-side state the sandbox must not change."""
-        return [self.state_directory] if self.state_directory is not None else []
+    def hidden_paths(self) -> list[str]:
+        """Host directories of agentvfs's own that no command may see (see :mod:`._devices`):
+        where root-run sandboxes keep their device nodes, those of other sandboxes too."""
+        if os.geteuid() != 0:
+            return []
+        paths = [devices_root()]
+        if self._own_root is not None:
+            paths.append(self._own_root)
+        return paths
+
+    def _writable(self, working_directory: str | None, binds: Sequence[tuple[str, bool]] = ()) -> list[str]:
+        """The host paths a command may write: the working directory (unless ``read_only``),
+        ``read_write_paths`` and the read-write ``binds``."""
+        paths = [working_directory] if working_directory and not self.config.get("read_only") else []
+        paths += self.config.get("read_write_paths", ())
+        paths += [path for path, writable in binds if writable]
+        return paths
+
+    def _check_disk(self, paths: Sequence[str], *, start: bool = False) -> None:
+        """Warn about each of ``paths`` (not yet checked) that can take more than
+        ``max_disk_bytes`` (see the module): once per path and sandbox."""
+        limit = self.config.get("max_disk_bytes")
+        if limit is None:
+            return
+        if self.isolation == "none" or self.config.get("bwrap_args"):
+            if start:
+                why = (
+                    "commands without isolation write wherever this user can; use isolation='bwrap'"
+                    if self.isolation == "none"
+                    else "custom bwrap_args decide what commands can write"
+                )
+                _log.warning("sandbox %s: max_disk_bytes is not enforced: %s", self.name, why)
+            return
+        with self._lock:
+            paths = [path for path in paths if path not in self._disk_checked]
+            self._disk_checked.update(paths)
+        unbounded: list[str] = []
+        for path in paths:
+            try:
+                info = os.statvfs(path)
+            except OSError:
+                continue  # bubblewrap says it when it binds the path
+            size = info.f_blocks * info.f_frsize
+            if size > limit:
+                unbounded.append(f"{path} (a filesystem of {_gib(size)})")
+        if unbounded:
+            _log.warning(
+                "sandbox %s: max_disk_bytes=%d bounds each command's /tmp and /dev/shm, but not %s, "
+                "which its commands can fill. To bound such a path, give it a filesystem of its own "
+                "of that size (mount -t tmpfs -o size=%d tmpfs <path>, or a loop-mounted image) or "
+                "a project quota on the directory (XFS, or ext4 mounted with prjquota): a path "
+                "whose filesystem reports no more room than the limit needs nothing more",
+                self.name,
+                limit,
+                ", ".join(unbounded),
+                limit,
+            )
 
     # -- commands ---------------------------------------------------------------------------
 
@@ -202,20 +297,25 @@ class Launcher:
         working_directory: str,
         binds: Sequence[tuple[str, bool]] = (),
         protect: Sequence[str] = (),
+        hidden: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
     ) -> LaunchPlan:
         """The plan that runs ``command`` in ``cwd`` (with ``env``, the command's variables:
-        see :func:`~._isolation.host_unsafe_variable`).
+        see :func:`~._isolation.host_unsafe_variable`). With isolation, ``protect`` is bound
+        read-only and ``hidden`` (with :meth:`hidden_paths`) covered where a bind shows it.
 
         Raises
         ------
         OSError
-            The command's cgroup cannot be created.
+            The command's cgroup cannot be created, or the sandbox's device nodes were
+            changed and cannot be made again.
+        PermissionError
+            A path bound into the sandbox lies in a hidden directory.
         """
         group = self.cgroup.command(self.limits) if self.cgroup is not None else None
         try:
             if self.isolation == "bwrap":
-                return self._bwrap(command, cwd, working_directory, binds, protect, group, env or {})
+                return self._bwrap(command, cwd, working_directory, binds, protect, hidden, group, env or {})
             return self._plain(command, group)
         except BaseException:
             if group is not None:
@@ -264,6 +364,7 @@ class Launcher:
         working_directory: str,
         binds: Sequence[tuple[str, bool]],
         protect: Sequence[str],
+        hidden: Sequence[str],
         group: CommandCgroup | None,
         env: Mapping[str, str],
     ) -> LaunchPlan:
@@ -284,7 +385,11 @@ class Launcher:
                     self.name,
                 )
         rlimits = limits.rlimits(memory=self._memory_by_rlimit(), processes=nproc)
+        writable = self._writable(working_directory, binds)
+        self._check_disk(writable)
         fds: list[int] = []
+        device_fds: dict[str, int] = {}
+        proxy_fd: int | None = None
         try:
             seccomp_r, seccomp_w = os.pipe()
             fds += [seccomp_r, seccomp_w]
@@ -295,33 +400,40 @@ class Launcher:
             fds += [info_r, info_w]
             block_r, block_w = os.pipe()
             fds += [block_r, block_w]
+            # Duplicates for the command: the plan closes what it passes once it started.
+            with self._lock:
+                devices = self._checked_devices()
+                for name, fd in devices.descriptors.items() if devices is not None else ():
+                    device_fds[name] = os.dup(fd)
+                    fds.append(device_fds[name])
+                proxy = self.proxy
+                if proxy is not None:
+                    proxy_fd = os.dup(proxy.descriptor)
+                    fds.append(proxy_fd)
+            unsafe = {name: value for name, value in env.items() if host_unsafe_variable(name)}
+            argv = build_bwrap_args(
+                command,
+                working_directory=working_directory,
+                config=self.config,
+                cwd=cwd,
+                binds=binds,
+                bwrap=support.path,
+                support=support,
+                seccomp_fd=seccomp_r,
+                info_fd=info_w,
+                block_fd=block_r,
+                proxy_fd=proxy_fd,
+                protect=[p for p in protect if _covered(p, writable)],
+                hidden=[*hidden, *self.hidden_paths()],
+                devices=devices.paths if devices is not None else None,
+                device_fds=device_fds,
+                setenv=unsafe,
+            )
         except BaseException:
             for fd in fds:
                 with contextlib.suppress(OSError):
                     os.close(fd)
             raise
-        proxy = self.proxy
-        unsafe = {name: value for name, value in env.items() if host_unsafe_variable(name)}
-        shielded = list(protect) + self.protected_paths()
-        writable = [working_directory] if not self.config.get("read_only") else []
-        writable += list(self.config.get("read_write_paths", ()))
-        writable += [path for path, rw in binds if rw]
-        argv = build_bwrap_args(
-            command,
-            working_directory=working_directory,
-            config=self.config,
-            cwd=cwd,
-            binds=binds,
-            bwrap=support.path,
-            support=support,
-            seccomp_fd=seccomp_r,
-            info_fd=info_w,
-            block_fd=block_r,
-            proxy_directory=proxy.directory if proxy is not None else None,
-            protect=[p for p in shielded if _covered(p, writable)],
-            devices=self.devices,
-            setenv=unsafe,
-        )
 
         def gate(pid: int) -> None:
             # bubblewrap reports its first sandboxed process, then waits for our byte: that
@@ -339,15 +451,44 @@ class Launcher:
                     with contextlib.suppress(OSError):
                         os.close(fd)
 
+        inherited = (seccomp_r, info_w, block_r, *device_fds.values(), *([proxy_fd] if proxy_fd is not None else []))
         return LaunchPlan(
             argv,
             env=proxy_environment(PROXY_PORT) if proxy is not None else {},
-            pass_fds=(seccomp_r, info_w, block_r),
+            pass_fds=inherited,
             gate=gate,
             withheld=frozenset(unsafe),
             cgroup=group,
             cleanup=group.remove if group is not None else None,
         )
+
+    def _checked_devices(self) -> DeviceNodes | None:
+        """The sandbox's device nodes, checked as bubblewrap will reach them; made anew (with
+        a warning) when anything changed them (see :mod:`._devices`). Called with the lock.
+
+        Raises
+        ------
+        OSError
+            They cannot be made again.
+        """
+        devices = self.devices
+        if devices is None:
+            return None
+        problem = devices.verify()
+        if problem is None:
+            return devices
+        _log.warning("sandbox %s: its device nodes were changed (%s); making them anew", self.name, problem)
+        if self._drop_devices is not None:
+            self._drop_devices()
+            self._drop_devices = None
+        self.devices = None
+        self._own_root = None
+        made = self._make_devices()
+        if made is None:
+            raise PermissionError(
+                errno.EACCES, f"sandbox {self.name}: its device nodes were changed ({problem}) and cannot be made again"
+            )
+        return made
 
     def _warn_once(self, key: str, message: str, *args: object) -> None:
         # Once per process: the condition (no cgroups, root) is the machine's, not the sandbox's.
@@ -376,39 +517,17 @@ def _read_child_pid(fd: int) -> int | None:
         raise OSError(f"bubblewrap wrote an unexpected --info-fd answer: {data[:200]!r}") from exc
 
 
-def _private_devices(directory: str) -> dict[str, str] | None:
-    """Make the sandbox's own device nodes in ``directory`` (see the module docstring):
-    ``{"null": path, ...}``, or None where they cannot be made or used (the directory's
-    filesystem is mounted ``nodev``; then nothing is left behind)."""
-    made: dict[str, str] = {}
-    try:
-        os.mkdir(directory, 0o755)
-        for name in _DEVICES:
-            try:
-                host = os.stat(f"/dev/{name}")
-            except OSError:
-                continue
-            if not stat.S_ISCHR(host.st_mode):
-                continue
-            path = os.path.join(directory, name)
-            os.mknod(path, stat.S_IFCHR | 0o666, host.st_rdev)
-            os.chmod(path, 0o666)  # whatever the umask took away
-            os.chown(path, _NOBODY, _NOBODY)
-            made[name] = path
-        if "null" in made:
-            # A node on a nodev filesystem exists but cannot be opened: try the harmless one.
-            fd = os.open(made["null"], os.O_WRONLY | os.O_CLOEXEC)
-            os.close(fd)
-    except OSError:
-        shutil.rmtree(directory, ignore_errors=True)
-        return None
-    return made
-
-
 def _drop(cgroup: SandboxCgroup) -> None:
     cgroup.kill()
     cgroup.remove()
 
 
-def _safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:40]
+def _drop_devices(devices: DeviceNodes, own_root: str | None) -> None:
+    devices.close()
+    if own_root is not None:
+        with contextlib.suppress(OSError):
+            os.rmdir(own_root)
+
+
+def _gib(size: int) -> str:
+    return f"{size / (1 << 30):.1f} GiB"

@@ -1,8 +1,8 @@
 """Resource limits of sandbox commands, and the cgroups that hold a sandbox's processes.
 
-Every command of a :class:`~agentvfs.sandbox.LocalSandbox` runs under four limits (the
-``native_sandbox`` options ``max_memory_bytes``, ``max_processes``, ``max_cpu_seconds`` and
-``max_file_size_bytes``; None lifts one):
+Every command of a :class:`~agentvfs.sandbox.LocalSandbox` runs under four limits per process
+or command (the ``native_sandbox`` options ``max_memory_bytes``, ``max_processes``,
+``max_cpu_seconds`` and ``max_file_size_bytes``; None lifts one):
 
 * **memory**: the cgroup's ``memory.max`` (v2) or ``memory.limit_in_bytes`` (v1) for the whole
   command, swap included, so the kernel's OOM killer ends the process that went over; without
@@ -22,6 +22,12 @@ Every command of a :class:`~agentvfs.sandbox.LocalSandbox` runs under four limit
   of CPU later); the wall-clock ``timeout`` of a command is separate.
 * **file size**: ``RLIMIT_FSIZE`` per process: a write past it fails with ``EFBIG`` (and
   ``SIGXFSZ``, which ends programs that do not handle it).
+
+A fifth, ``max_disk_bytes`` (no limit by default), bounds what a bubblewrap command can store
+rather than what each process does: its ``/tmp`` and ``/dev/shm`` are tmpfs of that size (the
+rest of ``/dev`` read-only), and a host path it may write is bounded by that path's filesystem
+alone, which the launcher compares with the limit when the sandbox starts (see
+:mod:`._launch`). Without isolation nothing bounds it, and a warning says so.
 
 Cgroups are used where this process may create them: as root, or in a delegated subtree. The
 unified (v2) hierarchy is preferred when it has the ``memory`` and ``pids`` controllers;
@@ -74,6 +80,7 @@ LIMIT_DEFAULTS: Mapping[str, int | None] = {
     "max_processes": 1024,
     "max_cpu_seconds": 3600,
     "max_file_size_bytes": 8 * _GIB,
+    "max_disk_bytes": None,
 }
 
 _UNITS = {
@@ -81,6 +88,7 @@ _UNITS = {
     "max_processes": "processes (threads count)",
     "max_cpu_seconds": "seconds of CPU time per process",
     "max_file_size_bytes": "bytes (e.g. 1024**3 for 1 GiB)",
+    "max_disk_bytes": "bytes (e.g. 10 * 1024**3 for 10 GiB)",
 }
 
 # A process is given this much CPU time after SIGXCPU before SIGKILL.

@@ -89,7 +89,9 @@ class LocalSandbox:
     them but not change them. What the kernel grants by uid alone is covered where it reaches
     the host: ``/proc`` is read-only (no sysctl such as ``kernel.core_pattern``, no ``chmod``
     of an entry) and its root-only files cannot be opened; ``/dev`` holds nodes of the
-    sandbox's own; set-ID modes and file capabilities are refused. What remains:
+    sandbox's own, kept where no other sandbox can reach them (see
+    :mod:`agentvfs.sandbox._devices`); set-ID modes and file capabilities are refused. What
+    remains:
 
     * files a command creates in the working directory, the ``read_write_paths`` and
       read-write mounts are owned by root on the host (never set-user-ID, set-group-ID or
@@ -141,7 +143,12 @@ class LocalSandbox:
         capabilities). In both modes, per command: ``max_memory_bytes`` (4 GiB),
         ``max_processes`` (1024, threads count), ``max_cpu_seconds`` (3600, per process),
         ``max_file_size_bytes`` (8 GiB); None lifts a limit (see
-        :mod:`agentvfs.sandbox._limits`).
+        :mod:`agentvfs.sandbox._limits`). ``max_disk_bytes`` (None) bounds what a bwrap
+        command can store: its ``/tmp`` and ``/dev/shm`` hold at most that much each; a host
+        path it writes (the working directory, ``read_write_paths``) only where that path's
+        filesystem holds no more (a filesystem of its own, a project quota). A WARNING
+        at start names each path it cannot bound, and says it is not enforced at all
+        without isolation.
     instructions : str or callable, optional
         Replaces :meth:`get_instructions`'s text (an empty string suppresses it); a
         function receives ``{"default_instructions", "request_context"}``.
@@ -256,7 +263,8 @@ class LocalSandbox:
             cwd=cwd or workdir,
             working_directory=workdir,
             binds=self.mounts.isolation_binds(),
-            protect=[*self.mounts.protected_paths(), *self._protected],
+            protect=self._protected,
+            hidden=self.mounts.protected_paths(),
             env=env,
         )
 
@@ -283,7 +291,7 @@ class LocalSandbox:
     def _acquire(self) -> str:
         existed = os.path.isdir(self.working_directory)
         os.makedirs(self.working_directory, exist_ok=True)
-        self._launcher.open()
+        self._launcher.open(os.path.abspath(self.working_directory))
         if self.isolation == "none":
             _log.warning(
                 "sandbox %s runs commands WITHOUT ISOLATION (isolation='none'): they can read, "

@@ -192,7 +192,8 @@ class MountManager:
         return os.path.join(workdir, canonical_mount_path(mount_path).lstrip("/"))
 
     def protected_paths(self) -> list[str]:
-        """Host-side state of the manager a sandbox must not write (the markers)."""
+        """Host-side state of the manager no command may see or change (the markers): hidden
+        in every isolated command."""
         with contextlib.suppress(OSError):
             return [markers_directory()]
         return []
@@ -631,8 +632,8 @@ def _open_parent(workdir: str, host: str, *, create: bool) -> tuple[int, str]:
 
 def markers_directory() -> str:
     """Where mount markers are kept: a directory of this user's in the system's temporary
-    directory, outside every sandbox's working directory (and bound read-only into a sandbox
-    whose writable paths cover it).
+    directory, outside every sandbox's working directory (and hidden, an empty read-only
+    directory over it, in every isolated command that a bind would show it to).
 
     Raises
     ------

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 import os
 import secrets
 import shutil
@@ -25,6 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
+import anyio.to_thread
 
 from ._adversary import Arena, attack
 
@@ -275,6 +277,42 @@ async def bwrap_sysctl_write(arena: Arena) -> None:
     out = await arena.sh(f"{sys.executable} sysctl.py {' '.join(paths)}")
     for path in paths:
         arena.record(f"WROTE {path}" not in out, f"{path} was written by a program in the sandbox: {out[:200]!r}")
+
+
+@attack(
+    "bwrap_whole_host_bound",
+    finding="a sandbox given / (writable, read-only, or as its working directory) reaches the host's /proc, /sys and /dev",
+    severity="critical",
+    requires=("bwrap",),
+)
+async def bwrap_whole_host_bound(arena: Arena) -> None:
+    for options in ({"read_write_paths": ["/"]}, {"read_only_paths": ["/"]}):
+        await arena.open(isolation="bwrap", native_sandbox=options)
+        await _through_the_whole_host(arena, str(options))
+    from ..sandbox import LocalSandbox
+
+    await arena.open(sandbox=LocalSandbox(working_directory="/", isolation="bwrap"))
+    await _through_the_whole_host(arena, "working_directory='/'")
+    await arena.close()
+
+
+async def _through_the_whole_host(arena: Arena, how: str) -> None:
+    for name in _SYSCTLS:
+        path = f"/proc/sys/{name}"
+        if not _exists(path):
+            continue
+        before = _read_text(path)
+        # Its own value written back: nothing changes even when it works.
+        out = await arena.sh(f'v=$(cat {path}) && printf "%s\\n" "$v" > {path} && echo WROTE {name}')
+        arena.record(f"WROTE {name}" not in out, f"{how}: {path} was written: {out[:200]!r}")
+        arena.record(_read_text(path) == before, f"{how}: {path} changed on the host")
+    out = await arena.sh(
+        "test -w /proc/sys/kernel/core_pattern && echo CORE-PATTERN-WRITABLE; echo sys $(ls -A /sys | wc -l); "
+        "chmod 666 /dev/null && echo CHMOD-NULL; stat -c %F /dev/null"
+    )
+    arena.record("CORE-PATTERN-WRITABLE" not in out, f"{how}: kernel.core_pattern is writable: {out[:200]!r}")
+    arena.record("sys 0" in out, f"{how}: the host's /sys is visible: {out[:200]!r}")
+    arena.record("CHMOD-NULL" not in out, f"{how}: /dev/null could be chmod-ed: {out[:200]!r}")
 
 
 def _read_text(path: str) -> str:
@@ -571,6 +609,154 @@ async def egress_virtual_host(arena: Arena) -> None:
     finally:
         await arena.close()
         server.close()
+
+
+# -- other sandboxes' state ---------------------------------------------------------------------
+
+# Run in the attacker's sandbox, which may write the temporary directory: change the victim's
+# device nodes (its own commands can tell where they come from) every way there is, then find
+# every unix socket with the victim's name in its path, use it (another sandbox's allow-list)
+# and take it over (answer the victim's requests); say what it did in report.txt.
+_OTHERS_STATE = r"""
+import os, socket, stat, sys, threading, time
+stop, victim, target, nodes = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+out = []
+def attempt(label, fn):
+    try:
+        fn()
+        out.append("done " + label)
+    except OSError as exc:
+        out.append("refused %s %s" % (label, exc.errno))
+def fifo(node):
+    os.unlink(node)
+    os.mkfifo(node)
+def swap(directory):
+    os.rename(directory, directory + ".moved")
+    os.makedirs(os.path.dirname(nodes[0]), exist_ok=True)
+    for node in nodes:
+        os.mkfifo(node)
+for node in nodes:
+    attempt("fifo " + node, lambda: fifo(node))
+    attempt("chmod " + node, lambda: os.chmod(node, 0))
+directory = os.path.dirname(nodes[0]) if nodes else stop
+while directory != stop and len(directory) > len(stop):
+    attempt("move " + directory, lambda: swap(directory))
+    directory = os.path.dirname(directory)
+found = []
+for directory, subdirectories, files in os.walk(stop):
+    if directory.count("/") - stop.count("/") >= 4:
+        subdirectories[:] = []
+    for entry in subdirectories + files:
+        path = os.path.join(directory, entry)
+        try:
+            if victim in path and stat.S_ISSOCK(os.lstat(path).st_mode):
+                found.append(path)
+        except OSError:
+            pass
+out.append("sockets %d" % len(found))
+servers = []
+for path in found:
+    try:
+        probe = socket.socket(socket.AF_UNIX)
+        probe.settimeout(3)
+        probe.connect(path)
+        probe.sendall(("CONNECT %s HTTP/1.1\r\n\r\n" % target).encode())
+        out.append("done use %s %r" % (path, probe.recv(40)))
+    except OSError as exc:
+        out.append("refused use %s %s" % (path, exc.errno))
+    try:
+        os.unlink(path)
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(path)
+        server.listen(8)
+        servers.append(server)
+        out.append("done take-over " + path)
+    except OSError as exc:
+        out.append("refused take-over %s %s" % (path, exc.errno))
+def serve(server):
+    while True:
+        conn, _ = server.accept()
+        conn.recv(65536)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\nConnection: close\r\n\r\nhijacked\n")
+        conn.close()
+for server in servers:
+    threading.Thread(target=serve, args=(server,), daemon=True).start()
+with open("report.txt.part", "w") as f:
+    f.write("\n".join(out) + "\n")
+os.replace("report.txt.part", "report.txt")
+time.sleep(120)
+"""
+
+@attack(
+    "bwrap_other_sandboxes_state",
+    finding="a sandbox that may write the temporary directory changes another sandbox's /dev/null or takes over its egress proxy",
+    severity="medium",
+    requires=("bwrap",),
+)
+async def bwrap_other_sandboxes_state(arena: Arena) -> None:
+    from ..sandbox import PROXY_PORT, LocalSandbox
+
+    temporary = tempfile.gettempdir()
+    server = _VirtualHosts()
+    allowed = f"localhost:{server.port}"
+    home = _victim_home()
+    victim = LocalSandbox(
+        id=f"victim-{secrets.token_hex(6)}", working_directory=str(home), isolation="bwrap",
+        native_sandbox={"allowed_hosts": [allowed]},
+    )  # fmt: skip
+    nodes: list[str] = []
+    try:
+        # Where the victim's device nodes come from, as its own commands can tell (the root of
+        # each bind in its mount table): what a colluding victim would tell the attacker.
+        table = await victim.execute_command("cat /proc/self/mountinfo")
+        roots = {fields[4]: fields[3] for fields in (line.split() for line in table.stdout.splitlines()) if len(fields) > 4}
+        nodes = [roots[f"/dev/{name}"] for name in ("null", "zero") if roots.get(f"/dev/{name}", "").startswith(temporary)]
+        await arena.open(isolation="bwrap", native_sandbox={"read_write_paths": [temporary]})
+        await arena.tool("write_file", path="others.py", content=_OTHERS_STATE)
+        report = arena.root / "report.txt"
+        await arena.sh(f"{sys.executable} others.py {temporary} {victim.id} {allowed} {' '.join(nodes)}", background=True)
+        for _ in range(600):
+            if await anyio.to_thread.run_sync(report.exists):
+                break
+            await anyio.sleep(0.05)
+        done = report.read_text() if report.exists() else "no report\n"
+        arena.record("no report" not in done, "the attacker's program did not run")
+        for line in done.splitlines():
+            arena.record(not line.startswith("done "), line)
+        arena.record("sockets 0" in done, f"found sockets of the victim: {done[:300]!r}")
+        # The victim's next commands: its own /dev/null (a FIFO there would hang this one),
+        # and its own proxy.
+        null = await victim.execute_command("echo x > /dev/null && stat -c %F /dev/null", timeout=20_000)
+        arena.record(
+            (null.exit_code, null.stdout) == (0, "character special file\n"), f"the victim's /dev/null: {null}"
+        )
+        request = f"GET http://{allowed}/victim HTTP/1.1\r\n\r\n".encode().hex()
+        fetched = await victim.execute_command(f"{sys.executable} client.py {request} {PROXY_PORT}", timeout=30_000)
+        arena.record("served /victim" in fetched.stdout, f"the victim's request went elsewhere: {fetched}")
+    finally:
+        await arena.close()
+        await victim.destroy()
+        server.close()
+        _remove_victim(home, nodes, temporary)
+
+
+def _victim_home() -> Path:
+    """The victim sandbox's working directory, outside the arena (whose base is watched)."""
+    home = Path(tempfile.mkdtemp(prefix="agentvfs-arena-victim-"))
+    (home / "client.py").write_text(_RAW_CLIENT)
+    home.chmod(0o755)
+    return home
+
+
+def _remove_victim(home: Path, nodes: list[str], temporary: str) -> None:
+    """Remove the victim's directory and whatever an attack that got through moved aside."""
+    shutil.rmtree(home, ignore_errors=True)
+    for node in nodes:
+        directory = os.path.dirname(node)
+        while directory != temporary and len(directory) > len(temporary):
+            if os.path.lexists(directory + ".moved"):
+                shutil.rmtree(directory + ".moved", ignore_errors=True)
+            directory = os.path.dirname(directory)
 
 
 # -- the host's files and sockets ---------------------------------------------------------------
@@ -932,6 +1118,70 @@ async def resource_exhaustion(arena: Arena) -> None:
         arena.record(size <= 16 << 20, f"{isolation}: a {size}-byte file past a 16 MiB limit")
         with contextlib.suppress(OSError):
             filler.unlink()
+        await arena.close()
+
+
+_DISK = 16 << 20
+
+# Fills each place a command writes without a bind: one big file, then many small ones (a cap
+# per file lets those through); prints the bytes each place then holds.
+_DISK_FILL = (
+    "for place in /tmp /dev/shm /dev; do "
+    "head -c 100000000 /dev/zero > $place/fill 2>/dev/null; "
+    "i=0; while [ $i -lt 40 ]; do head -c 2000000 /dev/zero > $place/part$i 2>/dev/null || break; i=$((i+1)); done; "
+    "echo $place $(cat $place/fill $place/part* 2>/dev/null | wc -c); done"
+)
+
+
+class _Warnings(logging.Handler):
+    """The sandbox's warnings while it is attacked: what it says it cannot enforce."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@attack(
+    "disk_fill",
+    finding="a command fills the host's disk (or memory, through a tmpfs) past max_disk_bytes, with many files each under the per-file cap",
+    severity="low",
+    requires=("bwrap",),
+)
+async def disk_fill(arena: Arena) -> None:
+    said = _Warnings()
+    logger = logging.getLogger("agentvfs.sandbox")
+    logger.addHandler(said)
+    try:
+        await arena.open(isolation="bwrap", native_sandbox={"max_disk_bytes": _DISK})
+        out = await arena.sh(_DISK_FILL, timeout_ms=120_000)
+        held = {line.split()[0]: line.split()[1] for line in out.splitlines() if line.count(" ") == 1}
+        for place in ("/tmp", "/dev/shm", "/dev"):
+            size = int(held.get(place, "-1"))
+            arena.record(0 <= size <= _DISK, f"{place} holds {size} bytes past max_disk_bytes={_DISK}: {out[-300:]!r}")
+        # The working directory: bounded by its filesystem, or named in a warning. Twice the
+        # limit in many files is enough to tell (never the whole disk).
+        await arena.sh("i=0; while [ $i -lt 16 ]; do head -c 2000000 /dev/zero > part$i || break; i=$((i+1)); done")
+        stored = sum(_size(arena.root / f"part{i}") for i in range(16))
+        named = any("max_disk_bytes" in m and f"but not {arena.root} " in m for m in said.messages)
+        arena.record(
+            stored <= _DISK or named,
+            f"{stored} bytes written to {arena.root} past max_disk_bytes={_DISK}, and no warning said it could be",
+        )
+        for i in range(16):
+            with contextlib.suppress(OSError):
+                (arena.root / f"part{i}").unlink()
+        # Without isolation nothing bounds it, and the sandbox says so.
+        await arena.open(isolation="none", native_sandbox={"max_disk_bytes": _DISK})
+        await arena.sh("true")
+        arena.record(
+            any("max_disk_bytes is not enforced" in m for m in said.messages),
+            f"a sandbox without isolation did not say max_disk_bytes is not enforced: {said.messages}",
+        )
+    finally:
+        logger.removeHandler(said)
         await arena.close()
 
 
