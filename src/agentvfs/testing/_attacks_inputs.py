@@ -1,0 +1,237 @@
+"""Attacks through what a workspace reads from outside: archives an adapter restores, the MCP
+server's standard input, and a published search index in storage the agent can write.
+
+Each input is made the way an agent (or anyone who can write the storage) makes it: an
+archive planted where the host's snapshot store keeps snapshots, a line written to the MCP
+server, a manifest written with ``write_file`` next to the index. A workspace must answer in
+bounded time and memory whatever it is given, and refuse with an error that names the limit;
+memory is checked as the growth of the process's peak RSS (see ``_attacks_tools``), time with
+an event loop ticking meanwhile.
+
+The makers of hostile inputs (:func:`long_name_tar`, :func:`pax_backtracking_tar`,
+:func:`zip_extra_fields_bomb`, :func:`forge_manifest`) are also what the project's own tests
+use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import itertools
+import json
+import struct
+import time
+import zlib
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.to_thread
+
+from ._adversary import Arena, attack
+from ._attacks_tools import MAX_LOOP_GAP, RSS_BOUND, TIME_SLACK, peak_rss_growth
+
+__all__ = [
+    "forge_manifest",
+    "long_name_tar",
+    "pax_backtracking_tar",
+    "tar_header",
+    "timed",
+    "zip_extra_fields_bomb",
+]
+
+MIB = 1 << 20
+
+
+# -- hostile inputs --------------------------------------------------------------------------------
+
+
+def tar_header(name: bytes, size: int, typeflag: bytes = b"0") -> bytes:
+    """One ustar header block naming ``name`` (its first 100 bytes) with ``size`` bytes of
+    content and the type ``typeflag``, its checksum right."""
+    block = bytearray(512)
+    block[0:100] = name[:100].ljust(100, b"\0")
+    block[100:108] = b"0000644\0"
+    block[108:116] = block[116:124] = b"0000000\0"
+    block[124:136] = b"%011o\0" % size
+    block[136:148] = b"%011o\0" % 0
+    block[148:156] = b" " * 8
+    block[156:157] = typeflag
+    block[257:265] = b"ustar\x0000"
+    block[148:156] = b"%06o\0 " % sum(block)
+    return bytes(block)
+
+
+def long_name_tar(name_bytes: int) -> bytes:
+    """A gzip tar of one file whose GNU long name is ``name_bytes`` bytes: about a
+    thousandth of that compressed (512 MiB of name in 509 KiB)."""
+    out = io.BytesIO()
+    packer = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    out.write(packer.compress(tar_header(b"././@LongLink", name_bytes + 1, b"L")))
+    piece = b"a" * MIB
+    left = name_bytes
+    while left:
+        step = min(left, len(piece))
+        out.write(packer.compress(piece[:step]))
+        left -= step
+    padding = -(name_bytes + 1) % 512
+    out.write(packer.compress(b"\0" * (1 + padding)))
+    out.write(packer.compress(tar_header(b"a" * 100, 0) + bytes(1024)))
+    out.write(packer.flush())
+    return out.getvalue()
+
+
+def pax_backtracking_tar(digits: int) -> bytes:
+    """A tar of one file whose pax header is ``digits`` digits and no record: CPython's
+    tarfile before 3.11.10 searches it for ``hdrcharset`` with a pattern that backtracks
+    quadratically (64 KiB: 8 s holding the GIL; 1 MiB: half an hour)."""
+    data = b"1" * digits
+    padding = -digits % 512
+    return (
+        tar_header(b"././@PaxHeader", digits, b"x") + data + bytes(padding)
+        + tar_header(b"f.txt", 0) + bytes(1024)
+    )  # fmt: skip
+
+
+def zip_extra_fields_bomb(entries: int, fields: int = 16_000) -> bytes:
+    """A zip of ``entries`` empty files, each with ``fields`` empty extra fields (4 bytes each)
+    in its central directory entry: CPython 3.11's zipfile copies the rest of the extra data
+    per field as it opens the archive (quadratic: about 0.1 s per entry)."""
+    extra = b"\xff\xff\0\0" * fields
+    local = bytearray()
+    central = bytearray()
+    for index in range(entries):
+        name = b"f%06d.txt" % index
+        offset = len(local)
+        local += struct.pack("<4s5H3L2H", b"PK\x03\x04", 20, 0, 0, 0, 0, 0, 0, 0, len(name), 0) + name
+        central += struct.pack(
+            "<4s4B4HL2L5H2L", b"PK\x01\x02", 20, 3, 20, 0, 0, 0, 0, 0, 0, 0, 0, len(name), len(extra), 0, 0, 0, 0, offset
+        ) + name + extra  # fmt: skip
+    end = struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, entries, entries, len(central), len(local), 0)
+    return bytes(local + central + end)
+
+
+def forge_manifest(index: Path, changes: Callable[[dict[str, Any]], None]) -> int:
+    """Write, as anyone who can write the index's storage can, a manifest numbered after the
+    newest one of the local index ``index``: a copy of the newest, changed by ``changes``.
+    Returns its number."""
+    manifests = index / "manifests"
+    newest = max(manifests.glob("*.json"))
+    body = json.loads(newest.read_text())
+    body["number"] = int(newest.stem) + 1
+    changes(body)
+    (manifests / f"{body['number']:010d}.json").write_text(json.dumps(body))
+    return int(body["number"])
+
+
+@contextlib.asynccontextmanager
+async def timed() -> AsyncIterator[list[float]]:
+    """Time the body beside a task ticking every 10 ms: ``box[0]`` is then the seconds the
+    body took and ``box[1]`` the longest the event loop went without running that task."""
+    box = [0.0, 0.0]
+    ticks: list[float] = []
+
+    async def ticker() -> None:
+        while True:
+            ticks.append(time.monotonic())
+            await anyio.sleep(0.01)
+
+    started = time.monotonic()
+    try:
+        async with anyio.create_task_group() as group:
+            group.start_soon(ticker)
+            try:
+                yield box
+            finally:
+                group.cancel_scope.cancel()
+    finally:
+        box[0] = time.monotonic() - started
+        ticks.append(time.monotonic())
+        box[1] = max((b - a for a, b in itertools.pairwise(ticks)), default=box[0])
+
+
+# -- archives --------------------------------------------------------------------------------------
+
+
+async def _restored(arena: Arena, planted: bytes, *, what: str, reason: str) -> None:
+    """Restore ``planted`` as the host restores a snapshot the agent could write (a tar in a
+    snapshot store under the workspace): refused, naming ``reason``, in bounded time and
+    memory, with the event loop running, and nothing written."""
+    from agents.sandbox.errors import WorkspaceArchiveWriteError
+
+    from ..integrations.openai_agents import AgentVFSSandboxClient, FsspecSnapshotStore
+    from ..vfs import LocalFilesystem
+
+    store_dir = arena.root / "snapshots"
+    store_dir.mkdir(exist_ok=True)
+    (store_dir / "planted.tar").write_bytes(planted)
+    target = arena.root / "restored"
+    target.mkdir(exist_ok=True)
+    store = FsspecSnapshotStore(LocalFilesystem(str(store_dir)))
+    client = AgentVFSSandboxClient(LocalFilesystem(str(target)))
+    session = (await client.create())._inner
+    refused: BaseException | None = None
+    with peak_rss_growth() as growth:
+        async with timed() as clock:
+            stream = await store.download("planted")
+            try:
+                await session.hydrate_workspace(stream)
+            except WorkspaceArchiveWriteError as exc:
+                refused = exc
+            finally:
+                stream.close()
+    arena.record(growth[0] < RSS_BOUND, f"{what}: peak RSS grew by {growth[0] / MIB:.0f} MiB (bound {RSS_BOUND // MIB} MiB)")
+    arena.record(clock[0] < TIME_SLACK, f"{what}: took {clock[0]:.1f} s")
+    arena.record(clock[1] <= MAX_LOOP_GAP, f"{what}: the event loop stalled for {clock[1]:.2f} s")
+    arena.record(reason in str(refused), f"{what}: answered {refused!r:.300}, not {reason!r}")
+    arena.record(not any(target.iterdir()), f"{what}: wrote {sorted(p.name for p in target.iterdir())[:5]}")
+
+
+@attack(
+    "archive_long_member_names",
+    finding="hydrate_workspace of a 509 KiB gzip tar whose GNU long name is 512 MiB took 3.2 GiB of memory",
+    severity="medium",
+)
+async def archive_long_member_names(arena: Arena) -> None:
+    await _restored(
+        arena, long_name_tar(256 * MIB), what="a 256 MiB long name", reason="archive member name exceeds limit: 268435456 > 4096"
+    )
+
+
+@attack(
+    "archive_pax_header_backtracking",
+    finding="hydrate_workspace of a tar whose pax header is 1 MiB of digits held the event loop for over 120 s (tarfile's pax regex, before 3.11.10)",
+    severity="medium",
+)
+async def archive_pax_header_backtracking(arena: Arena) -> None:
+    # 64 KiB: 8 s of backtracking where tarfile parses it (20 on a busy machine).
+    await _restored(arena, pax_backtracking_tar(64 * 1024), what="a pax header of 64 KiB of digits", reason="malformed record")
+
+
+@attack(
+    "archive_zip_extra_fields",
+    finding="extract() of a zip whose entries carry thousands of extra fields: zipfile decodes each entry's in quadratic time before any limit is checked",
+    severity="low",
+)
+async def archive_zip_extra_fields(arena: Arena) -> None:
+    from agents.sandbox.errors import WorkspaceArchiveWriteError
+
+    from ..integrations.openai_agents import AgentVFSSandboxClient
+    from ..vfs import LocalFilesystem
+
+    client = AgentVFSSandboxClient(LocalFilesystem(str(arena.root)))
+    session = (await client.create())._inner
+    refused: BaseException | None = None
+    async with timed() as clock:
+        try:
+            await session.extract("bomb.zip", io.BytesIO(zip_extra_fields_bomb(100)))
+        except WorkspaceArchiveWriteError as exc:
+            refused = exc
+    what = "a zip of 100 entries with 16,000 extra fields each"
+    arena.record(clock[0] < TIME_SLACK, f"{what}: took {clock[0]:.1f} s")
+    arena.record(clock[1] <= MAX_LOOP_GAP, f"{what}: the event loop stalled for {clock[1]:.2f} s")
+    # The count stops one past the limit: a bomb is not walked to its end either.
+    reason = "archive member extra fields exceed limit: 17 > 16"
+    arena.record(reason in str(refused), f"{what}: answered {refused!r:.300}")
+    arena.record(not any(p.name.startswith("f0") for p in arena.root.iterdir()), f"{what}: extracted members")
