@@ -20,9 +20,11 @@ import io
 import itertools
 import json
 import struct
+import subprocess
+import sys
 import time
 import zlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -235,3 +237,90 @@ async def archive_zip_extra_fields(arena: Arena) -> None:
     reason = "archive member extra fields exceed limit: 17 > 16"
     arena.record(reason in str(refused), f"{what}: answered {refused!r:.300}")
     arena.record(not any(p.name.startswith("f0") for p in arena.root.iterdir()), f"{what}: extracted members")
+
+
+# -- the MCP server's standard input -----------------------------------------------------------------
+
+
+class _McpPipe:
+    """An ``agentvfs mcp`` server as a subprocess, spoken to a line at a time (blocking: run
+    it in a worker thread)."""
+
+    def __init__(self, root: Path) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "agentvfs", "mcp", "--root", str(root)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        self.call({"method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "attacker", "version": "1"},
+        }}, 1)  # fmt: skip
+        self.write(json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}).encode())
+
+    def write(self, line: bytes) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line + b"\n")
+        self.proc.stdin.flush()
+
+    def call(self, request: Mapping[str, Any], id: int) -> dict[str, Any]:
+        self.write(json.dumps({"jsonrpc": "2.0", "id": id, **request}).encode())
+        return self.answer()
+
+    def answer(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        return dict(json.loads(line)) if line else {}
+
+    def peak(self) -> int:
+        """The server's peak RSS so far (VmHWM), in bytes."""
+        with open(f"/proc/{self.proc.pid}/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+        return 0
+
+    def close(self) -> int:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        try:
+            return self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+
+def _long_lines(root: Path, record: Callable[[bool, str], bool]) -> None:
+    """A 32 MiB line under the limit, read in linear time; an 80 MiB request past it,
+    answered with an error in bounded time and memory; the server still serving after."""
+    server = _McpPipe(root)
+    try:
+        started = time.monotonic()
+        server.write(b'{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":1,"reason":"' + b"x" * (32 * MIB) + b'"}}')
+        pong = server.call({"method": "ping"}, 2)
+        elapsed = time.monotonic() - started
+        record(pong.get("result") == {}, f"ping after a 32 MiB line answered {pong!r:.200}")
+        record(elapsed < 2 * TIME_SLACK, f"a 32 MiB line took {elapsed:.1f} s to read (quadratic: 6.4 s)")
+        before = server.peak()
+        started = time.monotonic()
+        content = "y" * (80 * MIB)
+        refused = server.call({"method": "tools/call", "params": {"name": "write_file", "arguments": {"path": "big.txt", "content": content}}}, 3)
+        elapsed = time.monotonic() - started
+        message = str(refused.get("error", {}).get("message", ""))
+        record("past this server's limit of 67108864 bytes" in message, f"an 80 MiB request was answered {refused!r:.300}")
+        record(elapsed < 2 * TIME_SLACK, f"an 80 MiB request took {elapsed:.1f} s to answer")
+        grown = server.peak() - before
+        record(grown < RSS_BOUND, f"an 80 MiB request grew the server's peak RSS by {grown // MIB} MiB")
+        pong = server.call({"method": "ping"}, 4)
+        record(pong.get("result") == {}, f"ping after the refused request answered {pong!r:.200}")
+        record(not (root / "big.txt").exists(), "the refused request wrote big.txt")
+    finally:
+        code = server.close()
+    record(code == 0, f"the server exited with {code} when its stdin closed")
+
+
+@attack(
+    "mcp_stdin_long_lines",
+    finding="the MCP server read stdin lines in quadratic time with no cap: 8/16/32 MiB lines took 0.4/1.6/6.4 s",
+    severity="low",
+)
+async def mcp_stdin_long_lines(arena: Arena) -> None:
+    await anyio.to_thread.run_sync(_long_lines, arena.root, arena.record)
