@@ -19,9 +19,11 @@ import contextlib
 import io
 import itertools
 import json
+import os
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 import zlib
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -324,3 +326,125 @@ def _long_lines(root: Path, record: Callable[[bool, str], bool]) -> None:
 )
 async def mcp_stdin_long_lines(arena: Arena) -> None:
     await anyio.to_thread.run_sync(_long_lines, arena.root, arena.record)
+
+
+# -- a published index in storage the agent can write ---------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def _attached(arena: Arena, index: Path) -> AsyncIterator[tuple[Any, BaseException | None]]:
+    """A host workspace on ``root/src`` that attaches the published ``index`` (its segment
+    cache and own index in a host directory of its own): ``(workspace, None)`` once started
+    and attached (at its first search), or ``(None, error)`` when it did not."""
+    from ..vfs import LocalFilesystem
+    from ..workspace import Workspace
+
+    with tempfile.TemporaryDirectory(prefix="agentvfs-host-") as host:
+        workspace = Workspace(
+            filesystem=LocalFilesystem(str(arena.root / "src")),
+            bm25=True,
+            index_dir=os.path.join(host, "index"),
+            search_index_url=str(index),
+            search_index_options={"cache_dir": os.path.join(host, "segments"), "refresh_interval": 3600},
+        )
+        try:
+            await workspace.init()
+            await workspace.search("kernel", top_k=1)
+        except Exception as exc:
+            await workspace.destroy()
+            yield None, exc
+            return
+        try:
+            yield workspace, None
+        finally:
+            await workspace.destroy()
+
+
+async def _publish(arena: Arena) -> Path:
+    """The host publishes an index of ``root/src`` at ``root/index``, where the agent can write."""
+    from ..search import build_index
+
+    for name in ("a.md", "b.md", "c.md"):
+        await arena.tool("write_file", path=f"src/{name}", content=f"kernel socket notes {name}\n")
+    index = arena.root / "index"
+    await anyio.to_thread.run_sync(lambda: build_index(str(arena.root / "src"), str(index)))
+    return index
+
+
+async def _forge_with_tools(arena: Arena, index: Path, changes: Callable[[dict[str, Any]], None]) -> None:
+    """A newer manifest, written by the agent with ``write_file``."""
+    newest = max((index / "manifests").glob("*.json"))
+    body = json.loads(newest.read_text())
+    body["number"] = int(newest.stem) + 1
+    changes(body)
+    out = await arena.tool("write_file", path=f"index/manifests/{body['number']:010d}.json", content=json.dumps(body))
+    if not (index / "manifests" / f"{body['number']:010d}.json").exists():
+        raise RuntimeError(f"the agent's write_file did not write the manifest: {out}")
+
+
+def _sparse(path: Path, size: int) -> None:
+    """A file of ``size`` bytes that takes no disk (where there is no shell to make one)."""
+    with open(path, "wb") as made:
+        made.truncate(size)
+
+
+async def _searched(arena: Arena, workspace: Any, what: str) -> None:
+    hits = await workspace.search("kernel socket", top_k=10)
+    arena.record(len(hits) == 3, f"{what}: the search found {len(hits)} of the 3 published files")
+
+
+@attack(
+    "published_index_missing_segment",
+    finding="a newer manifest naming a missing segment stopped every workspace from starting; no fallback to the last good manifest",
+    severity="low",
+)
+async def published_index_missing_segment(arena: Arena) -> None:
+    index = await _publish(arena)
+
+    def missing(body: dict[str, Any]) -> None:
+        body["segments"][0]["name"] = "f" * 64
+
+    await _forge_with_tools(arena, index, missing)
+    await _forge_with_tools(arena, index, lambda body: body.update(tokenize={"stem": True, "forged": 1}))
+    async with _attached(arena, index) as (workspace, error):
+        what = "two newer manifests, one naming a missing segment"
+        arena.record(workspace is not None, f"{what}: the workspace did not start: {error}")
+        if workspace is not None:
+            await _searched(arena, workspace, what)
+            shared = workspace._search.shared
+            arena.record(shared.manifest.number == 1, f"{what}: manifest {shared.manifest.number} in use, not 1")
+
+
+@attack(
+    "published_index_huge_segment",
+    finding="a 700 MiB fake segment was read whole into memory (793 MiB peak) and kept in the segment cache",
+    severity="low",
+)
+async def published_index_huge_segment(arena: Arena) -> None:
+    index = await _publish(arena)
+    segments = index / "segments"
+    # The agent makes 700 MiB that cost no disk, and manifests naming it: at its own size,
+    # at the size of the segment it replaces, and at 2 GiB.
+    huge = 700 * MIB
+    names = {"claimed": "a" * 64, "smaller": "b" * 64, "larger": "c" * 64}
+    for name in names.values():
+        out = await arena.sh(f"truncate -s {huge} index/segments/{name}.seg && echo made")
+        if "made" not in out:
+            await anyio.to_thread.run_sync(_sparse, segments / f"{name}.seg", huge)
+    for key, size in (("claimed", huge), ("smaller", 4096), ("larger", 2 << 30)):
+
+        def point(body: dict[str, Any], name: str = names[key], size: int = size) -> None:
+            body["segments"][0].update(name=name, bytes=size)
+
+        await _forge_with_tools(arena, index, point)
+    what = "manifests naming a 700 MiB fake segment"
+    with peak_rss_growth() as growth:
+        async with _attached(arena, index) as (workspace, error):
+            arena.record(workspace is not None, f"{what}: the workspace did not start: {error}")
+            if workspace is not None:
+                await _searched(arena, workspace, what)
+                shared = workspace._search.shared
+                arena.record(shared.manifest.number == 1, f"{what}: manifest {shared.manifest.number} in use, not 1")
+                cached = sorted(os.listdir(shared.cache_dir))
+                arena.record(not any(name + ".seg" in cached for name in names.values()), f"{what}: the cache kept {cached}")
+    arena.record(growth[0] < RSS_BOUND, f"{what}: peak RSS grew by {growth[0] // MIB} MiB (bound {RSS_BOUND // MIB} MiB)")
