@@ -8,9 +8,8 @@ bounded time and memory whatever it is given, and refuse with an error that name
 memory is checked as the growth of the process's peak RSS (see ``_attacks_tools``), time with
 an event loop ticking meanwhile.
 
-The makers of hostile inputs (:func:`long_name_tar`, :func:`pax_backtracking_tar`,
-:func:`zip_extra_fields_bomb`, :func:`forge_manifest`) are also what the project's own tests
-use.
+The makers of hostile archives (:func:`long_name_tar`, :func:`pax_backtracking_tar`,
+:func:`zip_extra_fields_bomb`) and :func:`timed` are also what the project's own tests use.
 """
 
 from __future__ import annotations
@@ -37,7 +36,6 @@ from ._adversary import Arena, attack
 from ._attacks_tools import MAX_LOOP_GAP, RSS_BOUND, TIME_SLACK, peak_rss_growth
 
 __all__ = [
-    "forge_manifest",
     "long_name_tar",
     "pax_backtracking_tar",
     "tar_header",
@@ -116,19 +114,6 @@ def zip_extra_fields_bomb(entries: int, fields: int = 16_000) -> bytes:
     return bytes(local + central + end)
 
 
-def forge_manifest(index: Path, changes: Callable[[dict[str, Any]], None]) -> int:
-    """Write, as anyone who can write the index's storage can, a manifest numbered after the
-    newest one of the local index ``index``: a copy of the newest, changed by ``changes``.
-    Returns its number."""
-    manifests = index / "manifests"
-    newest = max(manifests.glob("*.json"))
-    body = json.loads(newest.read_text())
-    body["number"] = int(newest.stem) + 1
-    changes(body)
-    (manifests / f"{body['number']:010d}.json").write_text(json.dumps(body))
-    return int(body["number"])
-
-
 @contextlib.asynccontextmanager
 async def timed() -> AsyncIterator[list[float]]:
     """Time the body beside a task ticking every 10 ms: ``box[0]`` is then the seconds the
@@ -158,6 +143,14 @@ async def timed() -> AsyncIterator[list[float]]:
 # -- archives --------------------------------------------------------------------------------------
 
 
+def _isolation() -> str:
+    """The sandbox client's isolation: no command runs here, so none where bubblewrap cannot
+    (an unprivileged run without user namespaces)."""
+    from ..sandbox import detect_isolation
+
+    return "bwrap" if detect_isolation()["available"] else "none"
+
+
 async def _restored(arena: Arena, planted: bytes, *, what: str, reason: str) -> None:
     """Restore ``planted`` as the host restores a snapshot the agent could write (a tar in a
     snapshot store under the workspace): refused, naming ``reason``, in bounded time and
@@ -173,18 +166,21 @@ async def _restored(arena: Arena, planted: bytes, *, what: str, reason: str) -> 
     target = arena.root / "restored"
     target.mkdir(exist_ok=True)
     store = FsspecSnapshotStore(LocalFilesystem(str(store_dir)))
-    client = AgentVFSSandboxClient(LocalFilesystem(str(target)))
-    session = (await client.create())._inner
+    client = AgentVFSSandboxClient(LocalFilesystem(str(target)), isolation=_isolation())
+    live = await client.create()  # not started: hydration works on the storage directly
     refused: BaseException | None = None
-    with peak_rss_growth() as growth:
-        async with timed() as clock:
-            stream = await store.download("planted")
-            try:
-                await session.hydrate_workspace(stream)
-            except WorkspaceArchiveWriteError as exc:
-                refused = exc
-            finally:
-                stream.close()
+    try:
+        with peak_rss_growth() as growth:
+            async with timed() as clock:
+                stream = await store.download("planted")
+                try:
+                    await live._inner.hydrate_workspace(stream)
+                except WorkspaceArchiveWriteError as exc:
+                    refused = exc
+                finally:
+                    stream.close()
+    finally:
+        await client.delete(live)
     arena.record(growth[0] < RSS_BOUND, f"{what}: peak RSS grew by {growth[0] / MIB:.0f} MiB (bound {RSS_BOUND // MIB} MiB)")
     arena.record(clock[0] < TIME_SLACK, f"{what}: took {clock[0]:.1f} s")
     arena.record(clock[1] <= MAX_LOOP_GAP, f"{what}: the event loop stalled for {clock[1]:.2f} s")
@@ -224,14 +220,17 @@ async def archive_zip_extra_fields(arena: Arena) -> None:
     from ..integrations.openai_agents import AgentVFSSandboxClient
     from ..vfs import LocalFilesystem
 
-    client = AgentVFSSandboxClient(LocalFilesystem(str(arena.root)))
-    session = (await client.create())._inner
+    client = AgentVFSSandboxClient(LocalFilesystem(str(arena.root)), isolation=_isolation())
+    live = await client.create()
     refused: BaseException | None = None
-    async with timed() as clock:
-        try:
-            await session.extract("bomb.zip", io.BytesIO(zip_extra_fields_bomb(100)))
-        except WorkspaceArchiveWriteError as exc:
-            refused = exc
+    try:
+        async with timed() as clock:
+            try:
+                await live._inner.extract("bomb.zip", io.BytesIO(zip_extra_fields_bomb(100)))
+            except WorkspaceArchiveWriteError as exc:
+                refused = exc
+    finally:
+        await client.delete(live)
     what = "a zip of 100 entries with 16,000 extra fields each"
     arena.record(clock[0] < TIME_SLACK, f"{what}: took {clock[0]:.1f} s")
     arena.record(clock[1] <= MAX_LOOP_GAP, f"{what}: the event loop stalled for {clock[1]:.2f} s")
