@@ -47,7 +47,8 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "_config": BELOW_WORKSPACE | {"workspace"},
     "_demo_skills": BELOW_WORKSPACE | {"workspace"},
     "agentvfs": BELOW_WORKSPACE | {"workspace"},
-    "testing": APPLICATION,
+    # The adversarial suite attacks the adapters too (archives they restore).
+    "testing": APPLICATION | {"integrations"},
     "bench": APPLICATION | {"testing"},
     "integrations": APPLICATION,
     "cli": APPLICATION | {"testing", "bench"},

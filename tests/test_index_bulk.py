@@ -3,6 +3,7 @@ Dask cluster, re-runs, racing and killed builders, damaged indexes, and the CLI.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -11,6 +12,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +34,7 @@ from agentvfs.search import (
 from agentvfs.search._bulk import _list_task, local_cluster, plan_tasks
 from agentvfs.search._workspace import file_documents
 from agentvfs.testing import MotoServer
+from agentvfs.testing._attacks_tools import peak_rss_growth
 from conftest import S3_BUCKET, unique
 
 
@@ -368,10 +371,14 @@ def test_a_missing_or_corrupt_segment_is_named_and_older_manifests_stay_readable
     client.delete_object(Bucket=S3_BUCKET, Key=f"{prefix}/index/segments/{missing.name}.seg")
     with pytest.raises(SearchIndexError, match=f"segment {missing.name} of index {index} is missing"):
         fetch_segment(index, missing, tmp_path / "cache", options)
-    client.put_object(Bucket=S3_BUCKET, Key=f"{prefix}/index/segments/{corrupt.name}.seg", Body=b"AVFSSEG1 damaged")
+    key = f"{prefix}/index/segments/{corrupt.name}.seg"
+    client.put_object(Bucket=S3_BUCKET, Key=key, Body=b"AVFSSEG1 damaged".ljust(corrupt.bytes, b"\0"))
     with pytest.raises(SearchIndexError, match=f"segment {corrupt.name} of index {index} is corrupt"):
         fetch_segment(index, corrupt, tmp_path / "cache", options)
-    assert not (tmp_path / "cache" / f"{corrupt.name}.seg").exists()
+    client.put_object(Bucket=S3_BUCKET, Key=key, Body=b"AVFSSEG1 damaged")
+    with pytest.raises(SearchIndexError, match=f"is 16 bytes in storage, and its manifest says {corrupt.bytes}"):
+        fetch_segment(index, corrupt, tmp_path / "cache", options)
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == []  # nothing kept, nothing staged left
     # A newer manifest that cannot be read leaves the one before it current; the next build
     # writes after it, never over it.
     for number, body in ((2, b'{"format": "agentvfs-index-manifest", "vers'), (3, b'{"format": "other", "version": 1}')):
@@ -560,3 +567,74 @@ def test_a_gcs_bucket_is_indexed_and_a_racing_builder_is_told(fake_gcs: Any, tmp
     rerun = build_index(source, index, storage_options=options, index_storage_options=options,
                         objects_per_task=4, embedder=HashingEmbedder(16))  # fmt: skip
     assert rerun.manifest == 2 and rerun.built == 0 and rerun.reused == len(manifest.segments)
+
+
+def _published(tmp_path: Path) -> tuple[Path, Any]:
+    """A local index of a few files, and its one segment's manifest entry."""
+    source, index = tmp_path / "src", tmp_path / "index"
+    source.mkdir()
+    for name in ("a.txt", "b.txt"):
+        (source / name).write_text(f"kernel socket {name}\n")
+    build_index(str(source), str(index))
+    [ref] = read_manifest(str(index)).segments
+    return index, ref
+
+
+def test_a_segment_larger_than_its_manifest_says_is_refused_unread(tmp_path: Path) -> None:
+    """Its object replaced by 700 MiB (sparse: no disk), a segment used to be read whole
+    (793 MiB of peak RSS) and then kept in the cache; its size is now checked first."""
+    index, ref = _published(tmp_path)
+    stored = index / "segments" / f"{ref.name}.seg"
+    os.truncate(stored, 700 << 20)
+    cache = tmp_path / "cache"
+    with peak_rss_growth() as growth, pytest.raises(SearchIndexError) as caught:
+        fetch_segment(str(index), ref, cache)
+    assert growth[0] < 32 << 20, f"refusing it grew the peak RSS by {growth[0] >> 20} MiB"
+    assert f"is {700 << 20} bytes in storage, and its manifest says {ref.bytes}: replaced or damaged" in str(caught.value)
+    assert list(cache.iterdir()) == []
+
+
+def test_a_segment_past_the_limit_is_refused_and_one_within_it_streams_through_the_cache(tmp_path: Path) -> None:
+    """A manifest that names a segment of 400 MiB: past a limit of 256 MiB it is refused
+    before any byte is read; within the default 1 GiB it is read a piece at a time (hashed
+    as it comes: it was read whole), found not to hash to its name, and never kept."""
+    index, ref = _published(tmp_path)
+    huge = replace(ref, bytes=400 << 20)
+    os.truncate(index / "segments" / f"{ref.name}.seg", huge.bytes)
+    cache = tmp_path / "cache"
+    with pytest.raises(SearchIndexError, match=f"is {400 << 20} bytes by its manifest, past the limit of {256 << 20} bytes"):
+        fetch_segment(str(index), huge, cache, max_bytes=256 << 20)
+    with peak_rss_growth() as growth, pytest.raises(SearchIndexError, match=f"segment {ref.name} of index .* is corrupt"):
+        fetch_segment(str(index), huge, cache)
+    assert growth[0] < 64 << 20, f"streaming it grew the peak RSS by {growth[0] >> 20} MiB"
+    assert list(cache.iterdir()) == []  # not kept, and no staged part left
+    # A bare name has no manifest size: the limit alone bounds it.
+    with pytest.raises(SearchIndexError, match=f"is {400 << 20} bytes, past the limit of {1 << 20} bytes"):
+        fetch_segment(str(index), ref.name, cache, max_bytes=1 << 20)
+
+
+def test_a_segment_that_is_no_segment_is_not_kept_in_the_cache(tmp_path: Path) -> None:
+    """Bytes that hash to their name but are no segment (anyone can name bytes by their hash)
+    are refused before they are put in the cache."""
+    index, _ = _published(tmp_path)
+    junk = b"AVFSSEG1" + bytes(1000)
+    name = hashlib.blake2b(junk, digest_size=32).hexdigest()
+    (index / "segments" / f"{name}.seg").write_bytes(junk)
+    cache = tmp_path / "cache"
+    with pytest.raises(SearchIndexError, match="cannot be read"):
+        fetch_segment(str(index), name, cache)
+    assert list(cache.iterdir()) == []
+
+
+def test_a_manifest_past_its_bound_is_skipped_unread(tmp_path: Path) -> None:
+    index, _ = _published(tmp_path)
+    with open(index / "manifests" / "0000000002.json", "wb") as forged:
+        forged.truncate(100 << 20)  # sparse: no disk
+    with peak_rss_growth() as growth:
+        assert read_manifest(str(index)).number == 1
+    assert growth[0] < 32 << 20, f"skipping it grew the peak RSS by {growth[0] >> 20} MiB"
+    from agentvfs.search._bulk import Manifest, manifests_newest_first
+
+    [(number, error), (older, manifest)] = list(manifests_newest_first(str(index)))
+    assert (number, older) == (2, 1) and isinstance(manifest, Manifest)
+    assert isinstance(error, SearchIndexError) and "is larger than a manifest may be" in str(error)

@@ -33,12 +33,14 @@ live, never snapshotted: see the mount tests) and the PTY probe (no PTY, above).
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
 import tarfile
 import tempfile
 import uuid
+import zipfile
 from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -92,6 +94,13 @@ from agentvfs.integrations.openai_agents import (
     function_tools,
 )
 from agentvfs.testing import FakeGcsServer, MotoServer
+from agentvfs.testing._attacks_inputs import (
+    long_name_tar,
+    pax_backtracking_tar,
+    timed,
+    zip_extra_fields_bomb,
+)
+from agentvfs.testing._attacks_tools import peak_rss_growth
 from conftest import GCS_BUCKET, S3_BUCKET, unique
 
 pytestmark = [
@@ -193,6 +202,17 @@ async def _text(session: SandboxSession, path: str) -> str:
     finally:
         stream.close()
     return data.decode() if isinstance(data, bytes) else str(data)
+
+
+@contextlib.asynccontextmanager
+async def _unstarted(client: AgentVFSSandboxClient, **options: Any) -> AsyncIterator[AgentVFSSandboxSession]:
+    """A session not started (hydration, ``extract`` and the file API work on the storage
+    directly), deleted after (its host directory goes)."""
+    live = await client.create(**options)
+    try:
+        yield _inner(live)
+    finally:
+        await client.delete(live)
 
 
 def _tar(members: Mapping[str, bytes | None]) -> io.BytesIO:
@@ -411,6 +431,120 @@ async def test_hydrate_refuses_an_archive_past_the_limits_before_writing() -> No
             assert await _text(live, "d/a.txt") == "a"
     finally:
         await client.delete(live)
+
+
+async def test_hydrate_refuses_long_member_names_in_bounded_memory(tmp_path: Path) -> None:
+    """A 128 KiB gzip whose GNU long name is 128 MiB: tarfile read the name whole (and kept
+    copies: 3.2 GiB for a 509 KiB archive); the bounded reader refuses it by the size its
+    header declares, unread, and says which limit."""
+    client = AgentVFSSandboxClient(LocalFilesystem(str(tmp_path)))
+    async with _unstarted(client) as session:
+        bomb = long_name_tar(128 << 20)
+        with peak_rss_growth() as growth, pytest.raises(WorkspaceArchiveWriteError) as caught:
+            await session.hydrate_workspace(io.BytesIO(bomb))
+        assert growth[0] < 64 << 20, f"refusing it grew the peak RSS by {growth[0] >> 20} MiB"
+        assert caught.value.context["reason"] == "archive member name exceeds limit"
+        assert (caught.value.context["limit"], caught.value.context["actual"]) == (4096, 128 << 20)
+        assert str(caught.value).startswith("archive member name exceeds limit: 134217728 > 4096, in the archive of")
+        assert list(tmp_path.iterdir()) == []
+
+
+async def test_hydrate_of_a_backtracking_pax_header_keeps_the_event_loop_running(tmp_path: Path) -> None:
+    """A pax header of 64 KiB of digits: tarfile (before 3.11.10) searched it with a pattern
+    that backtracks quadratically, holding the GIL and so the event loop (8 s here, half an
+    hour at 1 MiB); the bounded reader walks its records by their lengths and refuses it."""
+    client = AgentVFSSandboxClient(LocalFilesystem(str(tmp_path)))
+    async with _unstarted(client) as session:
+        async with timed() as clock:
+            with pytest.raises(WorkspaceArchiveWriteError) as caught:
+                await session.hydrate_workspace(io.BytesIO(pax_backtracking_tar(64 * 1024)))
+        assert clock[1] < 1.0, f"the event loop stalled for {clock[1]:.1f} s"
+        assert clock[0] < 5.0, f"refusing it took {clock[0]:.1f} s"
+        assert "the pax header at offset 0 has a malformed record" in str(caught.value)
+        assert caught.value.context["reason"] == "invalid archive"
+        assert list(tmp_path.iterdir()) == []
+
+
+async def test_a_truncated_snapshot_is_refused_before_resume_clears_the_workspace(tmp_path: Path) -> None:
+    """Every byte of a snapshot is read before the live files are cleared: one cut short
+    changes nothing, and the error names the member it ends in."""
+    store_dir, snaps = tmp_path / "store", tmp_path / "snaps"
+    store_dir.mkdir()
+    snaps.mkdir()
+    store = FsspecSnapshotStore(LocalFilesystem(str(snaps)))
+    client = AgentVFSSandboxClient(
+        LocalFilesystem(str(store_dir)), dependencies=Dependencies().bind_value("snaps", store)
+    )
+    async with _unstarted(client, snapshot=RemoteSnapshotSpec(client_dependency_key="snaps")) as session:
+        (store_dir / "keep.txt").write_bytes(b"live work\n")
+        whole = _tar({"a.txt": b"a" * 1000, "b.bin": bytes(50_000)}).getvalue()
+        await store.upload(str(session.state.session_id), io.BytesIO(whole[:-20_000]))
+        with pytest.raises(WorkspaceArchiveWriteError) as caught:
+            await session._restore_snapshot_into_workspace_on_resume()
+        assert sorted(p.name for p in store_dir.iterdir()) == ["keep.txt"]
+        assert (store_dir / "keep.txt").read_bytes() == b"live work\n"
+        assert "it ends inside the content of member 'b.bin'" in str(caught.value)
+
+
+async def test_extract_reads_tars_and_zips_within_the_same_bounds(tmp_path: Path) -> None:
+    """``extract()`` (the SDK's archive upload) reads a tar with the bounded reader and checks
+    a zip's central directory before zipfile does, within the client's limits; what is
+    fine is extracted as the SDK extracts it, links on the way refused."""
+    store = tmp_path / "store"
+    store.mkdir()
+    client = AgentVFSSandboxClient(LocalFilesystem(str(store)))
+    async with _unstarted(client) as session:
+        async with timed() as clock:
+            with pytest.raises(WorkspaceArchiveWriteError, match="malformed record"):
+                await session.extract("bomb.tar", io.BytesIO(pax_backtracking_tar(64 * 1024)))
+            with pytest.raises(WorkspaceArchiveWriteError, match="archive member extra fields exceed limit"):
+                await session.extract("bomb.zip", io.BytesIO(zip_extra_fields_bomb(60)))
+        assert clock[1] < 1.0 and clock[0] < 5.0, clock
+        with pytest.raises(WorkspaceArchiveWriteError, match="archive member name exceeds limit"):
+            await session.extract("names.tar", io.BytesIO(long_name_tar(16 << 20)))
+        await session.extract("up/ok.tar", _tar({"d": None, "d/a.txt": b"a", "b.txt": b"b"}))
+        assert (store / "up" / "d" / "a.txt").read_bytes() == b"a" and (store / "up" / "b.txt").read_bytes() == b"b"
+        packed = io.BytesIO()
+        with zipfile.ZipFile(packed, "w") as archive:
+            archive.writestr("z/one.txt", b"one")
+        packed.seek(0)
+        await session.extract("zipped/ok.zip", packed)
+        assert (store / "zipped" / "z" / "one.txt").read_bytes() == b"one"
+        os.symlink(str(tmp_path), store / "out")
+        with pytest.raises(WorkspaceArchiveWriteError) as through:
+            await session.extract("link.tar", _tar({"out/escaped.txt": b"x"}))
+        assert through.value.context["reason"] == "symlink in parent path: out"
+        assert not (tmp_path / "escaped.txt").exists()
+        with pytest.raises(WorkspaceArchiveWriteError) as unsafe:
+            await session.extract("abs.tar", _tar({"/abs.txt": b"x"}))
+        assert unsafe.value.context["reason"] == "absolute path"
+
+
+async def test_write_holds_a_chunk_of_a_large_stream_in_memory(tmp_path: Path) -> None:
+    """``write`` read its stream whole (a 256 MiB archive member, 256 MiB and more of RSS);
+    now a chunk at a time, through a local file the storage uploads."""
+
+    class Zeros(io.RawIOBase):
+        def __init__(self, size: int) -> None:
+            self.left = size
+
+        def readable(self) -> bool:
+            return True
+
+        def readinto(self, buffer: Any) -> int:
+            count = min(len(buffer), self.left)
+            buffer[:count] = bytes(count)
+            self.left -= count
+            return count
+
+    client = AgentVFSSandboxClient(LocalFilesystem(str(tmp_path)))
+    async with _unstarted(client) as session:
+        with peak_rss_growth() as growth:
+            await session.write(Path("big.bin"), io.BufferedReader(Zeros(256 << 20)))
+        assert growth[0] < 96 << 20, f"writing 256 MiB grew the peak RSS by {growth[0] >> 20} MiB"
+        assert (tmp_path / "big.bin").stat().st_size == 256 << 20
+        await session.write(Path("small.txt"), io.BytesIO(b"small"))
+        assert (tmp_path / "small.txt").read_bytes() == b"small"
 
 
 async def test_a_command_past_its_timeout_is_an_error(memory_session: SandboxSession) -> None:

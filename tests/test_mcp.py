@@ -467,3 +467,135 @@ def test_a_signal_stops_a_server_whose_client_keeps_stdin_open(root: Path, signu
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+class _RawClient:
+    """The server as a subprocess spoken to line by line, for messages no client SDK sends:
+    each write from a thread of its own (a long line fills the pipe until the server reads)."""
+
+    def __init__(self, root: Path, env: dict[str, str]) -> None:
+        import subprocess
+
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "agentvfs", "mcp", "--root", str(root)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, **env},
+        )  # fmt: skip
+        self.writers: list[Any] = []
+        self.send({
+            "jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+        })  # fmt: skip
+        assert self.answer()["id"] == 1
+        self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+
+    def send(self, message: dict[str, Any] | bytes) -> None:
+        import threading
+
+        line = message if isinstance(message, bytes) else json.dumps(message).encode() + b"\n"
+        stdin = self.proc.stdin
+        assert stdin is not None
+        previous = self.writers[-1] if self.writers else None
+
+        def write() -> None:
+            if previous is not None:
+                previous.join()
+            stdin.write(line)
+            stdin.flush()
+
+        writer = threading.Thread(target=write, daemon=True)
+        writer.start()
+        self.writers.append(writer)
+
+    def answer(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        answer: dict[str, Any] = json.loads(self.proc.stdout.readline())
+        return answer
+
+    def close(self) -> tuple[int, str]:
+        """Close stdin; the exit code and stderr."""
+        import subprocess
+
+        for writer in self.writers:
+            writer.join(timeout=60)
+        assert self.proc.stdin is not None and self.proc.stderr is not None
+        self.proc.stdin.close()
+        try:
+            code = self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise
+        return code, self.proc.stderr.read().decode(errors="replace")
+
+
+def test_a_long_message_is_read_in_linear_time(root: Path) -> None:
+    """A 48 MiB line (under the default limit) is read in about the time of copying it; the
+    reader joined each 64 KiB read to all before it: 8/16/32 MiB took 0.4/1.6/6.4 s, 48 MiB
+    fifteen seconds on an idle machine (and 45 on a busy one)."""
+    import time
+
+    client = _RawClient(root, {"AGENTVFS_MCP_MAX_MESSAGE_BYTES": "lots"})
+    try:
+        started = time.monotonic()
+        reason = b"x" * (48 << 20)
+        client.send(b'{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":99,"reason":"' + reason + b'"}}\n')
+        client.send({"jsonrpc": "2.0", "id": 2, "method": "ping"})
+        assert client.answer() == {"jsonrpc": "2.0", "id": 2, "result": {}}
+        elapsed = time.monotonic() - started
+    finally:
+        code, stderr = client.close()
+    # The slack of a busy two-core machine: this takes about a second idle.
+    assert elapsed < 8, f"a 48 MiB message took {elapsed:.1f} s to read"
+    assert code == 0 and "Traceback" not in stderr, stderr
+    # A limit that is no number of bytes is said, and the default used.
+    assert "AGENTVFS_MCP_MAX_MESSAGE_BYTES='lots' is not a positive number of bytes; using the default, 67108864" in stderr
+
+
+def test_a_message_past_the_limit_is_answered_and_the_server_goes_on(root: Path) -> None:
+    """Past the limit a line is passed over unread: its request (the id found at its start or
+    its end) gets an "invalid request" error naming the limit, a notification a line on
+    stderr, and the server answers what follows and closes cleanly."""
+    limit = 1 << 20
+    client = _RawClient(root, {"AGENTVFS_MCP_MAX_MESSAGE_BYTES": str(limit)})
+    try:
+        content = "y" * (2 << 20)
+        # The id last, as the TypeScript SDK orders a request's members.
+        tail_id = json.dumps({"method": "tools/call", "params": {"name": FS.WRITE_FILE, "arguments": {"path": "b.txt", "content": content}}, "jsonrpc": "2.0", "id": "ts-3"})
+        client.send(tail_id.encode() + b"\n")
+        refused = client.answer()
+        assert refused["id"] == "ts-3" and refused["error"]["code"] == types.INVALID_REQUEST, refused
+        assert f"past this server's limit of {limit} bytes" in refused["error"]["message"]
+        assert refused["error"]["data"] == {"size": len(tail_id), "limit": limit}
+        client.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 5, "reason": content}})
+        client.send({"jsonrpc": "2.0", "id": 4, "method": "ping"})
+        assert client.answer() == {"jsonrpc": "2.0", "id": 4, "result": {}}
+    finally:
+        code, stderr = client.close()
+    assert code == 0 and "Traceback" not in stderr, stderr
+    assert f"a message of {len(tail_id)} bytes was not read: the limit is {limit} bytes" in stderr
+    assert "request 'ts-3' was answered with an error" in stderr
+    assert "it named no request id to answer" in stderr
+    assert not (root / "b.txt").exists()
+
+
+async def test_the_official_client_is_told_its_message_is_too_long(root: Path, errlog: TextIO) -> None:
+    from mcp.shared.exceptions import McpError
+
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "agentvfs", "mcp", "--root", str(root)],
+        env={
+            "PATH": os.environ.get("PATH", ""),
+            "PYTHONPATH": os.environ.get("PYTHONPATH", ""),  # the checkout under test, where it is one
+            "AGENTVFS_MCP_MAX_MESSAGE_BYTES": str(1 << 20),
+        },
+    )
+    async with (
+        stdio_client(params, errlog=errlog) as (read, write),
+        ClientSession(read, write, read_timeout_seconds=timedelta(seconds=10)) as client,
+    ):
+        await client.initialize()
+        with pytest.raises(McpError, match=r"past this server's limit of 1048576 bytes"):
+            await client.call_tool(FS.WRITE_FILE, {"path": "big.txt", "content": "z" * (2 << 20)})
+        assert await ok(client, FS.WRITE_FILE, path="small.txt", content="fits")
+        assert (root / "small.txt").read_text() == "fits" and not (root / "big.txt").exists()

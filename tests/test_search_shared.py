@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import struct
@@ -470,3 +471,77 @@ async def test_on_a_local_directory_published_hits_are_named_as_the_workspace_na
         await ws.filesystem.write_file("d0/a.md", "nothing left here\n")  # type: ignore[union-attr]
         await ws.index("d0/a.md", "nothing left here\n")
         assert "d0/a.md" not in {h.id for h in await ws.search("kernel kernels", top_k=20)}  # hidden
+
+
+def _forge(moto: MotoServer, prefix: str, number: int, change: Any) -> None:
+    """Write manifest ``number`` as a copy of manifest 1 changed by ``change`` (anyone who
+    can write the bucket can)."""
+    client = moto.boto3_client()
+    key = f"{prefix}/index/manifests/{{:010d}}.json"
+    body = json.loads(client.get_object(Bucket=S3_BUCKET, Key=key.format(1))["Body"].read())
+    body["number"] = number
+    change(body)
+    client.put_object(Bucket=S3_BUCKET, Key=key.format(number), Body=json.dumps(body).encode())
+
+
+@pytest.mark.anyio
+async def test_a_newer_manifest_that_cannot_be_used_leaves_a_workspace_on_the_last_that_loads(
+    moto: MotoServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A manifest naming a missing segment stopped every workspace from starting; now each
+    manifest that cannot be used is passed over with a warning naming what is wrong, and the
+    newest that loads is searched. One found unusable is not fetched again."""
+    prefix = unique("fallback")
+    _, index = _publish(moto, prefix, NAMES)
+    client = moto.boto3_client()
+    missing = "f" * 64
+    huge = "e" * 64
+    client.put_object(Bucket=S3_BUCKET, Key=f"{prefix}/index/segments/{huge}.seg", Body=b"x" * 4096)
+
+    def name_missing(body: dict[str, Any]) -> None:
+        body["segments"][0]["name"] = missing
+
+    def name_larger(body: dict[str, Any]) -> None:
+        body["segments"][0].update(name=huge, bytes=2 << 30)
+
+    _forge(moto, prefix, 2, name_missing)
+    _forge(moto, prefix, 3, name_larger)
+    client.put_object(Bucket=S3_BUCKET, Key=f"{prefix}/index/manifests/0000000004.json", Body=b'{"format": "agentvfs-index-manif')
+    ws = _workspace(moto, prefix, index, tmp_path, refresh_interval=0)
+    with caplog.at_level(logging.WARNING, "agentvfs.search"):
+        async with ws:
+            hits = await ws.search("kernel socket", top_k=50)
+            assert {h.id for h in hits} == {f"/{n}" for n in NAMES if b"kernel" in _words(n) or b"socket" in _words(n)}
+            shared = ws._search.shared  # type: ignore[union-attr]
+            assert shared is not None and shared.manifest.number == 1
+            said = caplog.text
+            assert "manifest 4 cannot be used, an older one is tried: manifest" in said and "not JSON" in said
+            assert f"manifest 3 cannot be used, an older one is tried: segment {huge} of index {index} is {2 << 30} bytes by its manifest, past the limit of {1 << 30} bytes" in said
+            assert f"manifest 2 cannot be used, an older one is tried: segment {missing} of index {index} is missing" in said
+            assert "using manifest 1, the newest that loads" in said
+            assert shared.last_error is not None and "not JSON" in str(shared.last_error)
+            # Refreshes (one a search here) try none of them again, and say nothing more.
+            caplog.clear()
+            for _ in range(3):
+                await ws.search("kernel")
+                refresh = shared._thread
+                if refresh is not None:
+                    await anyio.to_thread.run_sync(refresh.join, 20.0)
+            assert "cannot be used" not in caplog.text and shared.manifest.number == 1
+            # A good manifest after them is taken up.
+            build_index(
+                f"s3://{S3_BUCKET}/{prefix}/src", index,
+                storage_options=_moto_options(moto), index_storage_options=_moto_options(moto),
+            )  # fmt: skip
+            deadline = time.monotonic() + 20
+            while shared.manifest.number != 5 and time.monotonic() < deadline:
+                await ws.search("kernel")
+                await anyio.sleep(0.05)
+            assert shared.manifest.number == 5 and shared.last_error is None
+    # Nothing that loads at all: the error names every manifest tried.
+    client.delete_object(Bucket=S3_BUCKET, Key=f"{prefix}/index/manifests/0000000005.json")
+    client.delete_object(Bucket=S3_BUCKET, Key=f"{prefix}/index/manifests/0000000001.json")
+    again = _workspace(moto, prefix, index, tmp_path / "again")
+    with pytest.raises(SearchIndexError, match=r"has no manifest that can be used among the newest 3: .*not JSON.*past the limit.*is missing"):
+        async with again:
+            await again.search("kernel")

@@ -182,8 +182,10 @@ class Workspace:
         hidden. Needs ``bm25`` with the tokenizer options the index was built with.
     search_index_options : mapping, optional
         For ``search_index_url``: ``storage_options`` (fsspec options of its storage),
-        ``cache_dir`` (where its segments are kept, default ``<agentvfs cache>/index-segments``)
-        and ``refresh_interval`` (seconds between looks for a newer manifest, default 30).
+        ``cache_dir`` (where its segments are kept, default ``<agentvfs cache>/index-segments``),
+        ``refresh_interval`` (seconds between looks for a newer manifest, default 30) and
+        ``max_segment_bytes`` (the largest segment fetched, default 1 GiB; a larger one, or
+        one not the size its manifest says, is refused unread and an older manifest used).
 
     Raises
     ------

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import IO, Any, Literal, cast
 
 import anyio
+import anyio.from_thread
 import anyio.to_thread
 
 from agentvfs import (
@@ -47,6 +48,16 @@ from agentvfs import (
     WorkspaceTool,
 )
 from agentvfs.integrations import require
+from agentvfs.integrations._archives import (
+    EXTRACTED_REASON,
+    MEMBERS_REASON,
+    ArchiveFormatError,
+    ArchiveLimitError,
+    TarLimits,
+    TarMember,
+    TarReader,
+    check_zip,
+)
 from agentvfs.mounts import is_mounted
 from agentvfs.tools import openai_tools
 from agentvfs.vfs import (
@@ -89,9 +100,13 @@ from agents.sandbox.session import (  # noqa: E402
     SandboxSessionState,
     manifest_ops,
 )
-from agents.sandbox.session.archive_extraction import ArchiveResourceLimitError  # noqa: E402
+from agents.sandbox.session.archive_extraction import (  # noqa: E402
+    ArchiveResourceLimitError,
+    validate_tar_archive_for_extraction,
+)
 from agents.sandbox.snapshot import SnapshotBase, SnapshotSpec, resolve_snapshot  # noqa: E402
 from agents.sandbox.types import ExecResult, Permissions, User  # noqa: E402
+from agents.sandbox.util.tar_utils import UnsafeTarMemberError, safe_tar_member_rel_path  # noqa: E402
 from agents.tool_context import ToolContext  # noqa: E402
 
 __all__ = [
@@ -445,8 +460,8 @@ _SPOOL_BYTES = 16 * 1024 * 1024
 
 # The reasons the SDK's own archive extraction gives (agents.sandbox.session.archive_ops and
 # archive_extraction), so callers match one set of strings whichever backend refused.
-_MEMBERS_REASON = "archive member count exceeds limit"
-_EXTRACTED_REASON = "archive extracted size exceeds limit"
+_MEMBERS_REASON = MEMBERS_REASON
+_EXTRACTED_REASON = EXTRACTED_REASON
 _INPUT_REASON = "archive input size exceeds limit"
 _FILE_REASON = "file size exceeds limit"
 
@@ -463,6 +478,15 @@ def _spooled() -> tempfile.SpooledTemporaryFile[bytes]:
     return tempfile.SpooledTemporaryFile(max_size=_SPOOL_BYTES, mode="w+b")
 
 
+#: Where each SDK limit is set, for the message of an archive refused by it.
+_SETTINGS = {
+    _MEMBERS_REASON: "SandboxArchiveLimits.max_members",
+    _EXTRACTED_REASON: "SandboxArchiveLimits.max_extracted_bytes",
+    _INPUT_REASON: "SandboxArchiveLimits.max_input_bytes",
+    _FILE_REASON: "SandboxArchiveLimits.max_extracted_bytes",
+}
+
+
 def _limit_error(
     error: type[WorkspaceArchiveReadError] | type[WorkspaceArchiveWriteError],
     path: Path,
@@ -472,13 +496,42 @@ def _limit_error(
     actual: int,
     member: str | None = None,
 ) -> WorkspaceArchiveReadError | WorkspaceArchiveWriteError:
-    """The SDK's error for an archive past one of its ``SandboxArchiveLimits``: the context
-    its own extraction reports, the SDK's ``ArchiveResourceLimitError`` as the cause."""
+    """The SDK's error for an archive past one of its limits: the context its own extraction
+    reports, the SDK's ``ArchiveResourceLimitError`` as the cause, and a message that names
+    the limit (and the setting that raises it, for the SDK's)."""
     cause = ArchiveResourceLimitError(reason=reason, limit=limit, actual=actual, member=member)
     context: dict[str, object] = {"reason": reason, "limit": limit, "actual": actual}
+    message = f"{reason}: {actual} > {limit}"
     if member is not None:
         context["member"] = member
-    return error(path=path, context=context, cause=cause)
+        message += f" at member {member!r}"
+    message += f", in the archive of {path}"
+    setting = _SETTINGS.get(reason)
+    message += f"; raise {setting} to allow it" if setting else " (a fixed bound of every archive read)"
+    made = error(path=path, context=context, cause=cause)
+    # The read error takes no message of its own: set as the SDK's __post_init__ sets it.
+    made.message, made.args = message, (message,)
+    return made
+
+
+def _archive_error(
+    exc: ArchiveLimitError | ArchiveFormatError, path: Path
+) -> WorkspaceArchiveWriteError:
+    """The SDK's error for an archive the bounded reader refused (see ``_archives``)."""
+    if isinstance(exc, ArchiveLimitError):
+        error = _limit_error(
+            WorkspaceArchiveWriteError, path, reason=exc.reason, limit=exc.limit, actual=exc.actual, member=exc.member
+        )
+        assert isinstance(error, WorkspaceArchiveWriteError)
+        return error
+    return WorkspaceArchiveWriteError(
+        path=path, context={"reason": "invalid archive"}, cause=exc, message=f"cannot read the archive for {path}: {exc}"
+    )
+
+
+def _tar_limits(limits: SandboxArchiveLimits) -> TarLimits:
+    """The bounded reader's limits for the SDK's (the name and header bounds are fixed)."""
+    return TarLimits(max_members=limits.max_members, max_extracted_bytes=limits.max_extracted_bytes)
 
 
 async def _copy_file(
@@ -547,21 +600,112 @@ def _spool_input(
     return spool
 
 
-def _open_tar(spool: IO[bytes]) -> tarfile.TarFile:
-    """A tar (compressed or not) to read; the caller closes it."""
-    return tarfile.open(fileobj=spool, mode="r:*")
-
-
 def _copy_stream(source: io.IOBase, local_path: str) -> None:
     with open(local_path, "wb") as target:
         while chunk := source.read(_CHUNK_BYTES):
             target.write(chunk.encode("utf-8") if isinstance(chunk, str) else chunk)
 
 
-def _copy_member(source: IO[bytes], local_path: str) -> None:
+def _read_upto(data: io.IOBase, size: int) -> bytes:
+    """The first ``size`` bytes of a stream (fewer only at its end); text is UTF-8."""
+    parts: list[bytes] = []
+    got = 0
+    while got < size:
+        chunk = data.read(size - got)
+        if not chunk:
+            break
+        payload = chunk.encode("utf-8") if isinstance(chunk, str) else bytes(chunk)
+        parts.append(payload)
+        got += len(payload)
+    return b"".join(parts)
+
+
+def _spill(head: bytes, data: io.IOBase, local_path: str) -> None:
+    """``head`` and then the rest of ``data`` into a local file, a chunk at a time."""
     with open(local_path, "wb") as target:
-        while chunk := source.read(_CHUNK_BYTES):
-            target.write(chunk)
+        target.write(head)
+        while chunk := data.read(_CHUNK_BYTES):
+            target.write(chunk.encode("utf-8") if isinstance(chunk, str) else chunk)
+
+
+async def _store(filesystem: WorkspaceFilesystem, path: str, data: io.IOBase) -> None:
+    """Write a stream into a stored file: whole when it is at most a chunk, else through a
+    local temporary file the storage uploads (in parts where it can, S3 multipart), so that
+    no more than a chunk of it is ever in memory. The stream is read in worker threads (it
+    may decompress, as an archive member does)."""
+    head = await anyio.to_thread.run_sync(_read_upto, data, _CHUNK_BYTES + 1)
+    if len(head) <= _CHUNK_BYTES:
+        await filesystem.write_file(path, head, recursive=True)
+        return
+    descriptor, local_path = tempfile.mkstemp(prefix="agentvfs-write-")
+    os.close(descriptor)
+    try:
+        await anyio.to_thread.run_sync(_spill, head, data, local_path)
+        del head
+        parent = posixpath.dirname(path)
+        if parent:
+            await filesystem.mkdir(parent, recursive=True)
+        await upload_file(filesystem, local_path, path)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(local_path)
+
+
+class _MemberStream(io.RawIOBase):
+    """The content of the member a :class:`TarReader` last returned, as a binary stream."""
+
+    def __init__(self, reader: TarReader) -> None:
+        self._reader = reader
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        if size is None or size < 0:
+            return self.readall()
+        return self._reader.read(size)
+
+    def readinto(self, buffer: Any) -> int:
+        data = self._reader.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+
+_TAR_TYPES: dict[str, bytes] = {
+    "file": tarfile.REGTYPE,
+    "directory": tarfile.DIRTYPE,
+    "symlink": tarfile.SYMTYPE,
+    "hardlink": tarfile.LNKTYPE,
+    "other": tarfile.CHRTYPE,  # the SDK refuses it, as it refuses every other kind
+}
+
+
+def _tar_info(member: TarMember) -> tarfile.TarInfo:
+    """A member as the SDK's checks take it (a ``TarInfo`` made here, never parsed)."""
+    info = tarfile.TarInfo(member.name)
+    info.type = _TAR_TYPES[member.kind]
+    info.size = member.size
+    return info
+
+
+def _validate_tar(stream: IO[bytes], limits: SandboxArchiveLimits) -> None:
+    """The SDK's whole-archive checks of ``extract()``, over the bounded reader's members."""
+    reader = TarReader(stream, _tar_limits(limits), check=anyio.from_thread.check_cancelled)
+    validate_tar_archive_for_extraction(cast(Any, (_tar_info(member) for member in reader)), archive_limits=limits)
+
+
+def _record_entry(
+    listed: dict[Path, dict[str, EntryKind]], root: Path, relative: Path, directory: bool
+) -> None:
+    """Note a member just written in the listings already read (what the next member's
+    check of links on the way sees)."""
+    parent = root
+    for index, part in enumerate(relative.parts):
+        last = index == len(relative.parts) - 1
+        children = listed.get(parent)
+        if children is not None:
+            children[part] = EntryKind.FILE if last and not directory else EntryKind.DIRECTORY
+        parent /= part
 
 
 class AgentVFSSandboxSession(BaseSandboxSession):
@@ -838,12 +982,10 @@ class AgentVFSSandboxSession(BaseSandboxSession):
     async def write(self, path: Path, data: io.IOBase, *, user: str | User | None = None) -> None:
         self._refuse_user(user, "write")
         normalized, relative = await self._relative(path, for_write=True)
-        payload = data.read()
-        if isinstance(payload, str):
-            payload = payload.encode("utf-8")
         try:
             filesystem, inner = self._storage(relative)
-            await filesystem.write_file(inner, bytes(payload), recursive=True)
+            # A chunk at a time: the stream may be an archive member of gigabytes.
+            await _store(filesystem, inner, data)
         except (FilesystemError, OSError) as exc:
             raise WorkspaceArchiveWriteError(path=normalized, cause=exc) from exc
 
@@ -1067,11 +1209,15 @@ class AgentVFSSandboxSession(BaseSandboxSession):
     async def hydrate_workspace(self, data: io.IOBase) -> None:
         """Write a tar's files and directories into the storage.
 
-        Every member is checked before the first write, so an archive with a member that
-        leaves the workspace, a link or a device, or one past the archive limits
-        (``max_input_bytes`` of the stream, ``max_members``, ``max_extracted_bytes`` declared
-        by its members; see :meth:`_limits`) changes nothing. The stream is spooled (on disk
-        past a few MiB) and each file is written a chunk at a time, never whole in memory.
+        The archive is read twice, never with :mod:`tarfile`: first every header and every
+        byte is checked (see ``agentvfs.integrations._archives``), then the files are
+        written. So an archive with a member that leaves the workspace, a link or a device,
+        one past the archive limits (``max_input_bytes`` of the stream, ``max_members``,
+        ``max_extracted_bytes`` declared by its members; see :meth:`_limits`) or past the
+        reader's fixed bounds (a name of 4,096 bytes, 1 MiB of extended headers per member,
+        64 MiB per archive), a damaged or a truncated one changes nothing. The stream is
+        spooled (on disk past a few MiB), decompressed a piece at a time, and each file is
+        written a chunk at a time, never whole in memory.
         """
         await self._restore(data, clear_first=False)
 
@@ -1080,100 +1226,55 @@ class AgentVFSSandboxSession(BaseSandboxSession):
         limits = self._limits()
         spool = await anyio.to_thread.run_sync(_spool_input, data, limits, root)
         with spool:
-            try:
-                tar = await anyio.to_thread.run_sync(_open_tar, spool)
-            except tarfile.TarError as exc:
-                raise WorkspaceArchiveWriteError(path=root, cause=exc) from exc
-            with tar:
-                plan = await anyio.to_thread.run_sync(self._plan, tar, limits)
-                if clear_first:
-                    await self._clear_workspace_root_on_resume()
-                await self._extract(tar, plan)
+            await anyio.to_thread.run_sync(self._check_archive, spool, _tar_limits(limits))
+            if clear_first:
+                await self._clear_workspace_root_on_resume()
+            spool.seek(0)
+            await self._extract(spool, _tar_limits(limits))
 
-    async def _extract(
-        self, tar: tarfile.TarFile, plan: list[tuple[str, tarfile.TarInfo | None]]
-    ) -> None:
+    def _member_path(self, member: TarMember) -> str:
+        """The workspace-relative path of a member to restore ('' for the root), or the
+        SDK's error naming the member that cannot be."""
+        root = self._root()
+        relative = _tar_member_path(member.name)
+        if relative is None:
+            raise WorkspaceArchiveWriteError(
+                path=root, context={"reason": "path_escapes_workspace", "member": member.name}
+            )
+        if member.kind not in ("file", "directory") or (not relative and member.kind == "file"):
+            raise WorkspaceArchiveWriteError(
+                path=root, context={"reason": "unsupported_member_type", "member": member.name}
+            )
+        return relative
+
+    def _check_archive(self, spool: IO[bytes], limits: TarLimits) -> None:
+        """Read the whole archive once, writing nothing: every member checked, every byte of
+        content there (in a worker thread; a cancelled restore stops at the next piece)."""
+        reader = TarReader(spool, limits, check=anyio.from_thread.check_cancelled)
         try:
-            for relative, member in plan:
-                if member is None:
-                    await self.filesystem.mkdir(relative, recursive=True)
+            for member in reader:
+                self._member_path(member)
+        except (ArchiveLimitError, ArchiveFormatError) as exc:
+            raise _archive_error(exc, self._root()) from exc
+
+    async def _extract(self, spool: IO[bytes], limits: TarLimits) -> None:
+        """Write the members of an archive :meth:`_check_archive` passed."""
+        reader = TarReader(spool, limits, check=anyio.from_thread.check_cancelled)
+        try:
+            while (member := await anyio.to_thread.run_sync(reader.next)) is not None:
+                relative = self._member_path(member)
+                if not relative:
                     continue
-                source = tar.extractfile(member)
-                if source is None or member.size <= _CHUNK_BYTES:
-                    data = b"" if source is None else await anyio.to_thread.run_sync(source.read)
-                    await self.filesystem.write_file(relative, data, recursive=True)
+                if member.kind == "directory":
+                    await self.filesystem.mkdir(relative, recursive=True)
                     continue
                 # A large member goes through a local file, which the storage uploads in
                 # parts where it can (S3 multipart), rather than whole through memory.
-                descriptor, local_path = tempfile.mkstemp(prefix="agentvfs-hydrate-")
-                os.close(descriptor)
-                try:
-                    await anyio.to_thread.run_sync(_copy_member, source, local_path)
-                    parent = posixpath.dirname(relative)
-                    if parent:
-                        await self.filesystem.mkdir(parent, recursive=True)
-                    await upload_file(self.filesystem, local_path, relative)
-                finally:
-                    with contextlib.suppress(OSError):
-                        os.unlink(local_path)
-        except (FilesystemError, OSError, tarfile.TarError) as exc:
+                await _store(self.filesystem, relative, _MemberStream(reader))
+        except (ArchiveLimitError, ArchiveFormatError) as exc:
+            raise _archive_error(exc, self._root()) from exc
+        except (FilesystemError, OSError) as exc:
             raise WorkspaceArchiveWriteError(path=self._root(), cause=exc) from exc
-
-    def _plan(
-        self, tar: tarfile.TarFile, limits: SandboxArchiveLimits
-    ) -> list[tuple[str, tarfile.TarInfo | None]]:
-        """The checked members of a tar: (relative path, the file's member or None for a
-        directory). Only headers are read: sizes are those the members declare."""
-        root = self._root()
-        plan: list[tuple[str, tarfile.TarInfo | None]] = []
-        members = extracted = 0
-        try:
-            for member in tar:
-                relative = _tar_member_path(member.name)
-                if relative is None:
-                    raise WorkspaceArchiveWriteError(
-                        path=root,
-                        context={"reason": "path_escapes_workspace", "member": member.name},
-                    )
-                if not (member.isdir() or member.isfile()):
-                    raise WorkspaceArchiveWriteError(
-                        path=root,
-                        context={"reason": "unsupported_member_type", "member": member.name},
-                    )
-                if not relative:
-                    if member.isdir():
-                        continue
-                    raise WorkspaceArchiveWriteError(
-                        path=root,
-                        context={"reason": "unsupported_member_type", "member": member.name},
-                    )
-                members += 1
-                if limits.max_members is not None and members > limits.max_members:
-                    raise _limit_error(
-                        WorkspaceArchiveWriteError,
-                        root,
-                        reason=_MEMBERS_REASON,
-                        limit=limits.max_members,
-                        actual=members,
-                        member=member.name,
-                    )
-                if member.isdir():
-                    plan.append((relative, None))
-                    continue
-                extracted += max(member.size, 0)
-                if limits.max_extracted_bytes is not None and extracted > limits.max_extracted_bytes:
-                    raise _limit_error(
-                        WorkspaceArchiveWriteError,
-                        root,
-                        reason=_EXTRACTED_REASON,
-                        limit=limits.max_extracted_bytes,
-                        actual=extracted,
-                        member=member.name,
-                    )
-                plan.append((relative, member))
-        except (tarfile.TarError, OSError, EOFError) as exc:
-            raise WorkspaceArchiveWriteError(path=root, cause=exc) from exc
-        return plan
 
     async def _restore_snapshot_into_workspace_on_resume(self) -> None:
         # Unlike the default (clear, then fetch), the snapshot is fetched and checked first:
@@ -1184,6 +1285,95 @@ class AgentVFSSandboxSession(BaseSandboxSession):
         finally:
             with contextlib.suppress(Exception):
                 archive.close()
+
+    # -- archives given to extract() ---------------------------------------------------------------
+
+    async def _extract_tar_archive(
+        self,
+        *,
+        archive_path: Path,
+        destination_root: Path,
+        data: io.IOBase,
+        archive_limits: SandboxArchiveLimits | None = None,
+    ) -> None:
+        """``extract()`` of a tar: the SDK's checks (safe member paths, no link or device, no
+        duplicate, nothing below a file, no link already on the way), read with the bounded
+        reader in place of :mod:`tarfile` as :meth:`hydrate_workspace` reads, within the
+        call's limits, else the run's or the client's (:meth:`_limits`)."""
+        limits = archive_limits if archive_limits is not None else self._limits()
+        stream = cast(IO[bytes], data)
+        try:
+            await anyio.to_thread.run_sync(_validate_tar, stream, limits)
+            stream.seek(0)
+            reader = TarReader(stream, _tar_limits(limits), check=anyio.from_thread.check_cancelled)
+            listed: dict[Path, dict[str, EntryKind]] = {}
+            while (member := await anyio.to_thread.run_sync(reader.next)) is not None:
+                relative = safe_tar_member_rel_path(_tar_info(member))
+                if relative is None:
+                    continue
+                await self._refuse_links_on_the_way(destination_root, relative, member.name, listed)
+                target = destination_root / relative
+                if member.kind == "directory":
+                    await self.mkdir(target, parents=True)
+                else:
+                    await self.mkdir(target.parent, parents=True)
+                    await self.write(target, _MemberStream(reader))
+                _record_entry(listed, destination_root, relative, member.kind == "directory")
+        except UnsafeTarMemberError as exc:
+            raise WorkspaceArchiveWriteError(
+                path=archive_path, context={"member": exc.member, "reason": exc.reason}, cause=exc
+            ) from exc
+        except ArchiveResourceLimitError as exc:
+            error = _limit_error(
+                WorkspaceArchiveWriteError, archive_path, reason=exc.reason, limit=exc.limit, actual=exc.actual, member=exc.member
+            )
+            raise error from exc
+        except (ArchiveLimitError, ArchiveFormatError) as exc:
+            raise _archive_error(exc, archive_path) from exc
+
+    async def _refuse_links_on_the_way(
+        self, root: Path, relative: Path, name: str, listed: dict[Path, dict[str, EntryKind]]
+    ) -> None:
+        """As the SDK's extraction: refuse a member whose path meets a symbolic link already
+        in the workspace (the member itself, or a directory on its way)."""
+        directory, walked = root, Path()
+        for part in relative.parts:
+            children = listed.get(directory)
+            if children is None:
+                try:
+                    entries = await self.ls(directory)
+                except ExecNonZeroError:
+                    return  # not there: nothing below it is either
+                children = listed[directory] = {Path(entry.path).name: entry.kind for entry in entries}
+            kind = children.get(part)
+            if kind is None:
+                return
+            walked /= part
+            if kind == EntryKind.SYMLINK:
+                raise UnsafeTarMemberError(member=name, reason=f"symlink in parent path: {walked.as_posix()}")
+            directory /= part
+
+    async def _extract_zip_archive(
+        self,
+        *,
+        archive_path: Path,
+        destination_root: Path,
+        data: io.IOBase,
+        archive_limits: SandboxArchiveLimits | None = None,
+    ) -> None:
+        """``extract()`` of a zip: its central directory is walked first, within the limits
+        (see ``_archives.check_zip``), then the SDK's extraction reads it, each member
+        written a chunk at a time (:meth:`write`)."""
+        limits = archive_limits if archive_limits is not None else self._limits()
+        try:
+            await anyio.to_thread.run_sync(check_zip, cast(IO[bytes], data), _tar_limits(limits))
+        except (ArchiveLimitError, ArchiveFormatError) as exc:
+            raise _archive_error(exc, archive_path) from exc
+        data.seek(0)
+        await super()._extract_zip_archive(
+            archive_path=archive_path, destination_root=destination_root, data=data, archive_limits=limits
+        )
+
 
 
 def _remove_working_directory(working_directory: str, root: str) -> None:

@@ -73,6 +73,7 @@ __all__ = [
     "TaskReport",
     "build_index",
     "fetch_segment",
+    "manifests_newest_first",
     "read_manifest",
 ]
 
@@ -101,6 +102,16 @@ READ_CONCURRENCY = 16
 READ_AHEAD = 64
 #: Files larger than this are not indexed (as a workspace's index: ``max_file_bytes``).
 MAX_FILE_BYTES = 16 * 1024 * 1024
+#: The largest segment a reader fetches by default (``fetch_segment(max_bytes=...)``, a
+#: workspace's ``search_index_options["max_segment_bytes"]``): a task of 5,000 files makes
+#: tens of MiB; a segment named larger by its manifest, or larger in storage than its manifest
+#: says, is refused before any of it is read.
+MAX_SEGMENT_BYTES = 1 << 30
+#: The largest manifest read (one of 100,000 tasks is about 50 MiB); a larger one is skipped
+#: as invalid, never read whole.
+MAX_MANIFEST_BYTES = 64 << 20
+#: Bytes of a segment read (and hashed, and written to the cache) at a time.
+_FETCH_CHUNK = 8 << 20
 #: Unreferenced segments younger than this are kept: they may be a running build's.
 GC_GRACE = 3600.0
 
@@ -627,6 +638,12 @@ def run_task(
         _log.warning("%d documents of %s have no vector (retried by the next build): %s", len(failures), task.label, shown)
     if blob is not None:
         name = segment_name(blob)
+        if len(blob) > MAX_SEGMENT_BYTES:
+            _log.warning(
+                "the segment of %s is %d bytes, past the %d bytes a workspace fetches by default: "
+                "attach the index with search_index_options max_segment_bytes at least that, or "
+                "build it with fewer objects_per_task", task.label, len(blob), MAX_SEGMENT_BYTES,
+            )
         _upload_segment(index_fs, index_root, backend, name, blob)
         record.update(segment=name, bytes=len(blob), docs=Segment.from_bytes(blob, name=name).n_docs)
     record["seconds"] = time.monotonic() - started
@@ -825,12 +842,19 @@ def _manifest_rel(number: int) -> str:
     return f"{MANIFESTS_DIR}/{number:0{_DIGITS}d}.json"
 
 
-def _load_manifest(fs: fsspec.AbstractFileSystem, root: str, number: int) -> Manifest:
+def _load_manifest(fs: fsspec.AbstractFileSystem, root: str, number: int, listed_size: int | None = None) -> Manifest:
+    """Read and check manifest ``number``: refused unread when its listing shows it past
+    :data:`MAX_MANIFEST_BYTES`, and never read past that whatever it holds."""
     where = _join(root, _manifest_rel(number))
+    too_large = f"manifest {where} is larger than a manifest may be ({MAX_MANIFEST_BYTES} bytes): not read"
+    if listed_size is not None and listed_size > MAX_MANIFEST_BYTES:
+        raise SearchIndexError(f"{too_large} ({listed_size} bytes)")
     try:
-        raw = fs.cat_file(where)
+        raw = fs.cat_file(where, start=0, end=MAX_MANIFEST_BYTES + 1)
     except FileNotFoundError:
         raise SearchIndexError(f"manifest {where} is missing") from None
+    if len(raw) > MAX_MANIFEST_BYTES:
+        raise SearchIndexError(too_large)
     try:
         value = json.loads(raw)
     except ValueError as exc:
@@ -843,17 +867,52 @@ def _load_manifest(fs: fsspec.AbstractFileSystem, root: str, number: int) -> Man
 
 def _newest_manifests(fs: fsspec.AbstractFileSystem, root: str, count: int) -> tuple[list[Manifest], int]:
     """The newest ``count`` valid manifests (newest first) and the highest number present."""
-    numbers = _manifest_numbers(fs, root)
+    listing = _manifest_listing(fs, root)
     found: list[Manifest] = []
-    for number in reversed(numbers):
+    for number, info in reversed(listing):
         try:
-            found.append(_load_manifest(fs, root, number))
+            found.append(_load_manifest(fs, root, number, _listed_size(info)))
         except SearchIndexError as exc:
             _log.warning("skipping %s", exc)
             continue
         if len(found) == count:
             break
-    return found, (numbers[-1] if numbers else 0)
+    return found, (listing[-1][0] if listing else 0)
+
+
+def _listed_size(info: Mapping[str, Any]) -> int | None:
+    size = info.get("size")
+    return int(size) if isinstance(size, int | float) else None
+
+
+def manifests_newest_first(
+    index_url: str,
+    storage_options: Mapping[str, Any] | None = None,
+    *,
+    count: int = MANIFESTS_KEPT,
+    newer_than: int | None = None,
+) -> Iterator[tuple[int, Manifest | SearchIndexError]]:
+    """The newest ``count`` manifests of an index (those numbered above ``newer_than`` only,
+    when given), newest first, each read when it is reached: ``(number, manifest)``, or
+    ``(number, error)`` for one that cannot be read.
+
+    A reader that finds the newest one unusable (a segment missing, damaged or too large)
+    takes the next (see ``SharedIndex.load``). ``count`` is :data:`MANIFESTS_KEPT` by
+    default: a build keeps that many, and the segments of older ones may be gone.
+
+    Raises
+    ------
+    ValueError
+        The URL cannot be opened.
+    """
+    fs, root = _open(index_url, storage_options, "index")
+    for number, info in list(reversed(_manifest_listing(fs, root)))[:count]:
+        if newer_than is not None and number <= newer_than:
+            return
+        try:
+            yield number, _load_manifest(fs, root, number, _listed_size(info))
+        except SearchIndexError as exc:
+            yield number, exc
 
 
 def read_manifest(index_url: str, storage_options: Mapping[str, Any] | None = None) -> Manifest:
@@ -881,27 +940,43 @@ def fetch_segment(
     storage_options: Mapping[str, Any] | None = None,
     *,
     verify_cached: bool = False,
+    max_bytes: int = MAX_SEGMENT_BYTES,
 ) -> Segment:
     """A segment of the index, from ``cache_dir`` or downloaded into it, checked and opened.
 
-    The download is verified against its name (the BLAKE2b-256 hash of its bytes) before it
-    is kept; a cached copy whose size or header is wrong is fetched again. Cached copies were
-    verified when they were downloaded: ``verify_cached`` hashes them again (a full read).
+    The download is bounded before it starts: a segment its manifest says is larger than
+    ``max_bytes``, or whose object in storage is not the size its manifest says (or past
+    ``max_bytes``, for a bare name), is refused unread. It is read a piece at a time into a
+    staged file and hashed as it comes (never held whole in memory), verified against its
+    name (the BLAKE2b-256 hash of its bytes) and opened before it is kept: a segment that
+    fails is never put in the cache. A cached copy whose size or header is wrong is fetched
+    again. Cached copies were verified when they were downloaded: ``verify_cached`` hashes
+    them again (a full read).
 
     Raises
     ------
     SearchIndexError
-        The segment is missing from the index, or its bytes do not match its name (the
-        message names the segment and the index).
+        The segment is missing from the index, larger than ``max_bytes``, not the size its
+        manifest says, its bytes do not match its name, or it is not a segment (the message
+        names the segment and the index).
     """
     name = ref.name if isinstance(ref, SegmentRef) else str(ref)
     if not _SEGMENT_NAME.match(name):
         raise ValueError(f"{name!r} is not a segment name (64 hex digits)")
+    expected = ref.bytes if isinstance(ref, SegmentRef) else None
+    what = f"segment {name} of index {index_url}"
+    too_large = (
+        f"past the limit of {max_bytes} bytes a segment may have here; if the index is yours, "
+        "attach it with a larger search_index_options max_segment_bytes (or build it with fewer "
+        "objects_per_task), else its manifest is not to be trusted"
+    )
+    if expected is not None and expected > max_bytes:
+        raise SearchIndexError(f"{what} is {expected} bytes by its manifest, {too_large}")
     cache = os.fspath(cache_dir)
     os.makedirs(cache, exist_ok=True)
     local = os.path.join(cache, name + SUFFIX)
-    expected = ref.bytes if isinstance(ref, SegmentRef) else None
-    if os.path.exists(local) and (expected is None or os.path.getsize(local) == expected):
+    cached = os.path.getsize(local) if os.path.exists(local) else None
+    if cached is not None and cached <= max_bytes and expected in (None, cached):
         try:
             segment = Segment.open(local)
             segment.text_limit = PUBLISHED_TEXT_LIMIT
@@ -913,30 +988,63 @@ def fetch_segment(
             _log.warning("fetching %s again: the cached copy is damaged (%s)", name, exc)
     fs, root = _open(index_url, storage_options, "index")
     remote = _join(root, _segment_rel(name))
-    try:
-        data = fs.cat_file(remote)
-    except FileNotFoundError:
+    stored = _stored_size(fs, remote)
+    if stored is None:
         raise SearchIndexError(
-            f"segment {name} of index {index_url} is missing ({remote}); rebuild the index "
+            f"{what} is missing ({remote}); rebuild the index "
             "(agentvfs index SOURCE --out INDEX) to write a manifest without it"
-        ) from None
-    if segment_name(data) != name:
-        raise SearchIndexError(
-            f"segment {name} of index {index_url} is corrupt: its bytes hash to "
-            f"{segment_name(data)[:16]}..., not its name; rebuild the index"
         )
+    if expected is not None and stored != expected:
+        raise SearchIndexError(
+            f"{what} is {stored} bytes in storage, and its manifest says {expected}: replaced or "
+            "damaged; rebuild the index"
+        )
+    if stored > max_bytes:
+        raise SearchIndexError(f"{what} is {stored} bytes, {too_large}")
     fd, staged = tempfile.mkstemp(prefix=f".{name[:16]}-", suffix=".part", dir=cache)
     try:
         with os.fdopen(fd, "wb") as out:
-            out.write(data)
+            digest = _download(fs, remote, out, stored, what)
+        if digest != name:
+            raise SearchIndexError(
+                f"{what} is corrupt: its bytes hash to {digest[:16]}..., not its name; rebuild the index"
+            )
+        # Opened (its header and arrays checked) before it is kept: the mapping stays valid
+        # once the file is renamed into the cache.
+        segment = Segment.open(staged, name=name)
         os.replace(staged, local)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(staged)
         raise
-    segment = Segment.open(local)
+    segment.path = local
     segment.text_limit = PUBLISHED_TEXT_LIMIT
     return segment
+
+
+def _download(fs: fsspec.AbstractFileSystem, remote: str, out: Any, size: int, what: str) -> str:
+    """Copy the object ``remote`` of ``size`` bytes into ``out`` a piece at a time and
+    return :func:`segment_name` of its bytes.
+
+    Raises
+    ------
+    SearchIndexError
+        The object is not ``size`` bytes as it is read (replaced meanwhile).
+    """
+    digest = hashlib.blake2b(digest_size=32)
+    copied = 0
+    with fs.open(remote, "rb") as source:
+        while copied <= size:
+            # One byte past the size: an object grown since its size was read is caught.
+            block = source.read(min(_FETCH_CHUNK, size + 1 - copied))
+            if not block:
+                break
+            digest.update(block)
+            out.write(block)
+            copied += len(block)
+    if copied != size:
+        raise SearchIndexError(f"{what} changed while it was read ({copied} bytes, not {size}); fetch it again")
+    return digest.hexdigest()
 
 
 def _file_name(path: str) -> str:

@@ -670,8 +670,9 @@ class Segment:
     # -- opening ---------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str]) -> Segment:
-        """Map the segment file ``path`` (named ``<name>.seg``) into memory.
+    def open(cls, path: str | os.PathLike[str], *, name: str | None = None) -> Segment:
+        """Map the segment file ``path`` into memory; its name is ``name``, else taken from
+        the file's (``<name>.seg``).
 
         Raises
         ------
@@ -682,8 +683,8 @@ class Segment:
             No file is there.
         """
         path = os.fspath(path)
-        base = os.path.basename(path)
-        name = base.removesuffix(SUFFIX)
+        if name is None:
+            name = os.path.basename(path).removesuffix(SUFFIX)
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if size == 0:

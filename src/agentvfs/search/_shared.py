@@ -18,8 +18,15 @@ one's queries); a segment without one is found by BM25 only.
 
 A newer manifest is looked for at most every ``refresh_interval`` seconds, in a thread of its
 own: searches keep using the segments they have until the new ones are fetched and mapped, then
-switch at once. A manifest that cannot be used (a missing or corrupt segment, other tokenizer
-options) is reported in the log and the segments in use stay.
+switch at once.
+
+Whoever can write the index's storage can write a manifest too, so none is trusted to work. A
+manifest that cannot be used (unreadable, a segment missing, corrupt, larger than
+``max_segment_bytes`` or than it says, other tokenizer options) is passed over with a warning
+that names what is wrong, and the next older one is tried, among the newest
+:data:`~agentvfs.search._bulk.MANIFESTS_KEPT`: a workspace attaches the newest manifest that
+loads, and a refresh keeps the one in use when no newer one loads. A manifest found unusable is
+not tried again by the same index (manifests are never rewritten: a build writes a new one).
 """
 
 from __future__ import annotations
@@ -177,12 +184,22 @@ class SharedIndex:
         through each shard's hnswlib graph; else exactly (default 5,000, as the vector store).
     ef_search : int, optional
         hnswlib ``ef`` of those graph searches (default 128, as the vector store).
+    max_segment_bytes : int, optional
+        The largest segment fetched (default :data:`~agentvfs.search._bulk.MAX_SEGMENT_BYTES`,
+        1 GiB): one its manifest names larger, or larger in storage than its manifest says, is
+        refused unread.
+
+    Attributes
+    ----------
+    last_error : SearchIndexError or None
+        Why the newest manifest is not the one in use (None when it is).
 
     Raises
     ------
     SearchIndexError
-        At `load`: no manifest, a segment missing or corrupt, other tokenizer options, or
-        vectors of another embedder (the message names the segment and the difference).
+        At `load`: no manifest, or none among the newest that loads (a segment missing,
+        corrupt or too large, other tokenizer options, vectors of another embedder); the
+        message names each manifest tried and what was wrong with it.
     """
 
     def __init__(
@@ -198,8 +215,12 @@ class SharedIndex:
         exact_limit: int | None = None,
         relative_ids: bool = False,
         ef_search: int | None = None,
+        max_segment_bytes: int | None = None,
     ) -> None:
+        from ._bulk import MAX_SEGMENT_BYTES
+
         self.url = url
+        self.max_segment_bytes = MAX_SEGMENT_BYTES if max_segment_bytes is None else max_segment_bytes
         self.ef_search = EF_SEARCH if ef_search is None else ef_search
         self.embedder = embedder
         self.relative_ids = relative_ids
@@ -220,24 +241,77 @@ class SharedIndex:
         self._thread: threading.Thread | None = None
         self._checked = 0.0
         self.last_error: BaseException | None = None
+        #: Manifests found unusable, by number, and why (not tried again).
+        self._broken: dict[int, SearchIndexError] = {}
 
     # -- loading ----------------------------------------------------------------------------------
 
     def load(self) -> None:
-        """Fetch the newest manifest's segments and use them (raises on any trouble)."""
-        from ._bulk import fetch_segment, read_manifest
+        """Use the newest manifest whose segments all load (see the module notes); keep the
+        one in use when none newer does.
 
-        manifest = read_manifest(self.url, storage_options=self._storage_options)
+        Raises
+        ------
+        SearchIndexError
+            Nothing is in use yet and no manifest loads (the message names each one tried
+            and what was wrong with it), or the index has none.
+        """
+        from ._bulk import manifests_newest_first
+
         current = self._manifest
-        if current is not None and _manifest_number(current) == _manifest_number(manifest):
-            self._checked = time.monotonic()
+        in_use = None if current is None else _manifest_number(current)
+        tried: list[SearchIndexError] = []
+        # Only those newer than the manifest in use: when none of them loads, it stays.
+        for number, found in manifests_newest_first(self.url, self._storage_options, newer_than=in_use):
+            broken = self._broken.get(number)
+            if broken is None:
+                if isinstance(found, SearchIndexError):
+                    broken = found
+                else:
+                    try:
+                        sources = self._open(found)
+                    except SearchIndexError as exc:
+                        broken = exc
+                    else:
+                        self._use(found, sources)
+                        self.last_error = tried[0] if tried else None
+                        if tried:
+                            _log.warning("search index %s: using manifest %d, the newest that loads", self.url, number)
+                        return
+                self._broken[number] = broken
+                _log.warning("search index %s: manifest %d cannot be used, an older one is tried: %s", self.url, number, broken)
+            tried.append(broken)
+        self._checked = time.monotonic()
+        if current is not None:
+            self.last_error = tried[0] if tried else None
             return
+        if not tried:
+            raise SearchIndexError(
+                f"index {self.url} has no manifest; build it with: agentvfs index SOURCE --out {self.url}"
+            )
+        raise SearchIndexError(
+            f"index {self.url} has no manifest that can be used among the newest {len(tried)}: "
+            + "; ".join(str(error) for error in tried)
+        )
+
+    def _open(self, manifest: Any) -> list[SegmentSource]:
+        """The checked sources of a manifest's segments, fetched into the cache.
+
+        Raises
+        ------
+        SearchIndexError
+            A segment missing, corrupt, too large or of other tokenizer options, vectors of
+            another embedder or of several dimensions.
+        """
+        from ._bulk import fetch_segment
+
         os.makedirs(self.cache_dir, exist_ok=True)
         sources = []
         for ref in manifest.segments:
             segment = fetch_segment(
-                self.url, ref, self.cache_dir, storage_options=self._storage_options
-            )
+                self.url, ref, self.cache_dir, storage_options=self._storage_options,
+                max_bytes=self.max_segment_bytes,
+            )  # fmt: skip
             differences = _differences(segment.tokenize, self._tokenize)
             if differences:
                 raise SearchIndexError(
@@ -257,9 +331,12 @@ class SharedIndex:
             # Searched through their graphs: checked and loaded here, not at a search.
             for shard in shards:
                 shard.load_graph()
+        return sources
+
+    def _use(self, manifest: Any, fresh: list[SegmentSource]) -> None:
+        """Switch searches to ``manifest``'s segments, with what is hidden now hidden."""
         with self._lock:
             hidden, resets = set(self._hidden), self._resets
-        fresh = sources
         sources = [source.hidden(hidden) for source in fresh]
         with self._lock:
             # Ids hidden while the segments were fetched are hidden now, before the swap; after
@@ -327,7 +404,6 @@ class SharedIndex:
     def _refresh(self) -> None:
         try:
             self.load()
-            self.last_error = None
         except Exception as exc:
             # Keep answering from the segments in use; say why the newer ones are not used.
             self.last_error = exc

@@ -127,8 +127,8 @@ def parse_bm25_config(value: Any) -> tuple[float, float, TokenizeOptions | None]
 
 def parse_index_options(value: Mapping[str, Any] | None) -> dict[str, Any]:
     """``search_index_options`` with defaults: ``storage_options``, ``cache_dir``,
-    ``refresh_interval`` and ``cache_grace`` (seconds a cached segment no manifest in use
-    names is kept).
+    ``refresh_interval``, ``cache_grace`` (seconds a cached segment no manifest in use
+    names is kept) and ``max_segment_bytes`` (the largest segment fetched).
 
     Raises
     ------
@@ -138,11 +138,11 @@ def parse_index_options(value: Mapping[str, Any] | None) -> dict[str, Any]:
     from ..vfs import default_cache_dir
 
     options = dict(value or {})
-    unknown = set(options) - {"storage_options", "cache_dir", "refresh_interval", "cache_grace"}
+    unknown = set(options) - {"storage_options", "cache_dir", "refresh_interval", "cache_grace", "max_segment_bytes"}
     if unknown:
         raise ValueError(
             f"search_index_options: unknown key {sorted(unknown)[0]!r} (expected "
-            "'storage_options', 'cache_dir', 'refresh_interval' and 'cache_grace')"
+            "'storage_options', 'cache_dir', 'refresh_interval', 'cache_grace' and 'max_segment_bytes')"
         )
     storage = options.get("storage_options") or {}
     if not isinstance(storage, Mapping):
@@ -160,7 +160,15 @@ def parse_index_options(value: Mapping[str, Any] | None) -> dict[str, Any]:
         if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
             raise ValueError(f"search_index_options {key} must be a number of seconds >= 0, got {value!r}")
         seconds[key] = float(value)
-    return {"storage_options": dict(storage), "cache_dir": os.fspath(cache_dir), **seconds}
+    from ._bulk import MAX_SEGMENT_BYTES
+
+    largest = options.get("max_segment_bytes", MAX_SEGMENT_BYTES)
+    if isinstance(largest, bool) or not isinstance(largest, int) or largest < 1:
+        raise ValueError(f"search_index_options max_segment_bytes must be a number of bytes >= 1, got {largest!r}")
+    return {
+        "storage_options": dict(storage), "cache_dir": os.fspath(cache_dir), **seconds,
+        "max_segment_bytes": largest,
+    }  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -362,9 +370,9 @@ class WorkspaceSearch:
         only the local changes (see ``_shared.py``).
     index_options : mapping, optional
         For ``index_url``: ``storage_options`` (fsspec), ``cache_dir`` (where its segments are
-        kept; default ``<cache>/index-segments``), ``refresh_interval`` (seconds, default 30)
-        and ``cache_grace`` (seconds before a cached segment of an older manifest is deleted,
-        default a day).
+        kept; default ``<cache>/index-segments``), ``refresh_interval`` (seconds, default 30),
+        ``cache_grace`` (seconds before a cached segment of an older manifest is deleted,
+        default a day) and ``max_segment_bytes`` (the largest segment fetched, default 1 GiB).
 
     Attributes
     ----------
@@ -543,6 +551,7 @@ class WorkspaceSearch:
             # Searched as the workspace's own store would search them all.
             exact_limit=getattr(self._vector_store, "exact_limit", None),
             ef_search=getattr(self._vector_store, "ef_search", None),
+            max_segment_bytes=options["max_segment_bytes"],
         )
         try:
             shared.load()

@@ -54,6 +54,7 @@ _ATTACK_MODULES = (
     "agentvfs.testing._attacks_sandbox",
     "agentvfs.testing._attacks_paths",
     "agentvfs.testing._attacks_tools",
+    "agentvfs.testing._attacks_inputs",
 )
 
 #: Multiplies every attack's iteration count (``AGENTVFS_ATTACK_SCALE``): 1 in the test suite,

@@ -1,6 +1,13 @@
 """An MCP server offering a workspace's tools (``agentvfs mcp``), on the official ``mcp`` SDK.
 
 The SDK is imported here only, so ``import agentvfs`` works without it.
+
+Over stdio a message is one line, read in linear time and at most
+:data:`DEFAULT_MAX_MESSAGE_BYTES` long (64 MiB; ``AGENTVFS_MCP_MAX_MESSAGE_BYTES`` or
+``serve_stdio(max_message_bytes=...)`` sets another). A longer one is passed over unread,
+never held whole: the request it carries is answered with a JSON-RPC "invalid request" error
+naming the limit (when its id can be found in its first or last bytes), stderr says so, and
+the server goes on serving.
 """
 
 from __future__ import annotations
@@ -10,10 +17,11 @@ import io
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import Awaitable, Callable, Mapping
 from importlib.metadata import PackageNotFoundError, version
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 from urllib.parse import quote
 
 from ..errors import MissingExtraError
@@ -39,6 +47,12 @@ NO_ELICITATION = (
     "Tool {name} requires approval, but this MCP client does not support elicitation, so the "
     "user cannot be asked; the tool was not run"
 )
+#: The longest message the stdio server reads (one line of JSON). Well past the largest a
+#: client sends in use: a ``write_file`` of 8 MiB (what ``edit_file`` edits at most) is at
+#: most 48 MiB as JSON, where each byte may be written as a six-character ``\u00XX``.
+DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
+#: The environment variable that sets another limit (bytes), for a server started by a client.
+MAX_MESSAGE_VARIABLE = "AGENTVFS_MCP_MAX_MESSAGE_BYTES"
 _DESTRUCTIVE = frozenset({WORKSPACE_TOOLS.FILESYSTEM.WRITE_FILE, WORKSPACE_TOOLS.FILESYSTEM.EDIT_FILE, WORKSPACE_TOOLS.FILESYSTEM.DELETE})
 
 
@@ -258,13 +272,19 @@ class ServedWorkspace(ToolHost, Protocol):
     async def __aexit__(self, *exc: object) -> Any: ...
 
 
-async def serve_stdio(workspace: ServedWorkspace) -> None:
+async def serve_stdio(workspace: ServedWorkspace, *, max_message_bytes: int | None = None) -> None:
     """Initialise ``workspace``, serve its tools over stdin/stdout until the client closes
     stdin, then destroy the workspace. A workspace that does not start is served as by
-    :func:`serve_stdio_failure`."""
+    :func:`serve_stdio_failure`.
+
+    ``max_message_bytes`` is the longest message read (one line); a longer one is answered
+    with an error and passed over (see the module notes). Default: ``AGENTVFS_MCP_MAX_MESSAGE_BYTES``
+    when set, else :data:`DEFAULT_MAX_MESSAGE_BYTES` (64 MiB).
+    """
     import anyio
 
     _require_mcp()
+    limit = _message_limit(max_message_bytes)
     # The protocol owns stdout: anything else printed in this process goes to stderr.
     protocol_out = anyio.wrap_file(io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8"))
     saved, sys.stdout = sys.stdout, sys.stderr
@@ -282,24 +302,78 @@ async def serve_stdio(workspace: ServedWorkspace) -> None:
                 print(f"agentvfs mcp: the workspace did not start: {reason}", file=sys.stderr, flush=True)
                 logger.debug("the workspace did not start", exc_info=True)
                 server = _failed_server(f"the workspace did not start: {reason}")
-            await _serve(server, protocol_out)
+            await _serve(server, protocol_out, limit)
     finally:
         sys.stdout = saved
 
 
-async def serve_stdio_failure(reason: str) -> None:
+async def serve_stdio_failure(reason: str, *, max_message_bytes: int | None = None) -> None:
     """Serve, over stdin/stdout, an MCP server for a workspace that could not be made: it says
     ``reason`` in its instructions and as the error of every tool call, and lists no tools, so
-    the client shows the cause rather than a closed connection."""
+    the client shows the cause rather than a closed connection. ``max_message_bytes`` as for
+    :func:`serve_stdio`."""
     import anyio
 
     _require_mcp()
+    limit = _message_limit(max_message_bytes)
     protocol_out = anyio.wrap_file(io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8"))
     saved, sys.stdout = sys.stdout, sys.stderr
     try:
-        await _serve(_failed_server(reason), protocol_out)
+        await _serve(_failed_server(reason), protocol_out, limit)
     finally:
         sys.stdout = saved
+
+
+def _message_limit(value: int | None) -> int:
+    """The message limit in force: ``value``, else the environment's, else the default. A
+    variable that is not a positive number of bytes is said on stderr, and the default used
+    (the server still starts: its client would otherwise see only a closed connection).
+
+    Raises
+    ------
+    ValueError
+        ``value`` is given and is not a positive number of bytes.
+    """
+    if value is not None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"max_message_bytes must be a positive number of bytes, got {value!r}")
+        return value
+    text = os.environ.get(MAX_MESSAGE_VARIABLE, "").strip()
+    if not text:
+        return DEFAULT_MAX_MESSAGE_BYTES
+    if text.isdigit() and int(text) > 0:
+        return int(text)
+    print(
+        f"agentvfs mcp: {MAX_MESSAGE_VARIABLE}={text!r} is not a positive number of bytes; "
+        f"using the default, {DEFAULT_MAX_MESSAGE_BYTES}",
+        file=sys.stderr,
+        flush=True,
+    )
+    return DEFAULT_MAX_MESSAGE_BYTES
+
+
+class _Oversized:
+    """A line past the limit, passed over: its size and the request id it carried (found in
+    its first or last bytes), or None when none was found (a notification, or no JSON)."""
+
+    #: Bytes kept of each end of a line passed over: where a client puts the id (first
+    #: with the Python SDK, last with the TypeScript one).
+    ENDS = 4096
+
+    def __init__(self) -> None:
+        self.size = 0
+        self.head = b""
+        self.tail = b""
+
+    def add(self, piece: bytes) -> None:
+        self.size += len(piece)
+        if len(self.head) < self.ENDS:
+            self.head += piece[: self.ENDS - len(self.head)]
+        self.tail = (self.tail + piece[-self.ENDS :])[-self.ENDS :]
+
+    def request_id(self) -> int | str | None:
+        found = _id_in_head(self.head.decode("utf-8", "replace"))
+        return found if found is not None else _id_in_tail(self.tail)
 
 
 class _StdinLines:
@@ -312,33 +386,66 @@ class _StdinLines:
     server stops at once, and the thread ends with the process. It reads the descriptor
     itself, not ``sys.stdin``: a daemon thread holding a buffered file's lock when the
     interpreter shuts down aborts the process.
+
+    A line is gathered as a list of the pieces each read gave and joined once at its end
+    (linear in its length), and holds at most ``limit`` bytes: past that, the rest of the
+    line is counted and dropped as it comes, and the loop gets an :class:`_Oversized` for
+    it, which ``refuse`` answers.
     """
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, limit: int) -> None:
         import threading
 
         import anyio
         import anyio.lowlevel
 
         self._fd = fd
-        self._send, self._receive = anyio.create_memory_object_stream[str | None](1)
+        self._limit = limit
+        self._send, self._receive = anyio.create_memory_object_stream[str | _Oversized | None](1)
         self._token = anyio.lowlevel.current_token()
+        #: Answers a line past the limit (set by the server once its output stream is there).
+        self.refuse: Callable[[_Oversized], Awaitable[None]] | None = None
         threading.Thread(target=self._read, name="agentvfs-mcp-stdin", daemon=True).start()
 
     def _read(self) -> None:
         import anyio.from_thread
 
-        def hand(line: str | None) -> None:
+        def hand(line: str | _Oversized | None) -> None:
             anyio.from_thread.run(self._send.send, line, token=self._token)
 
-        pending = b""
+        limit = self._limit
+        pieces: list[bytes] = []
+        size = 0
+        dropped: _Oversized | None = None
         try:
             while chunk := os.read(self._fd, 1 << 16):
-                *lines, pending = (pending + chunk).split(b"\n")
-                for line in lines:
-                    hand(line.decode("utf-8", "replace") + "\n")
-            if pending:
-                hand(pending.decode("utf-8", "replace"))
+                start = 0
+                while True:
+                    newline = chunk.find(b"\n", start)
+                    piece = chunk[start:] if newline < 0 else chunk[start:newline]
+                    if dropped is not None:
+                        dropped.add(piece)
+                    elif size + len(piece) > limit:
+                        dropped = _Oversized()
+                        for kept in (*pieces, piece):
+                            dropped.add(kept)
+                        pieces, size = [], 0
+                    elif piece:
+                        pieces.append(piece)
+                        size += len(piece)
+                    if newline < 0:
+                        break
+                    if dropped is not None:
+                        hand(dropped)
+                        dropped = None
+                    else:
+                        hand(b"".join(pieces).decode("utf-8", "replace") + "\n")
+                        pieces, size = [], 0
+                    start = newline + 1
+            if dropped is not None:
+                hand(dropped)
+            elif pieces:
+                hand(b"".join(pieces).decode("utf-8", "replace"))
             hand(None)
         except Exception:  # the loop ended, the server closed its end, or stdin failed
             return
@@ -347,25 +454,111 @@ class _StdinLines:
         return self
 
     async def __anext__(self) -> str:
-        line = await self._receive.receive()
-        if line is None:
-            raise StopAsyncIteration
-        return line
+        while True:
+            line = await self._receive.receive()
+            if line is None:
+                raise StopAsyncIteration
+            if isinstance(line, str):
+                return line
+            if self.refuse is not None:
+                await self.refuse(line)
 
 
-async def _serve(server: Any, protocol_out: Any) -> None:
+async def _serve(server: Any, protocol_out: Any, limit: int) -> None:
     """Run ``server`` on stdin and ``protocol_out`` until the client closes stdin."""
     import anyio
     from mcp.server.stdio import stdio_server
 
-    lines: Any = _StdinLines(sys.stdin.fileno())
+    lines = _StdinLines(sys.stdin.fileno(), limit)
     async with (
-        stdio_server(stdin=lines, stdout=protocol_out) as (read_stream, write_stream),
+        stdio_server(stdin=cast(Any, lines), stdout=protocol_out) as (read_stream, write_stream),
         anyio.create_task_group() as tg,
     ):
+
+        async def refuse(line: _Oversized) -> None:
+            await _refuse_oversized(write_stream, line, limit)
+
+        lines.refuse = refuse
         known = await _answer_unknown_methods(tg, read_stream, write_stream)
         await server.run(known, write_stream, server.create_initialization_options())
         tg.cancel_scope.cancel()
+
+
+async def _refuse_oversized(write_stream: Any, line: _Oversized, limit: int) -> None:
+    """Answer a line past the limit: an "invalid request" error to the request it carried,
+    when its id was found, and a line on stderr either way."""
+    from mcp import types
+    from mcp.shared.message import SessionMessage
+
+    request_id = line.request_id()
+    said = (
+        f"agentvfs mcp: a message of {line.size} bytes was not read: the limit is {limit} bytes "
+        f"(set {MAX_MESSAGE_VARIABLE} to raise it)"
+    )
+    answered = f"; request {request_id!r} was answered with an error" if request_id is not None else "; it named no request id to answer"
+    print(said + answered, file=sys.stderr, flush=True)
+    if request_id is None:
+        return
+    error = types.ErrorData(
+        code=types.INVALID_REQUEST,
+        message=(
+            f"the message is {line.size} bytes, past this server's limit of {limit} bytes; send less in "
+            f"one message (a large file in parts), or start the server with {MAX_MESSAGE_VARIABLE} set higher"
+        ),
+        data={"size": line.size, "limit": limit},
+    )
+    answer = types.JSONRPCError(jsonrpc="2.0", id=request_id, error=error)
+    await write_stream.send(SessionMessage(types.JSONRPCMessage(answer)))
+
+
+def _id_in_head(head: str) -> int | str | None:
+    """The ``id`` member of the JSON object ``head`` begins, when it comes before the first
+    member cut off (``{"jsonrpc": "2.0", "id": 7, "method": ...``); None otherwise."""
+    decoder = json.JSONDecoder()
+    position = _skip_space(head, 0)
+    if not head.startswith("{", position):
+        return None
+    position += 1
+    try:
+        while True:
+            key, position = decoder.raw_decode(head, _skip_space(head, position))
+            position = _skip_space(head, position)
+            if not head.startswith(":", position):
+                return None
+            value, position = decoder.raw_decode(head, _skip_space(head, position + 1))
+            if key == "id":
+                return _request_id(value)
+            position = _skip_space(head, position)
+            if not head.startswith(",", position):
+                return None
+            position += 1
+    except ValueError:  # a member runs past what was kept
+        return None
+
+
+#: The ``id`` member that closes a JSON object (``..., "jsonrpc": "2.0", "id": 7}``).
+_ID_AT_END = re.compile(rb'[,{]\s*"id"\s*:\s*(-?\d{1,19}|"(?:[^"\\]|\\.){0,1024}")\s*}\s*$')
+
+
+def _id_in_tail(tail: bytes) -> int | str | None:
+    """The ``id`` member that closes the object ``tail`` ends, when it does."""
+    match = _ID_AT_END.search(tail)
+    if match is None:
+        return None
+    try:
+        return _request_id(json.loads(match.group(1)))
+    except ValueError:
+        return None
+
+
+def _request_id(value: Any) -> int | str | None:
+    return value if isinstance(value, str | int) and not isinstance(value, bool) else None
+
+
+def _skip_space(text: str, position: int) -> int:
+    while position < len(text) and text[position] in " \t\r\n":
+        position += 1
+    return position
 
 
 def _failed_server(reason: str) -> Any:
