@@ -98,7 +98,7 @@ async def take_snapshot(
             content, root = "blobs", None
         snapshot, manifest = Snapshot.create(
             name=name, created_at=created, storage=fs.location, root=root, content=content,
-            files=files, directories=tree.directories, links=tree.links,
+            files=files, directories=tree.directories, links=tree.links, key=store.key,
         )  # fmt: skip
         await store.save(snapshot, manifest)
     _log.info(
@@ -109,7 +109,8 @@ async def take_snapshot(
 
 
 async def _previous(fs: WorkspaceFilesystem, store: SnapshotStore) -> Snapshot | None:
-    """The newest snapshot of this storage in ``store``, whose hashes can be reused for
+    """The newest snapshot of this storage in ``store`` signed with its key (one anybody
+    else wrote would lend its hashes to files it never saw), whose hashes can be reused for
     files whose version has not changed since."""
     latest = await store.latest()
     if latest is None or latest.storage != fs.location:
