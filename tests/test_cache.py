@@ -92,7 +92,8 @@ def _mode(path: Path) -> int:
 def test_only_its_owner_may_read_the_cache(tmp_path: Path) -> None:
     """Entries, records, bookkeeping and the metadata database (with its journal files) are
     0600 in directories of mode 0700, whatever the umask; a cache an earlier version left
-    open to others is closed when it is next used."""
+    open to others is closed when it is next used (its format directory and database; the
+    directory given is left as it is)."""
     old_umask = os.umask(0o022)
     try:
         top = tmp_path / "cache"
@@ -115,7 +116,8 @@ def test_only_its_owner_may_read_the_cache(tmp_path: Path) -> None:
             (top / "v1" / name).chmod(0o644)
         again = ContentCache(top, max_bytes=64 * MiB)
         assert again.get_stat(again.key("s3://h", "stat\0b/x", "v@1")) == {"size": 12}
-        assert _mode(top) == 0o700 and _mode(top / "v1") == 0o700
+        assert _mode(top / "v1") == 0o700  # what holds every file of the cache
+        assert _mode(top) == 0o755  # the directory given is the caller's
         for name in ("stats.sqlite", "stats.sqlite-wal", "stats.sqlite-shm"):
             assert _mode(top / "v1" / name) == 0o600, name
     finally:

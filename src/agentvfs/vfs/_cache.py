@@ -5,8 +5,8 @@ path and *version* (the ETag or generation the store gave it). A version is neve
 place, so an entry never goes stale: a file changed in storage has a new version, and readers
 that check the version before they use the cache (close-to-open, see :class:`VersionMemo`)
 never see old bytes. The cache survives mounts and processes; several processes of one machine
-may share a directory. Only its owner may read it: its directory is made with mode 0700, its
-files 0600.
+may share a directory. Only its owner may read it: its directories are made with mode 0700
+(``v1`` is made so again if an earlier version left it open), its files 0600.
 
 Where an ETag is a digest of the content (S3's MD5: whoever writes can make two contents of
 one ETag), a version is the ETag together with the object's modification time (a second), and
@@ -230,7 +230,10 @@ class ContentCache:
         self._base = os.path.join(self.directory, _FORMAT)
         self._entries = os.path.join(self._base, "entries")
         self._tmp = os.path.join(self._base, "tmp")
-        _private_directory(self.directory)
+        # The directory given is made private if it is made here; an existing one is the
+        # caller's to keep as it is (a directory shared for other things): everything the
+        # cache keeps is below its format directory, which is private either way.
+        os.makedirs(self.directory, mode=0o700, exist_ok=True)
         for path in (self._base, self._entries, self._tmp):
             _private_directory(path)
         self._lock_path = os.path.join(self._base, "lock")
