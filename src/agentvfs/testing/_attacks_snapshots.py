@@ -251,7 +251,10 @@ async def same_etag_other_bytes(arena: Arena) -> None:
         host_fs = FsspecFilesystem(raw, root=f"{bucket}/ws", cache=cache, metadata_ttl=0)
         host = Workspace(filesystem=host_fs)
         agent_fs = FsspecFilesystem(server.s3fs(use_listings_cache=False), root=f"{bucket}/ws")
-        await arena.open(**({"mounts": {"/data": agent_fs}} if through_mount else {}))
+        if through_mount:
+            await arena.open(mounts={"/data": agent_fs})
+        else:
+            await arena.open()
         try:
             for index in arena.iterations(2, seconds=60):
                 arena.record(await host_fs.read_file("tool.bin") == MD5_A, f"try {index}: the host did not read the original")
