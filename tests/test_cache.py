@@ -11,6 +11,7 @@ import json
 import os
 import random
 import signal
+import stat
 import subprocess
 import sys
 import textwrap
@@ -24,6 +25,7 @@ from _mounted import wait_until
 from agentvfs.errors import StaleFileError
 from agentvfs.testing import FilesystemTests, Harness, fsspec_harness
 from agentvfs.vfs import (
+    SETTLE_SECONDS,
     ContentCache,
     FsspecFilesystem,
     LocalFilesystem,
@@ -81,6 +83,45 @@ def test_default_directory_follows_the_environment(monkeypatch: pytest.MonkeyPat
     monkeypatch.delenv("AGENTVFS_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert default_cache_dir() == str(tmp_path / "xdg" / "agentvfs")
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def test_only_its_owner_may_read_the_cache(tmp_path: Path) -> None:
+    """Entries, records, bookkeeping and the metadata database (with its journal files) are
+    0600 in directories of mode 0700, whatever the umask; a cache an earlier version left
+    open to others is closed when it is next used (its format directory and database; the
+    directory given is left as it is)."""
+    old_umask = os.umask(0o022)
+    try:
+        top = tmp_path / "cache"
+        cache = ContentCache(top, max_bytes=64 * MiB)
+        key = cache.key("s3://h", "b/x", "v")
+        assert cache.put(key, b"secret bytes")
+        cache.put_stat(cache.key("s3://h", "stat\0b/x", "v@1"), {"size": 12})
+        assert cache.get_stat(cache.key("s3://h", "stat\0b/x", "v@1")) == {"size": 12}
+        for directory in (top, top / "v1", top / "v1" / "entries", top / "v1" / "entries" / key[:2], top / "v1" / "tmp"):
+            assert _mode(directory) == 0o700, directory
+        files = [p for p in top.rglob("*") if p.is_file()]
+        assert {p.name for p in files} >= {"stats.sqlite", "stats.sqlite-wal", "stats.sqlite-shm", "used", "lock"}
+        for path in files:
+            assert _mode(path) == 0o600, path
+        # As an earlier version left it: world-readable.
+        del cache
+        for directory in (top, top / "v1"):
+            directory.chmod(0o755)
+        for name in ("stats.sqlite", "stats.sqlite-wal", "stats.sqlite-shm"):
+            (top / "v1" / name).chmod(0o644)
+        again = ContentCache(top, max_bytes=64 * MiB)
+        assert again.get_stat(again.key("s3://h", "stat\0b/x", "v@1")) == {"size": 12}
+        assert _mode(top / "v1") == 0o700  # what holds every file of the cache
+        assert _mode(top) == 0o755  # the directory given is the caller's
+        for name in ("stats.sqlite", "stats.sqlite-wal", "stats.sqlite-shm"):
+            assert _mode(top / "v1" / name) == 0o600, name
+    finally:
+        os.umask(old_umask)
 
 
 def test_bad_budget_is_refused_with_its_value(tmp_path: Path) -> None:
@@ -362,6 +403,13 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any]:
     return {"kind": kind, "make": make, "put": put, "raw": raw, "root": root}
 
 
+async def _settle(store: dict[str, Any]) -> None:
+    """Wait until what was just written can be cached: on S3 (an ETag is an MD5) a version is
+    kept once a listing shows its modification time settled."""
+    if store["kind"] == "s3":
+        await asyncio.sleep(SETTLE_SECONDS + 1.1)
+
+
 def _gets(fs: FsspecFilesystem) -> list[str]:
     """Count the whole-object and ranged GETs of ``fs`` (by path) from now on."""
     seen: list[str] = []
@@ -405,6 +453,8 @@ async def test_reads_hit_the_cache_across_instances_and_never_serve_a_changed_fi
     fs = store["make"](metadata_ttl=30)
     await fs.write_file("docs/a.txt", "first")
     await fs.write_file("docs/b.txt", "TODO b")
+    await _settle(store)
+    fs = store["make"](metadata_ttl=30)  # one that has not seen them unsettled
     assert await fs.read_file("docs/a.txt", encoding="utf-8") == "first"
     if store["kind"] in ("memory", "local"):
         assert fs.cache is None  # nothing to cache: the files are already here
@@ -442,6 +492,7 @@ async def test_grep_and_read_many_take_versions_from_the_listing(store: dict[str
     for i in range(12):
         await fs.write_file(f"src/m{i}.py", f"x = {i}\n" + ("# TODO\n" if i % 3 == 0 else ""))
     await fs.write_file("src/ünïcode ✓.py", "# TODO unicode\n")
+    await _settle(store)
     first = store["make"](metadata_ttl=30)
     found = await first.grep("TODO", "src")
     assert len(found) == 5
@@ -462,6 +513,7 @@ async def test_ranged_and_pinned_reads_fill_and_use_the_cache(store: dict[str, A
         pytest.skip("memory and local disk are not cached")
     payload = os.urandom(3 * MiB + 11)
     store["put"]("big.bin", payload)
+    await _settle(store)
     fs = store["make"](metadata_ttl=30)
     st = await fs.stat("big.bin")
     assert st.etag is not None
@@ -498,6 +550,66 @@ async def test_ranged_and_pinned_reads_fill_and_use_the_cache(store: dict[str, A
     # Without the old version in the cache, a read pinned to it fails: never the new bytes.
     with pytest.raises(StaleFileError):
         await store["make"](cache=False).read_range_pinned("big.bin", 0, memoryview(bytearray(10)), st.etag)
+
+
+#: Two 128-byte blocks with one MD5 (Wang et al., 2004): one S3 ETag.
+_MD5_A = bytes.fromhex(
+    "d131dd02c5e6eec4693d9a0698aff95c2fcab58712467eab4004583eb8fb7f89"
+    "55ad340609f4b30283e488832571415a085125e8f7cdc99fd91dbdf280373c5b"
+    "d8823e3156348f5bae6dacd436c919c6dd53e2b487da03fd02396306d248cda0"
+    "e99f33420f577ee8ce54b67080a80d1ec69821bcb6a8839396f9652b6ff72a70"
+)
+_MD5_B = bytes.fromhex(
+    "d131dd02c5e6eec4693d9a0698aff95c2fcab50712467eab4004583eb8fb7f89"
+    "55ad340609f4b30283e4888325f1415a085125e8f7cdc99fd91dbd7280373c5b"
+    "d8823e3156348f5bae6dacd436c919c6dd53e23487da03fd02396306d248cda0"
+    "e99f33420f577ee8ce54b67080280d1ec69821bcb6a8839396f965ab6ff72a70"
+)
+
+
+@pytest.mark.s3
+async def test_other_bytes_of_a_cached_etag_are_never_served_the_old_ones(moto: Any, tmp_path: Path) -> None:
+    """On S3 an ETag is the MD5 of the bytes: rewritten with a collision, a file keeps it.
+    The entry of the old bytes is never served for the new ones, whether the rewrite came
+    seconds later (another modification time) or in the same second as the cached version
+    was written (too recent then to be cached at all)."""
+    assert hashlib.md5(_MD5_A).digest() == hashlib.md5(_MD5_B).digest() and _MD5_A != _MD5_B
+    raw = moto.s3fs(use_listings_cache=False)
+    root = f"{S3_BUCKET}/{unique('ws')}"
+    boto = moto.boto3_client()
+    key = f"{root.split('/', 1)[1]}/tool.bin"
+
+    def make() -> FsspecFilesystem:
+        return FsspecFilesystem(raw, root=root, cache=str(tmp_path / "cache"), metadata_ttl=0)
+
+    boto.put_object(Bucket=S3_BUCKET, Key=key, Body=_MD5_A)
+    await asyncio.sleep(SETTLE_SECONDS + 1.1)
+    first = make()
+    assert await first.read_file("tool.bin") == _MD5_A
+    assert first.cache is not None and first.cache.info().entries == 1
+    boto.put_object(Bucket=S3_BUCKET, Key=key, Body=_MD5_B)
+    assert (await first.stat("tool.bin")).etag == hashlib.md5(_MD5_A).hexdigest()
+    for fs in (first, make()):
+        assert await fs.read_file("tool.bin") == _MD5_B
+        assert await fs.read_many(["tool.bin"]) == {"tool.bin": _MD5_B}
+        st = await fs.stat("tool.bin")
+        buf = bytearray(len(_MD5_B))
+        assert await fs.read_range_pinned("tool.bin", 0, memoryview(buf), st.etag or "") == len(buf)
+        assert bytes(buf) == _MD5_B
+    # Written, read (and so cached, were it settled) and rewritten within one second.
+    other = f"{root.split('/', 1)[1]}/fresh.bin"
+    for _ in range(10):
+        boto.put_object(Bucket=S3_BUCKET, Key=other, Body=_MD5_A)
+        written = boto.head_object(Bucket=S3_BUCKET, Key=other)["LastModified"]
+        fs = make()
+        assert await fs.read_file("fresh.bin") == _MD5_A
+        boto.put_object(Bucket=S3_BUCKET, Key=other, Body=_MD5_B)
+        if boto.head_object(Bucket=S3_BUCKET, Key=other)["LastModified"] == written:
+            break
+    else:
+        pytest.fail("no two writes within one second in ten tries")
+    assert await fs.read_file("fresh.bin") == _MD5_B
+    assert await make().read_file("fresh.bin") == _MD5_B
 
 
 async def test_cache_arguments_are_checked(tmp_path: Path) -> None:
@@ -543,6 +655,7 @@ async def test_stats_of_listed_versions_are_kept_and_a_metadata_change_is_seen(m
     client = moto.boto3_client()
     key = f"{root.split('/', 1)[1]}/tool.sh"
     client.put_object(Bucket=S3_BUCKET, Key=key, Body=b"#!/bin/sh\n", Metadata={"mode": "33261"})
+    await asyncio.sleep(SETTLE_SECONDS + 1.1)  # records are kept of settled versions only (S3)
 
     def make() -> FsspecFilesystem:
         return FsspecFilesystem(raw, root=root, cache=str(tmp_path / "cache"), metadata_ttl=30)
@@ -616,6 +729,7 @@ async def test_the_stat_of_a_small_file_is_one_get_that_fills_the_cache(moto: An
         Bucket=S3_BUCKET, Key=f"{root.split('/', 1)[1]}/small.txt", Body=b"tiny", Metadata={"mode": "33188"}
     )
     raw.pipe_file(f"{root}/big.bin", b"b" * (128 * 1024))
+    await asyncio.sleep(SETTLE_SECONDS + 1.1)  # an S3 version is cached once its time is settled
     fs = FsspecFilesystem(raw, root=root, cache=str(tmp_path / "cache"), metadata_ttl=30)
     await fs.list_stats("")
     heads = _heads(fs)

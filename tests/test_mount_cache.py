@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from agentvfs.mounts import ProcessMount, fuse_available
-from agentvfs.vfs import ContentCache, FsspecFilesystem
+from agentvfs.vfs import SETTLE_SECONDS, ContentCache, FsspecFilesystem
 from conftest import S3_BUCKET, unique
 
 pytestmark = [
@@ -24,6 +24,12 @@ pytestmark = [
 ]
 
 MiB = 1024 * 1024
+
+
+def _settle() -> None:
+    """Wait until what was just written to S3 can be cached: a version (the ETag is an MD5)
+    is kept once its modification time is settled."""
+    time.sleep(SETTLE_SECONDS + 1.1)
 
 
 @pytest.fixture
@@ -48,6 +54,7 @@ def test_files_read_in_one_mount_are_served_from_the_cache_in_the_next(bucket: d
     big = os.urandom(12 * MiB + 3)
     raw.pipe_file(f"{root}/data/big.bin", big)
     raw.pipe_file(f"{root}/data/ünïcode ✓.txt", b"unicode name\n")
+    _settle()
     with _mount(bucket, tmp_path) as first:
         out = subprocess.run(["grep", "-r", "-l", "TODO", first.mountpoint], capture_output=True, text=True, check=True)
         assert len(out.stdout.splitlines()) == 12
@@ -60,6 +67,7 @@ def test_files_read_in_one_mount_are_served_from_the_cache_in_the_next(bucket: d
     # Storage goes away for data: entries are found by version, so the next mount serves
     # every byte from the cache. Changing a file in storage must show the new content.
     raw.pipe_file(f"{root}/src/d0/m00.py", b"# changed in storage, nothing left\n")
+    _settle()
     for read_only in (False, True):
         with _mount(bucket, tmp_path, read_only=read_only) as again:
             out = subprocess.run(["grep", "-r", "-l", "TODO", again.mountpoint], capture_output=True, text=True, check=True)
@@ -94,6 +102,7 @@ def test_a_mount_killed_while_filling_leaves_no_entry_that_can_be_served(
     raw, root = bucket["raw"], bucket["root"]
     big = os.urandom(48 * MiB)
     raw.pipe_file(f"{root}/big.bin", big)
+    _settle()
     m = _mount(bucket, tmp_path)
     m.start()
     started = threading.Event()
@@ -131,6 +140,7 @@ def test_a_mount_killed_while_filling_leaves_no_entry_that_can_be_served(
 def test_a_filesystem_with_a_cache_is_mounted_through_it(bucket: dict[str, Any], tmp_path: Path) -> None:
     raw, root = bucket["raw"], bucket["root"]
     raw.pipe_file(f"{root}/a.txt", b"through the filesystem's cache")
+    _settle()
     fs = FsspecFilesystem(raw, root=root, cache=str(tmp_path / "own-cache"))
     mountpoint = tmp_path / "mnt-own"
     mountpoint.mkdir()
@@ -150,6 +160,7 @@ def test_a_mount_in_this_process_leaves_the_filesystems_cache_as_it_found_it(
 
     raw, root = bucket["raw"], bucket["root"]
     raw.pipe_file(f"{root}/a.txt", b"read through the mount\n")
+    _settle()
     fs = bucket["fs"]
     mountpoint = tmp_path / "mnt-here"
     mountpoint.mkdir()
@@ -163,3 +174,61 @@ def test_a_mount_in_this_process_leaves_the_filesystems_cache_as_it_found_it(
     with Mount(own, str(mountpoint), options={"cache_dir": bucket["cache"]}):
         assert own.cache is before
     assert own.cache is before and before is not None
+
+
+#: Two 128-byte blocks with one MD5 (Wang et al., 2004): one S3 ETag.
+_MD5_A = bytes.fromhex(
+    "d131dd02c5e6eec4693d9a0698aff95c2fcab58712467eab4004583eb8fb7f89"
+    "55ad340609f4b30283e488832571415a085125e8f7cdc99fd91dbdf280373c5b"
+    "d8823e3156348f5bae6dacd436c919c6dd53e2b487da03fd02396306d248cda0"
+    "e99f33420f577ee8ce54b67080a80d1ec69821bcb6a8839396f9652b6ff72a70"
+)
+_MD5_B = bytes.fromhex(
+    "d131dd02c5e6eec4693d9a0698aff95c2fcab50712467eab4004583eb8fb7f89"
+    "55ad340609f4b30283e4888325f1415a085125e8f7cdc99fd91dbd7280373c5b"
+    "d8823e3156348f5bae6dacd436c919c6dd53e23487da03fd02396306d248cda0"
+    "e99f33420f577ee8ce54b67080280d1ec69821bcb6a8839396f965ab6ff72a70"
+)
+
+
+def test_bytes_of_the_same_md5_written_through_a_mount_are_seen_everywhere(bucket: dict[str, Any], tmp_path: Path) -> None:
+    """The agent rewrites a file through its sandbox's mount with bytes of the same MD5 (the
+    ETag stays): the host's cached reads, its diff, its next snapshot and a forced restore
+    all see the change."""
+    import anyio
+
+    from agentvfs import Workspace
+
+    assert hashlib.md5(_MD5_A).digest() == hashlib.md5(_MD5_B).digest()
+    raw, root = bucket["raw"], bucket["root"]
+    raw.pipe_file(f"{root}/tool.bin", _MD5_A)
+    _settle()
+    host = FsspecFilesystem(raw, root=root, cache=bucket["cache"], metadata_ttl=0)
+    ws = Workspace(filesystem=host)
+
+    async def before() -> None:
+        assert await host.read_file("tool.bin") == _MD5_A  # and now cached
+        await ws.snapshot("before-agent")
+
+    anyio.run(before)
+    assert ContentCache(bucket["cache"]).info().entries >= 1
+    etag = raw.info(f"{root}/tool.bin")["ETag"]
+    with _mount(bucket, tmp_path) as m:  # the agent's mount, on the same cache
+        assert Path(m.mountpoint, "tool.bin").read_bytes() == _MD5_A
+        Path(m.mountpoint, "tool.bin").write_bytes(_MD5_B)
+        assert Path(m.mountpoint, "tool.bin").read_bytes() == _MD5_B
+    raw.invalidate_cache()
+    assert raw.info(f"{root}/tool.bin")["ETag"] == etag and raw.cat_file(f"{root}/tool.bin") == _MD5_B
+
+    async def after() -> None:
+        assert await host.read_file("tool.bin") == _MD5_B
+        assert await FsspecFilesystem(raw, root=root, cache=bucket["cache"]).read_file("tool.bin") == _MD5_B
+        assert (await ws.diff("before-agent")).changed == ("tool.bin",)
+        taken = await ws.snapshot()
+        assert taken.files["tool.bin"].sha256 == hashlib.sha256(_MD5_B).hexdigest()
+        assert (await ws.restore("before-agent", force=True)).restored == ("tool.bin",)
+        assert await host.read_file("tool.bin") == _MD5_A
+
+    anyio.run(after)
+    with _mount(bucket, tmp_path, read_only=True) as m:
+        assert Path(m.mountpoint, "tool.bin").read_bytes() == _MD5_A

@@ -707,11 +707,22 @@ async def test_a_collection_waits_for_a_snapshot_that_counts_on_stored_blobs(tmp
         assert await content.read_file("b.txt") == b"content b\n"
 
 
+def _signed_lock(store: SnapshotStore, path: str, **fields: Any) -> bytes:
+    """The record a process with the store's key writes at ``path`` (as
+    ``SnapshotStore._record``), with ``fields`` changed."""
+    from agentvfs.snapshots._store import _lock_record, _lock_signed_bytes
+
+    record = {**_lock_record(store.stale_after.total_seconds()), **fields}
+    record["mac"] = store.key.sign("lock", _lock_signed_bytes(path, record))
+    return json.dumps(record).encode()
+
+
 async def test_a_snapshot_waits_for_a_collection_and_ignores_a_dead_ones_claim(tmp_path: Any) -> None:
     fs = LocalFilesystem(str(tmp_path))
     await fs.write_file("a.txt", b"a\n")
     claim = f"{DEFAULT_PREFIX}/locks/gc-0123456789abcdef.json"
-    await fs.write_file(claim, json.dumps({"at": time.time(), "host": "h", "pid": 1}).encode())
+    signer = SnapshotStore(fs, prefix=DEFAULT_PREFIX)
+    await fs.write_file(claim, _signed_lock(signer, claim, host="h", pid=1))
     with pytest.raises(TimeoutError, match=r"garbage collection of .* under way .*gc-0123456789abcdef\.json"):
         await take_snapshot(fs, SnapshotStore(fs, prefix=DEFAULT_PREFIX, lock_wait=0.3))
     # Released while a snapshot waits: it goes on.
@@ -727,7 +738,7 @@ async def test_a_snapshot_waits_for_a_collection_and_ignores_a_dead_ones_claim(t
     # A claim not renewed for stale_after was left by a process that died: ignored, and
     # removed by the next collection. Its age is the storage's (the listed time), whatever
     # clock its writer had; a claim that is not a lock record at all is aged the same way.
-    await fs.write_file(claim, json.dumps({"at": time.time() + 7200, "host": "h", "pid": 1}).encode())
+    await fs.write_file(claim, _signed_lock(signer, claim, at=time.time() + 7200, host="h", pid=1))
     garbage = f"{DEFAULT_PREFIX}/locks/gc-garbage.json"
     await fs.write_file(garbage, b"")
     with pytest.raises(TimeoutError):

@@ -134,9 +134,14 @@ async def test_a_write_is_not_held_up_long_by_a_garbage_collection(monkeypatch: 
     monkeypatch.setattr(_checkpoints, "LOCK_WAIT", 0.3)
     ws = await workspace(ON)
     tools = await ws.create_tools()
+    from agentvfs.snapshots._store import _lock_record, _lock_signed_bytes
+
+    # A collection's claim, signed as the host's own are (one that is not holds a write off
+    # for the checkpoint's wait once, then not at all).
     claim = ".agentvfs/snapshots/locks/gc-0123456789abcdef.json"
-    record = json.dumps({"at": time.time(), "host": "elsewhere", "pid": 1})
-    await ws.filesystem.write_file(claim, record)  # type: ignore[union-attr]
+    fields = {**_lock_record(600.0), "host": "elsewhere", "pid": 1}
+    fields["mac"] = ws.snapshot_store().key.sign("lock", _lock_signed_bytes(claim, fields))
+    await ws.filesystem.write_file(claim, json.dumps(fields))  # type: ignore[union-attr]
     started = time.monotonic()
     with pytest.raises(TimeoutError, match="no checkpoint could be taken before this write: a garbage collection"):
         await run(tools, FS.WRITE_FILE, path="b.txt", content="b")

@@ -291,7 +291,7 @@ async def _demo_remember(ws: Any, say: Any) -> None:
     """Snapshot the workspace, change it, diff and restore; try a change in a fork and commit
     it; delete a snapshot and collect what nothing holds; read a bucket through a content cache that a second filesystem finds warm."""
     from . import FsspecFilesystem
-    from .vfs import ContentCache
+    from .vfs import SETTLE_SECONDS, ContentCache
 
     files = ws.filesystem
     snap = await ws.snapshot("before-cleanup")
@@ -326,6 +326,10 @@ async def _demo_remember(ws: Any, say: Any) -> None:
             return
         for i in range(3):
             await first.write_file(f"data/part-{i}.txt", f"part {i}\n" * 100)
+        # An S3 ETag is an MD5, which a writer can collide: a version is cached once its
+        # modification time is settled, some seconds after it was written.
+        say(f"  (waiting {SETTLE_SECONDS + 1:g} s: S3 objects are cached once their time is settled)")
+        await anyio.sleep(SETTLE_SECONDS + 1)
         await first.read_many([f"data/part-{i}.txt" for i in range(3)])
         info = ContentCache(cache_dir).info()
         say(f"  cache after a first read of 3 files: {info.entries} entries, {info.bytes} bytes on disk")

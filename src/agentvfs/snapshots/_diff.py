@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Literal
 
 import anyio
@@ -13,7 +14,7 @@ from ..vfs import FileStat, WorkspaceFilesystem, sha256_hex
 from ._manifest import FileRecord, Snapshot
 from ._store import StatMemo
 from ._take import SnapshotContent
-from ._tree import Tree, read_live, task_group, trusts_etags, unchanged
+from ._tree import Tree, read_live, task_group, version_kind, vouches
 
 __all__ = ["Change", "SnapshotDiff", "diff_states"]
 
@@ -116,6 +117,11 @@ class Side:
     def id(self) -> str | None:
         return self.snapshot.id if self.snapshot is not None else None
 
+    @property
+    def observed(self) -> datetime | None:
+        """When the snapshot of this side began listing (None: the live side)."""
+        return self.snapshot.created_at if self.snapshot is not None else None
+
     def kinds(self) -> dict[str, EntryKind]:
         """Every path of this state and what is there."""
         out: dict[str, EntryKind] = {}
@@ -140,10 +146,11 @@ class Side:
     def stat(self, path: str) -> FileStat | None:
         return self.tree.files.get(path) if self.tree is not None else None
 
-    def known(self, path: str, other: FileRecord | None = None) -> str | None:
+    def known(self, path: str, other: FileRecord | None = None, observed: datetime | None = None) -> str | None:
         """The SHA-256 of the file ``path`` where it is known without reading it: from the
-        snapshot, from ``other`` (a record of the same version on storage whose ETags are
-        versions), or from the memo of local files hashed by snapshots."""
+        snapshot, from ``other`` (a record, of a snapshot that listed after ``observed``,
+        that storage vouches is of this very version: see :func:`vouches`), or from the memo
+        of local files hashed by snapshots."""
         record = self.record(path)
         if record is not None:
             return record.sha256
@@ -152,15 +159,15 @@ class Side:
         assert self.fs is not None
         assert self.tree is not None
         stat = self.tree.files[path]
-        if other is not None and unchanged(other, stat, trusts_etags(self.fs)):
+        if other is not None and observed is not None and vouches(other, observed, stat, version_kind(self.fs)):
             return other.sha256
         if self.memo is not None:
             return self.memo.get(self.memo.location(self.fs), stat)
         return None
 
-    async def digest(self, path: str, other: FileRecord | None = None) -> str:
+    async def digest(self, path: str, other: FileRecord | None = None, observed: datetime | None = None) -> str:
         """The SHA-256 of the file ``path`` (read where it is not :meth:`known`)."""
-        known = self.known(path, other)
+        known = self.known(path, other, observed)
         if known is not None:
             return known
         assert self.fs is not None
@@ -195,9 +202,9 @@ async def diff_states(before: Side, after: Side, *, patches: bool = True) -> Sna
         """Compare the file ``path``, reading a side whose hash (``a``, ``b``) is not known."""
         async with limiter:
             if a is None:
-                a = await before.digest(path, after.record(path))
+                a = await before.digest(path, after.record(path), after.observed)
             if b is None:
-                b = await after.digest(path, before.record(path))
+                b = await after.digest(path, before.record(path), before.observed)
             if a != b:
                 changes[path] = Change(path, "changed", "file", await _patch(before, after, path, path, path) if patches else None)
 
@@ -227,8 +234,8 @@ async def diff_states(before: Side, after: Side, *, patches: bool = True) -> Sna
             elif a_kind == "symlink" and before.link(path) != after.link(path):
                 changes[path] = Change(path, "changed", "symlink")
             elif a_kind == "file":
-                a = before.known(path, after.record(path))
-                b = after.known(path, before.record(path))
+                a = before.known(path, after.record(path), after.observed)
+                b = after.known(path, before.record(path), before.observed)
                 if a is not None and a == b:
                     continue  # the same content, known without a read (or a task)
                 tg.start_soon(compare_files, path, a, b)

@@ -2,7 +2,11 @@
 
 A manifest is JSON in one canonical form (sorted keys, no spaces, UTF-8), and a snapshot's
 id is the SHA-256 of those bytes: a manifest changed in storage no longer hashes to the id
-it is filed under, and is refused when loaded.
+it is filed under, and is refused when loaded. Anyone who can write the store can file a
+manifest of their own under its true id, though, so a manifest (format 2) also carries an
+HMAC of its document under the host's :class:`~agentvfs.snapshots.SnapshotKey` (and that
+key's id): one the agent wrote does not verify and is refused. Format 1 is the unsigned
+manifest of earlier versions, read only when asked for.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import Any, Literal
 
 from ..errors import BlobIntegrityError
 from ..vfs import is_digest, normalize_path, sha256_hex
+from ._keys import KEY_FILE_ENV, SnapshotKey
 
 __all__ = [
     "RESERVED_DIR",
@@ -28,7 +33,12 @@ __all__ = [
 #: ``.agentvfs/snapshots``). Snapshots, diffs and restores never include or touch it.
 RESERVED_DIR = ".agentvfs"
 
-MANIFEST_FORMAT = 1
+#: Signed manifests; :data:`UNSIGNED_FORMAT` is that of earlier versions, without a MAC.
+MANIFEST_FORMAT = 2
+UNSIGNED_FORMAT = 1
+#: The environment variable that, set to 1, reads unsigned (format 1) manifests as
+#: ``SnapshotStore(accept_unsigned=True)`` does.
+ACCEPT_UNSIGNED_ENV = "AGENTVFS_SNAPSHOT_ACCEPT_UNSIGNED"
 
 #: Where a snapshot's file contents are held: blobs of its store, S3 object versions
 #: (``VersionId``) or GCS object generations of the workspace's own bucket.
@@ -155,11 +165,12 @@ class Snapshot:
         files: Mapping[str, FileRecord],
         directories: frozenset[str] | set[str],
         links: Mapping[str, str],
+        key: SnapshotKey | None = None,
     ) -> bytes:
         """The canonical manifest bytes of a snapshot with these contents (its id is their
-        SHA-256)."""
-        document = {
-            "format": MANIFEST_FORMAT,
+        SHA-256), signed with ``key`` (format 2), or unsigned (format 1) without one."""
+        document: dict[str, Any] = {
+            "format": MANIFEST_FORMAT if key is not None else UNSIGNED_FORMAT,
             "kind": "agentvfs-snapshot",
             "name": name,
             "created_at": created_at.isoformat(),
@@ -179,7 +190,10 @@ class Snapshot:
             "directories": sorted(directories),
             "links": dict(sorted(links.items())),
         }
-        return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        if key is not None:
+            document["key"] = key.id
+            document["mac"] = key.sign("manifest", canonical_json(document))
+        return canonical_json(document)
 
     @classmethod
     def create(
@@ -193,11 +207,12 @@ class Snapshot:
         files: Mapping[str, FileRecord],
         directories: frozenset[str] | set[str],
         links: Mapping[str, str],
+        key: SnapshotKey | None = None,
     ) -> tuple[Snapshot, bytes]:
-        """A new snapshot and its manifest bytes."""
+        """A new snapshot and its manifest bytes (signed with ``key``, see :meth:`encode`)."""
         data = cls.encode(
             name=name, created_at=created_at, storage=storage, root=root, content=content,
-            files=files, directories=directories, links=links,
+            files=files, directories=directories, links=links, key=key,
         )  # fmt: skip
         snapshot = cls(
             sha256_hex(data), name, created_at, storage, root, content,
@@ -206,14 +221,34 @@ class Snapshot:
         return snapshot, data
 
     @classmethod
-    def decode(cls, data: bytes, expected_id: str, where: str) -> Snapshot:
+    def decode(
+        cls, data: bytes, expected_id: str, where: str, *, key: SnapshotKey | None = None, accept_unsigned: bool = False
+    ) -> Snapshot:
         """Read manifest bytes, refusing any that do not hash to ``expected_id`` or are not
-        a well-formed manifest.
+        a well-formed manifest; with ``key``, also any not signed with it (an unsigned one
+        of an earlier version only with ``accept_unsigned``). Without ``key`` the signature
+        is not looked at: what a manifest names, whoever wrote it (garbage collection keeps
+        the blobs of every manifest it finds).
 
         Raises
         ------
         BlobIntegrityError
-            The bytes are not the manifest ``expected_id`` names, or not a manifest.
+            The bytes are not the manifest ``expected_id`` names, not a manifest, or not
+            signed with ``key``.
+        """
+        return cls.decode_signed(data, expected_id, where, key=key, accept_unsigned=accept_unsigned)[0]
+
+    @classmethod
+    def decode_signed(
+        cls, data: bytes, expected_id: str, where: str, *, key: SnapshotKey | None = None, accept_unsigned: bool = False
+    ) -> tuple[Snapshot, bool]:
+        """:meth:`decode`, and whether the manifest is signed with ``key`` (False for an
+        unsigned one accepted, and always without ``key``).
+
+        Raises
+        ------
+        BlobIntegrityError
+            As :meth:`decode`.
         """
         actual = sha256_hex(data)
         if actual != expected_id:
@@ -223,8 +258,14 @@ class Snapshot:
             )
         try:
             raw = json.loads(data)
-            if raw.get("kind") != "agentvfs-snapshot" or raw.get("format") != MANIFEST_FORMAT:
-                raise ValueError(f"not a snapshot manifest of format {MANIFEST_FORMAT}")
+            if not isinstance(raw, dict) or raw.get("kind") != "agentvfs-snapshot":
+                raise ValueError("not a snapshot manifest")
+            if raw.get("format") not in (MANIFEST_FORMAT, UNSIGNED_FORMAT):
+                raise ValueError(f"not a snapshot manifest of format {UNSIGNED_FORMAT} or {MANIFEST_FORMAT}")
+        except (ValueError, TypeError) as exc:
+            raise BlobIntegrityError(f"Malformed snapshot manifest {where}: {exc}") from None
+        signed = key is not None and _authenticate(raw, key, where, accept_unsigned)
+        try:
             content = raw["content"]
             if content not in _KINDS:
                 raise ValueError(f"unknown content kind {content!r}")
@@ -252,7 +293,7 @@ class Snapshot:
             name = raw.get("name")
             root = raw.get("root")
             storage = raw.get("storage")
-            return cls(
+            snapshot = cls(
                 expected_id,
                 None if name is None else str(name),
                 datetime.fromisoformat(raw["created_at"]),
@@ -265,6 +306,37 @@ class Snapshot:
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise BlobIntegrityError(f"Malformed snapshot manifest {where}: {exc}") from None
+        return snapshot, signed
+
+
+def canonical_json(document: Mapping[str, Any]) -> bytes:
+    """The one byte form of a JSON document that ids and MACs are taken of."""
+    return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def _authenticate(raw: dict[str, Any], key: SnapshotKey, where: str, accept_unsigned: bool) -> bool:
+    """Refuse a manifest document not signed with ``key`` (an unsigned one unless
+    ``accept_unsigned``); whether it is signed."""
+    if raw.get("format") == UNSIGNED_FORMAT:
+        if accept_unsigned:
+            return False
+        raise BlobIntegrityError(
+            f"Snapshot manifest {where} is not signed (written by an agentvfs from before manifests were signed, "
+            "or by someone else into the store): refusing it. If nothing but this host could ever have written "
+            f"that store, read it with SnapshotStore(accept_unsigned=True) or {ACCEPT_UNSIGNED_ENV}=1"
+        )
+    body = {k: v for k, v in raw.items() if k != "mac"}
+    if key.verify("manifest", canonical_json(body), raw.get("mac")):
+        return True
+    named = raw.get("key")
+    other = f" (it names key {named})" if isinstance(named, str) and named != key.id else ""
+    raise BlobIntegrityError(
+        f"Snapshot manifest {where} is not signed with this host's snapshot key {key.id} ({key.source}){other}: "
+        "it was written by someone else into the store (where the agent can write the store, by the agent) or "
+        "by a host whose key this one lacks; refusing it. To trust the snapshots of another host, use its key "
+        f"(copy its key file, then {KEY_FILE_ENV}=PATH or SnapshotStore(key=PATH)); to drop this one, delete it "
+        "by its id"
+    )
 
 
 def _check_path(path: str) -> None:

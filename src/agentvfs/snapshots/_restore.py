@@ -175,7 +175,8 @@ async def apply_restore(
         if step.path in removed_failed:
             continue
         await _apply(fs, step, data, restored, conflicts)
-    result = RestoreResult(snapshot.id, tuple(sorted(restored)), tuple(sorted(conflicts, key=lambda c: c.path)), tuple(sorted(skipped)))
+    # A path of another kind is listed once, though it was removed and then made.
+    result = RestoreResult(snapshot.id, tuple(sorted(set(restored))), tuple(sorted(conflicts, key=lambda c: c.path)), tuple(sorted(skipped)))
     _log.info(
         "restored snapshot %s: %d paths restored, %d conflicts, %d unchanged",
         snapshot.id[:12], len(result.restored), len(result.conflicts), len(result.skipped),
@@ -208,7 +209,8 @@ async def _plan(
 
     async def compare(path: str) -> None:
         async with limiter:
-            same[path] = await live.digest(path, snapshot.files[path]) == snapshot.files[path].sha256
+            record = snapshot.files[path]
+            same[path] = await live.digest(path, record, snapshot.created_at) == record.sha256
 
     async with task_group() as tg:
         for path in snapshot.files:
@@ -218,13 +220,26 @@ async def _plan(
     def refuse(path: str, reason: str) -> None:
         conflicts.append(RestoreConflict(path, reason))
 
+    #: Paths removed before what the snapshot has there is made.
+    removing: set[str] = set()
+
     def removal(path: str) -> _Step:
+        removing.add(path)
         kind = tree.kind(path)
         if kind == "file":
             return _Step(path, "delete", guard=Version.of(tree.files[path]))
         if kind == "symlink":
             return _Step(path, "unlink", target=tree.links[path])
         return _Step(path, "rmdir")
+
+    def below_kept(path: str) -> bool:
+        """Whether a path above ``path`` is kept as something other than a directory (a
+        symbolic link above all: what is made below it must never go through it)."""
+        parts = path.split("/")[:-1]
+        return any(
+            tree.kind(above) not in (None, "directory") and above not in removing
+            for above in ("/".join(parts[: i + 1]) for i in range(len(parts)))
+        )
 
     for path in sorted(wanted.keys() | tree.files.keys() | tree.directories | tree.links.keys() | tree.special):
         if not _within(path, selection):
@@ -246,6 +261,9 @@ async def _plan(
             steps.append(_creation(path, want, snapshot, after_removal=True))
             continue
         if have is None:
+            if below_kept(path):
+                refuse(path, "type")  # its parent is of another kind, and stays so
+                continue
             if want == "symlink" and not can_link:
                 refuse(path, "unsupported")
                 continue

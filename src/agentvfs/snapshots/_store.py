@@ -17,6 +17,14 @@ exclude each other: each writes its lock, then looks for the other's; a collecti
 a lease takes its claim back and tries again later, a snapshot that sees a claim waits. A
 lock older than ``stale_after`` was left by a process that died and is ignored (and removed
 by the next collection); so is one of a process of this machine that has exited.
+
+Whoever can write the store (the agent, where the store is the workspace's own) can put
+files there too. Manifests, listing records and locks are therefore signed with the host's
+:class:`~agentvfs.snapshots.SnapshotKey`: a manifest or record that does not verify is
+refused (never listed, never resolved by name, never the base of the next snapshot), and a
+lock that does not verify holds a snapshot off only for as long as that snapshot is willing
+to wait. No lock holds anyone off for longer than ``max_stale_after`` without being renewed,
+whatever ``stale_after`` it claims.
 """
 
 from __future__ import annotations
@@ -56,11 +64,19 @@ from ..vfs import (
     read_many,
     walk_stats,
 )
-from ._manifest import RESERVED_DIR, Snapshot, SnapshotInfo, is_reserved
+from ._keys import SnapshotKey
+from ._manifest import (
+    ACCEPT_UNSIGNED_ENV,
+    RESERVED_DIR,
+    Snapshot,
+    SnapshotInfo,
+    canonical_json,
+    is_reserved,
+)
 from ._tree import task_group
 from ._versions import unwrapped
 
-__all__ = ["DEFAULT_GRACE", "DEFAULT_PREFIX", "GarbageReport", "SnapshotStore", "check_outside"]
+__all__ = ["DEFAULT_GRACE", "DEFAULT_PREFIX", "MAX_STALE_AFTER", "GarbageReport", "SnapshotStore", "check_outside"]
 
 _log = logging.getLogger("agentvfs.snapshots")
 
@@ -74,6 +90,12 @@ DEFAULT_GRACE = timedelta(hours=1)
 #: A lease or claim not renewed for this long was left by a process that died (a live one
 #: is rewritten every fifth of it).
 DEFAULT_STALE_AFTER = timedelta(minutes=10)
+#: The longest ``stale_after`` a lock may claim for itself (its holder's setting, where that
+#: is longer than the reader's): a lock found in storage holds nobody off for longer.
+MAX_STALE_AFTER = timedelta(hours=1)
+#: How far the clocks of the hosts sharing a store may disagree: a signed lock whose own
+#: time is older than its limit by more than this is a copy of one released long ago.
+_CLOCK_SLACK = 15 * 60.0
 #: How long a snapshot waits for a collection under way, and a collection for snapshots.
 DEFAULT_LOCK_WAIT = 300.0
 _LOCKS = "locks"
@@ -122,6 +144,18 @@ class SnapshotStore:
         the snapshots being taken, before giving up with ``TimeoutError``.
     stale_after : timedelta
         Age past which a lease or claim is taken for one left by a process that died.
+    key : SnapshotKey, bytes, str or path-like, optional
+        What signs and verifies the store's manifests, listing records and locks: a key, its
+        secret, or the path of a key file (made if missing). Default: the per-user key file
+        (:func:`~agentvfs.snapshots.default_key_file`), made on first use. Every host and
+        process that uses the store must have the same key.
+    accept_unsigned : bool, optional
+        Also read manifests without a signature (written by an agentvfs from before they
+        were signed): only for a store that nothing but this host could ever write. They
+        are never the base of a new snapshot, and a signed snapshot of a name wins over an
+        unsigned one. Default: ``$AGENTVFS_SNAPSHOT_ACCEPT_UNSIGNED`` is ``1``.
+    max_stale_after : timedelta
+        The longest ``stale_after`` a lock found in storage may claim for itself.
     """
 
     def __init__(
@@ -131,6 +165,9 @@ class SnapshotStore:
         prefix: str = "",
         lock_wait: float = DEFAULT_LOCK_WAIT,
         stale_after: timedelta = DEFAULT_STALE_AFTER,
+        key: SnapshotKey | bytes | str | os.PathLike[str] | None = None,
+        accept_unsigned: bool | None = None,
+        max_stale_after: timedelta = MAX_STALE_AFTER,
     ) -> None:
         if isinstance(fs, str) or not isinstance(fs, WorkspaceFilesystem):
             fs = FsspecFilesystem(fs)
@@ -141,10 +178,44 @@ class SnapshotStore:
             raise ValueError(f"lock_wait must be 0 seconds or more, got {lock_wait!r}")
         if not stale_after > timedelta(0):
             raise ValueError(f"stale_after must be longer than 0, got {stale_after!r}")
+        if not max_stale_after >= stale_after:
+            raise ValueError(f"max_stale_after ({max_stale_after}) must not be shorter than stale_after ({stale_after})")
+        if key is not None and not isinstance(key, (SnapshotKey, bytes, str, os.PathLike)):
+            raise TypeError(f"key must be a SnapshotKey, its secret (bytes) or a key file's path, not {type(key).__name__}")
         self.lock_wait = lock_wait
         self.stale_after = stale_after
+        self.max_stale_after = max_stale_after
+        self._key_given = key
+        if accept_unsigned is None:
+            accept_unsigned = os.environ.get(ACCEPT_UNSIGNED_ENV, "").strip().lower() in ("1", "true", "yes")
+        self.accept_unsigned = accept_unsigned
+        #: Until when (monotonic) locks that do not verify are not waited for: once a snapshot
+        #: has waited one out, the next ones do not wait again (a forged lock kept fresh
+        #: would delay each of them).
+        self._unverified_ignored_until = 0.0
+        #: Manifests left out of listings (refused), each warned of once.
+        self._not_listed: set[str] = set()
         #: Hashes of local files known from snapshots taken through this object.
         self.memo = StatMemo()
+
+    @functools.cached_property
+    def key(self) -> SnapshotKey:
+        """The key that signs and verifies this store's records (read or made on first use).
+
+        Raises
+        ------
+        PermissionError
+            The key file may be read by others, or cannot be made (the message says how to
+            give one).
+        ValueError
+            The key file holds no key.
+        """
+        given = self._key_given
+        if isinstance(given, SnapshotKey):
+            return given
+        if isinstance(given, bytes):
+            return SnapshotKey(given)
+        return SnapshotKey.from_file(given)
 
     def _path(self, *parts: str) -> str:
         return "/".join(p for p in (self.prefix, *parts) if p)
@@ -160,33 +231,47 @@ class SnapshotStore:
 
     async def save(self, snapshot: Snapshot, manifest: bytes) -> None:
         """Keep a new snapshot: its manifest (written only where nothing is: a manifest is
-        never replaced), then its listing record."""
+        never replaced), then its listing record, signed with :attr:`key`."""
         with contextlib.suppress(FileExists):  # the same bytes: the same snapshot
             await self.fs.write_file(self.manifest_path(snapshot.id), manifest, overwrite=False)
-        info = json.dumps(snapshot.info().to_dict(), sort_keys=True).encode()
-        await self.fs.write_file(self._index_path(snapshot.id), info)
+        record: dict[str, Any] = {**snapshot.info().to_dict(), "key": self.key.id}
+        record["mac"] = self.key.sign("index", canonical_json(record))
+        await self.fs.write_file(self._index_path(snapshot.id), canonical_json(record))
 
     async def load(self, snapshot_id: str) -> Snapshot:
-        """The snapshot ``snapshot_id``, its manifest checked against the id.
+        """The snapshot ``snapshot_id``, its manifest checked against the id and its
+        signature against :attr:`key`.
 
         Raises
         ------
         SnapshotNotFoundError
             No manifest of that id.
         BlobIntegrityError
-            The manifest was changed in storage, or is not a manifest.
+            The manifest was changed in storage, is not a manifest, or was not signed with
+            this store's key (written by someone else; unsigned ones only with
+            ``accept_unsigned``).
         """
+        return (await self._load(snapshot_id))[0]
+
+    async def _load(self, snapshot_id: str) -> tuple[Snapshot, bool]:
+        """:meth:`load`, and whether the manifest is signed (not an accepted unsigned one)."""
         path = self.manifest_path(snapshot_id)
         try:
             data = await self.fs.read_file(path)
         except (FileNotFoundError, NotADirectoryError):
             raise SnapshotNotFoundError(snapshot_id, self.describe()) from None
         raw = data if isinstance(data, bytes) else data.encode("utf-8")
-        return Snapshot.decode(raw, snapshot_id, path)
+        return Snapshot.decode_signed(raw, snapshot_id, path, key=self.key, accept_unsigned=self.accept_unsigned)
 
     async def list(self) -> list[SnapshotInfo]:
-        """Every snapshot kept here, oldest first. A manifest without a readable listing
-        record is listed from the manifest itself."""
+        """Every snapshot kept here whose manifest is signed with this store's key (and the
+        unsigned ones, with ``accept_unsigned``), oldest first. A manifest without a listing
+        record that verifies is listed from the manifest itself; one that does not verify is
+        left out, with a warning naming it."""
+        return [info for info, _ in await self._listing()]
+
+    async def _listing(self) -> builtins.list[tuple[SnapshotInfo, bool]]:
+        """:meth:`list`, each with whether it is signed."""
         try:
             entries = await self.fs.readdir(self._path("manifests"))
         except (FileNotFoundError, NotADirectoryError):
@@ -197,22 +282,28 @@ class SnapshotStore:
             if e.type == "file" and e.name.endswith(".json") and is_digest(e.name.removesuffix(".json"))
         ]
         records = await read_many(self.fs, [self._index_path(i) for i in ids])
-        out: list[SnapshotInfo] = []
+        out: builtins.list[tuple[SnapshotInfo, bool]] = []
         for snapshot_id in ids:
             got = records.get(self._index_path(snapshot_id))
-            info = _parse_info(got, snapshot_id) if isinstance(got, bytes) else None
+            info = _parse_info(got, snapshot_id, self.key) if isinstance(got, bytes) else None
+            signed = True
             if info is None:
                 try:
-                    info = (await self.load(snapshot_id)).info()
+                    snapshot, signed = await self._load(snapshot_id)
                 except (BlobIntegrityError, SnapshotNotFoundError) as exc:
-                    _log.warning("snapshot %s is not listed: %s", snapshot_id, exc)
+                    if snapshot_id not in self._not_listed:  # said once per store object
+                        self._not_listed.add(snapshot_id)
+                        _log.warning("snapshot %s is not listed: %s", snapshot_id, exc)
                     continue
-            out.append(info)
-        return sorted(out, key=lambda i: (i.created_at, i.id))
+                info = snapshot.info()
+            out.append((info, signed))
+        return sorted(out, key=lambda pair: (pair[0].created_at, pair[0].id))
 
     async def resolve(self, ref: str) -> Snapshot:
         """The snapshot ``ref`` names: its id, a name (the newest snapshot of that name), or
-        a prefix of an id (at least six characters) that only one snapshot has.
+        a prefix of an id (at least six characters) that only one snapshot has. Only
+        snapshots :meth:`list` shows are found by a name or prefix; a signed snapshot of a
+        name wins over any unsigned one.
 
         Raises
         ------
@@ -221,20 +312,21 @@ class SnapshotStore:
         ValueError
             ``ref`` is an id prefix that several snapshots share.
         BlobIntegrityError
-            The manifest was changed in storage.
+            The manifest was changed in storage, or is not signed with this store's key.
         """
         if not isinstance(ref, str) or not ref:
             raise ValueError(f"a snapshot is named by its id or name, not {ref!r}")
         if is_digest(ref):
             return await self.load(ref)
-        listed = await self.list()
-        named = [i for i in listed if i.name == ref]
-        for info in reversed(named):
+        listed = await self._listing()
+        named = [pair for pair in listed if pair[0].name == ref]
+        # The newest signed one first; an unsigned one (accepted on request) only after them.
+        for info, _ in sorted(named, key=lambda pair: (pair[1], pair[0].created_at, pair[0].id), reverse=True):
             snapshot = await self.load(info.id)
-            if snapshot.name == ref:  # the listing record is not trusted; the manifest is
+            if snapshot.name == ref:  # the listing record of an unsigned one is not trusted
                 return snapshot
         if len(ref) >= MIN_ID_PREFIX and all(c in "0123456789abcdef" for c in ref):
-            matching = [i for i in listed if i.id.startswith(ref)]
+            matching = [i for i, _ in listed if i.id.startswith(ref)]
             if len(matching) == 1:
                 return await self.load(matching[0].id)
             if matching:
@@ -278,10 +370,16 @@ class SnapshotStore:
         held, and it waits for one under way (up to ``wait`` seconds, default
         ``lock_wait``). The lease is renewed while held.
 
+        A claim not signed with this store's key (forged by whoever can write the store, or
+        left by an agentvfs from before locks were signed) holds it off for ``wait`` seconds
+        at most: past that the snapshot goes on, with a warning naming the claim, and the
+        snapshots this store object takes in the next ``stale_after`` do not wait for such
+        claims at all.
+
         Raises
         ------
         TimeoutError
-            A collection kept its claim for ``wait`` seconds.
+            A collection kept its (signed) claim for ``wait`` seconds.
         """
         wait = self.lock_wait if wait is None else wait
         async with self._lock("snapshot") as path:
@@ -289,10 +387,24 @@ class SnapshotStore:
             # least one sees the other (the collection then gives way).
             deadline = time.monotonic() + wait
             while claims := await self._live_locks("gc", path):
-                if time.monotonic() > deadline:
+                now = time.monotonic()
+                unverified = [p for p, verified in claims if not verified]
+                if len(unverified) == len(claims) and (now > deadline or now < self._unverified_ignored_until):
+                    if now >= self._unverified_ignored_until:  # waited it out (not within the window)
+                        _log.warning(
+                            "snapshot store %s: not waiting any longer for %s, not signed with this store's key "
+                            "(%s): nothing but a process with the key holds snapshots off for longer. If a collection "
+                            "without the key is really under way (an older agentvfs, a host with another key), give "
+                            "every host of the store the same key",
+                            self.describe(), ", ".join(unverified), self.key.source,
+                        )  # fmt: skip
+                        self._unverified_ignored_until = now + self.stale_after.total_seconds()
+                    break
+                if now > deadline:
+                    first = next(p for p, verified in claims if verified)
                     raise TimeoutError(
                         f"a garbage collection of {self.describe()} has been under way for over {wait:g} seconds "
-                        f"({claims[0]}); try again later, or remove that file if no collection is running"
+                        f"({first}); try again later, or remove that file if no collection is running"
                     )
                 await anyio.sleep(_LOCK_POLL)
             yield
@@ -308,7 +420,7 @@ class SnapshotStore:
             # land after the removal below and leave the lock behind.
             with anyio.CancelScope(shield=True):
                 started = True
-                await self.fs.write_file(path, self._record())
+                await self.fs.write_file(path, self._record(path))
             async with task_group() as tg:  # what the body raises comes out as itself
                 tg.start_soon(self._renew, path)
                 try:
@@ -345,7 +457,7 @@ class SnapshotStore:
             await anyio.sleep(period if time.monotonic() - renewed < period else min(period, 1.0))
             try:
                 with anyio.CancelScope(shield=True):
-                    await self.fs.write_file(path, self._record())
+                    await self.fs.write_file(path, self._record(path))
                 renewed = time.monotonic()
             except OSError as exc:
                 if time.monotonic() - renewed > 2.5 * period:
@@ -355,8 +467,25 @@ class SnapshotStore:
                     ) from exc
                 _log.warning("lock %s not renewed, trying again: %s", path, exc)
 
-    def _record(self) -> bytes:
-        return _lock_record(self.stale_after.total_seconds())
+    def _record(self, path: str) -> bytes:
+        """The record of the lock at ``path``, signed (its name too: a copy under another
+        name does not verify)."""
+        record: dict[str, Any] = _lock_record(self.stale_after.total_seconds())
+        record["mac"] = self.key.sign("lock", _lock_signed_bytes(path, record))
+        return json.dumps(record).encode()
+
+    def _verified(self, path: str, data: bytes | OSError) -> bool:
+        """Whether the lock record ``data`` at ``path`` is signed with this store's key."""
+        if not isinstance(data, bytes):
+            return False
+        try:
+            record = json.loads(data)
+        except ValueError:
+            return False
+        if not isinstance(record, dict):
+            return False
+        body = {k: v for k, v in record.items() if k != "mac"}
+        return self.key.verify("lock", _lock_signed_bytes(path, body), record.get("mac"))
 
     async def _locks(self) -> dict[str, tuple[FileStat, bytes | OSError]]:
         """Every lock of the store: its stat and its record."""
@@ -365,19 +494,28 @@ class SnapshotStore:
         found = await read_many(self.fs, paths)
         return {path: (stat, found.get(path, FileNotFound(path))) for path, (_, stat) in zip(paths, stats, strict=True)}
 
-    def _stale(self, lock: tuple[FileStat, bytes | OSError], now: datetime | None) -> bool:
+    def _stale(self, path: str, lock: tuple[FileStat, bytes | OSError], now: datetime | None) -> bool:
         """Whether a lock was left by a process that died.
 
         Its age is measured on the storage's clock where the listing gives times (``now``:
         the time of a lock just written), else on the writer's (the time it records); a
         lock that cannot be read or parsed is aged by the listing alone. On local disk, a
-        lock of a process of this machine that has exited is stale at once."""
+        lock of a process of this machine that has exited is stale at once.
+
+        A lock is stale past this reader's ``stale_after``, or past the longer one its
+        holder claims where the record is signed with this store's key, up to
+        ``max_stale_after``: a lock file's own say never holds anyone off for longer. A
+        signed record whose own time is that much older (plus the clocks' slack) is a copy
+        of a lock released long ago, however fresh the file."""
         stat, data = lock
         record = _lock_fields(data) if isinstance(data, bytes) else None
-        # The holder renews by its own setting: a lock is stale past the longer of the two.
-        held_for = (record.stale_after or 0.0) if record is not None else 0.0
-        limit = max(self.stale_after.total_seconds(), held_for)
+        verified = record is not None and self._verified(path, data)
+        limit = self.stale_after.total_seconds()
+        if verified and record is not None and record.stale_after is not None:
+            limit = max(limit, min(record.stale_after, self.max_stale_after.total_seconds()))
         if record is not None and self._local and _exited(record):
+            return True
+        if verified and record is not None and time.time() - record.at > limit + _CLOCK_SLACK:
             return True
         if now is not None and stat.modified_at.timestamp() > 0:
             return (now - stat.modified_at).total_seconds() > limit
@@ -385,18 +523,19 @@ class SnapshotStore:
             return time.time() - record.at > limit
         return False
 
-    async def _live_locks(self, kind: str, mine: str) -> builtins.list[str]:
+    async def _live_locks(self, kind: str, mine: str) -> builtins.list[tuple[str, bool]]:
         """Paths of the live locks of ``kind`` besides ``mine`` (a lock this process has just
-        written, whose listed time is the storage's now)."""
+        written, whose listed time is the storage's now), each with whether it is signed
+        with this store's key."""
         locks = await self._locks()
         now = _storage_now(locks, mine)
         return [
-            path
+            (path, self._verified(path, lock[1]))
             for path, lock in locks.items()
             if path != mine
             and path.rsplit("/", 1)[-1].startswith(f"{kind}-")
             and not isinstance(lock[1], FileNotFoundError)  # released meanwhile
-            and not self._stale(lock, now)
+            and not self._stale(path, lock, now)
         ]
 
     @functools.cached_property
@@ -449,7 +588,9 @@ class SnapshotStore:
         deadline = time.monotonic() + self.lock_wait
         while True:
             async with self._lock("gc") as claim:
-                leases = await self._live_locks("snapshot", claim)
+                # Every live lease, signed or not: a collection that went on past a lease of a
+                # snapshot under way could delete the blobs it counts on.
+                leases = [path for path, _ in await self._live_locks("snapshot", claim)]
                 if not leases:
                     return await self._collect(grace, claim)
             # Gave way to the snapshots (they may be waiting on this claim); try again.
@@ -489,7 +630,7 @@ class SnapshotStore:
             locks = await self._locks()
             storage_now = _storage_now(locks, claim)
             for path, lock in locks.items():
-                if path != claim and self._stale(lock, storage_now):
+                if path != claim and self._stale(path, lock, storage_now):
                     tg.start_soon(delete, path)
         if failures:
             raise failures[0]
@@ -528,12 +669,18 @@ class SnapshotStore:
         return held
 
     async def latest(self) -> Snapshot | None:
-        """The newest snapshot whose manifest loads, or None."""
-        for info in reversed(await self.list()):
+        """The newest snapshot whose manifest loads and is signed with this store's key (an
+        unsigned one never: a new snapshot takes hashes from it without reading), or None."""
+        for info, signed in reversed(await self._listing()):
+            if not signed:
+                continue
             try:
-                return await self.load(info.id)
+                snapshot, signed = await self._load(info.id)
             except (BlobIntegrityError, SnapshotNotFoundError) as exc:
                 _log.warning("snapshot %s is skipped: %s", info.id, exc)
+                continue
+            if signed:
+                return snapshot
         return None
 
     def describe(self) -> str:
@@ -586,10 +733,14 @@ def _place_in(fs: WorkspaceFilesystem, store: SnapshotStore) -> str | None:
     return None
 
 
-def _parse_info(data: bytes, snapshot_id: str) -> SnapshotInfo | None:
+def _parse_info(data: bytes, snapshot_id: str, key: SnapshotKey) -> SnapshotInfo | None:
+    """The listing record ``data`` of ``snapshot_id`` if it is signed with ``key``, else None
+    (the manifest is then read instead)."""
     try:
         raw = json.loads(data)
         if raw["id"] != snapshot_id:
+            return None
+        if not key.verify("index", canonical_json({k: v for k, v in raw.items() if k != "mac"}), raw.get("mac")):
             return None
         return SnapshotInfo(
             snapshot_id,
@@ -702,15 +853,19 @@ def _process_space() -> str | None:
         return None
 
 
-def _lock_record(stale_after: float) -> bytes:
+def _lock_record(stale_after: float) -> dict[str, Any]:
     """What a lease or claim holds: when it was written, by which process, and after how
     long without a renewal it is stale."""
     pid = os.getpid()
-    record = {
+    return {
         "at": time.time(), "host": socket.gethostname(), "pid": pid, "space": _process_space(),
         "started": start_time(pid), "stale_after": stale_after,
     }  # fmt: skip
-    return json.dumps(record).encode()
+
+
+def _lock_signed_bytes(path: str, record: Mapping[str, Any]) -> bytes:
+    """What a lock's MAC is taken of: its file's name and its record."""
+    return path.rsplit("/", 1)[-1].encode("utf-8") + b"\0" + canonical_json(record)
 
 
 class _Fields(NamedTuple):

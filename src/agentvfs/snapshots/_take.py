@@ -21,8 +21,8 @@ from ._tree import (
     same_version,
     scan,
     task_group,
-    trusts_etags,
-    unchanged,
+    version_kind,
+    vouches,
 )
 from ._versions import PinnedContent, pinned_content, pinned_reader
 
@@ -98,7 +98,7 @@ async def take_snapshot(
             content, root = "blobs", None
         snapshot, manifest = Snapshot.create(
             name=name, created_at=created, storage=fs.location, root=root, content=content,
-            files=files, directories=tree.directories, links=tree.links,
+            files=files, directories=tree.directories, links=tree.links, key=store.key,
         )  # fmt: skip
         await store.save(snapshot, manifest)
     _log.info(
@@ -109,7 +109,8 @@ async def take_snapshot(
 
 
 async def _previous(fs: WorkspaceFilesystem, store: SnapshotStore) -> Snapshot | None:
-    """The newest snapshot of this storage in ``store``, whose hashes can be reused for
+    """The newest snapshot of this storage in ``store`` signed with its key (one anybody
+    else wrote would lend its hashes to files it never saw), whose hashes can be reused for
     files whose version has not changed since."""
     latest = await store.latest()
     if latest is None or latest.storage != fs.location:
@@ -148,14 +149,15 @@ async def _blob_records(
     fs: WorkspaceFilesystem, store: SnapshotStore, tree: Tree, previous: Snapshot | None, location: str | None
 ) -> dict[str, FileRecord]:
     """Records of files whose content goes to blobs: a file whose version the previous
-    snapshot saw (on storage whose ETags are versions), or that the store's memo knows as
-    this very file (``location``: where the memo applies, else None), is neither read nor
-    stored again; any other is read, hashed, and stored unless a blob of its hash is there.
+    snapshot saw (where storage's ETag, size and time vouch for it: see :func:`vouches`),
+    or that the store's memo knows as this very file (``location``: where the memo
+    applies, else None), is neither read nor stored again; any other is read, hashed, and
+    stored unless a blob of its hash is there.
 
     A file is read between two listings of its directory, and its record is kept only if
     both show the same version: the record's hash is of the version it names, even while
     the workspace is written meanwhile."""
-    trusted = trusts_etags(fs)
+    kind = version_kind(fs)
     known: set[str] | None = None
     known_lock = anyio.Lock()
     limiter = anyio.Semaphore(READ_CONCURRENCY)
@@ -172,7 +174,12 @@ async def _blob_records(
 
     async def one(path: str, stat: FileStat) -> None:
         before = previous.files.get(path) if previous is not None else None
-        reusable = before is not None and before.version is None and unchanged(before, stat, trusted)
+        reusable = (
+            before is not None
+            and previous is not None
+            and before.version is None
+            and vouches(before, previous.created_at, stat, kind)
+        )
         if reusable and before is not None and before.sha256 in await stored():
             records[path] = FileRecord(path, stat.size, stat.modified_at, stat.etag, before.sha256)
             return

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import re
 import stat as stat_module
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Literal
 
 import anyio
 
@@ -18,12 +21,13 @@ from ..vfs import (
     WorkspaceFilesystem,
     list_stats,
     read_range,
+    settled,
     sha256_hex,
 )
 from ._manifest import FileRecord, is_reserved
 from ._versions import unwrapped
 
-__all__ = ["Tree", "read_live", "same_version", "scan", "task_group", "trusts_etags"]
+__all__ = ["Tree", "VersionKind", "read_live", "same_version", "scan", "task_group", "version_kind", "vouches"]
 
 #: Listings (one per directory) in flight at once while a tree is scanned.
 SCAN_CONCURRENCY = 16
@@ -113,22 +117,61 @@ async def scan(fs: WorkspaceFilesystem, top: str = "") -> Tree:
     return tree
 
 
-def trusts_etags(fs: WorkspaceFilesystem) -> bool:
-    """Whether equal ETags of one path mean equal content on ``fs``: where storage issues a
-    new version token on every write (S3, GCS, the memory backend), not where the token is
-    derived from a modification time and size (local disk, fsspec's memory)."""
-    return bool(unwrapped(fs).capabilities.versions)
+#: How far a file's ETag tells its content: ``versions`` where storage issues a new token on
+#: every write (GCS generations, the memory backend); ``digests`` where the ETag is a digest
+#: of the content a writer can collide (S3's MD5); ``none`` where it is derived from a
+#: modification time and size (local disk, fsspec's memory).
+VersionKind = Literal["versions", "digests", "none"]
+
+#: An S3 ETag of an object uploaded in one request (the MD5 of its bytes); one of a
+#: multipart upload ends in ``-<parts>``.
+_SINGLE_PART = re.compile(r"[0-9a-f]{32}")
+
+
+def version_kind(fs: WorkspaceFilesystem) -> VersionKind:
+    """How far equal ETags of one path mean equal content on ``fs`` (see :data:`VersionKind`)."""
+    capabilities = unwrapped(fs).capabilities
+    if not capabilities.versions:
+        return "none"
+    return "digests" if capabilities.digest_etags else "versions"
+
+
+def _second(moment: datetime) -> int:
+    return int(moment.timestamp())
 
 
 def same_version(before: FileStat, after: FileStat) -> bool:
     """Whether two stats of one file show one version (its ETag where both have one, else
-    its modification time to the millisecond, and its size)."""
-    return before.size == after.size and Version.of(before).matches(after)
+    its modification time to the millisecond; its size, and its time to the second, too:
+    an ETag that is a digest may be kept by other bytes)."""
+    return (
+        before.size == after.size
+        and Version.of(before).matches(after)
+        and _second(before.modified_at) == _second(after.modified_at)
+    )
 
 
-def unchanged(record: FileRecord, current: FileStat, trusted: bool) -> bool:
-    """Whether ``current`` is known, without reading it, to be the version ``record`` saw."""
-    return trusted and record.etag is not None and current.etag == record.etag and current.size == record.size
+def vouches(record: FileRecord, observed: datetime, current: FileStat, kind: VersionKind) -> bool:
+    """Whether ``current`` is known, without reading it, to hold the content ``record``
+    names; ``record`` is of a snapshot whose listing was made after ``observed`` (its
+    ``created_at``).
+
+    Where ETags are versions, an equal ETag and size are enough. Where they are digests
+    (S3), the agent can write other bytes of the same MD5: only an equal ETag, size and
+    server modification time vouch, and only where that time was settled (see
+    :func:`agentvfs.vfs.settled`) when the snapshot listed it, so that any later write has
+    a later time; and only for an object uploaded whole (a multipart object's time is when
+    its upload began, which a writer holding one open chooses). Elsewhere nothing does.
+    """
+    if kind == "none" or record.etag is None or current.etag != record.etag or current.size != record.size:
+        return False
+    if kind == "versions":
+        return True
+    return (
+        _SINGLE_PART.fullmatch(record.etag) is not None
+        and _second(current.modified_at) == _second(record.modified_at)
+        and settled(_second(record.modified_at), observed.timestamp())
+    )
 
 
 async def read_live(fs: WorkspaceFilesystem, stat: FileStat) -> bytes:

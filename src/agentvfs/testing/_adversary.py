@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib
+import importlib.util
 import os
 import secrets
 import shutil
@@ -47,7 +48,7 @@ __all__ = [
 ]
 
 Severity = Literal["critical", "high", "medium", "low"]
-Requirement = Literal["bwrap", "root", "fuse", "unprivileged"]
+Requirement = Literal["bwrap", "root", "fuse", "unprivileged", "moto"]
 
 #: Modules holding attacks, imported by :func:`load_attacks`.
 _ATTACK_MODULES = (
@@ -55,6 +56,7 @@ _ATTACK_MODULES = (
     "agentvfs.testing._attacks_paths",
     "agentvfs.testing._attacks_tools",
     "agentvfs.testing._attacks_inputs",
+    "agentvfs.testing._attacks_snapshots",
 )
 
 #: Multiplies every attack's iteration count (``AGENTVFS_ATTACK_SCALE``): 1 in the test suite,
@@ -79,7 +81,8 @@ class Attack:
         ``critical``, ``high``, ``medium`` or ``low``: what a success would cost.
     requires : tuple of str
         What must be there for it to run: ``bwrap`` (working bubblewrap), ``root``,
-        ``unprivileged`` (not root), ``fuse`` (``/dev/fuse``).
+        ``unprivileged`` (not root), ``fuse`` (``/dev/fuse``), ``moto`` (an S3 emulator: the
+        test extra).
     run : callable
         ``await run(arena)``; it records its tries on the arena.
     """
@@ -137,6 +140,8 @@ def requirement_missing(requires: Sequence[Requirement]) -> str | None:
             return "needs an unprivileged user"
         if need == "fuse" and not os.path.exists("/dev/fuse"):
             return "needs /dev/fuse"
+        if need == "moto" and importlib.util.find_spec("moto") is None:
+            return "needs moto (install agentvfs[test])"
         if need == "bwrap":
             info = detect_isolation()
             if not info["available"]:

@@ -70,10 +70,12 @@ from ._blobs import BlobStore as BlobStore
 from ._blobs import is_digest as is_digest
 from ._blobs import sha256_hex as sha256_hex
 from ._cache import DEFAULT_CACHE_BYTES as DEFAULT_CACHE_BYTES
+from ._cache import SETTLE_SECONDS as SETTLE_SECONDS
 from ._cache import CacheInfo as CacheInfo
 from ._cache import ContentCache as ContentCache
 from ._cache import SupportsContentCache as SupportsContentCache
 from ._cache import default_cache_dir as default_cache_dir
+from ._cache import settled as settled
 from ._composite import CompositeFilesystem as CompositeFilesystem
 from ._disk import Disk as Disk
 from ._disk import DiskEntry as DiskEntry
@@ -121,6 +123,7 @@ from ._wrapper import WrapperFilesystem as WrapperFilesystem
 __all__ = [
     "DEFAULT_CACHE_BYTES",
     "MATCH_LINE_LIMIT",
+    "SETTLE_SECONDS",
     "TEXT_EXTENSIONS",
     "Backend",
     "BackendFilesystem",
@@ -213,6 +216,7 @@ __all__ = [
     "rewrite_file",
     "run_sync",
     "set_attributes",
+    "settled",
     "sha256_hex",
     "to_units",
     "translate",

@@ -5,7 +5,14 @@ path and *version* (the ETag or generation the store gave it). A version is neve
 place, so an entry never goes stale: a file changed in storage has a new version, and readers
 that check the version before they use the cache (close-to-open, see :class:`VersionMemo`)
 never see old bytes. The cache survives mounts and processes; several processes of one machine
-may share a directory.
+may share a directory. Only its owner may read it: its directories are made with mode 0700
+(``v1`` is made so again if an earlier version left it open), its files 0600.
+
+Where an ETag is a digest of the content (S3's MD5: whoever writes can make two contents of
+one ETag), a version is the ETag together with the object's modification time (a second), and
+it is cached only once a listing or stat has shown that time at least :data:`SETTLE_SECONDS`
+old: any later write gets a later time. A rewrite with colliding bytes in the same second as
+the version it replaces is then never filed under that version.
 
 Layout of ``directory`` (format 1)::
 
@@ -42,6 +49,7 @@ import logging
 import os
 import secrets
 import sqlite3
+import stat
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -52,12 +60,14 @@ from .._procs import pid_alive
 
 __all__ = [
     "DEFAULT_CACHE_BYTES",
+    "SETTLE_SECONDS",
     "CacheFill",
     "CacheInfo",
     "ContentCache",
     "SupportsContentCache",
     "VersionMemo",
     "default_cache_dir",
+    "settled",
 ]
 
 _log = logging.getLogger("agentvfs.cache")
@@ -87,6 +97,19 @@ _STATS_PER_QUERY = 500
 _RECORD_READ = 16384
 #: An entry's record is touched (its time orders eviction) at most this often, in seconds.
 _TOUCH_EVERY = 60.0
+#: How much older (seconds) than the moment storage showed it an object's modification time
+#: must be for its ETag, size and time to name one content where the ETag is a digest a
+#: writer can collide (``Capabilities.digest_etags``): a later write gets a later time, to
+#: the second, as long as this host's clock is within a few seconds of the storage's (the
+#: rule git's index and the local stat memo of snapshots follow for racy timestamps).
+SETTLE_SECONDS = 4.0
+
+
+def settled(modified: float, seen: float) -> bool:
+    """Whether a modification time ``modified`` (seconds since the epoch, storage's clock)
+    shown at ``seen`` (this host's clock) is older than :data:`SETTLE_SECONDS` then; a time
+    of 0 or less (none given) never is."""
+    return 0 < modified < seen - SETTLE_SECONDS
 
 
 def default_cache_dir() -> str:
@@ -207,8 +230,12 @@ class ContentCache:
         self._base = os.path.join(self.directory, _FORMAT)
         self._entries = os.path.join(self._base, "entries")
         self._tmp = os.path.join(self._base, "tmp")
-        for path in (self._entries, self._tmp):
-            os.makedirs(path, mode=0o700, exist_ok=True)
+        # The directory given is made private if it is made here; an existing one is the
+        # caller's to keep as it is (a directory shared for other things): everything the
+        # cache keeps is below its format directory, which is private either way.
+        os.makedirs(self.directory, mode=0o700, exist_ok=True)
+        for path in (self._base, self._entries, self._tmp):
+            _private_directory(path)
         self._lock_path = os.path.join(self._base, "lock")
         self._used_path = os.path.join(self._base, "used")
         #: Serialises this process's threads around the file lock (flock is per open file)
@@ -545,9 +572,11 @@ class ContentCache:
     def _stats(self) -> sqlite3.Connection:
         """The database of metadata records (one connection per process, used under a lock)."""
         if self._db is None or self._db_pid != os.getpid():
-            db = sqlite3.connect(
-                os.path.join(self._base, "stats.sqlite"), timeout=30, check_same_thread=False, isolation_level=None
-            )
+            path = os.path.join(self._base, "stats.sqlite")
+            # Made private before SQLite opens it: its journal files take its mode.
+            for name in (path, path + "-wal", path + "-shm"):
+                _private_file(name, create=name == path)
+            db = sqlite3.connect(path, timeout=30, check_same_thread=False, isolation_level=None)
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")
             db.execute("CREATE TABLE IF NOT EXISTS stats (key TEXT PRIMARY KEY, value TEXT NOT NULL, used REAL NOT NULL)")
@@ -651,6 +680,31 @@ class ContentCache:
 
     def __repr__(self) -> str:
         return f"ContentCache({self.directory!r}, max_bytes={self.max_bytes})"
+
+
+def _private_directory(path: str) -> None:
+    """Make the directory ``path`` (mode 0700), or take group and other access from one of
+    this user's that has it (a cache made by an earlier version). Another user's directory
+    is left as it is: its entries are still 0600."""
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    st = os.stat(path)
+    if st.st_mode & 0o077 and st.st_uid == os.geteuid():
+        os.chmod(path, stat.S_IMODE(st.st_mode) & 0o700)
+
+
+def _private_file(path: str, *, create: bool) -> None:
+    """Make the file ``path`` with mode 0600 (where ``create``), or take group and other
+    access from it: only its owner may read what the cache keeps."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | (os.O_CREAT if create else 0), 0o600)
+    except FileNotFoundError:
+        return
+    try:
+        st = os.fstat(fd)
+        if st.st_mode & 0o077 and st.st_uid == os.geteuid():
+            os.fchmod(fd, stat.S_IMODE(st.st_mode) & 0o600)
+    finally:
+        os.close(fd)
 
 
 class CacheFill:
@@ -774,7 +828,9 @@ class VersionMemo:
     def __init__(self, ttl: float, limit: int = 200_000) -> None:
         self.ttl = ttl
         self._limit = limit
-        self._seen: dict[str, tuple[str, int, float, int]] = {}
+        #: path -> (version, size, when seen (monotonic), modification second, whether that
+        #: second was :func:`settled` when seen).
+        self._seen: dict[str, tuple[str, int, float, int, bool]] = {}
         self._cuts: dict[str, float] = {}
         self._lock = threading.Lock()
 
@@ -782,10 +838,19 @@ class VersionMemo:
         """``path`` is at ``version`` of ``size`` bytes now, modified at second ``stamp``."""
         if version is None:
             return
+        seen = (version, size, time.monotonic(), stamp, settled(stamp, time.time()))
         with self._lock:
             if len(self._seen) >= self._limit:
                 self._seen.clear()  # rare: a fresh start costs one request per file
-            self._seen[path] = (version, size, time.monotonic(), stamp)
+            self._seen[path] = seen
+
+    def stamp_of(self, path: str, version: str) -> tuple[int, bool] | None:
+        """The modification second of ``version`` of ``path`` as last seen (at any age), and
+        whether it was :func:`settled` then; None where ``path`` was last seen at another
+        version, or never."""
+        with self._lock:
+            seen = self._seen.get(path)
+        return (seen[3], seen[4]) if seen is not None and seen[0] == version else None
 
     def fresh(self, path: str) -> tuple[str, int] | None:
         """``(version, size)`` of ``path`` if seen within ``ttl`` and not changed here since."""

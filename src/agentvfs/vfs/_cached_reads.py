@@ -5,6 +5,11 @@ one stat: close-to-open), then takes that version's entry from the cache, or fet
 that version (a GET the store answers only for it: ``If-Match`` on S3, the generation on
 GCS) and keeps it. A GET that is not pinned could return a newer version than the one it is
 filed under, so a store whose reads cannot be pinned is read as if there were no cache.
+
+On S3 an ETag is the MD5 of the content, and whoever writes can give new bytes the ETag of
+old ones (an MD5 collision). There a version is the ETag and the modification second, and a
+version is cached only once a listing or stat showed that second settled (see
+:func:`~agentvfs.vfs.settled`): a version seen sooner is read from storage every time.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from typing import TYPE_CHECKING
 from ..errors import FileNotFound, FileTooLarge, IsDirectory, StaleFileError
 from . import _paths
 from ._base import run_sync
-from ._cache import CacheFill, ContentCache, VersionMemo
+from ._cache import CacheFill, ContentCache, VersionMemo, settled
 from ._fsspec_backends import READ_THREADS
 from ._records import FileStat
 
@@ -186,6 +191,9 @@ class _CachedReads:
         endpoint = backend.endpoint_url() or ""
         #: Names the store in keys: two workspaces of one bucket share entries.
         self.storage = f"{backend.protocol}://{endpoint}"
+        #: Versions are ETags a writer can collide (S3): keys take the modification second
+        #: too, and only versions seen settled are cached.
+        self._digests = backend.capabilities.digest_etags
         backend.seen = self.memo.note
         self._lock = threading.Lock()
         self._fds: OrderedDict[str, int] = OrderedDict()
@@ -201,8 +209,19 @@ class _CachedReads:
         #: stats a mount asks next of every file new to it (see ``preload_stats``).
         self._stats_ahead: dict[str, dict[str, object]] = {}
 
-    def key(self, rel: str, version: str) -> str:
-        return ContentCache.key(self.storage, self.backend.bpath(rel), version)
+    def key(self, rel: str, version: str) -> str | None:
+        """The cache key of ``version`` of ``rel``; None where it must not be cached: on a
+        store of digest ETags, a version whose modification second was not seen settled (or
+        not seen at all: the entry of another content of the same ETag could be served)."""
+        if not self._digests:
+            return ContentCache.key(self.storage, self.backend.bpath(rel), version)
+        found = self.memo.stamp_of(rel, version)
+        if found is None or not found[1]:
+            return None
+        return self._stamped_key(rel, version, found[0])
+
+    def _stamped_key(self, rel: str, version: str, stamp: int) -> str:
+        return ContentCache.key(self.storage, self.backend.bpath(rel), f"{version}@{stamp}")
 
     def _describe(self, rel: str, version: str) -> dict[str, str]:
         """What an entry's record names: the file in storage and its version."""
@@ -213,10 +232,20 @@ class _CachedReads:
 
     # -- metadata ----------------------------------------------------------------------------------
 
-    def _stat_key(self, rel: str, version: str, stamp: int) -> str:
+    def _stat_key(self, rel: str, version: str, stamp: int, *, settled_then: bool) -> str | None:
+        """The key of the metadata record of ``version`` of ``rel`` modified at ``stamp``;
+        None where it must not be kept (a digest ETag whose second was not settled when seen,
+        ``settled_then``)."""
+        if self._digests and not settled_then:
+            return None
         # The modification time too: a store may replace an object's metadata in place and
         # keep its ETag (an S3 copy onto itself), never its time.
         return ContentCache.key(self.storage, "stat\0" + self.backend.bpath(rel), f"{version}@{stamp}")
+
+    def _seen_stat_key(self, rel: str, version: str, stamp: int) -> str | None:
+        """:meth:`_stat_key` of a version the memo has seen."""
+        found = self.memo.stamp_of(rel, version)
+        return self._stat_key(rel, version, stamp, settled_then=found is not None and found == (stamp, True))
 
     def preload_stats(self, stats: Sequence[FileStat]) -> None:
         """Read the metadata records of the files of a listing (``stats``, paths relative to
@@ -227,8 +256,9 @@ class _CachedReads:
             if st.type != "file":
                 continue
             seen = self.memo.fresh_stamped(st.path)
-            if seen is not None:
-                keys.append(self._stat_key(st.path, seen[0], seen[2]))
+            key = self._seen_stat_key(st.path, seen[0], seen[2]) if seen is not None else None
+            if key is not None:
+                keys.append(key)
         if not keys:
             return
         found = self.cache.get_stats(keys)
@@ -242,9 +272,9 @@ class _CachedReads:
         answered from the metadata record kept for that version (no HEAD); else storage is
         asked and the answer kept."""
         seen = self.memo.fresh_stamped(rel)
-        if seen is not None:
+        key = self._seen_stat_key(rel, seen[0], seen[2]) if seen is not None else None
+        if seen is not None and key is not None:
             version, size, stamp = seen
-            key = self._stat_key(rel, version, stamp)
             with self._lock:
                 record = self._stats_ahead.pop(key, None)
             if record is None:
@@ -265,7 +295,9 @@ class _CachedReads:
         st = await run_sync(self.backend.stat_sync, rel, display)
         if st.type == "file" and st.etag is not None and st.metadata is not None:
             stamp = int(st.modified_at.timestamp())
-            await run_sync(self.cache.put_stat, self._stat_key(rel, st.etag, stamp), _stat_to(st))
+            key = self._stat_key(rel, st.etag, stamp, settled_then=settled(stamp, time.time()))
+            if key is not None:
+                await run_sync(self.cache.put_stat, key, _stat_to(st))
         return st
 
     def _read_with_stat(self, rel: str, display: str, version: str) -> FileStat | None:
@@ -281,8 +313,17 @@ class _CachedReads:
         data, st = got
         if st.etag is None or st.metadata is None:
             return None
-        self.cache.put(self.key(rel, st.etag), data, describe=self._describe(rel, st.etag))
-        self.cache.put_stat(self._stat_key(rel, st.etag, int(st.modified_at.timestamp())), _stat_to(st))
+        stamp = int(st.modified_at.timestamp())
+        now_settled = settled(stamp, time.time())  # the answer is the storage's now
+        if not self._digests:
+            entry: str | None = ContentCache.key(self.storage, self.backend.bpath(rel), st.etag)
+        else:
+            entry = self._stamped_key(rel, st.etag, stamp) if now_settled else None
+        if entry is not None:
+            self.cache.put(entry, data, describe=self._describe(rel, st.etag))
+        key = self._stat_key(rel, st.etag, stamp, settled_then=now_settled)
+        if key is not None:
+            self.cache.put_stat(key, _stat_to(st))
         return st
 
     # -- whole files -----------------------------------------------------------------------------
@@ -307,13 +348,17 @@ class _CachedReads:
         StaleFileError
             The file is at another version now (or gone).
         """
+        # The key before the read: a listing showing a new second of the same ETag meanwhile
+        # (new bytes, same digest) must not get the bytes read here filed under it.
+        key = self.key(rel, version)
         buffer = bytearray(size)
         count = self.backend.read_exact_version_sync(rel, display, 0, memoryview(buffer), version)
         if count is None:
             return None
         if count != size:
             raise StaleFileError(display, None, None)
-        self.cache.put(self.key(rel, version), buffer, describe=self._describe(rel, version))
+        if key is not None:
+            self.cache.put(key, buffer, describe=self._describe(rel, version))
         return bytes(buffer)
 
     async def read(self, rel: str, display: str) -> bytes | None:
@@ -326,7 +371,9 @@ class _CachedReads:
             if size == 0:
                 return b""
             key = self.key(rel, version)
-            if size <= _INLINE_BYTES:
+            if key is None:
+                data = None
+            elif size <= _INLINE_BYTES:
                 data = self.cache.get(key, size)
             else:
                 data = await run_sync(self.cache.get, key, size)
@@ -359,7 +406,8 @@ class _CachedReads:
             if max_bytes is not None and size > max_bytes:
                 out[rel] = FileTooLarge(rel, max_bytes)
                 continue
-            data = b"" if size == 0 else self.cache.get(self.key(rel, version), size)
+            key = self.key(rel, version)
+            data = b"" if size == 0 else self.cache.get(key, size) if key is not None else None
             if data is not None:
                 out[rel] = data
             else:
@@ -423,6 +471,8 @@ class _CachedReads:
     def _entry_fd(self, rel: str, version: str, size: int) -> int | None:
         """A descriptor of the entry (a duplicate the caller closes), or None if not cached."""
         key = self.key(rel, version)
+        if key is None:
+            return None
         with self._lock:
             fd = self._fds.get(key)
             if fd is not None:
@@ -498,7 +548,8 @@ class _CachedReads:
                 dropped.append(self._fills.popitem(last=False)[1][0])
         for old in dropped:
             old.abort()
-        fill = self.cache.begin(self.key(rel, version), size, describe=self._describe(rel, version))
+        entry = self.key(rel, version)
+        fill = self.cache.begin(entry, size, describe=self._describe(rel, version)) if entry is not None else None
         if fill is None:
             return None
         with self._lock:
@@ -630,6 +681,8 @@ class _CachedReads:
 
     async def open(self, rel: str, display: str, version: str, size: int, fetch_below: int) -> int | None:
         key = self.key(rel, version)
+        if key is None:
+            return None  # not to be cached (yet): read from storage
         fd = self.cache.open(key, size) if size <= _INLINE_BYTES else await run_sync(self.cache.open, key, size)
         if fd is not None or size > fetch_below or size == 0:
             return fd
@@ -655,6 +708,8 @@ class _CachedReads:
             pool = self._pool
         for rel, version, size in files:
             key = self.key(rel, version)
+            if key is None:
+                continue
             with self._lock:
                 if key in self._queued or len(self._queued) >= _PREFETCH_QUEUE:
                     continue

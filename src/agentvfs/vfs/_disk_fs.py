@@ -652,6 +652,23 @@ class DiskBackend(FsspecBackend):
     def delete_sync(self, rel: str, display: str, force: bool = False) -> None:
         if not rel:
             raise IsDirectory(display)
+        host = self.bpath(rel)
+        try:
+            link = stat_module.S_ISLNK(self.disk.lstat(host).st_mode)
+        except (OSError, ContainmentError):
+            link = False  # the name itself is what info() below reports on
+        if link:
+            # The link itself, wherever it points (outside the root too): its name is inside,
+            # and removing it never touches its target.
+            try:
+                self.disk.unlink(host)
+                return
+            except FileNotFoundError:
+                if force:
+                    return
+                raise FileNotFound(display) from None
+            except Exception as exc:
+                raise self.refuse(exc, rel, display, "delete_file") from exc
         info = self.info(rel)
         if info is None:
             # A broken symlink has no info but is a name that can go.

@@ -730,8 +730,9 @@ class S3Backend(ObjectStoreBackend):
     """
 
     capabilities = Capabilities(
-        empty_dirs=False, atomic_rename=False, symlinks=False, versions=True, blocking=True, metadata=True
-    )
+        empty_dirs=False, atomic_rename=False, symlinks=False, versions=True, blocking=True, metadata=True,
+        digest_etags=True,
+    )  # fmt: skip
     _store_checks_versions = True
     metadata_style = "s3"
     #: Set once a signed listing was refused or not understood: s3fs lists from then on.

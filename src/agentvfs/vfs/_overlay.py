@@ -289,6 +289,7 @@ class OverlayFilesystem(WorkspaceFilesystem):
             atomic_rename=False,
             versions=base.capabilities.versions and upper.capabilities.versions,
             blocking=base.capabilities.blocking or upper.capabilities.blocking,
+            digest_etags=base.capabilities.digest_etags or upper.capabilities.digest_etags,
         )
         self._records = _Records()
         self._known = KnownVersions()

@@ -119,6 +119,11 @@ class Capabilities:
         The backend has symbolic links.
     versions : bool
         Stat results carry an ``etag`` (version token) that changes on every write.
+    digest_etags : bool
+        The ``etag`` is a digest of the content (S3's MD5), not a token storage issues for
+        each write: whoever writes can make two contents with one ``etag`` (an MD5
+        collision), so only the etag, size and modification time together, the time older
+        than the moment it was seen by a margin, tell one version from another.
     metadata : bool
         Files carry object metadata (a small map of strings) kept by the storage.
     blocking : bool
@@ -131,6 +136,7 @@ class Capabilities:
     versions: bool = False
     blocking: bool = True
     metadata: bool = False
+    digest_etags: bool = False
 
 
 @dataclass(frozen=True, slots=True)
