@@ -123,8 +123,11 @@ def test_the_helper_library_is_built_for_the_libfuse_pyfuse3_links() -> None:
     library builds: kept beside the package, for pyfuse3's very libfuse."""
     assert _helper.unavailable_reason() is None
     helper = _helper.HELPER
-    assert helper is not None and Path(helper.path).parent == _helper._BUILT
-    assert _helper._trusted(Path(helper.path))
+    assert helper is not None
+    if os.access(_helper._BUILT.parent, os.W_OK):
+        assert Path(helper.path).parent == _helper._BUILT and _helper._trusted(Path(helper.path))
+    else:  # a user who may not write the installation: built for the process alone
+        assert not Path(helper.path).exists()
     minor = int(_helper.libfuse_version().split(".")[1])
     assert helper.supports_passthrough == (minor >= 17)
 
