@@ -605,6 +605,29 @@ class MountOperations(pyfuse3.Operations):
             self.staging.release_bytes(node)
             self.staging.reserve(node, node.size)
 
+    async def _own_stage(self, node: Node, *, truncate_to: int | None = None) -> None:
+        """Before changing ``node``'s staged copy: make it hold the file's content (see
+        :meth:`_materialize`) and be this change's own to write.
+
+        A request holding the node's lock reads the copy as it is: a publish links it into
+        storage (local disk) or uploads it, a rename publishes it, ``keep`` moves it to the
+        recovery area. On local disk that request is often the last close's publish, which
+        the kernel sends after ``close(2)`` returned, so the writer's next ``open`` or
+        ``write`` comes in during it: changed now, the copy would change under the publish
+        (storage would get a mix of the two versions, or the file in storage changed in
+        place, which then no longer matches the version the publish recorded). So the
+        change waits for it, then starts from a copy of its own if the one it had is in
+        storage now (``StagingStore.own``). No ``await`` follows before the caller writes:
+        no other request can take the lock in between.
+        """
+        await self._materialize(node, truncate_to=truncate_to)
+        while node.lock.locked():
+            async with node.lock:
+                pass
+            # Kept or dropped meanwhile: staged again from what storage holds now.
+            await self._materialize(node, truncate_to=truncate_to)
+        self.staging.own(node)
+
     def _dirty(self, node: Node, *, written: bool) -> None:
         """``node``'s staged copy changed: it holds what storage does not (journaled)."""
         if not node.dirty:
@@ -1081,8 +1104,7 @@ class MountOperations(pyfuse3.Operations):
                 resize = False
         if resize:
             size = attr.st_size
-            await self._materialize(node, truncate_to=size)
-            self.staging.own(node)
+            await self._own_stage(node, truncate_to=size)
             if node.stream is not None and size < node.stream.read_to:
                 self.uploads.drop(node)
             elif size == 0:
@@ -1660,8 +1682,7 @@ class MountOperations(pyfuse3.Operations):
             if info is not None:
                 return info
         if truncate:
-            await self._materialize(node, truncate_to=0)
-            self.staging.own(node)
+            await self._own_stage(node, truncate_to=0)
             self.uploads.drop(node)
             if node.size:
                 os.ftruncate(node.stage_fd, 0)
@@ -2006,8 +2027,7 @@ class MountOperations(pyfuse3.Operations):
         node = handle.node
         if handle.passthrough:
             return os.pwrite(node.backing_fd, buf, node.size if handle.append else off)
-        await self._materialize(node)
-        self.staging.own(node)
+        await self._own_stage(node)
         if handle.append and not self.enable_writeback_cache:
             off = node.size
         end = off + len(buf)

@@ -1,0 +1,153 @@
+"""The staged path of a local-directory mount (passthrough off, or where it is unavailable):
+each written file is a private copy beside the files, published by a hard link and a rename
+under a version check.
+
+Requests of one file reach the mount concurrently: the kernel sends the last close's
+``release`` after ``close(2)`` returned, so a program's next ``open`` or ``write`` of the file
+arrives while that close's publish is still running. The filesystem here holds a publish (or
+a removal) at its start, as a slow disk would, so that the order of the requests is the
+test's own, every run.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+
+import anyio.to_thread
+import pytest
+
+from agentvfs import LocalFilesystem
+from agentvfs.mounts import Mount, fuse_available, is_mounted
+from agentvfs.vfs import PosixAttributes, Version
+
+pytestmark = pytest.mark.skipif(fuse_available() is not None, reason=f"FUSE unavailable: {fuse_available()}")
+
+#: Writes are staged also where FUSE passthrough would open files in place.
+STAGED = {"passthrough": False, "metadata_ttl": 0.2}
+#: Long enough for a request sent by another thread to reach the mount and be served as far
+#: as it goes while the held call waits.
+SETTLE = 0.5
+
+
+class _Gate:
+    """One held call: ``reached`` once it is waiting, and it goes on once ``opened``."""
+
+    def __init__(self) -> None:
+        self.reached = threading.Event()
+        self.opened = threading.Event()
+
+
+class _HeldDisk(LocalFilesystem):
+    """A local directory whose next publish can be held at its start (before it looks at the
+    version on disk or links anything)."""
+
+    def __init__(self, base: Path) -> None:
+        super().__init__(base)
+        self._gates: dict[str, _Gate] = {}
+
+    def hold(self, call: str) -> _Gate:
+        """Hold the next ``call`` (``publish``) until the gate returned is opened."""
+        gate = self._gates[call] = _Gate()
+        return gate
+
+    async def _pass(self, call: str) -> None:
+        gate = self._gates.pop(call, None)
+        if gate is not None:
+            gate.reached.set()
+            await anyio.to_thread.run_sync(functools.partial(gate.opened.wait, 30))
+
+    async def publish_file(
+        self,
+        local_path: str,
+        path: str,
+        *,
+        expected: Version | None = None,
+        create: bool = False,
+        attributes: PosixAttributes | None = None,
+        keep: Mapping[str, str] | None = None,
+    ) -> str | None:
+        await self._pass("publish")
+        return await super().publish_file(
+            local_path, path, expected=expected, create=create, attributes=attributes, keep=keep
+        )
+
+
+@pytest.fixture
+def mnt(tmp_path: Path) -> Iterator[Path]:
+    point = tmp_path / "mnt"
+    point.mkdir()
+    yield point
+    if is_mounted(os.fspath(point)):  # a failed test must not leave a mount behind
+        subprocess.run(["fusermount3", "-uz", os.fspath(point)], check=False)
+
+
+@pytest.fixture
+def disk(tmp_path: Path) -> Path:
+    root = tmp_path / "disk"
+    root.mkdir()
+    return root
+
+
+def _in_thread(call: Callable[[], None]) -> concurrent.futures.Future[None]:
+    """Run ``call`` in a thread of its own (it may block on the mount while the test goes on)."""
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    future = pool.submit(call)
+    pool.shutdown(wait=False)
+    return future
+
+
+def _append(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def _replace(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+_CHANGES: dict[str, tuple[Callable[[Path], None], bytes]] = {
+    # What a program does to the file right after closing it, and what the file then holds.
+    "append": (lambda path: _append(path, b"new\n"), b"new\n"),
+    "truncate and write": (lambda path: _replace(path, b"new\n"), b"new\n"),
+    "truncate(2)": (lambda path: os.truncate(path, 100), bytes(100)),
+}
+
+
+@pytest.mark.parametrize("change", sorted(_CHANGES))
+def test_a_change_while_the_last_close_publishes_waits_for_that_publish(
+    change: str, disk: Path, mnt: Path
+) -> None:
+    # ``: > f`` writes nothing: its last close (the release, after close(2) returned)
+    # publishes the empty file. A change that comes in meanwhile used to go into the staged
+    # copy being published: storage got the change in place, after the version the publish
+    # recorded, and the change's own publish then took that for another writer's (EIO, its
+    # data in the recovery area). It waits for the publish now, and starts from a copy.
+    (disk / "f").write_bytes(b"the old version\n")
+    fs = _HeldDisk(disk)
+    do, expected = _CHANGES[change]
+    with Mount(fs, mnt, options=STAGED) as mount:
+        gate = fs.hold("publish")
+        os.close(os.open(mnt / "f", os.O_WRONLY | os.O_TRUNC))
+        assert gate.reached.wait(10)
+        changed = _in_thread(lambda: do(mnt / "f"))
+        time.sleep(SETTLE)
+        gate.opened.set()
+        changed.result(timeout=30)  # no error
+        assert (mnt / "f").read_bytes() == expected
+        assert (disk / "f").read_bytes() == expected
+        assert mount.kept == []
+    assert os.stat(disk / "f").st_nlink == 1
