@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
+import logging
 import os
 import subprocess
 import threading
@@ -23,6 +24,7 @@ from pathlib import Path
 import anyio.to_thread
 import pytest
 
+from _mounted import wait_until
 from agentvfs import LocalFilesystem
 from agentvfs.mounts import Mount, fuse_available, is_mounted
 from agentvfs.vfs import PosixAttributes, Version
@@ -45,15 +47,16 @@ class _Gate:
 
 
 class _HeldDisk(LocalFilesystem):
-    """A local directory whose next publish can be held at its start (before it looks at the
-    version on disk or links anything)."""
+    """A local directory whose next publish, deletion or move can be held at its start
+    (before it looks at the version on disk or changes anything)."""
 
     def __init__(self, base: Path) -> None:
         super().__init__(base)
         self._gates: dict[str, _Gate] = {}
 
     def hold(self, call: str) -> _Gate:
-        """Hold the next ``call`` (``publish``) until the gate returned is opened."""
+        """Hold the next ``call`` (``publish``, ``delete``, ``move``) until the gate returned
+        is opened."""
         gate = self._gates[call] = _Gate()
         return gate
 
@@ -77,6 +80,14 @@ class _HeldDisk(LocalFilesystem):
         return await super().publish_file(
             local_path, path, expected=expected, create=create, attributes=attributes, keep=keep
         )
+
+    async def delete_file(self, path: str, *, force: bool = False) -> None:
+        await self._pass("delete")
+        await super().delete_file(path, force=force)
+
+    async def move_file(self, src: str, dest: str, *, overwrite: bool = True) -> None:
+        await self._pass("move")
+        await super().move_file(src, dest, overwrite=overwrite)
 
 
 @pytest.fixture
@@ -151,3 +162,53 @@ def test_a_change_while_the_last_close_publishes_waits_for_that_publish(
         assert (disk / "f").read_bytes() == expected
         assert mount.kept == []
     assert os.stat(disk / "f").st_nlink == 1
+
+
+def _settled(mount: Mount) -> bool:
+    """Nothing of the mount is left to publish (a release served after its close returned)."""
+    assert mount.operations is not None
+    # Copied in one step (the mount's thread changes the table meanwhile).
+    return not any(node.dirty for node in tuple(mount.operations.inodes.values()))
+
+
+_RENAMES: dict[str, Callable[[Path], None]] = {
+    # A name change of the file while its last close publishes: unlinked, or replaced by a
+    # rename of another file over it (also after a utime of the open file, which took the
+    # publish's version check away).
+    "unlink": lambda mnt: os.unlink(mnt / "f"),
+    "rename over it": lambda mnt: os.rename(mnt / "g", mnt / "f"),
+}
+
+
+@pytest.mark.parametrize("utime", [False, True], ids=["", "after utime"])
+@pytest.mark.parametrize("change", sorted(_RENAMES))
+def test_a_name_change_while_the_last_close_publishes_is_the_mount_s_own(
+    change: str, utime: bool, disk: Path, mnt: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The release's publish used to start while the unlink or rename was in storage, with the
+    # names the file had before it: it then found the mount's own change there, took it for
+    # another writer's (an error logged, the data in the recovery area), or, without its
+    # version check, put the old file back over the one renamed there.
+    (disk / "f").write_bytes(b"the old version\n")
+    (disk / "g").write_bytes(b"the file renamed over it\n")
+    fs = _HeldDisk(disk)
+    with Mount(fs, mnt, options=STAGED) as mount:
+        fd = os.open(mnt / "f", os.O_WRONLY | os.O_TRUNC)
+        if utime:
+            os.utime(fd, ns=(1_600_000_000_000_000_000, 1_600_000_000_000_000_000))
+        changing = fs.hold("delete" if change == "unlink" else "move")
+        publishing = fs.hold("publish")
+        changed = _in_thread(lambda: _RENAMES[change](mnt))
+        assert changing.reached.wait(10)
+        os.close(fd)  # nothing written: its last close publishes, after close(2) returns
+        time.sleep(SETTLE)
+        changing.opened.set()
+        changed.result(timeout=30)
+        publishing.opened.set()
+        assert wait_until(lambda: _settled(mount))
+        assert mount.kept == []
+    assert [record.getMessage() for record in caplog.records if record.levelno >= logging.ERROR] == []
+    assert sorted(os.listdir(disk)) == (["f"] if change == "rename over it" else ["g"])
+    if change == "rename over it":
+        assert (disk / "f").read_bytes() == b"the file renamed over it\n"
+

@@ -17,7 +17,7 @@ import stat as stat_module
 import tempfile
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import pyfuse3
@@ -158,6 +158,10 @@ def _seconds(st: FileStat) -> int:
     """When storage last changed what ``st`` describes, in whole seconds (S3 lists it to the
     millisecond and a HEAD gives it to the second)."""
     return int(st.modified_at.timestamp())
+
+
+def _ino(node: Node) -> int:
+    return node.ino
 
 
 def _fail(code: int) -> pyfuse3.FUSEError:
@@ -627,6 +631,28 @@ class MountOperations(pyfuse3.Operations):
             # Kept or dropped meanwhile: staged again from what storage holds now.
             await self._materialize(node, truncate_to=truncate_to)
         self.staging.own(node)
+
+    @staticmethod
+    @contextlib.asynccontextmanager
+    async def _names_of(*nodes: Node | None) -> AsyncIterator[None]:
+        """Hold the locks of the files among ``nodes`` (in inode order, so that two holders
+        never wait for each other) while their names change in storage.
+
+        A publish takes the names of its file when it starts and holds the lock to its end.
+        An unlink or a rename that changed names in storage while one ran would have it
+        publish under the names as they were: put the file back where the change took it
+        away (over the file renamed there), take the change for another writer's (an error,
+        its data in the recovery area), or lose its staged copy when the change drops it.
+        The kernel holds the file's inode lock through an unlink or rename, so no write or
+        truncate of it comes in meanwhile; its last close's publish does (the release, sent
+        after close(2) returned). Held, the change waits for a publish in flight, and one
+        that starts meanwhile waits and sees the names as they are after it.
+        """
+        files = sorted({id(node): node for node in nodes if node is not None and node.is_file}.values(), key=_ino)
+        async with contextlib.AsyncExitStack() as held:
+            for node in files:
+                await held.enter_async_context(node.lock)
+            yield
 
     def _dirty(self, node: Node, *, written: bool) -> None:
         """``node``'s staged copy changed: it holds what storage does not (journaled)."""
@@ -1391,30 +1417,37 @@ class MountOperations(pyfuse3.Operations):
 
     async def _remove_name(self, directory: Node, name: str, node: Node) -> None:
         self.uploads.drop(node)
-        if node.is_file:
-            # A publish in flight (the last close's, which the kernel sends after close(2)
-            # returned) lands first: the removal then takes it away. Otherwise it would put
-            # the file back in storage after its name went.
-            async with node.lock:
-                pass
-        if node.is_file and node.stored:
-            if node.opens and node.stage is None and node.backing_fd < 0 and len(node.links) == 1:
-                # Open descriptors keep working after the last name goes: keep a copy.
-                await self._materialize(node)
-            path = self.table.child_path(directory, name)
-            if not self._unlink_on_disk(path):
-                await self.fs.delete_file(path, force=True)
-        elif node.stored and not node.is_dir:
-            await self._remove_special(self.table.child_path(directory, name))
-        assert directory.children is not None
-        directory.children.pop(name, None)
-        self.table.drop_link(node, directory, name)
-        directory.touch()
-        node.touch(content=False)
-        if not node.links:
-            node.dirty = False
-            if not node.opens:
-                self.staging.drop(node)
+        await self._keep_for_descriptors(node)
+        # A publish in flight (the last close's, which the kernel sends after close(2)
+        # returned) lands first: the removal then takes it away. One that would start
+        # meanwhile finds the name gone (nothing to publish), rather than putting the file
+        # back, or taking the removal for another writer's.
+        async with self._names_of(node):
+            if node.is_file and node.stored:
+                path = self.table.child_path(directory, name)
+                if not self._unlink_on_disk(path):
+                    await self.fs.delete_file(path, force=True)
+            elif node.stored and not node.is_dir:
+                await self._remove_special(self.table.child_path(directory, name))
+            assert directory.children is not None
+            directory.children.pop(name, None)
+            self.table.drop_link(node, directory, name)
+            directory.touch()
+            node.touch(content=False)
+            if not node.links:
+                node.dirty = False
+                if not node.opens:
+                    self.staging.drop(node)
+
+    async def _keep_for_descriptors(self, node: Node) -> None:
+        """Before ``node``'s last name goes from storage (unlinked, or replaced by a rename):
+        open descriptors keep working on a staged copy of it (a file staged already, or
+        opened in place, has one)."""
+        if (
+            node.is_file and node.stored and node.opens and node.stage is None and node.backing_fd < 0
+            and len(node.links) == 1
+        ):  # fmt: skip
+            await self._materialize(node)
 
     @_fuse_errors
     async def _remove_special(self, path: str) -> None:
@@ -1486,73 +1519,62 @@ class MountOperations(pyfuse3.Operations):
             raise _fail(errno.EISDIR)
         old_path = self.table.child_path(old_dir, old_name)
         new_path = self.table.child_path(new_dir, new_name)
-        if target is not None and target.is_file:
-            # A publish of the file being replaced that is still in flight (its last close's)
-            # lands first; the rename then replaces it, rather than being replaced by it.
-            async with target.lock:
-                pass
-        if node.is_dir:
-            await self._rename_dir(node, old_path, new_path, target)
-        elif node.is_file:
-            await self._rename_file(node, old_path, new_path, target)
-        elif node.stored:
-            # A stored symbolic link, FIFO...: moved in storage (an object copy keeps its
-            # metadata), over whatever the new name held.
-            await self.fs.move_file(old_path, new_path, overwrite=True)
-        elif target is not None and not target.is_dir and target.stored:
-            # A mount-only node (symlink, FIFO...) replaces a stored file: the file goes.
-            if target.is_file:
-                await self.fs.delete_file(new_path, force=True)
-            else:
-                await self._remove_special(new_path)
         if target is not None:
+            await self._keep_for_descriptors(target)
+        # The file moved and the file replaced keep their names in storage and in the mount
+        # in step: a publish of either in flight (its last close's, sent after close(2)
+        # returned) lands first, and one that would start meanwhile waits for the new names
+        # (see _names_of).
+        async with self._names_of(node, target):
+            if node.is_dir:
+                await self._rename_dir(node, old_path, new_path, target)
+            elif node.is_file:
+                await self._rename_file(node, old_path, new_path, target)
+            elif node.stored:
+                # A stored symbolic link, FIFO...: moved in storage (an object copy keeps its
+                # metadata), over whatever the new name held.
+                await self.fs.move_file(old_path, new_path, overwrite=True)
+            elif target is not None and not target.is_dir and target.stored:
+                # A mount-only node (symlink, FIFO...) replaces a stored file: the file goes.
+                if target.is_file:
+                    await self.fs.delete_file(new_path, force=True)
+                else:
+                    await self._remove_special(new_path)
+            if target is not None:
+                assert new_dir.children is not None
+                new_dir.children.pop(new_name, None)
+                self.table.drop_link(target, new_dir, new_name)
+                target.touch(content=False)
+                if not target.links:
+                    target.dirty = False
+                    if not target.opens:
+                        self.staging.drop(target)
+            assert old_dir.children is not None
             assert new_dir.children is not None
-            new_dir.children.pop(new_name, None)
-            self.table.drop_link(target, new_dir, new_name)
-            target.touch(content=False)
-            if not target.links:
-                target.dirty = False
-                if not target.opens:
-                    self.staging.drop(target)
-        assert old_dir.children is not None
-        assert new_dir.children is not None
-        old_dir.children.pop(old_name, None)
-        node.links = [
-            (new_dir, new_name) if (d is old_dir and n == old_name) else (d, n) for d, n in node.links
-        ]
-        new_dir.children[new_name] = node
+            old_dir.children.pop(old_name, None)
+            node.links = [
+                (new_dir, new_name) if (d is old_dir and n == old_name) else (d, n) for d, n in node.links
+            ]
+            new_dir.children[new_name] = node
         old_dir.touch()
         new_dir.touch()
         node.touch(content=False)
 
     async def _rename_file(self, node: Node, old_path: str, new_path: str, target: Node | None) -> None:
+        """Move the file ``node`` in storage (over ``target``), holding the locks of both."""
         self.uploads.drop(node)
         if target is not None:
             self.uploads.drop(target)
-        if (
-            target is not None
-            and target.is_file
-            and target.opens
-            and target.stage is None
-            and target.backing_fd < 0
-            and len(target.links) == 1
-        ):
-            await self._materialize(target)  # its open descriptors keep their data
         if node.dirty and node.stage is not None and not self._linked_on_disk(node):
             # Publish the staged content under the new name, then drop the old one (a file
             # with other names on disk is renamed instead, and written in place at its close).
-            async with node.lock:
-                # Checked again: a close may have published it while this waited.
-                if node.dirty and node.stage is not None:
-                    seq = node.write_seq
-                    version = await publish_file(
-                        self.fs, node.stage, new_path, attributes=self._carried(node), keep=node.keep
-                    )
-                    if node.stored:
-                        await self.fs.delete_file(old_path, force=True)
-                    # Under its new name already (rename(2) moves the node after this).
-                    self._published(node, version, seq, new_path)
-                    return
+            seq = node.write_seq
+            version = await publish_file(self.fs, node.stage, new_path, attributes=self._carried(node), keep=node.keep)
+            if node.stored:
+                await self.fs.delete_file(old_path, force=True)
+            # Under its new name already (rename(2) moves the node after this).
+            self._published(node, version, seq, new_path)
+            return
         if node.stored:
             await self.fs.move_file(old_path, new_path, overwrite=True)
             node.etag = None  # a copy may have a version of its own: asked before a write
