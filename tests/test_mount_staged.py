@@ -12,6 +12,7 @@ test's own, every run.
 from __future__ import annotations
 
 import concurrent.futures
+import errno
 import functools
 import logging
 import os
@@ -212,3 +213,34 @@ def test_a_name_change_while_the_last_close_publishes_is_the_mount_s_own(
     if change == "rename over it":
         assert (disk / "f").read_bytes() == b"the file renamed over it\n"
 
+
+def test_a_utime_of_a_file_being_written_keeps_its_publish_conditional(disk: Path, mnt: Path) -> None:
+    # ``cp -p`` sets the times through the descriptor before it closes. The times used to go
+    # to the old file on disk, whose version the mount then no longer knew: the publish went
+    # unchecked and replaced what another writer put there meanwhile, silently.
+    (disk / "f").write_bytes(b"the old version\n")
+    with Mount(LocalFilesystem(disk), mnt, options=STAGED) as mount:
+        fd = os.open(mnt / "f", os.O_WRONLY | os.O_APPEND)
+        os.write(fd, b"mine\n")
+        os.utime(fd, ns=(1_600_000_000_000_000_000, 1_600_000_000_000_000_000))
+        (disk / "f").write_bytes(b"another writer's\n")
+        with pytest.raises(OSError) as closed:
+            os.close(fd)
+        assert closed.value.errno == errno.EIO
+        assert [open(kept.data, "rb").read() for kept in mount.kept] == [b"the old version\nmine\n"]
+    assert (disk / "f").read_bytes() == b"another writer's\n"
+
+
+def test_a_utime_of_a_file_being_written_is_kept_by_its_publish(disk: Path, mnt: Path) -> None:
+    (disk / "f").write_bytes(b"the old version\n")
+    with Mount(LocalFilesystem(disk), mnt, options=STAGED):
+        fd = os.open(mnt / "f", os.O_WRONLY | os.O_APPEND)
+        os.write(fd, b"mine\n")
+        os.utime(fd, ns=(1_500_000_000_000_000_000, 1_600_000_000_000_000_000))
+        assert os.stat(mnt / "f").st_mtime_ns == 1_600_000_000_000_000_000
+        # The old file keeps its own times until the publish replaces it.
+        assert os.stat(disk / "f").st_mtime_ns != 1_600_000_000_000_000_000
+        os.close(fd)
+        assert os.stat(mnt / "f").st_mtime_ns == 1_600_000_000_000_000_000
+    assert (disk / "f").read_bytes() == b"the old version\nmine\n"
+    assert os.stat(disk / "f").st_mtime_ns == 1_600_000_000_000_000_000

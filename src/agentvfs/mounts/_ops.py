@@ -706,10 +706,19 @@ class MountOperations(pyfuse3.Operations):
             return
         if not node.stored or (node is not self.root and not node.links):
             return  # nothing of it on disk (yet): a publish or mkdir sets them there
+        if times_ns is not None and node.is_file and node.dirty:
+            # Written and not published yet: its publish sets the times on the new file (see
+            # _carried). Set on the old file now, they would make a version of it the mount
+            # never saw, and the publish would have nothing to check it against: it would go
+            # over whatever another writer put there meanwhile, unseen (``cp -p`` sets the
+            # times through the descriptor before it closes).
+            times_ns = None
+            if mode is None and owner is None:
+                return
         # The disk's version of a file holds its modification time: new times make a new
         # version, taken only while the file is the one the mount last saw (else the mount
         # would adopt another writer's version for data it does not have).
-        guarded = times_ns is not None and node.is_file and not node.dirty and _known_version(node.etag)
+        guarded = times_ns is not None and node.is_file and _known_version(node.etag)
         try:
             version = fs.local_set_attributes(
                 self.path_of(node) if path is None else path, mode=mode, owner=owner, times_ns=times_ns,
@@ -724,7 +733,7 @@ class MountOperations(pyfuse3.Operations):
             raise
         if times_ns is not None:
             if node.is_file:
-                # Unguarded (its data is the mount's own, unpublished): asked before a write.
+                # Unguarded (the mount knew no version of it): asked before a write.
                 node.etag = version if guarded else None
             if node.backing_fd >= 0:
                 node.backing_mtime = times_ns[1]
