@@ -4,9 +4,9 @@ under a version check.
 
 Requests of one file reach the mount concurrently: the kernel sends the last close's
 ``release`` after ``close(2)`` returned, so a program's next ``open`` or ``write`` of the file
-arrives while that close's publish is still running. The filesystem here holds a publish (or
-a removal) at its start, as a slow disk would, so that the order of the requests is the
-test's own, every run.
+arrives while that close's publish is still running. The filesystem here holds one of its
+calls (a publish, a removal, a listing), as a slow disk would, so that the order of the
+requests is the test's own, every run.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import pytest
 from _mounted import wait_until
 from agentvfs import LocalFilesystem
 from agentvfs.mounts import Mount, fuse_available, is_mounted
-from agentvfs.vfs import PosixAttributes, Version
+from agentvfs.vfs import FileStat, PosixAttributes, Version
 
 pytestmark = pytest.mark.skipif(fuse_available() is not None, reason=f"FUSE unavailable: {fuse_available()}")
 
@@ -49,15 +49,16 @@ class _Gate:
 
 class _HeldDisk(LocalFilesystem):
     """A local directory whose next publish, deletion or move can be held at its start
-    (before it looks at the version on disk or changes anything)."""
+    (before it looks at the version on disk or changes anything), and its next listing or
+    stat once it is read (before the mount uses it)."""
 
     def __init__(self, base: Path) -> None:
         super().__init__(base)
         self._gates: dict[str, _Gate] = {}
 
     def hold(self, call: str) -> _Gate:
-        """Hold the next ``call`` (``publish``, ``delete``, ``move``) until the gate returned
-        is opened."""
+        """Hold the next ``call`` (``publish``, ``delete``, ``move``, ``list``, ``stat``)
+        until the gate returned is opened."""
         gate = self._gates[call] = _Gate()
         return gate
 
@@ -90,6 +91,16 @@ class _HeldDisk(LocalFilesystem):
         await self._pass("move")
         await super().move_file(src, dest, overwrite=overwrite)
 
+    async def list_stats(self, path: str = "") -> list[FileStat]:
+        listed = await super().list_stats(path)
+        await self._pass("list")
+        return listed
+
+    async def stat(self, path: str) -> FileStat:
+        found = await super().stat(path)
+        await self._pass("stat")
+        return found
+
 
 @pytest.fixture
 def mnt(tmp_path: Path) -> Iterator[Path]:
@@ -107,7 +118,7 @@ def disk(tmp_path: Path) -> Path:
     return root
 
 
-def _in_thread(call: Callable[[], None]) -> concurrent.futures.Future[None]:
+def _in_thread(call: Callable[[], object]) -> concurrent.futures.Future[object]:
     """Run ``call`` in a thread of its own (it may block on the mount while the test goes on)."""
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
     future = pool.submit(call)
@@ -244,3 +255,65 @@ def test_a_utime_of_a_file_being_written_is_kept_by_its_publish(disk: Path, mnt:
         assert os.stat(mnt / "f").st_mtime_ns == 1_600_000_000_000_000_000
     assert (disk / "f").read_bytes() == b"the old version\nmine\n"
     assert os.stat(disk / "f").st_mtime_ns == 1_600_000_000_000_000_000
+
+
+
+def _released(mount: Mount) -> bool:
+    """No file of the mount is open for writing (the releases of closed ones are served)."""
+    assert mount.operations is not None
+    return not any(node.writers for node in tuple(mount.operations.inodes.values()))
+
+
+@pytest.mark.parametrize("change", ["publish", "utime"])
+def test_a_listing_read_before_the_mount_s_own_change_does_not_undo_it(change: str, disk: Path, mnt: Path) -> None:
+    # A listing shows storage as it was when it was read. Applied after the mount published
+    # the file (the close of a descriptor opened before) or set its times, it used to show
+    # the file as it was before: its old size (reads cut short), its old version (the next
+    # publish over it refused as another writer's), until the next listing.
+    (disk / "f").write_bytes(b"the old version\n")
+    fs = _HeldDisk(disk)
+    with Mount(fs, mnt, options=STAGED) as mount:
+        fd = os.open(mnt / "f", os.O_WRONLY | os.O_APPEND)
+        os.write(fd, b"written through the mount\n")
+        if change == "utime":
+            os.close(fd)  # published before the listing; its times are set during it
+            fd = os.open(mnt / "f", os.O_RDONLY)
+        time.sleep(0.3)  # past metadata_ttl: the next lookup lists the directory
+        listing = fs.hold("list")
+        listed = _in_thread(lambda: os.listdir(mnt))
+        assert listing.reached.wait(10)
+        if change == "utime":
+            os.utime(fd, ns=(1_600_000_000_000_000_000, 1_600_000_000_000_000_000))
+        os.close(fd)
+        assert wait_until(lambda: _released(mount))  # a file open for writing keeps its state
+        listing.opened.set()
+        listed.result(timeout=30)
+        expected = (disk / "f").read_bytes()
+        assert expected == b"the old version\nwritten through the mount\n"
+        assert os.stat(mnt / "f").st_size == len(expected)
+        assert (mnt / "f").read_bytes() == expected
+        assert os.stat(mnt / "f").st_mtime_ns == os.stat(disk / "f").st_mtime_ns
+        _append(mnt / "f", b"and again\n")  # over the version the mount published
+    assert (disk / "f").read_bytes() == expected + b"and again\n"
+
+
+def test_a_stat_read_before_the_mount_s_own_publish_does_not_undo_it(disk: Path, mnt: Path) -> None:
+    # The same for the one stat that checks an open file whose attributes are older than
+    # metadata_ttl (fstat of a reader): read before a publish of the file, it used to make
+    # the mount show the version before that publish.
+    (disk / "f").write_bytes(b"the old version\n")
+    fs = _HeldDisk(disk)
+    with Mount(fs, mnt, options=STAGED):
+        reader = os.open(mnt / "f", os.O_RDONLY)
+        time.sleep(0.3)  # past metadata_ttl: the next getattr asks storage
+        asking = fs.hold("stat")
+        asked = _in_thread(lambda: os.fstat(reader))
+        assert asking.reached.wait(10)
+        _append(mnt / "f", b"written through the mount\n")
+        asking.opened.set()
+        asked.result(timeout=30)
+        os.close(reader)
+        expected = b"the old version\nwritten through the mount\n"
+        assert (disk / "f").read_bytes() == expected
+        assert os.stat(mnt / "f").st_size == len(expected)
+        assert (mnt / "f").read_bytes() == expected

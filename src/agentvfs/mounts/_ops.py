@@ -388,7 +388,7 @@ class MountOperations(pyfuse3.Operations):
         async with directory.lock:
             if time.monotonic() - directory.listed_at < self._ttl:
                 return directory.children or {}
-            started = time.monotonic()
+            started = read_at = time.monotonic()
             try:
                 stats = await list_stats(self.fs, self.path_of(directory))
             except FileNotFoundError:
@@ -409,7 +409,7 @@ class MountOperations(pyfuse3.Operations):
                 heads = time.monotonic()
                 stats = await self._with_metadata(directory, stats)
                 started += time.monotonic() - heads
-            self._reconcile(directory, stats)
+            self._reconcile(directory, stats, read_at)
             directory.listed_at = started
         return directory.children or {}
 
@@ -449,14 +449,25 @@ class MountOperations(pyfuse3.Operations):
                 nursery.start_soon(one, index)
         return out
 
-    def _reconcile(self, directory: Node, stats: list[FileStat]) -> None:
+    def _reconcile(self, directory: Node, stats: list[FileStat], read_at: float) -> None:
+        """Make ``directory``'s entries what storage listed (``stats``, read from
+        ``read_at``), but for what the mount knows to be newer.
+
+        A listing shows storage as it was when it was read. A file the mount published, or
+        whose attributes it set, since then (its ``checked_at`` is later) keeps what the
+        mount has: applied, the listing would show it as it was before the mount wrote it
+        (its old size: reads cut short) until the next listing, or drop a file whose first
+        publish landed after it was read. (Names do not change meanwhile: making, removing
+        and renaming them looks the directory up first, under its lock; publishes and
+        attribute changes do not.)
+        """
         old: dict[str, Node] = directory.children or {}
         fresh: dict[str, Node] = {}
         for st in stats:
             name = st.name
             node = old.get(name)
             kind = self.table.kind_of(st)
-            if node is not None and (not node.stored or node.dirty):
+            if node is not None and (not node.stored or node.dirty or node.checked_at >= read_at):
                 fresh[name] = node  # the mount holds newer state than the listing
             elif (
                 node is not None and st.metadata is None and self.attr_store == "metadata"
@@ -487,7 +498,7 @@ class MountOperations(pyfuse3.Operations):
         for name, node in old.items():
             if name in fresh:
                 continue
-            if node.stored and not node.dirty:
+            if node.stored and not node.dirty and node.checked_at < read_at:
                 # Deleted in storage by someone else.
                 self.table.drop_link(node, directory, name)
                 self._invalidate_later(directory.ino, name, node.ino)
@@ -735,6 +746,7 @@ class MountOperations(pyfuse3.Operations):
             if node.is_file:
                 # Unguarded (the mount knew no version of it): asked before a write.
                 node.etag = version if guarded else None
+                node.checked_at = time.monotonic()  # newer than a listing read before
             if node.backing_fd >= 0:
                 node.backing_mtime = times_ns[1]
 
@@ -1092,12 +1104,15 @@ class MountOperations(pyfuse3.Operations):
         if time.monotonic() - parent.listed_at < self._ttl:
             node.checked_at = time.monotonic()
             return
+        asked = time.monotonic()
         try:
             st = await self.fs.stat(self.path_of(node))
         except FileNotFoundError:
             node.checked_at = time.monotonic()
             parent.listed_at = 0.0  # the next lookup lists again and drops it
             return
+        if node.checked_at >= asked:
+            return  # published or checked by the mount since the stat was read: newer
         if st.type == "file":
             self._refresh_file(node, st)
 
@@ -1196,6 +1211,7 @@ class MountOperations(pyfuse3.Operations):
                 raise _fail(errno.ENOENT) from None
             if version is not None:
                 node.etag = version
+                node.checked_at = time.monotonic()  # newer than a listing read before
         node.perm, node.uid, node.gid, node.atime, node.mtime = perm, uid, gid, atime, mtime
         if times and node.backing_fd >= 0 and node.backing_writable and not isinstance(self.fs, SupportsLocalAttributes):
             # The file on disk takes the times too, so later reads of them agree.
