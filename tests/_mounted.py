@@ -6,6 +6,9 @@
   fails on ``direct`` is a wrong test, not a mount bug.
 - ``memory``: ``agentvfs.mounts.Mount`` over an ``FsspecFilesystem`` on a private memory store.
 - ``local``: the mount over a ``LocalFilesystem`` on a temporary directory.
+- ``staged``: the same with FUSE passthrough off (``passthrough=false``), so every written file
+  takes the staged path (a private copy published by a link and a rename), as on every
+  machine where passthrough is unavailable.
 - ``s3``: the mount over an ``FsspecFilesystem`` on the session's moto server (mark ``s3``).
 
 ``open_mount`` yields a :class:`MountedRoot`, which also reads the storage behind the mount
@@ -56,7 +59,7 @@ class MountedRoot:
     root : Path
         Where the tree is visible to ``os`` calls.
     kind : str
-        ``direct``, ``memory``, ``local`` or ``s3``.
+        ``direct``, ``memory``, ``local``, ``staged`` or ``s3``.
     backend : callable
         ``backend("a/b.txt")`` returns the bytes the storage holds for that file (None if it
         holds none), read around the mount.
@@ -103,7 +106,7 @@ def _mount_class() -> Any:
 def _harness(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> Harness:
     if kind == "memory":
         return memory_harness()
-    if kind == "local":
+    if kind in ("local", "staged"):
         base = tmp_path / "backend"
         base.mkdir()
         return local_harness(str(base))
@@ -187,6 +190,8 @@ def open_mount(
     mountpoint = tmp_path / "mnt"
     mountpoint.mkdir()
     kwargs: dict[str, Any] = {"read_only": read_only}
+    if kind == "staged":
+        options = {**(options or {}), "passthrough": False}
     if options is not None:
         kwargs["options"] = dict(options)
     with mount_class(harness.fs, str(mountpoint), **kwargs):

@@ -8,7 +8,10 @@ on a file that was renamed away, replaced or unlinked. The model keeps inodes (c
 from names, as POSIX does. After each step every name's size and content, the listings and the
 open descriptor's size are compared with the model.
 
-``direct`` (a plain directory) runs the same machine as a control.
+``direct`` (a plain directory) runs the same machine as a control. ``local`` opens files in
+place where FUSE passthrough is available; ``staged`` is the same directory with passthrough
+off, so every write goes through a staged copy and its publish (the path of every machine
+without passthrough).
 """
 
 from __future__ import annotations
@@ -320,7 +323,7 @@ def make_machine(root: Path) -> type[RuleBasedStateMachine]:
     return FsxMachine
 
 
-@pytest.mark.parametrize("kind", ["direct", "memory", "local"])
+@pytest.mark.parametrize("kind", ["direct", "memory", "local", "staged"])
 def test_fsx_machine(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     with mounted(kind, tmp_path, request) as root:
         run_state_machine_as_test(make_machine(root), settings=FSX)
@@ -381,7 +384,7 @@ def run_seeded(rig: Rig, seed: int, count: int) -> None:
     rig.check_all()
 
 
-@pytest.mark.parametrize("kind", ["direct", "local"])
+@pytest.mark.parametrize("kind", ["direct", "local", "staged"])
 def test_fsx_10000_seeded_operations(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     """10,000 operations from a fixed seed (reproducible: the failing step is in the message);
     about 12 s through a local mount, so not marked slow."""

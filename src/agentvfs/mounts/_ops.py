@@ -17,7 +17,7 @@ import stat as stat_module
 import tempfile
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import pyfuse3
@@ -158,6 +158,10 @@ def _seconds(st: FileStat) -> int:
     """When storage last changed what ``st`` describes, in whole seconds (S3 lists it to the
     millisecond and a HEAD gives it to the second)."""
     return int(st.modified_at.timestamp())
+
+
+def _ino(node: Node) -> int:
+    return node.ino
 
 
 def _fail(code: int) -> pyfuse3.FUSEError:
@@ -387,7 +391,7 @@ class MountOperations(pyfuse3.Operations):
         async with directory.lock:
             if time.monotonic() - directory.listed_at < self._ttl:
                 return directory.children or {}
-            started = time.monotonic()
+            started = read_at = time.monotonic()
             try:
                 stats = await list_stats(self.fs, self.path_of(directory))
             except FileNotFoundError:
@@ -408,7 +412,7 @@ class MountOperations(pyfuse3.Operations):
                 heads = time.monotonic()
                 stats = await self._with_metadata(directory, stats)
                 started += time.monotonic() - heads
-            self._reconcile(directory, stats)
+            self._reconcile(directory, stats, read_at)
             directory.listed_at = started
         return directory.children or {}
 
@@ -448,14 +452,25 @@ class MountOperations(pyfuse3.Operations):
                 nursery.start_soon(one, index)
         return out
 
-    def _reconcile(self, directory: Node, stats: list[FileStat]) -> None:
+    def _reconcile(self, directory: Node, stats: list[FileStat], read_at: float) -> None:
+        """Make ``directory``'s entries what storage listed (``stats``, read from
+        ``read_at``), but for what the mount knows to be newer.
+
+        A listing shows storage as it was when it was read. A file the mount published, or
+        whose attributes it set, since then (its ``checked_at`` is later) keeps what the
+        mount has: applied, the listing would show it as it was before the mount wrote it
+        (its old size: reads cut short) until the next listing, or drop a file whose first
+        publish landed after it was read. (Names do not change meanwhile: making, removing
+        and renaming them looks the directory up first, under its lock; publishes and
+        attribute changes do not.)
+        """
         old: dict[str, Node] = directory.children or {}
         fresh: dict[str, Node] = {}
         for st in stats:
             name = st.name
             node = old.get(name)
             kind = self.table.kind_of(st)
-            if node is not None and (not node.stored or node.dirty):
+            if node is not None and (not node.stored or node.dirty or node.checked_at >= read_at):
                 fresh[name] = node  # the mount holds newer state than the listing
             elif (
                 node is not None and st.metadata is None and self.attr_store == "metadata"
@@ -486,7 +501,7 @@ class MountOperations(pyfuse3.Operations):
         for name, node in old.items():
             if name in fresh:
                 continue
-            if node.stored and not node.dirty:
+            if node.stored and not node.dirty and node.checked_at < read_at:
                 # Deleted in storage by someone else.
                 self.table.drop_link(node, directory, name)
                 self._invalidate_later(directory.ino, name, node.ino)
@@ -608,6 +623,51 @@ class MountOperations(pyfuse3.Operations):
             self.staging.release_bytes(node)
             self.staging.reserve(node, node.size)
 
+    async def _own_stage(self, node: Node, *, truncate_to: int | None = None) -> None:
+        """Before changing ``node``'s staged copy: make it hold the file's content (see
+        :meth:`_materialize`) and be this change's own to write.
+
+        A request holding the node's lock reads the copy as it is: a publish links it into
+        storage (local disk) or uploads it, a rename publishes it, ``keep`` moves it to the
+        recovery area. On local disk that request is often the last close's publish, which
+        the kernel sends after ``close(2)`` returned, so the writer's next ``open`` or
+        ``write`` comes in during it: changed now, the copy would change under the publish
+        (storage would get a mix of the two versions, or the file in storage changed in
+        place, which then no longer matches the version the publish recorded). So the
+        change waits for it, then starts from a copy of its own if the one it had is in
+        storage now (``StagingStore.own``). No ``await`` follows before the caller writes:
+        no other request can take the lock in between.
+        """
+        await self._materialize(node, truncate_to=truncate_to)
+        while node.lock.locked():
+            async with node.lock:
+                pass
+            # Kept or dropped meanwhile: staged again from what storage holds now.
+            await self._materialize(node, truncate_to=truncate_to)
+        self.staging.own(node)
+
+    @staticmethod
+    @contextlib.asynccontextmanager
+    async def _names_of(*nodes: Node | None) -> AsyncIterator[None]:
+        """Hold the locks of the files among ``nodes`` (in inode order, so that two holders
+        never wait for each other) while their names change in storage.
+
+        A publish takes the names of its file when it starts and holds the lock to its end.
+        An unlink or a rename that changed names in storage while one ran would have it
+        publish under the names as they were: put the file back where the change took it
+        away (over the file renamed there), take the change for another writer's (an error,
+        its data in the recovery area), or lose its staged copy when the change drops it.
+        The kernel holds the file's inode lock through an unlink or rename, so no write or
+        truncate of it comes in meanwhile; its last close's publish does (the release, sent
+        after close(2) returned). Held, the change waits for a publish in flight, and one
+        that starts meanwhile waits and sees the names as they are after it.
+        """
+        files = sorted({id(node): node for node in nodes if node is not None and node.is_file}.values(), key=_ino)
+        async with contextlib.AsyncExitStack() as held:
+            for node in files:
+                await held.enter_async_context(node.lock)
+            yield
+
     def _dirty(self, node: Node, *, written: bool) -> None:
         """``node``'s staged copy changed: it holds what storage does not (journaled)."""
         if not node.dirty:
@@ -660,10 +720,19 @@ class MountOperations(pyfuse3.Operations):
             return
         if not node.stored or (node is not self.root and not node.links):
             return  # nothing of it on disk (yet): a publish or mkdir sets them there
+        if times_ns is not None and node.is_file and node.dirty:
+            # Written and not published yet: its publish sets the times on the new file (see
+            # _carried). Set on the old file now, they would make a version of it the mount
+            # never saw, and the publish would have nothing to check it against: it would go
+            # over whatever another writer put there meanwhile, unseen (``cp -p`` sets the
+            # times through the descriptor before it closes).
+            times_ns = None
+            if mode is None and owner is None:
+                return
         # The disk's version of a file holds its modification time: new times make a new
         # version, taken only while the file is the one the mount last saw (else the mount
         # would adopt another writer's version for data it does not have).
-        guarded = times_ns is not None and node.is_file and not node.dirty and _known_version(node.etag)
+        guarded = times_ns is not None and node.is_file and _known_version(node.etag)
         try:
             version = fs.local_set_attributes(
                 self.path_of(node) if path is None else path, mode=mode, owner=owner, times_ns=times_ns,
@@ -678,8 +747,9 @@ class MountOperations(pyfuse3.Operations):
             raise
         if times_ns is not None:
             if node.is_file:
-                # Unguarded (its data is the mount's own, unpublished): asked before a write.
+                # Unguarded (the mount knew no version of it): asked before a write.
                 node.etag = version if guarded else None
+                node.checked_at = time.monotonic()  # newer than a listing read before
             if node.backing_fd >= 0:
                 node.backing_mtime = times_ns[1]
 
@@ -1037,12 +1107,15 @@ class MountOperations(pyfuse3.Operations):
         if time.monotonic() - parent.listed_at < self._ttl:
             node.checked_at = time.monotonic()
             return
+        asked = time.monotonic()
         try:
             st = await self.fs.stat(self.path_of(node))
         except FileNotFoundError:
             node.checked_at = time.monotonic()
             parent.listed_at = 0.0  # the next lookup lists again and drops it
             return
+        if node.checked_at >= asked:
+            return  # published or checked by the mount since the stat was read: newer
         if st.type == "file":
             self._refresh_file(node, st)
 
@@ -1084,8 +1157,7 @@ class MountOperations(pyfuse3.Operations):
                 resize = False
         if resize:
             size = attr.st_size
-            await self._materialize(node, truncate_to=size)
-            self.staging.own(node)
+            await self._own_stage(node, truncate_to=size)
             if node.stream is not None and size < node.stream.read_to:
                 self.uploads.drop(node)
             elif size == 0:
@@ -1142,6 +1214,7 @@ class MountOperations(pyfuse3.Operations):
                 raise _fail(errno.ENOENT) from None
             if version is not None:
                 node.etag = version
+                node.checked_at = time.monotonic()  # newer than a listing read before
         node.perm, node.uid, node.gid, node.atime, node.mtime = perm, uid, gid, atime, mtime
         if times and node.backing_fd >= 0 and node.backing_writable and not isinstance(self.fs, SupportsLocalAttributes):
             # The file on disk takes the times too, so later reads of them agree.
@@ -1372,30 +1445,37 @@ class MountOperations(pyfuse3.Operations):
 
     async def _remove_name(self, directory: Node, name: str, node: Node) -> None:
         self.uploads.drop(node)
-        if node.is_file:
-            # A publish in flight (the last close's, which the kernel sends after close(2)
-            # returned) lands first: the removal then takes it away. Otherwise it would put
-            # the file back in storage after its name went.
-            async with node.lock:
-                pass
-        if node.is_file and node.stored:
-            if node.opens and node.stage is None and node.backing_fd < 0 and len(node.links) == 1:
-                # Open descriptors keep working after the last name goes: keep a copy.
-                await self._materialize(node)
-            path = self.table.child_path(directory, name)
-            if not self._unlink_on_disk(path):
-                await self.fs.delete_file(path, force=True)
-        elif node.stored and not node.is_dir:
-            await self._remove_special(self.table.child_path(directory, name))
-        assert directory.children is not None
-        directory.children.pop(name, None)
-        self.table.drop_link(node, directory, name)
-        directory.touch()
-        node.touch(content=False)
-        if not node.links:
-            node.dirty = False
-            if not node.opens:
-                self.staging.drop(node)
+        await self._keep_for_descriptors(node)
+        # A publish in flight (the last close's, which the kernel sends after close(2)
+        # returned) lands first: the removal then takes it away. One that would start
+        # meanwhile finds the name gone (nothing to publish), rather than putting the file
+        # back, or taking the removal for another writer's.
+        async with self._names_of(node):
+            if node.is_file and node.stored:
+                path = self.table.child_path(directory, name)
+                if not self._unlink_on_disk(path):
+                    await self.fs.delete_file(path, force=True)
+            elif node.stored and not node.is_dir:
+                await self._remove_special(self.table.child_path(directory, name))
+            assert directory.children is not None
+            directory.children.pop(name, None)
+            self.table.drop_link(node, directory, name)
+            directory.touch()
+            node.touch(content=False)
+            if not node.links:
+                node.dirty = False
+                if not node.opens:
+                    self.staging.drop(node)
+
+    async def _keep_for_descriptors(self, node: Node) -> None:
+        """Before ``node``'s last name goes from storage (unlinked, or replaced by a rename):
+        open descriptors keep working on a staged copy of it (a file staged already, or
+        opened in place, has one)."""
+        if (
+            node.is_file and node.stored and node.opens and node.stage is None and node.backing_fd < 0
+            and len(node.links) == 1
+        ):  # fmt: skip
+            await self._materialize(node)
 
     @_fuse_errors
     async def _remove_special(self, path: str) -> None:
@@ -1467,73 +1547,62 @@ class MountOperations(pyfuse3.Operations):
             raise _fail(errno.EISDIR)
         old_path = self.table.child_path(old_dir, old_name)
         new_path = self.table.child_path(new_dir, new_name)
-        if target is not None and target.is_file:
-            # A publish of the file being replaced that is still in flight (its last close's)
-            # lands first; the rename then replaces it, rather than being replaced by it.
-            async with target.lock:
-                pass
-        if node.is_dir:
-            await self._rename_dir(node, old_path, new_path, target)
-        elif node.is_file:
-            await self._rename_file(node, old_path, new_path, target)
-        elif node.stored:
-            # A stored symbolic link, FIFO...: moved in storage (an object copy keeps its
-            # metadata), over whatever the new name held.
-            await self.fs.move_file(old_path, new_path, overwrite=True)
-        elif target is not None and not target.is_dir and target.stored:
-            # A mount-only node (symlink, FIFO...) replaces a stored file: the file goes.
-            if target.is_file:
-                await self.fs.delete_file(new_path, force=True)
-            else:
-                await self._remove_special(new_path)
         if target is not None:
+            await self._keep_for_descriptors(target)
+        # The file moved and the file replaced keep their names in storage and in the mount
+        # in step: a publish of either in flight (its last close's, sent after close(2)
+        # returned) lands first, and one that would start meanwhile waits for the new names
+        # (see _names_of).
+        async with self._names_of(node, target):
+            if node.is_dir:
+                await self._rename_dir(node, old_path, new_path, target)
+            elif node.is_file:
+                await self._rename_file(node, old_path, new_path, target)
+            elif node.stored:
+                # A stored symbolic link, FIFO...: moved in storage (an object copy keeps its
+                # metadata), over whatever the new name held.
+                await self.fs.move_file(old_path, new_path, overwrite=True)
+            elif target is not None and not target.is_dir and target.stored:
+                # A mount-only node (symlink, FIFO...) replaces a stored file: the file goes.
+                if target.is_file:
+                    await self.fs.delete_file(new_path, force=True)
+                else:
+                    await self._remove_special(new_path)
+            if target is not None:
+                assert new_dir.children is not None
+                new_dir.children.pop(new_name, None)
+                self.table.drop_link(target, new_dir, new_name)
+                target.touch(content=False)
+                if not target.links:
+                    target.dirty = False
+                    if not target.opens:
+                        self.staging.drop(target)
+            assert old_dir.children is not None
             assert new_dir.children is not None
-            new_dir.children.pop(new_name, None)
-            self.table.drop_link(target, new_dir, new_name)
-            target.touch(content=False)
-            if not target.links:
-                target.dirty = False
-                if not target.opens:
-                    self.staging.drop(target)
-        assert old_dir.children is not None
-        assert new_dir.children is not None
-        old_dir.children.pop(old_name, None)
-        node.links = [
-            (new_dir, new_name) if (d is old_dir and n == old_name) else (d, n) for d, n in node.links
-        ]
-        new_dir.children[new_name] = node
+            old_dir.children.pop(old_name, None)
+            node.links = [
+                (new_dir, new_name) if (d is old_dir and n == old_name) else (d, n) for d, n in node.links
+            ]
+            new_dir.children[new_name] = node
         old_dir.touch()
         new_dir.touch()
         node.touch(content=False)
 
     async def _rename_file(self, node: Node, old_path: str, new_path: str, target: Node | None) -> None:
+        """Move the file ``node`` in storage (over ``target``), holding the locks of both."""
         self.uploads.drop(node)
         if target is not None:
             self.uploads.drop(target)
-        if (
-            target is not None
-            and target.is_file
-            and target.opens
-            and target.stage is None
-            and target.backing_fd < 0
-            and len(target.links) == 1
-        ):
-            await self._materialize(target)  # its open descriptors keep their data
         if node.dirty and node.stage is not None and not self._linked_on_disk(node):
             # Publish the staged content under the new name, then drop the old one (a file
             # with other names on disk is renamed instead, and written in place at its close).
-            async with node.lock:
-                # Checked again: a close may have published it while this waited.
-                if node.dirty and node.stage is not None:
-                    seq = node.write_seq
-                    version = await publish_file(
-                        self.fs, node.stage, new_path, attributes=self._carried(node), keep=node.keep
-                    )
-                    if node.stored:
-                        await self.fs.delete_file(old_path, force=True)
-                    # Under its new name already (rename(2) moves the node after this).
-                    self._published(node, version, seq, new_path)
-                    return
+            seq = node.write_seq
+            version = await publish_file(self.fs, node.stage, new_path, attributes=self._carried(node), keep=node.keep)
+            if node.stored:
+                await self.fs.delete_file(old_path, force=True)
+            # Under its new name already (rename(2) moves the node after this).
+            self._published(node, version, seq, new_path)
+            return
         if node.stored:
             await self.fs.move_file(old_path, new_path, overwrite=True)
             node.etag = None  # a copy may have a version of its own: asked before a write
@@ -1663,8 +1732,7 @@ class MountOperations(pyfuse3.Operations):
             if info is not None:
                 return info
         if truncate:
-            await self._materialize(node, truncate_to=0)
-            self.staging.own(node)
+            await self._own_stage(node, truncate_to=0)
             self.uploads.drop(node)
             if node.size:
                 os.ftruncate(node.stage_fd, 0)
@@ -2009,8 +2077,7 @@ class MountOperations(pyfuse3.Operations):
         node = handle.node
         if handle.passthrough:
             return os.pwrite(node.backing_fd, buf, node.size if handle.append else off)
-        await self._materialize(node)
-        self.staging.own(node)
+        await self._own_stage(node)
         if handle.append and not self.enable_writeback_cache:
             off = node.size
         end = off + len(buf)
