@@ -684,6 +684,42 @@ async def test_edit_file_with_many_occurrences_lists_the_first(tmp_path: Path) -
     assert (tmp_path / "m.txt").read_text() == "HIT\n" * 5000
 
 
+async def test_a_huge_gitignore_holds_up_neither_the_event_loop_nor_a_deadline(tmp_path: Path) -> None:
+    # A megabyte of rules compiles for seconds and costs milliseconds per path matched: in a
+    # worker thread, which the call's deadline or timeout stops.
+    for index in range(50):
+        (tmp_path / f"{index}.txt").write_text("TODO\n")
+    tools = await tools_for(tmp_path, {"timeout_ms": 1000, GREP: {"match_timeout_ms": 500, "timeout_ms": None}})
+    await run(tools, GREP, pattern="warm up")  # tiktoken's tables, once
+    rules = "".join(f"*{i}*x*y*z*/\n" for i in range(70_000))
+    (tmp_path / ".gitignore").write_text(rules[: rules.rfind("\n", 0, 1 << 20) + 1])
+    ticks: list[float] = []
+
+    async def ticker() -> None:
+        while True:
+            ticks.append(time.monotonic())
+            await anyio.sleep(0.01)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(ticker)
+        started = time.monotonic()
+        found = await run(tools, GREP, pattern="TODO")
+        grep_took = time.monotonic() - started
+        started = time.monotonic()
+        with pytest.raises(TimeoutError, match="mastra_workspace_list_files timed out after 1000ms"):
+            await run(tools, FS.LIST_FILES)
+        list_took = time.monotonic() - started
+        group.cancel_scope.cancel()
+    left_behind = await anyio.to_thread.run_sync(busy_seconds, 0.5)
+    assert grep_took <= 0.5 + TIME_SLACK and list_took <= 1 + TIME_SLACK, (grep_took, list_took)
+    assert max(b - a for a, b in itertools.pairwise(ticks)) < 0.25
+    assert left_behind < 0.1, left_behind
+    assert found == (
+        "0 matches across 0 files (search stopped at the 0.5 s time limit while listing .: nothing was searched; "
+        "narrow the path, or raise match_timeout_ms)\n---"
+    )
+
+
 async def test_a_huge_gitignore_is_read_in_part(tmp_path: Path) -> None:
     sparse(tmp_path / ".gitignore", 1 << 30, head=b"ignored/\n")
     (tmp_path / "ignored").mkdir()
