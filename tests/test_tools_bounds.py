@@ -27,7 +27,7 @@ from agentvfs import WORKSPACE_TOOLS, LocalFilesystem, Workspace, WorkspaceTool
 from agentvfs.errors import MatchTimeout
 from agentvfs.testing import Harness
 from agentvfs.testing._attacks_tools import TIME_SLACK, peak_rss_growth
-from agentvfs.tools import _search_files
+from agentvfs.tools import _output, _search_files
 from agentvfs.tools._output import apply_token_limit
 from agentvfs.vfs import _grep
 from agentvfs.vfs._grep import (
@@ -96,6 +96,14 @@ async def test_regex_bomb_stops_at_its_deadline_and_says_where(tmp_path: Path) -
         "1 match across 1 file (search stopped at the 0.5 s time limit while matching ./b.txt: simplify the "
         "pattern, narrow the path, or raise match_timeout_ms)\n---\n./a.txt:1:1: TODO one"
     )
+
+
+async def test_the_tokenizer_is_loaded_with_the_tools_not_in_the_first_call(tmp_path: Path) -> None:
+    # Its tables take half a second (seconds on a busy machine), which the first call made
+    # after its deadline, when it cut its answer to the token limit.
+    _output._encoding.cache_clear()
+    await tools_for(tmp_path)
+    assert _output._encoding.cache_info().currsize == 1
 
 
 async def test_the_reported_bomb_answers_at_once(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from .._context import RequestContext
 from ..errors import FilesystemNotAvailableError, SandboxNotAvailableError, WorkspaceReadOnlyError
 from ..vfs import FileStat, WorkspaceFilesystem
 from ._names import WORKSPACE_TOOLS
+from ._output import load_encoding
 from ._schema import validate_input
 from ._tracking import ReadTracker, WriteLocks
 
@@ -630,6 +631,7 @@ async def build_tools(
             "tools config: checkpoints need a static filesystem (snapshots are taken of it), "
             "and this workspace resolves its filesystem per request"
         )
+    await load_encoding()
     ctx = request_context if request_context is not None else RequestContext()
     enabled_ctx = {"request_context": dict(ctx), "workspace": workspace}
     hooks = config.get("hooks") or {}
