@@ -156,8 +156,10 @@ async def test_check_38_environment_and_cwd(workdir: str) -> None:
 
 async def test_check_39_timeout(workdir: str) -> None:
     async with sandbox_tools(workdir) as t:
+        started = time.monotonic()
         with anyio.fail_after(4):
             answer = await run(t, SB.EXECUTE_COMMAND, command="echo start; sleep 5", timeout=1)
+        assert time.monotonic() - started <= 1 + TIME_SLACK
         assert (
             answer
             == "stdout:\nstart\n\n\nstderr:\n\nProcess timed out after 1000ms\n\nExit code: 124"
