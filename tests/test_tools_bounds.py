@@ -492,6 +492,25 @@ def test_a_matcher_process_finds_what_this_process_finds(monkeypatch: pytest.Mon
     assert child_processes() == []
 
 
+def test_without_a_matcher_process_matching_goes_on_here(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(_grep, "MATCH_SLICE", 1e-9)
+    monkeypatch.setattr(_grep, "matcher_supported", lambda: False)
+    assert BoundedPattern("(a|aa)+$", timeout=30).search_line("aaaa") == 0
+    assert "grep: no matcher process (no interpreter to run, or no poll())" in caplog.text
+    monkeypatch.undo()
+    monkeypatch.setattr(_grep, "MATCH_SLICE", 1e-9)
+    pattern = BoundedPattern("a+", timeout=30)
+    assert pattern.search_line("baa") == 1
+    assert pattern._matcher is not None
+    pattern._matcher._proc.kill()  # killed from outside: not the search's own doing
+    pattern._matcher._proc.wait()
+    assert pattern.search_line("bba") == 2
+    assert "the matcher process ended unexpectedly (exit status -9); matching in this process" in caplog.text
+    pattern.close()
+
+
 def test_block_windows_and_modes(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_grep, "_WINDOW", 3)
     lines = ["xa", "b", "", "ab", "zzzzzzzzzzzz", "a", "", "ba"]

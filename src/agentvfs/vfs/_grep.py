@@ -582,7 +582,7 @@ class BoundedPattern:
         # under the lock, so a cancel never misses one being started.
         self._lock = threading.Lock()
         self._matcher: Matcher | None = None
-        self._in_process = not matcher_supported()
+        self._in_process = False
 
     @property
     def expired(self) -> bool:
@@ -641,13 +641,17 @@ class BoundedPattern:
         with self._lock:
             if self._cancelled.is_set():
                 raise MatchTimeout(self.source, self.timeout)
-            try:
-                self._matcher = Matcher(self._sources)
-            except OSError as exc:
-                _log.warning("grep: no matcher process (%s); a busy machine may stretch the deadline", exc)
-                self._in_process = True
-                return False
-        return True
+            reason = "no interpreter to run, or no poll()"
+            if matcher_supported():
+                try:
+                    self._matcher = Matcher(self._sources)
+                except OSError as exc:
+                    reason = str(exc)
+                else:
+                    return True
+            _log.warning("grep: no matcher process (%s); a busy machine may stretch the deadline", reason)
+            self._in_process = True
+            return False
 
     def search_line(self, line: str) -> int | None:
         """The 0-based column of the first match in ``line`` (its first ``line_limit``
