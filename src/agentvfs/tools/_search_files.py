@@ -11,10 +11,14 @@ byte order, files and directories together: ``a/x.txt`` comes before ``a-b.txt``
 
 Every search is bounded, whatever the files hold:
 
-* **time**: matching may take ``match_timeout_ms`` (default 5,000 ms) over the whole call;
-  then the search stops, what was found is shown, and the summary says where it stopped
-  (`` (search stopped after 5 s of matching in <path>: ...)``). Matching runs in a worker
-  thread that releases the GIL, so the event loop keeps running meanwhile;
+* **time**: the call ends ``match_timeout_ms`` (default 5,000 ms) after it began, however
+  many files there are and however busy the machine is: listing, reading and matching all
+  stop at that deadline, what was found is shown, and the summary says where and in which
+  step it stopped (`` (search stopped at the 5 s time limit while matching <path>: ...)``).
+  Matching runs in a worker thread that releases the GIL, so the event loop keeps running
+  meanwhile, and checks the deadline at every file and every match call; a match call that
+  needs more than a sliver of CPU runs in a matcher process killed at the deadline (see
+  :mod:`agentvfs.vfs._grep`), so nothing is left running after the call;
 * **line length**: only the first 1,048,576 characters of a line are matched; the summary
   counts longer lines (`` (<n> lines longer than 1048576 characters: matched on their first
   1048576)``);
@@ -32,12 +36,15 @@ Every search is bounded, whatever the files hold:
 
 from __future__ import annotations
 
+import functools
 import posixpath
 import re
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
+import anyio
 import anyio.to_thread
 from regex import error as PatternError  # what the grep engine raises for a bad pattern
 
@@ -67,7 +74,8 @@ __all__ = ["DEFAULT_MATCH_TIMEOUT_MS", "DEFAULT_MAX_GREP_FILE_BYTES", "grep"]
 MAX_PATTERN_LENGTH = 1000
 MAX_TOTAL_MATCHES = 1000
 MAX_LINE_LENGTH = 500
-#: Milliseconds a search may spend matching, over all its files (option ``match_timeout_ms``).
+#: Milliseconds a grep call may take from its start, listing, reading and matching all its
+#: files (option ``match_timeout_ms``).
 DEFAULT_MATCH_TIMEOUT_MS = 5_000
 #: Files larger than this are not searched (option ``max_file_bytes``).
 DEFAULT_MAX_GREP_FILE_BYTES = 256 * 1024 * 1024
@@ -78,6 +86,11 @@ GREP_CHUNK = 1024 * 1024
 #: A batch of whole-file reads holds at most this many listed bytes, or this many files.
 BATCH_BYTES = 16 * 1024 * 1024
 BATCH_FILES = 256
+
+if TYPE_CHECKING:
+    import pathspec
+
+    from ..vfs import FileEntry
 
 T = TypeVar("T")
 
@@ -101,15 +114,15 @@ def _walk_order(item: tuple[str, int | None]) -> list[str]:
 _ESCAPE = re.compile(r"\\(?:u([0-9a-fA-F]{4})|[0-9A-Za-z])")
 
 
-def _compile(pattern: str, ignore_case: bool, timeout: float) -> BoundedPattern:
+def _compile(pattern: str, ignore_case: bool, timeout: float, started: float) -> BoundedPattern:
     exact = translate(pattern)
     if not ignore_case:
-        return BoundedPattern(exact, case_sensitive=True, timeout=timeout)
+        return BoundedPattern(exact, case_sensitive=True, timeout=timeout, started=started)
     if _folds_alike(exact):
         # The engine's own case-insensitive search is much faster than the classes that
         # spell JavaScript's folding out ([Tt][Oo]...), and gives the same answer here.
-        return BoundedPattern(exact, case_sensitive=False, timeout=timeout)
-    return BoundedPattern(translate(pattern, ignore_case=True), case_sensitive=True, timeout=timeout)
+        return BoundedPattern(exact, case_sensitive=False, timeout=timeout, started=started)
+    return BoundedPattern(translate(pattern, ignore_case=True), case_sensitive=True, timeout=timeout, started=started)
 
 
 def _folds_alike(translated: str) -> bool:
@@ -178,10 +191,17 @@ class _Search:
         self.truncated = False
         self.read_errors = 0
         self.too_large = 0
-        #: The file the time budget ran out in, if it did.
+        #: The path the deadline passed in, if it did, and what the search was doing there.
         self.stopped_in: str | None = None
-        #: Nothing more is to be searched (the match cap or the time budget was reached).
+        self.stopped_while: Literal["listing", "reading", "matching"] = "matching"
+        #: Nothing more is to be searched (the match cap or the deadline was reached).
         self.done = False
+
+    def stop(self, path: str, doing: Literal["listing", "reading", "matching"]) -> None:
+        """The deadline passed in ``path`` while ``doing`` it: search nothing more."""
+        if self.stopped_in is None:
+            self.stopped_in, self.stopped_while = path, doing
+        self.done = True
 
     def _out(self, line: str, dropped: int = 0) -> None:
         # ``dropped``: characters of the line not kept (a context line longer than the output
@@ -202,6 +222,10 @@ class _Search:
         """Search whole files, in order."""
         for path in paths:
             if self.done:
+                return
+            if self.pattern.expired:
+                # Checked per file too: decoding a batch of files costs time of its own.
+                self.stop(path, "matching")
                 return
             data = contents.get(path)
             if not isinstance(data, bytes):
@@ -225,8 +249,7 @@ class _Search:
             try:
                 self.pattern.search_block(text, hits, limit=cap)
             except MatchTimeout:
-                self.stopped_in = file.path
-                self.done = True
+                self.stop(file.path, "matching")
                 file.matching = False
         lines = text.split("\n") if hits or file.after_left else None
         for index, column in hits:
@@ -292,14 +315,45 @@ class _Search:
         return text, (full / len(text) if len(text) < full else 1.0)
 
 
+class _OutOfTime(Exception):
+    """The deadline passed while the grep listed or read (:meth:`_Search.stop` noted where)."""
+
+
 async def _in_worker(fn: Callable[..., T], *args: Any) -> T:
     # Abandoned on cancellation (the tool's timeout): the caller then cancels the pattern,
-    # so the thread stops at its next match call.
-    return await anyio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
+    # so the thread stops at its next match call. A limiter of its own: a grep never waits
+    # for a thread behind other calls' blocking work, which its deadline would not cover.
+    return await anyio.to_thread.run_sync(fn, *args, abandon_on_cancel=True, limiter=anyio.CapacityLimiter(1))
+
+
+async def _in_time(
+    search: _Search, path: str, doing: Literal["listing", "reading"], step: Callable[[], Awaitable[T]]
+) -> T:
+    """Await ``step`` (listing or reading ``path``) until the deadline; past it, stop the
+    search there and raise :class:`_OutOfTime`. What the step started in a worker thread
+    is I/O, abandoned to finish on its own."""
+    with anyio.move_on_after(search.pattern.deadline - time.monotonic()):
+        return await step()
+    search.stop(path, doing)
+    raise _OutOfTime
+
+
+def _stopped(seconds: float, search: _Search) -> str:
+    """The summary's note on where the deadline passed."""
+    advice = {
+        "listing": "nothing was searched; narrow the path",
+        "reading": "narrow the path",
+        "matching": "simplify the pattern, narrow the path",
+    }[search.stopped_while]
+    return (
+        f" (search stopped at the {seconds:g} s time limit while {search.stopped_while} {search.stopped_in}: "
+        f"{advice}, or raise match_timeout_ms)"
+    )
 
 
 async def grep(call: ToolCall) -> ToolResult:
     """Search text files for a pattern; summary, ``---``, then ``path:line:col: text`` lines."""
+    started = time.monotonic()  # the deadline counts from here, compiling and listing included
     args = call.args
     pattern: str = args["pattern"]
     length = unit_length(pattern)  # JavaScript's length: UTF-16 code units
@@ -310,7 +364,7 @@ async def grep(call: ToolCall) -> ToolResult:
         # Translated and compiled in a worker thread: regex parses the pattern in Python, which
         # hands the GIL to the event loop every few milliseconds (its C part, at most
         # MAX_PATTERN_EXPANSION steps, takes some tens of milliseconds).
-        regex = await _in_worker(_compile, pattern, not args["caseSensitive"], match_ms / 1000)
+        regex = await _in_worker(_compile, pattern, not args["caseSensitive"], match_ms / 1000, started)
     except PatternError as exc:
         return f"Error: Invalid regex pattern: {exc}"
     target: str = args["path"]
@@ -324,28 +378,31 @@ async def grep(call: ToolCall) -> ToolResult:
     root = extract_glob_base(target) if glob else target.rstrip("/") or target
     matcher = create_glob_matcher(target, dot=hidden) if glob else None
 
-    files: list[tuple[str, int | None]] = []
+    search = _Search(regex, context=context, per_file=args.get("maxCount"), char_budget=output_char_budget(limit))
     skipped = 0
     not_found = False
-    if posixpath.basename(posixpath.normpath(root)) != ".git":
-        try:
-            info = await fs.stat(root)
-        except FileNotFoundError:
-            not_found = True
-        else:
-            if info.type == "file":
-                if is_text_file(root, fs.text_extensions):
-                    files.append((root, info.size))
-                else:
-                    skipped = 1
-            else:
-                files = await _files_below(call, root, hidden, matcher)
-
-    search = _Search(regex, context=context, per_file=args.get("maxCount"), char_budget=output_char_budget(limit))
     try:
-        await _search_files(call, search, sorted(files, key=_walk_order), strict=strict, max_bytes=max_bytes)
-    finally:
-        regex.cancel()
+        files: list[tuple[str, int | None]] = []
+        if posixpath.basename(posixpath.normpath(root)) != ".git":
+            try:
+                info = await _in_time(search, root, "listing", functools.partial(fs.stat, root))
+            except FileNotFoundError:
+                not_found = True
+            else:
+                if info.type == "file":
+                    if is_text_file(root, fs.text_extensions):
+                        files.append((root, info.size))
+                    else:
+                        skipped = 1
+                else:
+                    files = await _files_below(call, search, root, hidden, matcher)
+        await _search_files(call, search, files, strict=strict, max_bytes=max_bytes)
+    except _OutOfTime:
+        pass  # the summary says where
+    except BaseException:
+        regex.cancel()  # cancelled: a match call in an abandoned worker thread ends at once
+        raise
+    regex.close()  # no thread matches any more: the matcher process, if any, is reaped
 
     total = search.total
     summary = f"{total} {'match' if total == 1 else 'matches'} across {_plural(search.files, 'file', 'files')}"
@@ -370,10 +427,7 @@ async def grep(call: ToolCall) -> ToolResult:
     if args["contextLines"] > MAX_CONTEXT_LINES:
         summary += f" (contextLines capped at {MAX_CONTEXT_LINES})"
     if search.stopped_in is not None:
-        summary += (
-            f" (search stopped after {match_ms / 1000:g} s of matching in {search.stopped_in}: the pattern "
-            "is too slow; simplify it, narrow the path, or raise match_timeout_ms)"
-        )
+        summary += _stopped(match_ms / 1000, search)
     text, scale = search.text(summary)
     return apply_token_limit(text, limit, "end", total_scale=scale)
 
@@ -398,7 +452,7 @@ async def _search_files(
         if not batch or search.done:
             return
         paths, batch, batch_bytes = batch, [], 0
-        contents = await read_many(fs, paths, max_bytes=GREP_CHUNK)
+        contents = await _in_time(search, paths[0], "reading", functools.partial(read_many, fs, paths, max_bytes=GREP_CHUNK))
         whole: list[str] = []
         for path in paths:
             if not isinstance(contents.get(path), FileTooLarge):
@@ -439,7 +493,7 @@ async def _large_file(call: ToolCall, search: _Search, path: str, *, strict: boo
     (skipped past ``max_bytes``), then read in ranges, which bound memory whatever it holds
     by the time they are read."""
     try:
-        info = await call.fs.stat(path)
+        info = await _in_time(search, path, "reading", functools.partial(call.fs.stat, path))
     except OSError as exc:
         search.read_error(exc, strict)
         return
@@ -456,7 +510,8 @@ async def _stream_file(call: ToolCall, search: _Search, path: str, strict: bool)
     position = 0
     while file.wanted:
         try:
-            data = await read_range(call.fs, path, position, position + GREP_CHUNK)
+            step = functools.partial(read_range, call.fs, path, position, position + GREP_CHUNK)
+            data = await _in_time(search, path, "reading", step)
         except OSError as exc:
             search.read_error(exc, strict)
             return
@@ -469,14 +524,47 @@ async def _stream_file(call: ToolCall, search: _Search, path: str, strict: bool)
             return
 
 
-async def _files_below(call: ToolCall, root: str, hidden: bool, matcher: object) -> list[tuple[str, int | None]]:
-    """Text files below ``root`` with their listed sizes: no ``.git``, no ignored paths, not
-    through symlinked dirs."""
+async def _files_below(
+    call: ToolCall, search: _Search, root: str, hidden: bool, matcher: object
+) -> list[tuple[str, int | None]]:
+    """Text files below ``root`` with their listed sizes, in walk order: no ``.git``, no
+    ignored paths, not through symlinked dirs.
+
+    Listed under the deadline, and filtered and sorted in a worker thread that checks it:
+    the rules of a large ``.gitignore`` cost milliseconds per path, which on the event loop
+    would hold every other task (and the deadline) up.
+
+    Raises
+    ------
+    _OutOfTime
+        The deadline passed first.
+    """
     fs = call.fs
-    ignore, base = await gitignore_for(fs, root)
+    ignore, base = await _in_time(search, root, "listing", functools.partial(gitignore_for, fs, root))
+    entries = await _in_time(search, root, "listing", functools.partial(walk, fs, root, include_hidden=hidden))
+    files = await _in_worker(_text_files, entries, root, base, ignore, matcher, fs.text_extensions, search.pattern)
+    if files is None:
+        search.stop(root, "listing")
+        raise _OutOfTime
+    return files
+
+
+def _text_files(
+    entries: list[FileEntry],
+    root: str,
+    base: str,
+    ignore: pathspec.GitIgnoreSpec | None,
+    matcher: object,
+    extensions: frozenset[str],
+    pattern: BoundedPattern,
+) -> list[tuple[str, int | None]] | None:
+    """The part of :func:`_files_below` after the listing; None once ``pattern``'s deadline
+    passed."""
     linked: list[str] = []
     out: list[tuple[str, int | None]] = []
-    for entry in await walk(fs, root, include_hidden=hidden):
+    for entry in entries:
+        if pattern.expired:
+            return None
         parts = entry.name.split("/")
         if ".git" in parts:
             continue
@@ -487,15 +575,23 @@ async def _files_below(call: ToolCall, root: str, hidden: bool, matcher: object)
             if entry.is_symlink:
                 linked.append(entry.name)
             continue
-        if ignore is not None and (
-            ignore.match_file(rel)
-            or any(ignore.match_file(posixpath.join(base, *parts[: i + 1]) + "/") for i in range(len(parts) - 1))
-        ):
+        if ignore is not None and _ignored(ignore, rel, base, parts, pattern):
             continue
-        if not is_text_file(entry.name, fs.text_extensions):
+        if not is_text_file(entry.name, extensions):
             continue
         display = f"{root.rstrip('/')}/{entry.name}"
         if callable(matcher) and not matcher(display):
             continue
         out.append((display, entry.size))
-    return out
+    return None if pattern.expired else sorted(out, key=_walk_order)
+
+
+def _ignored(ignore: pathspec.GitIgnoreSpec, rel: str, base: str, parts: list[str], pattern: BoundedPattern) -> bool:
+    """Whether the file ``rel`` (its name split in ``parts``) or a directory above it is
+    ignored; True also once the deadline passed (each check may cost milliseconds)."""
+    if ignore.match_file(rel):
+        return True
+    for i in range(len(parts) - 1):
+        if pattern.expired or ignore.match_file(posixpath.join(base, *parts[: i + 1]) + "/"):
+            return True
+    return False

@@ -4,14 +4,20 @@ the backends' ``grep``.
 Patterns run on the ``regex`` package, not ``re``: the same syntax and results for ordinary
 patterns (its ``VERSION0`` mode is ``re``-compatible), but every match call takes a
 ``timeout`` and releases the GIL (``concurrent=True``). A pattern that backtracks
-exponentially, ``(a|aa)+$`` on a line of ``a``, therefore stops when the search's budget is
-spent instead of holding the interpreter for hours, and other threads (the event loop) keep
+exponentially, ``(a|aa)+$`` on a line of ``a``, therefore stops at the search's deadline
+instead of holding the interpreter for hours, and other threads (the event loop) keep
 running meanwhile. ``benchmarks/bench_regex.py`` compares it with RE2 and ``re``.
 
 Matching is bounded three ways:
 
-* time: a :class:`BoundedPattern` carries a budget in seconds for all its match calls
-  together (:data:`DEFAULT_MATCH_TIMEOUT`); when it is spent, :class:`MatchTimeout` is raised;
+* time: a :class:`BoundedPattern` carries a deadline on :func:`time.monotonic`, by default
+  :data:`DEFAULT_MATCH_TIMEOUT` seconds after it was made, for all its match calls together;
+  once it has passed, :class:`MatchTimeout` is raised. ``regex`` counts its ``timeout`` in
+  CPU time of the whole process, which a busy machine stretches to several times as much
+  wall-clock time, so a call here gets at most :data:`MATCH_SLICE` of it; a call that needs
+  more is run again in a child process (:mod:`._matcher`), killed at the deadline, and the
+  pattern's later calls go there too. A search therefore ends within the slice's share of
+  the CPU after its deadline, however loaded the machine is, and leaves nothing running;
 * line length: only the first :data:`MATCH_LINE_LIMIT` characters of a line are matched;
 * pattern size: a pattern whose repeats would expand to more than
   :data:`MAX_PATTERN_EXPANSION` steps is refused before compiling (``regex`` unrolls
@@ -28,6 +34,7 @@ line; see :func:`search_mode`.
 from __future__ import annotations
 
 import itertools
+import logging
 import string
 import threading
 import time
@@ -37,11 +44,13 @@ from typing import Literal
 import regex
 
 from ..errors import MatchTimeout
+from ._matcher import Matcher, MatcherDied, matcher_supported
 from ._records import GrepFileResult, GrepMatch
 
 __all__ = [
     "DEFAULT_MATCH_TIMEOUT",
     "MATCH_LINE_LIMIT",
+    "MATCH_SLICE",
     "MAX_PATTERN_EXPANSION",
     "BoundedPattern",
     "LineChunker",
@@ -51,8 +60,15 @@ __all__ = [
     "search_mode",
 ]
 
-#: Seconds one search may spend inside the regex engine, over all its files.
+_log = logging.getLogger("agentvfs")
+
+#: Seconds from its start by which one search ends, over all its files.
 DEFAULT_MATCH_TIMEOUT = 5.0
+#: CPU seconds (of the process, as ``regex`` counts them) one match call may take in this
+#: process; a call that needs more runs in a matcher process. Even with a tenth of a core
+#: it is half a second of wall-clock time, and a hundred times what a 16 KiB window of an
+#: ordinary pattern takes.
+MATCH_SLICE = 0.05
 #: Characters of a line that are matched; the rest of a longer line is not searched.
 MATCH_LINE_LIMIT = 1 << 20
 #: Steps a pattern may expand to when its counted repeats are unrolled.
@@ -489,10 +505,12 @@ def search_mode(source: str) -> Literal["block", "prefilter", "line"]:
 
 
 class BoundedPattern:
-    """A compiled pattern whose match calls together may take at most ``timeout`` seconds.
+    """A compiled pattern whose match calls all end by a deadline: ``timeout`` seconds after
+    ``started``.
 
-    One object serves one search (all its files); it is not meant to be shared between
-    searches running at the same time.
+    One object serves one search (all its files), its calls made by one thread at a time;
+    it is not meant to be shared between searches running at the same time. :meth:`cancel`
+    (from any thread) or :meth:`close` ends it, and the matcher process it may have started.
 
     Parameters
     ----------
@@ -501,7 +519,10 @@ class BoundedPattern:
     case_sensitive : bool
         Match case exactly; otherwise ignore case.
     timeout : float
-        Seconds of matching for the whole search.
+        Seconds the whole search may take, from ``started``.
+    started : float, optional
+        When the search began, on :func:`time.monotonic` (a caller that listed and read
+        files first gives the start of its call); by default now.
     line_limit : int
         Characters of each line that are matched.
 
@@ -518,6 +539,7 @@ class BoundedPattern:
         *,
         case_sensitive: bool = True,
         timeout: float = DEFAULT_MATCH_TIMEOUT,
+        started: float | None = None,
         line_limit: int = MATCH_LINE_LIMIT,
     ) -> None:
         shape = _scan(source)
@@ -536,41 +558,100 @@ class BoundedPattern:
         except (OverflowError, ValueError) as exc:
             raise PatternError(str(exc)) from None
         self.block: regex.Pattern[str] | None = None
-        if shape.block is not None:
+        # What a matcher process compiles: the line pattern, then the block pattern if any.
+        self._sources = [(source, flags)]
+        block = shape.block
+        if block is not None:
             try:
-                self.block = regex.compile(shape.block, flags | regex.MULTILINE)
+                self.block = regex.compile(block, flags | regex.MULTILINE)
             except (PatternError, RecursionError, OverflowError, ValueError):
                 shape = _Shape(None, False, shape.expansion)  # then line by line
+            else:
+                self._sources.append((block, flags | regex.MULTILINE))
         #: Whether a block match within one line is that line's answer (no lookaround left out).
         self.exact = shape.exact
         self.source = source
         self.timeout = timeout
+        #: The :func:`time.monotonic` time by which every match call has ended.
+        self.deadline = (time.monotonic() if started is None else started) + timeout
         self.line_limit = line_limit
-        #: Seconds spent matching so far.
-        self.spent = 0.0
         #: Lines longer than ``line_limit`` met so far (matched on their start only).
         self.long_lines = 0
         self._cancelled = threading.Event()
+        # The matcher process, once a call needed more than MATCH_SLICE; created and killed
+        # under the lock, so a cancel never misses one being started.
+        self._lock = threading.Lock()
+        self._matcher: Matcher | None = None
+        self._in_process = False
+
+    @property
+    def expired(self) -> bool:
+        """Whether the deadline has passed or the search was cancelled."""
+        return self._cancelled.is_set() or time.monotonic() >= self.deadline
 
     def cancel(self) -> None:
-        """Make every later match call raise :class:`MatchTimeout` (a search abandoned in its
-        worker thread stops at its next call instead of running out its budget)."""
-        self._cancelled.set()
+        """Make every later match call raise :class:`MatchTimeout`, and end the one under way:
+        a search abandoned in its worker thread stops at once instead of running out its
+        time. Any thread may call it."""
+        with self._lock:
+            self._cancelled.set()
+            if self._matcher is not None:
+                self._matcher.kill()
+
+    def close(self) -> None:
+        """End the search: :meth:`cancel`, and reap the matcher process (call it where no match
+        call runs, e.g. once the search is done)."""
+        self.cancel()
+        if self._matcher is not None:
+            self._matcher.close()
 
     def _search(
         self, compiled: regex.Pattern[str], text: str, pos: int = 0, endpos: int | None = None
-    ) -> regex.Match[str] | None:
-        remaining = self.timeout - self.spent
+    ) -> tuple[int, int] | None:
+        """The span of ``compiled``'s first match in ``text[pos:endpos]``, or None."""
+        remaining = self.deadline - time.monotonic()
         if remaining <= 0 or self._cancelled.is_set():
             raise MatchTimeout(self.source, self.timeout)
-        started = time.perf_counter()
+        if self._matcher is None:
+            try:
+                # regex's timeout is CPU time of the process: in-process calls get a slice,
+                # which even a busy machine turns into little wall-clock time.
+                budget = remaining if self._in_process else min(remaining, MATCH_SLICE)
+                found = compiled.search(text, pos, endpos, concurrent=True, timeout=budget)
+                return None if found is None else found.span()
+            except TimeoutError:
+                if self._in_process or self.expired:
+                    raise MatchTimeout(self.source, self.timeout) from None
+            if not self._start_matcher():
+                return self._search(compiled, text, pos, endpos)
+        assert self._matcher is not None
         try:
-            return compiled.search(text, pos, endpos, concurrent=True, timeout=remaining)
+            return self._matcher.search(0 if compiled is self.line else 1, text, pos, endpos, self.deadline)
         except TimeoutError:
-            self.spent = self.timeout
             raise MatchTimeout(self.source, self.timeout) from None
-        finally:
-            self.spent += time.perf_counter() - started
+        except MatcherDied as exc:
+            _log.warning("grep: %s; matching in this process, where a busy machine may stretch the deadline", exc)
+            self._matcher = None
+            self._in_process = True
+            return self._search(compiled, text, pos, endpos)
+
+    def _start_matcher(self) -> bool:
+        """Start the matcher process; False (and matching in this process from now on, with
+        the deadline counted in CPU time) where none can be started."""
+        with self._lock:
+            if self._cancelled.is_set():
+                raise MatchTimeout(self.source, self.timeout)
+            reason = "no interpreter to run, or no poll()"
+            if matcher_supported():
+                try:
+                    self._matcher = Matcher(self._sources)
+                except OSError as exc:
+                    reason = str(exc)
+                else:
+                    return True
+            _log.warning("grep: no matcher process (%s); a busy machine may stretch the deadline", reason)
+            self._in_process = True
+            return False
 
     def search_line(self, line: str) -> int | None:
         """The 0-based column of the first match in ``line`` (its first ``line_limit``
@@ -584,7 +665,7 @@ class BoundedPattern:
         if len(line) > self.line_limit:
             line = line[: self.line_limit]
         found = self._search(self.line, line)
-        return None if found is None else found.start()
+        return None if found is None else found[0]
 
     def search_block(self, text: str, hits: list[tuple[int, int]], *, limit: int | None = None) -> None:
         """Append ``(line index, 0-based column)`` for each line of ``text`` (lines joined by
@@ -634,7 +715,7 @@ class BoundedPattern:
                     return
                 pos = stop + 1
                 continue
-            start = found.start()
+            start, found_end = found
             index += text.count("\n", counted, start)
             counted = start
             newline = text.rfind("\n", pos, start)
@@ -642,7 +723,7 @@ class BoundedPattern:
             line_end = text.find("\n", start)
             if line_end < 0:
                 line_end = end
-            if self.exact and found.end() <= line_end:
+            if self.exact and found_end <= line_end:
                 column = start - line_start
             else:
                 # The block's match runs across the newline, or it is the pattern without
