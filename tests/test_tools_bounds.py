@@ -93,8 +93,8 @@ async def test_regex_bomb_stops_at_its_deadline_and_says_where(tmp_path: Path) -
     out = await run(tools, GREP, pattern=f"TODO|{BOMB}")
     assert time.monotonic() - started <= 0.5 + TIME_SLACK
     assert out == (
-        "1 match across 1 file (search stopped at the 0.5 s time limit while matching ./b.txt: simplify the "
-        "pattern, narrow the path, or raise match_timeout_ms)\n---\n./a.txt:1:1: TODO one"
+        "1 match across 1 file (search stopped after 0.5 s of matching in ./b.txt: the pattern is too slow; "
+        "simplify it, narrow the path, or raise match_timeout_ms)\n---\n./a.txt:1:1: TODO one"
     )
 
 
@@ -128,7 +128,7 @@ async def test_event_loop_ticks_while_grep_matches(tmp_path: Path) -> None:
         group.start_soon(ticker)
         out = await run(tools, GREP, pattern=BOMB)
         group.cancel_scope.cancel()
-    assert "search stopped at the 1 s time limit while matching ./bomb.txt" in out
+    assert "search stopped after 1 s of matching in ./bomb.txt" in out
     gaps = [b - a for a, b in itertools.pairwise(ticks)]
     assert len(ticks) >= 30 and max(gaps) < 0.25, (len(ticks), max(gaps))
 
@@ -185,7 +185,7 @@ def busy_seconds(seconds: float) -> float:
 
 async def test_a_bomb_in_many_files_ends_at_the_deadline_on_a_busy_machine(tmp_path: Path) -> None:
     # regex counts its own timeout in CPU time of the process: with a third of a core, a
-    # search given 1.5 s ran for 4.5 s. The deadline is wall-clock time, whatever the load.
+    # search given 1.5 s ran for 4.5 s. The budget is wall-clock time, whatever the load.
     for index in range(20):
         (tmp_path / f"{index:02}.txt").write_text((BOMB_LINE + "\n") * 5)
     tools = await tools_for(tmp_path, {GREP: {"match_timeout_ms": 1500}})
@@ -197,8 +197,8 @@ async def test_a_bomb_in_many_files_ends_at_the_deadline_on_a_busy_machine(tmp_p
         left_behind = await anyio.to_thread.run_sync(busy_seconds, 0.5)
     assert elapsed <= 1.5 + TIME_SLACK, f"grep took {elapsed:.2f} s"
     assert out == (
-        "0 matches across 0 files (search stopped at the 1.5 s time limit while matching ./00.txt: simplify "
-        "the pattern, narrow the path, or raise match_timeout_ms)\n---"
+        "0 matches across 0 files (search stopped after 1.5 s of matching in ./00.txt: the pattern is too "
+        "slow; simplify it, narrow the path, or raise match_timeout_ms)\n---"
     )
     # Nothing goes on matching once the call has answered: no thread, no matcher process.
     assert left_behind < 0.1 and child_processes() == [], (left_behind, child_processes())
@@ -234,26 +234,25 @@ class SlowStorage(LocalFilesystem):
         return await super().read_many(paths, **options)
 
 
-async def test_the_deadline_covers_listing_and_reading(tmp_path: Path) -> None:
+async def test_slow_listing_and_reading_are_bounded_by_the_calls_timeout_not_the_matching_budget(
+    tmp_path: Path,
+) -> None:
+    # A grep over slow storage (a large bucket) is slow, not cut short by the matching
+    # budget: the call's own timeout_ms bounds its listing and reading.
     for index in range(10):
         (tmp_path / f"{index}.txt").write_text("TODO\n")
     config = {GREP: {"match_timeout_ms": 1000}}
-    reading = await Workspace(filesystem=SlowStorage(tmp_path, read=0.5), tools=config).create_tools()
+    reading = await Workspace(filesystem=SlowStorage(tmp_path, read=0.2), tools=config).create_tools()
     started = time.monotonic()
     out = await run(reading, GREP, pattern="TODO")
-    assert time.monotonic() - started <= 1 + TIME_SLACK
-    assert out == (
-        "0 matches across 0 files (search stopped at the 1 s time limit while reading ./0.txt: narrow the path, "
-        "or raise match_timeout_ms)\n---"
-    )
+    assert time.monotonic() - started >= 2
+    assert out.startswith("10 matches across 10 files\n---\n./0.txt:1:1: TODO"), out
+    config = {GREP: {"match_timeout_ms": 1000, "timeout_ms": 1000}}
     listing = await Workspace(filesystem=SlowStorage(tmp_path, listing=5), tools=config).create_tools()
     started = time.monotonic()
-    out = await run(listing, GREP, pattern="TODO")
+    with pytest.raises(TimeoutError, match="mastra_workspace_grep timed out after 1000ms"):
+        await run(listing, GREP, pattern="TODO")
     assert time.monotonic() - started <= 1 + TIME_SLACK
-    assert out == (
-        "0 matches across 0 files (search stopped at the 1 s time limit while listing .: nothing was searched; "
-        "narrow the path, or raise match_timeout_ms)\n---"
-    )
 
 
 # -- the compile-size estimate: never below what regex builds -----------------------------------------
@@ -435,11 +434,8 @@ async def test_vfs_grep_has_a_deadline(tmp_path: Path, monkeypatch: pytest.Monke
     with pytest.raises(TimeoutError, match=r"took longer than 0\.3 s \(stopped in \S*bomb\.txt\)"):
         await fs.grep(BOMB, ".")
     assert time.monotonic() - started <= 0.3 + TIME_SLACK
-    # The deadline is the call's: a listing that outlasts it ends the search too.
-    started = time.monotonic()
-    with pytest.raises(TimeoutError, match=r"took longer than 0\.3 s \(stopped in \.\)"):
-        await SlowStorage(tmp_path, listing=5).grep("TODO", ".")
-    assert time.monotonic() - started <= 0.3 + TIME_SLACK
+    # The budget is of matching: a slow listing is slow, not a timeout.
+    assert [r.path for r in await SlowStorage(tmp_path, listing=1).grep("TODO", ".")] == ["ok.txt"]
 
 
 LINE_PATTERNS = [
@@ -712,12 +708,12 @@ async def test_edit_file_with_many_occurrences_lists_the_first(tmp_path: Path) -
     assert (tmp_path / "m.txt").read_text() == "HIT\n" * 5000
 
 
-async def test_a_huge_gitignore_holds_up_neither_the_event_loop_nor_a_deadline(tmp_path: Path) -> None:
+async def test_a_huge_gitignore_holds_up_neither_the_event_loop_nor_a_timeout(tmp_path: Path) -> None:
     # A megabyte of rules compiles for seconds and costs milliseconds per path matched: in a
-    # worker thread, which the call's deadline or timeout stops.
+    # worker thread, which the call's timeout stops.
     for index in range(50):
         (tmp_path / f"{index}.txt").write_text("TODO\n")
-    tools = await tools_for(tmp_path, {"timeout_ms": 1000, GREP: {"match_timeout_ms": 500, "timeout_ms": None}})
+    tools = await tools_for(tmp_path, {"timeout_ms": 1000})
     await run(tools, GREP, pattern="warm up")  # tiktoken's tables, once
     rules = "".join(f"*{i}*x*y*z*/\n" for i in range(70_000))
     (tmp_path / ".gitignore").write_text(rules[: rules.rfind("\n", 0, 1 << 20) + 1])
@@ -731,7 +727,8 @@ async def test_a_huge_gitignore_holds_up_neither_the_event_loop_nor_a_deadline(t
     async with anyio.create_task_group() as group:
         group.start_soon(ticker)
         started = time.monotonic()
-        found = await run(tools, GREP, pattern="TODO")
+        with pytest.raises(TimeoutError, match="mastra_workspace_grep timed out after 1000ms"):
+            await run(tools, GREP, pattern="TODO")
         grep_took = time.monotonic() - started
         started = time.monotonic()
         with pytest.raises(TimeoutError, match="mastra_workspace_list_files timed out after 1000ms"):
@@ -739,13 +736,9 @@ async def test_a_huge_gitignore_holds_up_neither_the_event_loop_nor_a_deadline(t
         list_took = time.monotonic() - started
         group.cancel_scope.cancel()
     left_behind = await anyio.to_thread.run_sync(busy_seconds, 0.5)
-    assert grep_took <= 0.5 + TIME_SLACK and list_took <= 1 + TIME_SLACK, (grep_took, list_took)
+    assert grep_took <= 1 + TIME_SLACK and list_took <= 1 + TIME_SLACK, (grep_took, list_took)
     assert max(b - a for a, b in itertools.pairwise(ticks)) < 0.25
     assert left_behind < 0.1, left_behind
-    assert found == (
-        "0 matches across 0 files (search stopped at the 0.5 s time limit while listing .: nothing was searched; "
-        "narrow the path, or raise match_timeout_ms)\n---"
-    )
 
 
 async def test_a_huge_gitignore_is_read_in_part(tmp_path: Path) -> None:

@@ -745,7 +745,7 @@ class MatchTimeout(_Rebuilt, TimeoutError):
         shown = pattern if len(pattern) <= 80 else pattern[:77] + "..."
         where = f" (stopped in {path})" if path else ""
         super().__init__(
-            f"grep: searching for {shown!r} took longer than {seconds:g} s{where}; simplify the pattern "
+            f"grep: matching {shown!r} took longer than {seconds:g} s{where}; simplify the pattern "
             "(nested quantifiers such as (a+)+ can take exponential time) or search fewer files"
         )
 

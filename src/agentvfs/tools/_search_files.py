@@ -11,14 +11,16 @@ byte order, files and directories together: ``a/x.txt`` comes before ``a-b.txt``
 
 Every search is bounded, whatever the files hold:
 
-* **time**: the call ends ``match_timeout_ms`` (default 5,000 ms) after it began, however
-  many files there are and however busy the machine is: listing, reading and matching all
-  stop at that deadline, what was found is shown, and the summary says where and in which
-  step it stopped (`` (search stopped at the 5 s time limit while matching <path>: ...)``).
-  Matching runs in a worker thread that releases the GIL, so the event loop keeps running
-  meanwhile, and checks the deadline at every file and every match call; a match call that
-  needs more than a sliver of CPU runs in a matcher process killed at the deadline (see
-  :mod:`agentvfs.vfs._grep`), so nothing is left running after the call;
+* **time**: matching may take ``match_timeout_ms`` (default 5,000 ms) of wall-clock time over
+  the whole call, however many files there are and however busy the machine is; then the
+  search stops, what was found is shown, and the summary says where it stopped
+  (`` (search stopped after 5 s of matching in <path>: ...)``). Matching runs in a worker
+  thread that releases the GIL, so the event loop keeps running meanwhile, and checks the
+  budget at every file and every match call; a match call that needs more than a sliver of
+  CPU runs in a matcher process killed when the budget is spent (see
+  :mod:`agentvfs.vfs._grep`), so nothing is left running after the call. Listing and reading
+  are bounded with the whole call by the tool's ``timeout_ms``, as for every tool (a grep
+  over a large bucket is slow, not cut short);
 * **line length**: only the first 1,048,576 characters of a line are matched; the summary
   counts longer lines (`` (<n> lines longer than 1048576 characters: matched on their first
   1048576)``);
@@ -36,13 +38,11 @@ Every search is bounded, whatever the files hold:
 
 from __future__ import annotations
 
-import functools
 import posixpath
 import re
-import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -114,15 +114,15 @@ def _walk_order(item: tuple[str, int | None]) -> list[str]:
 _ESCAPE = re.compile(r"\\(?:u([0-9a-fA-F]{4})|[0-9A-Za-z])")
 
 
-def _compile(pattern: str, ignore_case: bool, timeout: float, started: float) -> BoundedPattern:
+def _compile(pattern: str, ignore_case: bool, timeout: float) -> BoundedPattern:
     exact = translate(pattern)
     if not ignore_case:
-        return BoundedPattern(exact, case_sensitive=True, timeout=timeout, started=started)
+        return BoundedPattern(exact, case_sensitive=True, timeout=timeout)
     if _folds_alike(exact):
         # The engine's own case-insensitive search is much faster than the classes that
         # spell JavaScript's folding out ([Tt][Oo]...), and gives the same answer here.
-        return BoundedPattern(exact, case_sensitive=False, timeout=timeout, started=started)
-    return BoundedPattern(translate(pattern, ignore_case=True), case_sensitive=True, timeout=timeout, started=started)
+        return BoundedPattern(exact, case_sensitive=False, timeout=timeout)
+    return BoundedPattern(translate(pattern, ignore_case=True), case_sensitive=True, timeout=timeout)
 
 
 def _folds_alike(translated: str) -> bool:
@@ -191,16 +191,15 @@ class _Search:
         self.truncated = False
         self.read_errors = 0
         self.too_large = 0
-        #: The path the deadline passed in, if it did, and what the search was doing there.
+        #: The path the matching budget ran out in, if it did.
         self.stopped_in: str | None = None
-        self.stopped_while: Literal["listing", "reading", "matching"] = "matching"
-        #: Nothing more is to be searched (the match cap or the deadline was reached).
+        #: Nothing more is to be searched (the match cap or the budget was reached).
         self.done = False
 
-    def stop(self, path: str, doing: Literal["listing", "reading", "matching"]) -> None:
-        """The deadline passed in ``path`` while ``doing`` it: search nothing more."""
+    def stop(self, path: str) -> None:
+        """The matching budget ran out in ``path``: search nothing more."""
         if self.stopped_in is None:
-            self.stopped_in, self.stopped_while = path, doing
+            self.stopped_in = path
         self.done = True
 
     def _out(self, line: str, dropped: int = 0) -> None:
@@ -225,7 +224,7 @@ class _Search:
                 return
             if self.pattern.expired:
                 # Checked per file too: decoding a batch of files costs time of its own.
-                self.stop(path, "matching")
+                self.stop(path)
                 return
             data = contents.get(path)
             if not isinstance(data, bytes):
@@ -249,7 +248,7 @@ class _Search:
             try:
                 self.pattern.search_block(text, hits, limit=cap)
             except MatchTimeout:
-                self.stop(file.path, "matching")
+                self.stop(file.path)
                 file.matching = False
         lines = text.split("\n") if hits or file.after_left else None
         for index, column in hits:
@@ -315,45 +314,15 @@ class _Search:
         return text, (full / len(text) if len(text) < full else 1.0)
 
 
-class _OutOfTime(Exception):
-    """The deadline passed while the grep listed or read (:meth:`_Search.stop` noted where)."""
-
-
 async def _in_worker(fn: Callable[..., T], *args: Any) -> T:
     # Abandoned on cancellation (the tool's timeout): the caller then cancels the pattern,
     # so the thread stops at its next match call. A limiter of its own: a grep never waits
-    # for a thread behind other calls' blocking work, which its deadline would not cover.
+    # for a thread behind other calls' blocking work.
     return await anyio.to_thread.run_sync(fn, *args, abandon_on_cancel=True, limiter=anyio.CapacityLimiter(1))
-
-
-async def _in_time(
-    search: _Search, path: str, doing: Literal["listing", "reading"], step: Callable[[], Awaitable[T]]
-) -> T:
-    """Await ``step`` (listing or reading ``path``) until the deadline; past it, stop the
-    search there and raise :class:`_OutOfTime`. What the step started in a worker thread
-    is I/O, abandoned to finish on its own."""
-    with anyio.move_on_after(search.pattern.deadline - time.monotonic()):
-        return await step()
-    search.stop(path, doing)
-    raise _OutOfTime
-
-
-def _stopped(seconds: float, search: _Search) -> str:
-    """The summary's note on where the deadline passed."""
-    advice = {
-        "listing": "nothing was searched; narrow the path",
-        "reading": "narrow the path",
-        "matching": "simplify the pattern, narrow the path",
-    }[search.stopped_while]
-    return (
-        f" (search stopped at the {seconds:g} s time limit while {search.stopped_while} {search.stopped_in}: "
-        f"{advice}, or raise match_timeout_ms)"
-    )
 
 
 async def grep(call: ToolCall) -> ToolResult:
     """Search text files for a pattern; summary, ``---``, then ``path:line:col: text`` lines."""
-    started = time.monotonic()  # the deadline counts from here, compiling and listing included
     args = call.args
     pattern: str = args["pattern"]
     length = unit_length(pattern)  # JavaScript's length: UTF-16 code units
@@ -364,7 +333,7 @@ async def grep(call: ToolCall) -> ToolResult:
         # Translated and compiled in a worker thread: regex parses the pattern in Python, which
         # hands the GIL to the event loop every few milliseconds (its C part, at most
         # MAX_PATTERN_EXPANSION steps, takes some tens of milliseconds).
-        regex = await _in_worker(_compile, pattern, not args["caseSensitive"], match_ms / 1000, started)
+        regex = await _in_worker(_compile, pattern, not args["caseSensitive"], match_ms / 1000)
     except PatternError as exc:
         return f"Error: Invalid regex pattern: {exc}"
     target: str = args["path"]
@@ -385,7 +354,7 @@ async def grep(call: ToolCall) -> ToolResult:
         files: list[tuple[str, int | None]] = []
         if posixpath.basename(posixpath.normpath(root)) != ".git":
             try:
-                info = await _in_time(search, root, "listing", functools.partial(fs.stat, root))
+                info = await fs.stat(root)
             except FileNotFoundError:
                 not_found = True
             else:
@@ -397,8 +366,6 @@ async def grep(call: ToolCall) -> ToolResult:
                 else:
                     files = await _files_below(call, search, root, hidden, matcher)
         await _search_files(call, search, files, strict=strict, max_bytes=max_bytes)
-    except _OutOfTime:
-        pass  # the summary says where
     except BaseException:
         regex.cancel()  # cancelled: a match call in an abandoned worker thread ends at once
         raise
@@ -427,7 +394,10 @@ async def grep(call: ToolCall) -> ToolResult:
     if args["contextLines"] > MAX_CONTEXT_LINES:
         summary += f" (contextLines capped at {MAX_CONTEXT_LINES})"
     if search.stopped_in is not None:
-        summary += _stopped(match_ms / 1000, search)
+        summary += (
+            f" (search stopped after {match_ms / 1000:g} s of matching in {search.stopped_in}: the pattern "
+            "is too slow; simplify it, narrow the path, or raise match_timeout_ms)"
+        )
     text, scale = search.text(summary)
     return apply_token_limit(text, limit, "end", total_scale=scale)
 
@@ -452,7 +422,7 @@ async def _search_files(
         if not batch or search.done:
             return
         paths, batch, batch_bytes = batch, [], 0
-        contents = await _in_time(search, paths[0], "reading", functools.partial(read_many, fs, paths, max_bytes=GREP_CHUNK))
+        contents = await read_many(fs, paths, max_bytes=GREP_CHUNK)
         whole: list[str] = []
         for path in paths:
             if not isinstance(contents.get(path), FileTooLarge):
@@ -493,7 +463,7 @@ async def _large_file(call: ToolCall, search: _Search, path: str, *, strict: boo
     (skipped past ``max_bytes``), then read in ranges, which bound memory whatever it holds
     by the time they are read."""
     try:
-        info = await _in_time(search, path, "reading", functools.partial(call.fs.stat, path))
+        info = await call.fs.stat(path)
     except OSError as exc:
         search.read_error(exc, strict)
         return
@@ -510,8 +480,7 @@ async def _stream_file(call: ToolCall, search: _Search, path: str, strict: bool)
     position = 0
     while file.wanted:
         try:
-            step = functools.partial(read_range, call.fs, path, position, position + GREP_CHUNK)
-            data = await _in_time(search, path, "reading", step)
+            data = await read_range(call.fs, path, position, position + GREP_CHUNK)
         except OSError as exc:
             search.read_error(exc, strict)
             return
@@ -530,23 +499,15 @@ async def _files_below(
     """Text files below ``root`` with their listed sizes, in walk order: no ``.git``, no
     ignored paths, not through symlinked dirs.
 
-    Listed under the deadline, and filtered and sorted in a worker thread that checks it:
-    the rules of a large ``.gitignore`` cost milliseconds per path, which on the event loop
-    would hold every other task (and the deadline) up.
-
-    Raises
-    ------
-    _OutOfTime
-        The deadline passed first.
+    Filtered and sorted in a worker thread that a cancelled call stops (the tool's
+    ``timeout_ms``): the rules of a large ``.gitignore`` cost milliseconds per path, which on
+    the event loop would hold every other task up.
     """
     fs = call.fs
-    ignore, base = await _in_time(search, root, "listing", functools.partial(gitignore_for, fs, root))
-    entries = await _in_time(search, root, "listing", functools.partial(walk, fs, root, include_hidden=hidden))
+    ignore, base = await gitignore_for(fs, root)
+    entries = await walk(fs, root, include_hidden=hidden)
     files = await _in_worker(_text_files, entries, root, base, ignore, matcher, fs.text_extensions, search.pattern)
-    if files is None:
-        search.stop(root, "listing")
-        raise _OutOfTime
-    return files
+    return files or []
 
 
 def _text_files(
@@ -558,12 +519,12 @@ def _text_files(
     extensions: frozenset[str],
     pattern: BoundedPattern,
 ) -> list[tuple[str, int | None]] | None:
-    """The part of :func:`_files_below` after the listing; None once ``pattern``'s deadline
-    passed."""
+    """The part of :func:`_files_below` after the listing; None once the search was
+    cancelled (its caller gave up on it)."""
     linked: list[str] = []
     out: list[tuple[str, int | None]] = []
     for entry in entries:
-        if pattern.expired:
+        if pattern.cancelled:
             return None
         parts = entry.name.split("/")
         if ".git" in parts:
@@ -583,15 +544,15 @@ def _text_files(
         if callable(matcher) and not matcher(display):
             continue
         out.append((display, entry.size))
-    return None if pattern.expired else sorted(out, key=_walk_order)
+    return None if pattern.cancelled else sorted(out, key=_walk_order)
 
 
 def _ignored(ignore: pathspec.GitIgnoreSpec, rel: str, base: str, parts: list[str], pattern: BoundedPattern) -> bool:
     """Whether the file ``rel`` (its name split in ``parts``) or a directory above it is
-    ignored; True also once the deadline passed (each check may cost milliseconds)."""
+    ignored; True also once the search was cancelled (each check may cost milliseconds)."""
     if ignore.match_file(rel):
         return True
     for i in range(len(parts) - 1):
-        if pattern.expired or ignore.match_file(posixpath.join(base, *parts[: i + 1]) + "/"):
+        if pattern.cancelled or ignore.match_file(posixpath.join(base, *parts[: i + 1]) + "/"):
             return True
     return False

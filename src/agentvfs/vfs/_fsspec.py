@@ -13,7 +13,6 @@ import functools
 import os
 import posixpath
 import threading
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Literal, TypeVar
@@ -28,7 +27,6 @@ from ..errors import (
     FileNotFound,
     FileTooLarge,
     IsDirectory,
-    MatchTimeout,
     PermissionDenied,
     StaleFileError,
 )
@@ -690,29 +688,25 @@ class FsspecFilesystem(WorkspaceFilesystem):
         """Search the text files below ``path`` (by extension) for a Python regex.
 
         The tree is listed in one paginated request on object stores and the files fetched
-        in concurrent batches, instead of one round trip per directory and file. The whole
-        call, listing and reading included, ends by the grep deadline
-        (:data:`~agentvfs.vfs._grep.DEFAULT_MATCH_TIMEOUT` after it began), else raises
-        :class:`~agentvfs.errors.MatchTimeout`.
+        in concurrent batches, instead of one round trip per directory and file. Matching may
+        take :data:`~agentvfs.vfs._grep.DEFAULT_MATCH_TIMEOUT` seconds of wall-clock time over
+        all files, else :class:`~agentvfs.errors.MatchTimeout` is raised.
         """
         regex = compile_pattern(pattern, case_sensitive=case_sensitive)
         rel = self._rel(path)
-        with anyio.move_on_after(regex.deadline - time.monotonic()) as listing:
-            info = await self._call(self._backend.info, rel) if rel else {"type": "directory"}
-            if info is None:
-                raise FileNotFound(path)
-            if info.get("type") == "directory":
-                entries = await self.walk(path, include_hidden=include_hidden)
-                files = [
-                    _paths.join(rel, e.name)
-                    for e in entries
-                    if e.type == "file" and is_text_file(e.name, self.text_extensions)
-                ]
-            else:
-                files = [rel]
-            contents = await self._call(self._cat_many, files, None)
-        if listing.cancelled_caught:
-            raise MatchTimeout(pattern, regex.timeout, path or ".")
+        info = await self._call(self._backend.info, rel) if rel else {"type": "directory"}
+        if info is None:
+            raise FileNotFound(path)
+        if info.get("type") == "directory":
+            entries = await self.walk(path, include_hidden=include_hidden)
+            files = [
+                _paths.join(rel, e.name)
+                for e in entries
+                if e.type == "file" and is_text_file(e.name, self.text_extensions)
+            ]
+        else:
+            files = [rel]
+        contents = await self._call(self._cat_many, files, None)
 
         def match() -> list[GrepFileResult]:
             # In a worker thread: the regex engine releases the GIL, so the event loop runs

@@ -4,20 +4,22 @@ the backends' ``grep``.
 Patterns run on the ``regex`` package, not ``re``: the same syntax and results for ordinary
 patterns (its ``VERSION0`` mode is ``re``-compatible), but every match call takes a
 ``timeout`` and releases the GIL (``concurrent=True``). A pattern that backtracks
-exponentially, ``(a|aa)+$`` on a line of ``a``, therefore stops at the search's deadline
-instead of holding the interpreter for hours, and other threads (the event loop) keep
+exponentially, ``(a|aa)+$`` on a line of ``a``, therefore stops when the search's budget is
+spent instead of holding the interpreter for hours, and other threads (the event loop) keep
 running meanwhile. ``benchmarks/bench_regex.py`` compares it with RE2 and ``re``.
 
 Matching is bounded three ways:
 
-* time: a :class:`BoundedPattern` carries a deadline on :func:`time.monotonic`, by default
-  :data:`DEFAULT_MATCH_TIMEOUT` seconds after it was made, for all its match calls together;
-  once it has passed, :class:`MatchTimeout` is raised. ``regex`` counts its ``timeout`` in
-  CPU time of the whole process, which a busy machine stretches to several times as much
-  wall-clock time, so a call here gets at most :data:`MATCH_SLICE` of it; a call that needs
-  more is run again in a child process (:mod:`._matcher`), killed at the deadline, and the
-  pattern's later calls go there too. A search therefore ends within the slice's share of
-  the CPU after its deadline, however loaded the machine is, and leaves nothing running;
+* time: a :class:`BoundedPattern` carries a budget of wall-clock seconds
+  (:data:`DEFAULT_MATCH_TIMEOUT` by default) for all its match calls together, counted on
+  :func:`time.monotonic` around each call; once it is spent, :class:`MatchTimeout` is raised.
+  ``regex`` counts its ``timeout`` in CPU time of the whole process, which a busy machine
+  stretches to several times as much wall-clock time, so a call here gets at most
+  :data:`MATCH_SLICE` of it; a call that needs more is run again in a child process
+  (:mod:`._matcher`), killed when the budget is spent, and the pattern's later calls go there
+  too. Matching therefore ends within the slice's share of the CPU after its budget, however
+  loaded the machine is, and leaves nothing running (listing and reading are the caller's to
+  bound);
 * line length: only the first :data:`MATCH_LINE_LIMIT` characters of a line are matched;
 * pattern size: a pattern whose repeats would expand to more than
   :data:`MAX_PATTERN_EXPANSION` steps is refused before compiling (``regex`` unrolls
@@ -62,7 +64,7 @@ __all__ = [
 
 _log = logging.getLogger("agentvfs")
 
-#: Seconds from its start by which one search ends, over all its files.
+#: Wall-clock seconds one search may spend matching, over all its files.
 DEFAULT_MATCH_TIMEOUT = 5.0
 #: CPU seconds (of the process, as ``regex`` counts them) one match call may take in this
 #: process; a call that needs more runs in a matcher process. Even with a tenth of a core
@@ -505,8 +507,8 @@ def search_mode(source: str) -> Literal["block", "prefilter", "line"]:
 
 
 class BoundedPattern:
-    """A compiled pattern whose match calls all end by a deadline: ``timeout`` seconds after
-    ``started``.
+    """A compiled pattern whose match calls together take at most ``timeout`` seconds of
+    wall-clock time.
 
     One object serves one search (all its files), its calls made by one thread at a time;
     it is not meant to be shared between searches running at the same time. :meth:`cancel`
@@ -519,10 +521,7 @@ class BoundedPattern:
     case_sensitive : bool
         Match case exactly; otherwise ignore case.
     timeout : float
-        Seconds the whole search may take, from ``started``.
-    started : float, optional
-        When the search began, on :func:`time.monotonic` (a caller that listed and read
-        files first gives the start of its call); by default now.
+        Wall-clock seconds of matching for the whole search.
     line_limit : int
         Characters of each line that are matched.
 
@@ -539,7 +538,6 @@ class BoundedPattern:
         *,
         case_sensitive: bool = True,
         timeout: float = DEFAULT_MATCH_TIMEOUT,
-        started: float | None = None,
         line_limit: int = MATCH_LINE_LIMIT,
     ) -> None:
         shape = _scan(source)
@@ -572,8 +570,8 @@ class BoundedPattern:
         self.exact = shape.exact
         self.source = source
         self.timeout = timeout
-        #: The :func:`time.monotonic` time by which every match call has ended.
-        self.deadline = (time.monotonic() if started is None else started) + timeout
+        #: Wall-clock seconds spent in match calls so far.
+        self.spent = 0.0
         self.line_limit = line_limit
         #: Lines longer than ``line_limit`` met so far (matched on their start only).
         self.long_lines = 0
@@ -585,9 +583,14 @@ class BoundedPattern:
         self._in_process = False
 
     @property
+    def cancelled(self) -> bool:
+        """Whether :meth:`cancel` was called (the search's caller gave up on it)."""
+        return self._cancelled.is_set()
+
+    @property
     def expired(self) -> bool:
-        """Whether the deadline has passed or the search was cancelled."""
-        return self._cancelled.is_set() or time.monotonic() >= self.deadline
+        """Whether the budget is spent or the search was cancelled."""
+        return self._cancelled.is_set() or self.spent >= self.timeout
 
     def cancel(self) -> None:
         """Make every later match call raise :class:`MatchTimeout`, and end the one under way:
@@ -609,7 +612,23 @@ class BoundedPattern:
         self, compiled: regex.Pattern[str], text: str, pos: int = 0, endpos: int | None = None
     ) -> tuple[int, int] | None:
         """The span of ``compiled``'s first match in ``text[pos:endpos]``, or None."""
-        remaining = self.deadline - time.monotonic()
+        remaining = self.timeout - self.spent
+        if remaining <= 0 or self._cancelled.is_set():
+            raise MatchTimeout(self.source, self.timeout)
+        started = time.monotonic()
+        try:
+            return self._search_by(compiled, text, pos, endpos, started + remaining)
+        except MatchTimeout:
+            self.spent = self.timeout  # spent, whatever the clock says: nothing more is tried
+            raise
+        finally:
+            self.spent += time.monotonic() - started
+
+    def _search_by(
+        self, compiled: regex.Pattern[str], text: str, pos: int, endpos: int | None, deadline: float
+    ) -> tuple[int, int] | None:
+        """:meth:`_search` ending by ``deadline`` (on :func:`time.monotonic`)."""
+        remaining = deadline - time.monotonic()
         if remaining <= 0 or self._cancelled.is_set():
             raise MatchTimeout(self.source, self.timeout)
         if self._matcher is None:
@@ -620,20 +639,20 @@ class BoundedPattern:
                 found = compiled.search(text, pos, endpos, concurrent=True, timeout=budget)
                 return None if found is None else found.span()
             except TimeoutError:
-                if self._in_process or self.expired:
+                if self._in_process or time.monotonic() >= deadline or self._cancelled.is_set():
                     raise MatchTimeout(self.source, self.timeout) from None
             if not self._start_matcher():
-                return self._search(compiled, text, pos, endpos)
+                return self._search_by(compiled, text, pos, endpos, deadline)
         assert self._matcher is not None
         try:
-            return self._matcher.search(0 if compiled is self.line else 1, text, pos, endpos, self.deadline)
+            return self._matcher.search(0 if compiled is self.line else 1, text, pos, endpos, deadline)
         except TimeoutError:
             raise MatchTimeout(self.source, self.timeout) from None
         except MatcherDied as exc:
             _log.warning("grep: %s; matching in this process, where a busy machine may stretch the deadline", exc)
             self._matcher = None
             self._in_process = True
-            return self._search(compiled, text, pos, endpos)
+            return self._search_by(compiled, text, pos, endpos, deadline)
 
     def _start_matcher(self) -> bool:
         """Start the matcher process; False (and matching in this process from now on, with
