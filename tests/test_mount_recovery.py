@@ -204,6 +204,19 @@ def test_an_unusable_default_state_directory_falls_back_to_the_temporary_one(
 _SHARED_WRITER = "(head -c 8388608 {big}; sleep 2; tail -c +8388609 {big}) > {target}"
 
 
+def _mount_over_old(
+    kind: str, helper: str, mnt: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> tuple[Storage, Path, subprocess.Popen[bytes]]:
+    """Storage holding the old ``f.bin`` (``old\\n`` 50,000 times), 16 MiB of new bytes in
+    ``new.bin`` beside it, and a mount process on it (with the helper library or without)."""
+    storage = Storage(kind, tmp_path, request)
+    (tmp_path / "new.bin").write_bytes(os.urandom(16 << 20))
+    storage.put("f.bin", b"old\n" * 50_000)
+    env = {"AGENTVFS_FUSE_HELPER": "0"} if helper == "no-helper" else {}
+    log = tmp_path / "mount.log"
+    return storage, log, start_mount(storage, mnt, tmp_path / "state", log=log, env=env)
+
+
 @pytest.mark.parametrize("helper", ["helper", "no-helper"])
 @pytest.mark.parametrize("kind", ["local", pytest.param("s3", marks=pytest.mark.s3)])
 def test_a_child_closing_a_shared_descriptor_publishes_nothing(
@@ -213,13 +226,8 @@ def test_a_child_closing_a_shared_descriptor_publishes_nothing(
     readers of storage see the old file or the whole new one, also where the mount cannot
     tell which process closes (no helper library: every file waits for its last close), and
     the mount says so when it starts."""
-    storage = Storage(kind, tmp_path, request)
-    state, log = tmp_path / "state", tmp_path / "mount.log"
-    old, new = b"old\n" * 50_000, os.urandom(16 << 20)
-    (tmp_path / "new.bin").write_bytes(new)
-    storage.put("f.bin", old)
-    env = {"AGENTVFS_FUSE_HELPER": "0"} if helper == "no-helper" else {}
-    proc = start_mount(storage, mnt, state, log=log, env=env)
+    storage, log, proc = _mount_over_old(kind, helper, mnt, tmp_path, request)
+    old, new = b"old\n" * 50_000, (tmp_path / "new.bin").read_bytes()
     try:
         assert wait_until(lambda: " mounted at " in log.read_text(), timeout=30), log.read_text()
         warned = "cannot tell which process closes a file" in log.read_text()
@@ -246,13 +254,8 @@ def test_a_mount_killed_between_two_writers_of_one_descriptor_keeps_the_old_file
 ) -> None:
     """``kill -9`` of the mount while the shell's second writer has not started: the first
     half was written and its descriptor closed, and storage still holds the old file."""
-    storage = Storage(kind, tmp_path, request)
-    state, log = tmp_path / "state", tmp_path / "mount.log"
-    old, new = b"old\n" * 50_000, os.urandom(16 << 20)
-    (tmp_path / "new.bin").write_bytes(new)
-    storage.put("f.bin", old)
-    env = {"AGENTVFS_FUSE_HELPER": "0"} if helper == "no-helper" else {}
-    proc = start_mount(storage, mnt, state, log=log, env=env)
+    storage, log, proc = _mount_over_old(kind, helper, mnt, tmp_path, request)
+    old, new = b"old\n" * 50_000, (tmp_path / "new.bin").read_bytes()
     marker = tmp_path / "first-half-written"
     script = f"(head -c 8388608 {tmp_path / 'new.bin'}; touch {marker}; sleep 3; tail -c +8388609 {tmp_path / 'new.bin'}) > {mnt}/f.bin"
     writer = subprocess.Popen(["bash", "-c", script], stderr=subprocess.DEVNULL)
@@ -272,7 +275,7 @@ def test_a_mount_killed_between_two_writers_of_one_descriptor_keeps_the_old_file
     assert got == old, "old" if got == old else _describe(got, old, new)
     for leftover in Path(mnt).iterdir():
         leftover.unlink()
-    stop_mount(start_mount(storage, mnt, state, log=log), log)  # recovers what was staged
+    stop_mount(start_mount(storage, mnt, tmp_path / "state", log=log), log)  # recovers what was staged
 
 
 _WRITERS = {
