@@ -617,32 +617,47 @@ class BoundedPattern:
             raise MatchTimeout(self.source, self.timeout)
         started = time.monotonic()
         try:
-            return self._search_by(compiled, text, pos, endpos, started + remaining)
+            if self._matcher is None:
+                # The common case, kept short: every match call of every grep comes here.
+                # regex's timeout is CPU time of the process: in-process calls get a slice,
+                # which even a busy machine turns into little wall-clock time.
+                try:
+                    found = compiled.search(
+                        text, pos, endpos, concurrent=True,
+                        timeout=remaining if self._in_process else min(remaining, MATCH_SLICE),
+                    )  # fmt: skip
+                    return None if found is None else found.span()
+                except TimeoutError:
+                    if self._in_process or self._cancelled.is_set() or time.monotonic() - started >= remaining:
+                        raise MatchTimeout(self.source, self.timeout) from None
+                if not self._start_matcher():
+                    return self._in_process_search(compiled, text, pos, endpos, started + remaining)
+            return self._matcher_search(compiled, text, pos, endpos, started + remaining)
         except MatchTimeout:
             self.spent = self.timeout  # spent, whatever the clock says: nothing more is tried
             raise
         finally:
             self.spent += time.monotonic() - started
 
-    def _search_by(
+    def _in_process_search(
         self, compiled: regex.Pattern[str], text: str, pos: int, endpos: int | None, deadline: float
     ) -> tuple[int, int] | None:
-        """:meth:`_search` ending by ``deadline`` (on :func:`time.monotonic`)."""
+        """A match call in this process for what is left until ``deadline`` (counted by regex
+        in CPU time: no matcher process can be had)."""
         remaining = deadline - time.monotonic()
-        if remaining <= 0 or self._cancelled.is_set():
+        if remaining <= 0:
             raise MatchTimeout(self.source, self.timeout)
-        if self._matcher is None:
-            try:
-                # regex's timeout is CPU time of the process: in-process calls get a slice,
-                # which even a busy machine turns into little wall-clock time.
-                budget = remaining if self._in_process else min(remaining, MATCH_SLICE)
-                found = compiled.search(text, pos, endpos, concurrent=True, timeout=budget)
-                return None if found is None else found.span()
-            except TimeoutError:
-                if self._in_process or time.monotonic() >= deadline or self._cancelled.is_set():
-                    raise MatchTimeout(self.source, self.timeout) from None
-            if not self._start_matcher():
-                return self._search_by(compiled, text, pos, endpos, deadline)
+        try:
+            found = compiled.search(text, pos, endpos, concurrent=True, timeout=remaining)
+        except TimeoutError:
+            raise MatchTimeout(self.source, self.timeout) from None
+        return None if found is None else found.span()
+
+    def _matcher_search(
+        self, compiled: regex.Pattern[str], text: str, pos: int, endpos: int | None, deadline: float
+    ) -> tuple[int, int] | None:
+        """A match call in the matcher process, killed at ``deadline`` (on
+        :func:`time.monotonic`); in this process from now on if it died."""
         assert self._matcher is not None
         try:
             return self._matcher.search(0 if compiled is self.line else 1, text, pos, endpos, deadline)
@@ -652,7 +667,7 @@ class BoundedPattern:
             _log.warning("grep: %s; matching in this process, where a busy machine may stretch the deadline", exc)
             self._matcher = None
             self._in_process = True
-            return self._search_by(compiled, text, pos, endpos, deadline)
+            return self._in_process_search(compiled, text, pos, endpos, deadline)
 
     def _start_matcher(self) -> bool:
         """Start the matcher process; False (and matching in this process from now on, with
