@@ -746,7 +746,9 @@ async def test_a_huge_gitignore_holds_up_neither_the_event_loop_nor_a_timeout(tm
     # Without the worker threads the loop stood still for the whole 14 s; a loaded machine
     # (and a collection of the rules' objects) may hold it for a fraction of a second.
     assert max(b - a for a, b in itertools.pairwise(ticks)) < 1.0
-    assert left_behind < 0.1, left_behind
+    # What runs on is the one rule match under way when the call was stopped (tens of
+    # milliseconds, more beside a busy loop); the whole grep went on for seconds.
+    assert left_behind < 0.3, left_behind
 
 
 async def test_a_huge_gitignore_is_read_in_part(tmp_path: Path) -> None:

@@ -684,7 +684,10 @@ class _LocalProcessHandle(ProcessHandle):
                     "stderr", f"\nProcess timed out after {format_ms(self._timeout_ms or 0)}ms"
                 )
                 exit_code = 124
-            elif returncode < 0:
+            elif returncode < 0 or (self.killed and returncode > 128):
+                # Killed by a signal: the command itself, or (bubblewrap, the supervisor)
+                # the command under a wrapper that reports its death as 128 + the signal,
+                # when the kill reached the command before the wrapper.
                 exit_code = 128
             else:
                 exit_code = returncode
